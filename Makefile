@@ -1,0 +1,24 @@
+# The two commands a fresh machine needs (see README.md).  Both set up .venv themselves.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PJRT_DEVICE ?= CPU
+
+.PHONY: demo test lint bench
+
+## Run the main job: train, record, compare, assess and report (default sqlite store).
+demo:
+	@scripts/bootstrap.sh
+	@$(PY) -m pipelines.demo $(ARGS)
+
+## Run the whole test suite (what CI runs).
+test:
+	@scripts/bootstrap.sh --with-browser
+	@$(PY) -m ruff check src tests pipelines benchmarks
+	@$(PY) -m pytest $(ARGS)
+
+lint:
+	@$(PY) -m ruff check src tests pipelines benchmarks
+
+bench:
+	@scripts/bootstrap.sh
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create or reuse the project's virtual environment (.venv) from the pinned lock file,
+# install refrun into it (editable), and, for the test suite, Debian's chromium.
+# Idempotent: a stamp holding the hash of the lock file and pyproject.toml skips the
+# install when nothing changed.  Usage: scripts/bootstrap.sh [--with-browser]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${REFRUN_VENV:-.venv}"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+stamp_want="$(cat requirements/dev.lock pyproject.toml | sha256sum | cut -c1-16)"
+stamp_file="$VENV/.refrun-stamp"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp_want" ]; then
+  echo "[bootstrap] creating $VENV from requirements/dev.lock (first time: a few minutes)" >&2
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+  # torch_xla 2.9.0 requires torch==2.9.0 exactly; the lock pins the set known to work.
+  "$VENV/bin/python" -m pip install -q -r requirements/dev.lock >&2
+  "$VENV/bin/python" -m pip install -q --no-deps -e . >&2
+  echo "$stamp_want" > "$stamp_file"
+else
+  # Reusing: make sure this checkout is the one installed (cheap, no dependencies).
+  if ! "$VENV/bin/python" -c "import refrun, pathlib, sys; sys.exit(0 if pathlib.Path(refrun.__file__).resolve().is_relative_to(pathlib.Path('src').resolve()) else 1)" 2>/dev/null; then
+    "$VENV/bin/python" -m pip install -q --no-deps -e . >&2
+  fi
+fi
+
+if [ "${1:-}" = "--with-browser" ] && [ ! -x /usr/bin/chromium ]; then
+  echo "[bootstrap] installing Debian's chromium for the browser tests" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+  else
+    sudo apt-get update -qq >&2 && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+  fi
+fi

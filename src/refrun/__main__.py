@@ -1,0 +1,5 @@
+import sys
+
+from refrun.cli import main
+
+sys.exit(main())

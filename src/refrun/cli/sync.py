@@ -1,0 +1,31 @@
+"""``refrun sync``: deliver spooled points of runs whose process ended before delivery."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from refrun.spool import default_root
+from refrun.sync import sync_all
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sync", help="deliver spooled points to the tracking store")
+    p.add_argument("--spool-dir", type=Path, default=None,
+                   help="spool root (default: $REFRUN_SPOOL_DIR or ./.refrun/spool)")
+    p.add_argument("--prune", action="store_true",
+                   help="delete spools that are completely delivered")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    root = args.spool_dir or default_root()
+    results = sync_all(root, prune=args.prune)
+    if not results:
+        print(f"nothing to sync in {root}")
+        return 0
+    failed = 0
+    for r in results:
+        print(f"{r.local_id}  {r.outcome:<10} run={r.run_id or '-'}  points={r.points}  {r.detail}")
+        failed += r.outcome == "error"
+    return 1 if failed else 0

@@ -1,0 +1,7 @@
+"""Exceptions that mean "bad input": the CLI turns them into one line and exit code 2."""
+
+from __future__ import annotations
+
+
+class RefrunInputError(ValueError):
+    """Bad usage or input: a message naming the file, line or key; never a traceback."""

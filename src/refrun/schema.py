@@ -1,0 +1,111 @@
+"""The versioned identity and metric-name schema every refrun run carries.
+
+A run is found and compared later only through these names, so they are the
+contract between the run session, the framework probes, the comparison engine
+and the report.  Bump :data:`SCHEMA_VERSION` on any incompatible change; readers
+check ``refrun.schema`` before trusting a run.
+
+Tags (all strings, prefix ``refrun.``):
+
+========================  ====================================================
+``refrun.schema``         schema version of this run ("1")
+``refrun.workload``       workload name; also the default experiment name
+``refrun.role``           reference | candidate | comparison | gradcheck
+``refrun.hardware``       declared hardware, e.g. ``a100``, ``tpu-v5e``, ``cpu``
+``refrun.backend``        ``torch``, ``torch_xla``, ``jax``, ``import`` ...
+``refrun.chips``          number of accelerator chips (int)
+``refrun.seed``           random seed (int)
+``refrun.global_batch``   global batch size (int)
+``refrun.version``        refrun version that recorded the run
+``refrun.fw.<name>``      framework versions (python, torch, torch_xla, jax ...)
+``refrun.device``         device description as seen by the process
+``refrun.host``           host name
+``refrun.git.commit``     commit of the training code, when in a git repository
+``refrun.git.dirty``      "true" when that tree had uncommitted changes
+``refrun.local_id``       id of the local spool that backs the run
+``refrun.steps.*``        written at the end: count, first, last, repeated, backwards
+``refrun.nonfinite``      number of NaN/Inf points recorded
+``refrun.dropped``        points dropped because the in-memory queue was full
+``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
+========================  ====================================================
+
+Artifacts: ``refrun/curves.parquet`` (every point at full resolution),
+``refrun/environment.json`` (packages, Python, OS), ``refrun/warnings.json``.
+
+Metric names shared by every backend's probe are the ``M_*`` constants below.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = "1"
+PREFIX = "refrun."
+
+ROLES = ("reference", "candidate", "comparison", "gradcheck")
+
+TAG_SCHEMA = "refrun.schema"
+TAG_WORKLOAD = "refrun.workload"
+TAG_ROLE = "refrun.role"
+TAG_HARDWARE = "refrun.hardware"
+TAG_BACKEND = "refrun.backend"
+TAG_CHIPS = "refrun.chips"
+TAG_SEED = "refrun.seed"
+TAG_GLOBAL_BATCH = "refrun.global_batch"
+TAG_VERSION = "refrun.version"
+TAG_FW_PREFIX = "refrun.fw."
+TAG_DEVICE = "refrun.device"
+TAG_HOST = "refrun.host"
+TAG_GIT_COMMIT = "refrun.git.commit"
+TAG_GIT_DIRTY = "refrun.git.dirty"
+TAG_LOCAL_ID = "refrun.local_id"
+TAG_STEPS_COUNT = "refrun.steps.count"
+TAG_STEPS_FIRST = "refrun.steps.first"
+TAG_STEPS_LAST = "refrun.steps.last"
+TAG_STEPS_REPEATED = "refrun.steps.repeated"
+TAG_STEPS_BACKWARDS = "refrun.steps.backwards"
+TAG_NONFINITE = "refrun.nonfinite"
+TAG_DROPPED = "refrun.dropped"
+TAG_WARNINGS = "refrun.warnings"
+TAG_PLANNED_STEPS = "refrun.planned_steps"
+# Comparison runs link what they compared.
+TAG_COMPARED_REFERENCE = "refrun.compared.reference"  # comma-separated run ids
+TAG_COMPARED_CANDIDATE = "refrun.compared.candidate"
+
+ARTIFACT_DIR = "refrun"
+ARTIFACT_CURVES = "refrun/curves.parquet"
+ARTIFACT_ENVIRONMENT = "refrun/environment.json"
+ARTIFACT_WARNINGS = "refrun/warnings.json"
+
+# Columns of the curves artifact (long format, one row per accepted point).
+CURVE_COLUMNS = ("metric", "step", "value", "timestamp_ms", "seq")
+
+# --- metric names shared by every framework probe -------------------------
+M_LOSS = "loss"
+EVAL_PREFIX = "eval/"
+M_STEP_TIME = "perf/step_time_s"  # seconds, device-true where the backend allows
+M_STEP_TIME_KIND = "perf/step_time_kind"  # tag value: cuda_event | wall | ready
+M_COMPILE_GRAPHS = "compile/graphs"  # new graphs compiled during the step
+M_COMPILE_RECOMPILES = "compile/recompiles"  # of which recompilations of a known function
+M_COMPILE_GRAPH_BREAKS = "compile/graph_breaks"
+M_COMPILE_CACHE_HITS = "compile/cache_hits"  # persistent/cached compilations
+M_COMPILE_TIME = "compile/time_s"
+M_EXECUTIONS = "exec/count"
+M_EXECUTE_TIME = "exec/time_s"
+M_XFER_D2H = "xfer/d2h"  # device-to-host transfers during the step
+M_XFER_H2D = "xfer/h2d"
+M_HOST_SYNCS = "xfer/host_syncs"  # .item()-style scalar syncs
+M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
+M_NONFINITE = "health/nonfinite"
+SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
+
+# Tags written by probes (device truth and placement).
+TAG_EXEC_HARDWARE = "refrun.exec.hardware"  # hardware that actually executed
+TAG_EXEC_DEVICES = "refrun.exec.devices"  # number of devices used
+TAG_EXEC_WORLD_SIZE = "refrun.exec.world_size"
+TAG_PLACEMENT = "refrun.placement"  # json summary of where params/state live
+TAG_PLACEMENT_WARNING = "refrun.placement.warning"
+TAG_MESH = "refrun.exec.mesh"
+
+
+def identity_tag(field: str) -> str:
+    """Tag name for an identity field (``workload`` -> ``refrun.workload``)."""
+    return PREFIX + field
