@@ -6,7 +6,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
-from refrun.session import resolve_tracking_uri
+from refrun.session import existing_store_uri
 
 _COLUMNS = {
     "run_id": None,
@@ -42,7 +42,7 @@ def list_runs(workload: str, role: str | None = None, tracking_uri: str | None =
     Columns: run_id, role, hardware, backend, chips, seed, status, steps, last_step,
     repeated, backwards, nonfinite, experiment, start_time.
     """
-    client = MlflowClient(resolve_tracking_uri(tracking_uri))
+    client = MlflowClient(existing_store_uri(tracking_uri))
     flt = search_filter(workload=workload, role=role, **tags)
     exps = client.search_experiments()
     runs = []

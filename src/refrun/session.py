@@ -72,6 +72,17 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri
 
 
+def existing_store_uri(uri: str | None) -> str:
+    """:func:`resolve_tracking_uri` for readers: a sqlite store that does not exist is an
+    error instead of being created empty."""
+    resolved = resolve_tracking_uri(uri)
+    if resolved.startswith("sqlite:///"):
+        path = Path(resolved[len("sqlite:///") :])  # absolute after resolve_tracking_uri
+        if not path.is_file():
+            raise RefrunInputError(f"tracking URI {resolved}: no such store ({path} does not exist)")
+    return resolved
+
+
 @dataclass
 class _StepStats:
     """Per-metric bookkeeping of steps, kept on the training thread (cheap dict updates)."""

@@ -19,7 +19,11 @@ interface below; the probe itself only
 * starts a non-blocking fetch for every device value given to :meth:`Probe.log` and
   hands it to the session once the backend says it is ready, with its own step number,
 * runs :class:`Monitor` samplers on a background thread, logged against the training
-  step that was current when each sample was taken.
+  step that was current when each sample was taken (several samples taken during one
+  step are averaged, so a step is never logged twice for the same ``sys/...`` name),
+* asks the backend to describe device truth and placement at start, every
+  ``recheck_every`` steps and at close; a ``refrun.placement.warning`` it reports becomes
+  a recorded run warning as well as a tag.
 
 A backend never raises into the loop: failures become recorded warnings.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from array import array
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -103,18 +108,25 @@ class Probe:
     warmup_steps: int = 5
     monitors: Sequence[Monitor] = ()
     sample_interval_s: float = 1.0
+    recheck_every: int = 0  # steps between placement re-checks (0: only at start and close)
     _pending: deque[tuple[int, str, Any]] = field(default_factory=deque, repr=False)
     _step: int | None = None
     _in_step: bool = False
+    _steps_done: int = 0
     _last_counters: dict[str, float] = field(default_factory=dict, repr=False)
-    _step_times: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    # Step times only, as 8-byte doubles: a million-step run costs 8 MB, not a list of tuples.
+    _step_times: array = field(default_factory=lambda: array("d"), repr=False)
+    _described: dict[str, Any] = field(default_factory=dict, repr=False)
     _nonfinite_warned: bool = False
     _sampler: threading.Thread | None = field(default=None, repr=False)
     _stop_sampler: threading.Event = field(default_factory=threading.Event, repr=False)
+    _sample_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _sample_step: int | None = None
+    _sample_acc: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)
     _closed: bool = False
 
     def __post_init__(self) -> None:
-        self._guard(lambda: self.run.set_tags(_describe_tags(self.backend.describe())))
+        self._describe()
         self._last_counters = dict(self._guard(self.backend.counters) or {})
         if self.monitors:
             self._sampler = threading.Thread(target=self._sample_loop, daemon=True,
@@ -146,6 +158,9 @@ class Probe:
             if pending_time is not None:
                 self._pending.append((n, schema.M_STEP_TIME, pending_time))
             self._record_counters(n)
+            self._steps_done += 1
+            if self.recheck_every > 0 and self._steps_done % self.recheck_every == 0:
+                self._describe()
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Record metrics for ``step`` (default: the current step).  Device values are
@@ -181,7 +196,7 @@ class Probe:
 
     def _emit(self, n: int, name: str, value: float) -> None:
         if name == schema.M_STEP_TIME:
-            self._step_times.append((n, value))
+            self._step_times.append(value)
         if not math.isfinite(value) and name == schema.M_LOSS and not self._nonfinite_warned:
             self._nonfinite_warned = True
             self.run.warn_once("probe-loss-nonfinite", f"loss is {value} at step {n}", n)
@@ -195,6 +210,23 @@ class Probe:
         self._last_counters = dict(now)
         if deltas:
             self.run.log_metrics(n, deltas)
+
+    def _describe(self) -> None:
+        """Record the backend's description as tags (only those that changed); a placement
+        warning also becomes a run warning, once per distinct text."""
+        desc = self._guard(self.backend.describe)
+        if not desc:
+            return
+        tags = _describe_tags(desc)
+        changed = {k: v for k, v in tags.items() if self._described.get(k) != v}
+        if not changed:
+            return
+        self._described.update(changed)
+        self._guard(lambda: self.run.set_tags(changed))
+        warning = changed.get(schema.TAG_PLACEMENT_WARNING)
+        if warning:
+            self.run.warn_once(f"placement:{str(warning)[:80]}", f"placement: {warning}",
+                               self._step)
 
     def _guard(self, fn: Any) -> Any:
         try:
@@ -211,22 +243,40 @@ class Probe:
             self.sample_now()
 
     def sample_now(self) -> None:
-        """Take one sample from every monitor, logged against the current training step."""
+        """Take one sample from every monitor for the current training step.
+
+        Samples are accumulated per step and logged (as the mean of the samples taken
+        during that step) once the training step has moved on, or at :meth:`close`."""
         n = self._step
         if n is None:
             return
+        values: dict[str, float] = {}
         for m in self.monitors:
-            values = self._guard(m.sample)
-            if values:
-                self.run.log_metrics(n, dict(values))
+            got = self._guard(m.sample)
+            if got:
+                values.update(got)
+        with self._sample_lock:
+            if self._sample_step is not None and self._sample_step != n:
+                self._flush_samples()
+            self._sample_step = n
+            acc = self._sample_acc
+            for k, v in values.items():
+                s, c = acc.get(k, (0.0, 0))
+                acc[k] = (s + float(v), c + 1)
+
+    def _flush_samples(self) -> None:
+        """Log the accumulated means for ``_sample_step`` (caller holds ``_sample_lock``)."""
+        if self._sample_acc and self._sample_step is not None:
+            self.run.log_metrics(self._sample_step,
+                                 {k: s / c for k, (s, c) in self._sample_acc.items()})
+        self._sample_acc = {}
 
     # --- end ------------------------------------------------------------------
     def step_time_stats(self) -> StepTimes | None:
         """Median/p90/mean of recorded step times after ``warmup_steps`` steps."""
-        times = [t for _, t in self._step_times[self.warmup_steps:]]
-        if not times:
+        arr = np.frombuffer(self._step_times, dtype=np.float64)[self.warmup_steps:]
+        if arr.size == 0:
             return None
-        arr = np.asarray(times)
         return StepTimes(len(arr), float(np.median(arr)), float(np.percentile(arr, 90)),
                          float(arr.mean()), self.warmup_steps)
 
@@ -239,14 +289,21 @@ class Probe:
         self._stop_sampler.set()
         if self._sampler is not None:
             self._sampler.join(timeout=5)
+        if self.monitors:
+            self.sample_now()  # short runs get at least one sample
+            with self._sample_lock:
+                self._flush_samples()
         self._drain(block=True)
+        self._describe()
         stats = self.step_time_stats()
-        tags: dict[str, Any] = _describe_tags(self._guard(self.backend.describe) or {})
+        tags: dict[str, Any] = {}
         if stats is not None:
             tags["refrun.perf.step_time_median_s"] = f"{stats.median_s:.6g}"
             tags["refrun.perf.step_time_p90_s"] = f"{stats.p90_s:.6g}"
             tags["refrun.perf.warmup_steps"] = stats.warmup_steps
-        self.run.set_tags(tags)
+            tags["refrun.perf.steady_steps"] = stats.count
+        if tags:
+            self.run.set_tags(tags)
         for m in self.monitors:
             self._guard(m.close)
         self._guard(self.backend.close)

@@ -1,0 +1,298 @@
+"""Aligning runs by step, with every rule applied stated in an :class:`AlignmentReport`.
+
+Rules (documented in docs/comparison.md):
+
+* **Logging order**: points are put in logging order (``seq``) first, then ordered by step;
+  a permuted logging order changes nothing but the ``backwards`` count.
+* **Repeated steps** (a restart from a checkpoint): one value per step, by default the last
+  one written (``keep="last"``); ``keep="first"`` keeps the first, as Megatron's tests do.
+  The repeated step ranges are reported.
+* **Same cadence**: an inner join on step; steps only in one run are counted.
+* **Different cadence**: compared on the common steps; optionally one side is linearly
+  interpolated onto the other's steps inside its own step range (never extrapolated).
+* **NaN/±Inf**: counted per run and excluded from the measures, never replaced by a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Literal
+
+import numpy as np
+
+Keep = Literal["last", "first"]
+Interpolate = Literal["none", "candidate", "reference"]
+
+MAX_RANGES = 50
+
+
+@dataclass(frozen=True)
+class SeriesReport:
+    """What one run's points for one metric looked like before alignment."""
+
+    points: int
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    cadence: float | None
+    repeated_points: int
+    repeated_steps: int
+    repeated_ranges: list[list[int]]
+    backwards: int
+    nonfinite: int
+    nan: int
+    posinf: int
+    neginf: int
+    first_nonfinite_step: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class Series:
+    """One value per step (sorted, unique steps) and the report of how it was resolved."""
+
+    steps: np.ndarray
+    values: np.ndarray
+    report: SeriesReport
+
+
+@dataclass(frozen=True)
+class AlignmentReport:
+    """How a metric's runs were aligned; ``notes`` states each rule that applied."""
+
+    keep: str
+    interpolate: str
+    interpolated: str | None
+    aligned_steps: int
+    common_steps: int
+    only_in_reference: int
+    only_in_candidate: int
+    excluded_nonfinite: int
+    first_aligned_step: int | None
+    last_aligned_step: int | None
+    cadence_differs: bool
+    reference: SeriesReport | list[SeriesReport]
+    candidate: SeriesReport
+    group_incomplete_steps: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, eq=False)
+class Aligned:
+    """Aligned finite values: ``reference`` has one row per reference run."""
+
+    steps: np.ndarray
+    reference: np.ndarray
+    candidate: np.ndarray
+    report: AlignmentReport
+
+    @property
+    def reference_mean(self) -> np.ndarray:
+        """The reference curve: the run itself, or the per-step mean of a group."""
+        if self.reference.shape[0] == 1:
+            return self.reference[0]
+        return self.reference.mean(axis=0)
+
+
+def _ranges(steps: np.ndarray, mask: np.ndarray) -> list[list[int]]:
+    """Contiguous runs of ``mask`` over ``steps`` as ``[first, last, count]``."""
+    if not mask.any():
+        return []
+    m = np.concatenate(([False], mask, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(m))
+    starts, ends = edges[0::2], edges[1::2] - 1
+    return [[int(steps[a]), int(steps[b]), int(b - a + 1)]
+            for a, b in zip(starts[:MAX_RANGES], ends[:MAX_RANGES], strict=True)]
+
+
+def resolve_series(steps: np.ndarray, values: np.ndarray, seq: np.ndarray | None = None,
+                   keep: Keep = "last") -> Series:
+    """One value per step from raw points.
+
+    Points are put in logging order (``seq``; row order when None), then for each step
+    the last (or first) point written is kept.  Nothing is dropped for being non-finite:
+    NaN/±Inf stay in the series and are counted.
+    """
+    if keep not in ("last", "first"):
+        raise ValueError(f"keep must be 'last' or 'first', got {keep!r}")
+    steps = np.asarray(steps, dtype=np.int64)
+    values = np.asarray(values, dtype=np.float64)
+    n = len(steps)
+    if seq is not None and n > 1:
+        seq = np.asarray(seq)
+        if np.any(seq[1:] < seq[:-1]):
+            order = np.argsort(seq, kind="stable")
+            steps, values = steps[order], values[order]
+    backwards = int(np.count_nonzero(steps[1:] < steps[:-1])) if n > 1 else 0
+    # Sort by step keeping logging order inside a step (stable), then take the last or
+    # first point of each step.
+    if backwards:
+        order = np.argsort(steps, kind="stable")
+        s, v = steps[order], values[order]
+    else:
+        s, v = steps, values
+    if n:
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(s[1:], s[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        ends = np.append(starts[1:], n) - 1
+        pick = ends if keep == "last" else starts
+        u, uv = s[starts], v[pick]
+        counts = ends - starts + 1
+    else:
+        u, uv = s, v
+        counts = np.zeros(0, dtype=np.int64)
+    rep = counts > 1
+    finite = np.isfinite(uv)
+    nonfinite = int(len(uv) - np.count_nonzero(finite))
+    nan = int(np.count_nonzero(np.isnan(uv))) if nonfinite else 0
+    posinf = int(np.count_nonzero(uv == np.inf)) if nonfinite else 0
+    report = SeriesReport(
+        points=n,
+        steps=len(u),
+        first_step=int(u[0]) if len(u) else None,
+        last_step=int(u[-1]) if len(u) else None,
+        cadence=float(np.median(np.diff(u))) if len(u) > 1 else None,
+        repeated_points=int(n - len(u)),
+        repeated_steps=int(np.count_nonzero(rep)),
+        repeated_ranges=_ranges(u, rep),
+        backwards=backwards,
+        nonfinite=nonfinite,
+        nan=nan,
+        posinf=posinf,
+        neginf=nonfinite - nan - posinf,
+        first_nonfinite_step=int(u[np.argmin(finite)]) if nonfinite else None,
+    )
+    return Series(u, uv, report)
+
+
+def interpolate_onto(xp: np.ndarray, fp: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Linear interpolation of ``(xp, fp)`` at ``x`` (all inside ``[xp[0], xp[-1]]``).
+
+    Unlike ``np.interp``, a value at an exact step is returned as is, and a value between
+    two steps is NaN when either neighbour is non-finite (a gap is never bridged).
+    """
+    if len(xp) == 1:
+        return np.where(x == xp[0], fp[0], np.nan)
+    i = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
+    x0, x1 = xp[i], xp[i + 1]
+    y0, y1 = fp[i], fp[i + 1]
+    exact0, exact1 = x == x0, x == x1
+    with np.errstate(invalid="ignore"):
+        t = (x - x0) / (x1 - x0)
+        y = y0 + t * (y1 - y0)
+    return np.where(exact0, y0, np.where(exact1, y1, y))
+
+
+def _take(series: Series, steps: np.ndarray) -> np.ndarray:
+    return series.values[np.searchsorted(series.steps, steps)]
+
+
+def _inside(steps: np.ndarray, series: Series) -> np.ndarray:
+    if not len(series.steps):
+        return np.zeros(len(steps), dtype=bool)
+    return (steps >= series.steps[0]) & (steps <= series.steps[-1])
+
+
+def align(reference: Series | list[Series], candidate: Series,
+          interpolate: Interpolate = "none", keep: Keep = "last") -> Aligned:
+    """Align a reference (or a group of references) and a candidate on steps.
+
+    ``interpolate="none"``: the steps present in every run.  ``"candidate"``: the candidate
+    is interpolated onto the reference steps inside the candidate's step range;
+    ``"reference"``: each reference is interpolated onto the candidate's steps.  Steps at
+    which any value is non-finite are excluded and counted in ``excluded_nonfinite``.
+    ``keep`` is only recorded in the report (series are resolved by :func:`resolve_series`).
+    """
+    refs = [reference] if isinstance(reference, Series) else list(reference)
+    if not refs:
+        raise ValueError("align needs at least one reference series")
+    if interpolate not in ("none", "candidate", "reference"):
+        raise ValueError(f"interpolate must be none|candidate|reference, got {interpolate!r}")
+    ref_steps = reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True),
+                       [r.steps for r in refs])
+    group_incomplete = 0
+    if len(refs) > 1:
+        union = reduce(np.union1d, [r.steps for r in refs])
+        group_incomplete = int(len(union) - len(ref_steps))
+    interpolated = None
+    if interpolate == "none":
+        common = np.intersect1d(ref_steps, candidate.steps, assume_unique=True)
+        ref_vals = np.vstack([_take(r, common) for r in refs])
+        cand_vals = _take(candidate, common)
+        only_ref = len(ref_steps) - len(common)
+        only_cand = len(candidate.steps) - len(common)
+    elif interpolate == "candidate":
+        inside = _inside(ref_steps, candidate)
+        common = ref_steps[inside]
+        ref_vals = np.vstack([_take(r, common) for r in refs])
+        cand_vals = interpolate_onto(candidate.steps, candidate.values, common)
+        only_ref = int(np.count_nonzero(~inside))
+        only_cand = int(len(np.setdiff1d(candidate.steps, ref_steps, assume_unique=True)))
+        interpolated = ("candidate linearly interpolated onto the reference steps inside "
+                        "its own step range (no extrapolation)")
+    else:
+        inside = np.logical_and.reduce([_inside(candidate.steps, r) for r in refs])
+        common = candidate.steps[inside]
+        ref_vals = np.vstack([interpolate_onto(r.steps, r.values, common) for r in refs])
+        cand_vals = _take(candidate, common)
+        only_cand = int(np.count_nonzero(~inside))
+        only_ref = int(len(np.setdiff1d(ref_steps, candidate.steps, assume_unique=True)))
+        interpolated = ("reference linearly interpolated onto the candidate steps inside "
+                        "its own step range (no extrapolation)")
+    ok = np.isfinite(cand_vals) & np.isfinite(ref_vals).all(axis=0)
+    steps = common[ok]
+    ref_cad = [r.report.cadence for r in refs]
+    cadence_differs = any(c != candidate.report.cadence for c in ref_cad)
+    report = AlignmentReport(
+        keep=keep,
+        interpolate=interpolate,
+        interpolated=interpolated,
+        aligned_steps=len(steps),
+        common_steps=len(common),
+        only_in_reference=int(only_ref),
+        only_in_candidate=int(only_cand),
+        excluded_nonfinite=int(len(common) - len(steps)),
+        first_aligned_step=int(steps[0]) if len(steps) else None,
+        last_aligned_step=int(steps[-1]) if len(steps) else None,
+        cadence_differs=cadence_differs,
+        reference=refs[0].report if len(refs) == 1 else [r.report for r in refs],
+        candidate=candidate.report,
+        group_incomplete_steps=group_incomplete,
+        notes=_notes(refs, candidate, keep, interpolated, cadence_differs, len(common),
+                     int(len(common) - len(steps)), group_incomplete),
+    )
+    return Aligned(steps, ref_vals[:, ok], cand_vals[ok], report)
+
+
+def _notes(refs: list[Series], cand: Series, keep: str, interpolated: str | None,
+           cadence_differs: bool, common: int, excluded: int, group_incomplete: int) -> list[str]:
+    notes: list[str] = []
+    named = [(f"reference[{i}]" if len(refs) > 1 else "reference", r.report)
+             for i, r in enumerate(refs)] + [("candidate", cand.report)]
+    for name, r in named:
+        if r.repeated_steps:
+            spans = ", ".join(f"{a}-{b}" for a, b, _ in r.repeated_ranges[:5])
+            notes.append(f"{name}: {r.repeated_steps} steps written more than once "
+                         f"(ranges {spans}); the {keep} value written for each step is used")
+        if r.backwards:
+            notes.append(f"{name}: steps went backwards {r.backwards} time(s) in logging "
+                         "order; points are ordered by step")
+        if r.nonfinite:
+            notes.append(f"{name}: {r.nonfinite} non-finite values (NaN {r.nan}, +Inf "
+                         f"{r.posinf}, -Inf {r.neginf}; first at step "
+                         f"{r.first_nonfinite_step}), excluded from the measures")
+    if cadence_differs:
+        cads = ", ".join(str(r.report.cadence) for r in refs)
+        how = interpolated or f"compared on the {common} common steps only"
+        notes.append(f"cadence differs (reference every {cads} steps, candidate every "
+                     f"{cand.report.cadence}): {how}")
+    elif interpolated:
+        notes.append(interpolated)
+    if excluded:
+        notes.append(f"{excluded} common steps excluded because a value there is non-finite")
+    if group_incomplete:
+        notes.append(f"{group_incomplete} steps not present in every reference run are "
+                     "left out of the group")
+    return notes

@@ -1,0 +1,337 @@
+"""``compare``: a reference run (or group of seeds) against a candidate, per metric.
+
+The result is a :class:`Comparison`: per-metric alignment reports, measures and aligned
+DataFrames, and ``to_dict()`` producing the JSON documented in docs/comparison.md.  It
+states observed differences only; criteria and verdicts live in ``refrun.acceptance``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from refrun import schema
+from refrun.comparison.alignment import Aligned, AlignmentReport, Series, align, resolve_series
+from refrun.comparison.group import GroupEnvelope, envelope_position, group_stats, z_scores
+from refrun.comparison.loading import RunData, load_run
+from refrun.comparison.measures import (
+    CounterTotals,
+    DiffMeasures,
+    EvalPoint,
+    StepTimeMeasures,
+    counter_totals,
+    diff_measures,
+    diffs,
+    eval_points,
+    final_window_size,
+    step_time_ratio,
+    warmup_end,
+)
+from refrun.errors import RefrunInputError
+
+FORMAT_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """How runs are aligned and measured (all stated in the output)."""
+
+    keep: str = "last"  # value kept for a repeated step: "last" | "first"
+    interpolate: str = "none"  # "none" | "candidate" | "reference"
+    eps: float = 1e-12  # floor of the relative-difference denominator
+    final_fraction: float = 0.1  # final window: last ceil(fraction * n) aligned points
+    final_points: int | None = None  # ... or exactly this many last aligned points
+    warmup_steps: int | None = None  # steps skipped for step time and counters
+    warmup_fraction: float = 0.1  # ... default ceil(fraction * step span), at least 1
+    step_time_metrics: tuple[str, ...] = (schema.M_STEP_TIME,)
+    counter_prefixes: tuple[str, ...] = ("compile/", "xfer/", "fallback/", "exec/", "health/")
+    eval_prefix: str = schema.EVAL_PREFIX
+
+    def __post_init__(self) -> None:
+        if self.keep not in ("last", "first"):
+            raise RefrunInputError(f"keep: {self.keep!r} is not 'last' or 'first'")
+        if self.interpolate not in ("none", "candidate", "reference"):
+            raise RefrunInputError(f"interpolate: {self.interpolate!r} is not one of "
+                                   "none, candidate, reference")
+        if not 0 < self.final_fraction <= 1:
+            raise RefrunInputError(f"final_fraction: {self.final_fraction} not in (0, 1]")
+        if self.final_points is not None and self.final_points < 1:
+            raise RefrunInputError(f"final_points: {self.final_points} must be >= 1")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise RefrunInputError(f"warmup_steps: {self.warmup_steps} must be >= 0")
+
+    def kind(self, metric: str) -> str:
+        """``eval``, ``step_time``, ``counter`` or ``value`` (decides the extra measures)."""
+        if metric.startswith(self.eval_prefix):
+            return "eval"
+        if metric in self.step_time_metrics:
+            return "step_time"
+        if metric.startswith(self.counter_prefixes):
+            return "counter"
+        return "value"
+
+
+@dataclass(frozen=True, eq=False)
+class MetricComparison:
+    """Everything measured for one metric; ``frame`` holds the aligned values."""
+
+    metric: str
+    kind: str
+    alignment: AlignmentReport
+    measures: DiffMeasures
+    frame: pd.DataFrame = field(repr=False)
+    eval_points: list[EvalPoint] | None = None
+    step_time: StepTimeMeasures | None = None
+    counters: CounterTotals | None = None
+    group: GroupEnvelope | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean({
+            "kind": self.kind,
+            "alignment": dataclasses.asdict(self.alignment),
+            "measures": dataclasses.asdict(self.measures),
+            "eval_points": None if self.eval_points is None
+            else [dataclasses.asdict(p) for p in self.eval_points],
+            "step_time": _asdict(self.step_time),
+            "counters": _asdict(self.counters),
+            "group": _asdict(self.group),
+        })
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    """A candidate compared with a reference run or a reference group, metric by metric."""
+
+    reference: list[RunData]
+    candidate: RunData
+    options: CompareOptions
+    metrics: dict[str, MetricComparison]
+    metrics_only_in_reference: list[str]
+    metrics_only_in_candidate: list[str]
+    skipped: dict[str, str]
+    created_ms: int
+
+    @property
+    def reference_ids(self) -> list[str]:
+        return [r.run_id for r in self.reference]
+
+    def frame(self, metric: str) -> pd.DataFrame:
+        """Aligned values of ``metric``: step, reference, candidate, diff, reldiff, ..."""
+        if metric not in self.metrics:
+            raise RefrunInputError(f"metric {metric!r}: not in this comparison "
+                                   f"({', '.join(self.metrics)})")
+        return self.metrics[metric].frame
+
+    def summary(self) -> pd.DataFrame:
+        """One row per metric with the main counts and measures (for tables)."""
+        rows = []
+        for name, m in self.metrics.items():
+            a, d = m.alignment, m.measures
+            refs = a.reference if isinstance(a.reference, list) else [a.reference]
+            row = {
+                "metric": name, "kind": m.kind, "aligned": a.aligned_steps,
+                "only_ref": a.only_in_reference, "only_cand": a.only_in_candidate,
+                "repeated_ref": sum(r.repeated_steps for r in refs),
+                "repeated_cand": a.candidate.repeated_steps,
+                "nonfinite_ref": sum(r.nonfinite for r in refs),
+                "nonfinite_cand": a.candidate.nonfinite,
+                "mean_abs_diff": d.mean_abs_diff, "max_abs_diff": d.max_abs_diff,
+                "step_of_max": d.step_of_max_abs_diff, "mean_rel_diff": d.mean_rel_diff,
+                "bias": d.bias, "diff_last": d.diff_at_last_step,
+                "final_mean_abs_diff": d.final_window.mean_abs_diff,
+            }
+            if m.group is not None:
+                row["outside_envelope"] = m.group.fraction_outside
+                row["mean_abs_z"] = m.group.mean_abs_z
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON (docs/comparison.md, "JSON")."""
+        return _clean({
+            "format": "refrun.comparison",
+            "format_version": FORMAT_VERSION,
+            "created_ms": self.created_ms,
+            "reference": [_run_info(r) for r in self.reference],
+            "candidate": _run_info(self.candidate),
+            "options": dataclasses.asdict(self.options),
+            "metrics_only_in_reference": self.metrics_only_in_reference,
+            "metrics_only_in_candidate": self.metrics_only_in_candidate,
+            "skipped": self.skipped,
+            "metrics": {k: m.to_dict() for k, m in self.metrics.items()},
+        })
+
+    def write_json(self, path: str | Path) -> Path:
+        """Write :meth:`to_dict` to ``path`` (strict JSON: non-finite numbers are null)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n",
+                        encoding="utf-8")
+        return path
+
+
+def _asdict(obj: Any) -> dict[str, Any] | None:
+    return None if obj is None else dataclasses.asdict(obj)
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _run_info(r: RunData) -> dict[str, Any]:
+    return {"run_id": r.run_id, "workload": r.workload, "role": r.role,
+            "hardware": r.hardware, "backend": r.backend, "seed": r.seed,
+            "status": r.status, "source": r.source}
+
+
+def _as_rundata(x: str | RunData, metrics: Sequence[str] | None,
+                tracking_uri: str | None, progress: bool) -> RunData:
+    if isinstance(x, RunData):
+        return x
+    if not isinstance(x, str) or not x:
+        raise RefrunInputError(f"run: expected a run id or RunData, got {x!r}")
+    return load_run(x, metrics, tracking_uri, progress)
+
+
+def compare(reference: str | RunData | Sequence[str | RunData], candidate: str | RunData,
+            metrics: Sequence[str] | None = None, options: CompareOptions | None = None,
+            tracking_uri: str | None = None, progress: bool = True) -> Comparison:
+    """Compare ``candidate`` with ``reference`` (one run or a group of seeds).
+
+    ``metrics``: the metrics to compare; each must exist in every run and have aligned
+    steps, else :class:`RefrunInputError`.  Default: every metric present in all runs;
+    those without aligned steps are listed in ``skipped`` with the reason.
+    """
+    opts = options or CompareOptions()
+    ref_list = [reference] if isinstance(reference, str | RunData) else list(reference)
+    if not ref_list:
+        raise RefrunInputError("reference: at least one reference run is required")
+    wanted = list(dict.fromkeys(metrics)) if metrics else None
+    refs = [_as_rundata(r, wanted, tracking_uri, progress) for r in ref_list]
+    cand = _as_rundata(candidate, wanted, tracking_uri, progress)
+    ref_names = set.intersection(*(set(r.metric_names) for r in refs))
+    ref_any = set.union(*(set(r.metric_names) for r in refs))
+    cand_names = set(cand.metric_names)
+    if wanted:
+        for m in wanted:
+            for r in [*refs, cand]:
+                if m not in r.metric_names:
+                    raise RefrunInputError(f"metric {m!r}: not recorded in run {r.run_id} "
+                                           f"({r.role or 'run'})")
+        names = wanted
+    else:
+        names = sorted(ref_names & cand_names)
+    results: dict[str, MetricComparison] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        result, reason = _compare_metric(name, refs, cand, opts)
+        if result is not None:
+            results[name] = result
+            continue
+        if wanted:
+            raise RefrunInputError(f"metric {name!r}: {reason}")
+        skipped[name] = reason
+    if not results:
+        raise RefrunInputError(
+            f"runs {', '.join(r.run_id for r in refs)} and {cand.run_id} have no common "
+            f"metric with aligned finite steps ({'; '.join(f'{k}: {v}' for k, v in skipped.items()) or 'no common metric names'})")
+    return Comparison(
+        reference=refs, candidate=cand, options=opts, metrics=results,
+        metrics_only_in_reference=sorted(ref_any - cand_names),
+        metrics_only_in_candidate=sorted(cand_names - ref_names),
+        skipped=skipped, created_ms=time.time_ns() // 1_000_000,
+    )
+
+
+def _resolve(run: RunData, metric: str, keep: str) -> Series:
+    steps, values, seq = run.series(metric)
+    return resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+
+
+def _span(series: list[Series]) -> tuple[int, int]:
+    firsts = [s.steps[0] for s in series if len(s.steps)]
+    lasts = [s.steps[-1] for s in series if len(s.steps)]
+    return int(min(firsts)), int(max(lasts))
+
+
+def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: CompareOptions
+                    ) -> tuple[MetricComparison | None, str]:
+    ref_series = [_resolve(r, name, opts.keep) for r in refs]
+    cand_series = _resolve(cand, name, opts.keep)
+    aligned = align(ref_series, cand_series, opts.interpolate, opts.keep)  # type: ignore[arg-type]
+    rep = aligned.report
+    if rep.aligned_steps == 0:
+        r0 = ref_series[0].report
+        c0 = cand_series.report
+        return None, (f"no common steps with finite values (reference steps "
+                      f"{r0.first_step}..{r0.last_step}, candidate steps "
+                      f"{c0.first_step}..{c0.last_step}, {rep.common_steps} common, "
+                      f"{rep.excluded_nonfinite} of them non-finite)")
+    kind = opts.kind(name)
+    ref_curve = aligned.reference_mean
+    measures = diff_measures(aligned.steps, ref_curve, aligned.candidate, opts.eps,
+                             opts.final_fraction, opts.final_points)
+    first, last = _span([*ref_series, cand_series])
+    wend = warmup_end(first, last, opts.warmup_steps, opts.warmup_fraction)
+    step_time = counters = None
+    if kind == "step_time":
+        step_time = step_time_ratio(
+            np.concatenate([s.steps for s in ref_series]),
+            np.concatenate([s.values for s in ref_series]),
+            cand_series.steps, cand_series.values, wend)
+    elif kind == "counter":
+        counters = _group_counters(ref_series, cand_series, wend)
+    group = None
+    frame = _frame(aligned, ref_curve, opts.eps)
+    if len(refs) > 1:
+        k = final_window_size(len(aligned.steps), opts.final_fraction, opts.final_points)
+        group = envelope_position(aligned.steps, aligned.candidate, aligned.reference, k)
+    return MetricComparison(
+        metric=name, kind=kind, alignment=rep, measures=measures, frame=frame,
+        eval_points=eval_points(aligned.steps, ref_curve, aligned.candidate, opts.eps)
+        if kind == "eval" else None,
+        step_time=step_time, counters=counters, group=group,
+    ), ""
+
+
+def _group_counters(refs: list[Series], cand: Series, wend: int) -> CounterTotals:
+    # With several references, the reference totals are the mean of the per-run totals
+    # (a pooled sum would grow with the number of seeds).
+    per = [counter_totals(r.steps, r.values, cand.steps, cand.values, wend) for r in refs]
+    if len(per) == 1:
+        return per[0]
+    return dataclasses.replace(
+        per[0],
+        reference_total=float(np.mean([p.reference_total for p in per])),
+        reference_after_warmup=float(np.mean([p.reference_after_warmup for p in per])),
+        reference_steps=int(round(np.mean([p.reference_steps for p in per]))),
+    )
+
+
+def _frame(aligned: Aligned, ref_curve: np.ndarray, eps: float) -> pd.DataFrame:
+    d, rd = diffs(ref_curve, aligned.candidate, eps)
+    cols: dict[str, np.ndarray] = {"step": aligned.steps, "reference": ref_curve,
+                                   "candidate": aligned.candidate, "diff": d, "reldiff": rd}
+    if aligned.reference.shape[0] > 1:
+        st = group_stats(aligned.reference)
+        cols.update(ref_min=st.min, ref_max=st.max, ref_mean=st.mean, ref_std=st.std,
+                    z=z_scores(aligned.candidate, st))
+    return pd.DataFrame(cols, copy=False)

@@ -1,0 +1,225 @@
+"""Loading recorded runs from the MLflow store into pandas (:class:`RunData`).
+
+Fast path: the run's full-resolution ``refrun/curves.parquet`` artifact.  Fallback for runs
+without it: MLflow metric history, one request per metric, with a progress bar (it may be
+thinned by ``mlflow_every`` and is slow for long histories).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.runs import list_runs
+from refrun.session import resolve_tracking_uri
+
+CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
+
+
+@dataclass(frozen=True, eq=False)
+class RunData:
+    """One run as loaded for comparison.
+
+    ``curves`` is the long table ``(metric, step, value, timestamp_ms, seq)`` with
+    ``metric`` categorical; ``seq`` is the logging order.  ``source`` says where the points
+    came from: ``"artifact"`` (every point) or ``"history"`` (MLflow metric history).
+    """
+
+    run_id: str
+    tags: dict[str, str]
+    params: dict[str, str]
+    status: str
+    start_time_ms: int | None
+    end_time_ms: int | None
+    curves: pd.DataFrame = field(repr=False)
+    source: str = "artifact"
+    experiment_id: str = ""
+
+    @classmethod
+    def from_curves(cls, curves: pd.DataFrame, run_id: str = "local",
+                    tags: dict[str, str] | None = None,
+                    params: dict[str, str] | None = None) -> RunData:
+        """An in-memory run from a long curves table (``seq`` defaults to row order)."""
+        df = curves.copy()
+        if "seq" not in df:
+            df["seq"] = np.arange(len(df), dtype=np.int64)
+        if "timestamp_ms" not in df:
+            df["timestamp_ms"] = np.zeros(len(df), dtype=np.int64)
+        df = df[list(schema.CURVE_COLUMNS)].astype(CURVE_DTYPES)
+        df["metric"] = df["metric"].astype("category")
+        return cls(run_id=run_id, tags=dict(tags or {}), params=dict(params or {}),
+                   status="FINISHED", start_time_ms=None, end_time_ms=None, curves=df,
+                   source="memory")
+
+    def _tag(self, key: str) -> str | None:
+        return self.tags.get(key)
+
+    @property
+    def workload(self) -> str | None:
+        return self._tag(schema.TAG_WORKLOAD)
+
+    @property
+    def role(self) -> str | None:
+        return self._tag(schema.TAG_ROLE)
+
+    @property
+    def hardware(self) -> str | None:
+        return self._tag(schema.TAG_HARDWARE)
+
+    @property
+    def backend(self) -> str | None:
+        return self._tag(schema.TAG_BACKEND)
+
+    @property
+    def seed(self) -> str | None:
+        return self._tag(schema.TAG_SEED)
+
+    @property
+    def metric_names(self) -> list[str]:
+        """Metrics with at least one point, sorted by name."""
+        return sorted(self._index())
+
+    def series(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(steps, values, seq)`` of one metric, in stored row order (not resolved)."""
+        rows = self._index().get(metric)
+        if rows is None:
+            raise RefrunInputError(f"run {self.run_id}: no metric {metric!r}")
+        c = self.curves
+        return (c["step"].to_numpy()[rows], c["value"].to_numpy()[rows],
+                c["seq"].to_numpy()[rows])
+
+    def _index(self) -> dict[str, np.ndarray]:
+        # Row positions per metric, computed once from the category codes: a 5M-row table
+        # is split in a few tens of milliseconds instead of one string scan per metric.
+        cache = self.__dict__.get("_rows")
+        if cache is None:
+            col = self.curves["metric"]
+            if not isinstance(col.dtype, pd.CategoricalDtype):
+                col = col.astype("category")
+            codes = col.cat.codes.to_numpy()
+            order = np.argsort(codes, kind="stable")
+            sorted_codes = codes[order]
+            bounds = np.searchsorted(sorted_codes, np.arange(len(col.cat.categories) + 1))
+            cache = {str(name): order[bounds[i]:bounds[i + 1]]
+                     for i, name in enumerate(col.cat.categories)
+                     if bounds[i + 1] > bounds[i]}
+            object.__setattr__(self, "_rows", cache)
+        return cache
+
+
+def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
+    uri = resolve_tracking_uri(tracking_uri)
+    return MlflowClient(uri), uri
+
+
+def load_run(run_id: str, metrics: Sequence[str] | None = None,
+             tracking_uri: str | None = None, progress: bool = True) -> RunData:
+    """Load one run by MLflow run id (curves artifact, else metric history).
+
+    Raises :class:`RefrunInputError` naming the run id when the store does not know it.
+    """
+    client, uri = _client(tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        raise RefrunInputError(f"run {run_id!r}: not found in {uri}") from exc
+    curves = _read_artifact(client, run_id, metrics)
+    source = "artifact"
+    if curves is None:
+        source = "history"
+        curves = _read_history(client, run_id, list(run.data.metrics), metrics, progress)
+    return RunData(run_id=run_id, tags=dict(run.data.tags), params=dict(run.data.params),
+                   status=run.info.status, start_time_ms=run.info.start_time,
+                   end_time_ms=run.info.end_time, curves=curves, source=source,
+                   experiment_id=run.info.experiment_id)
+
+
+def load_runs(run_ids: Sequence[str], metrics: Sequence[str] | None = None,
+              tracking_uri: str | None = None, progress: bool = True) -> list[RunData]:
+    """Load several runs (e.g. a reference group of seeds), in the given order."""
+    return [load_run(r, metrics, tracking_uri, progress) for r in run_ids]
+
+
+def find_run_ids(workload: str, role: str | None = None, *, hardware: str | None = None,
+                 backend: str | None = None, seed: int | str | None = None,
+                 chips: int | str | None = None, tracking_uri: str | None = None) -> list[str]:
+    """Ids of runs matching identity tags (``refrun.workload`` ...), newest first."""
+    table = list_runs(workload, role=role, tracking_uri=tracking_uri, hardware=hardware,
+                      backend=backend, seed=None if seed is None else str(seed),
+                      chips=None if chips is None else str(chips))
+    return [str(r) for r in table["run_id"]]
+
+
+def load_query(workload: str, role: str | None = None, *, hardware: str | None = None,
+               backend: str | None = None, seed: int | str | None = None,
+               chips: int | str | None = None, metrics: Sequence[str] | None = None,
+               tracking_uri: str | None = None, progress: bool = True) -> list[RunData]:
+    """Load every run matching the identity tags; raises when none match."""
+    ids = find_run_ids(workload, role, hardware=hardware, backend=backend, seed=seed,
+                       chips=chips, tracking_uri=tracking_uri)
+    if not ids:
+        query = {k: v for k, v in dict(workload=workload, role=role, hardware=hardware,
+                                       backend=backend, seed=seed, chips=chips).items()
+                 if v is not None}
+        raise RefrunInputError(f"no runs match {query}")
+    return load_runs(ids, metrics, tracking_uri, progress)
+
+
+def _read_artifact(client: MlflowClient, run_id: str,
+                   metrics: Sequence[str] | None) -> pd.DataFrame | None:
+    try:
+        listed = {f.path for f in client.list_artifacts(run_id, schema.ARTIFACT_DIR)}
+    except (MlflowException, OSError):
+        return None
+    if schema.ARTIFACT_CURVES not in listed:
+        return None
+    with tempfile.TemporaryDirectory(prefix="refrun-load-") as tmp:
+        path = client.download_artifacts(run_id, schema.ARTIFACT_CURVES, tmp)
+        return read_curves_fast(Path(path), metrics)
+
+
+def read_curves_fast(path: Path, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read a curves artifact keeping ``metric`` categorical (no per-row string objects)."""
+    filters = [("metric", "in", list(metrics))] if metrics else None
+    df = pq.read_table(path, filters=filters).to_pandas()
+    if not isinstance(df["metric"].dtype, pd.CategoricalDtype):
+        df["metric"] = df["metric"].astype("category")
+    return df
+
+
+def _read_history(client: MlflowClient, run_id: str, keys: list[str],
+                  metrics: Sequence[str] | None, progress: bool) -> pd.DataFrame:
+    from tqdm.auto import tqdm
+
+    wanted = [k for k in sorted(keys) if not metrics or k in metrics]
+    frames = []
+    for key in tqdm(wanted, desc=f"metric history {run_id[:8]}", unit="metric",
+                    disable=not progress or len(wanted) == 0, leave=False):
+        hist = client.get_metric_history(run_id, key)
+        frames.append(pd.DataFrame({
+            "metric": key,
+            "step": np.fromiter((m.step for m in hist), np.int64, len(hist)),
+            "value": np.fromiter((m.value for m in hist), np.float64, len(hist)),
+            "timestamp_ms": np.fromiter((m.timestamp for m in hist), np.int64, len(hist)),
+        }))
+    if not frames:
+        df = pd.DataFrame({c: pd.Series(dtype=t) for c, t in CURVE_DTYPES.items()})
+        df.insert(0, "metric", pd.Series(dtype="category"))
+        return df
+    df = pd.concat(frames, ignore_index=True)
+    # MLflow does not keep the logging order: (timestamp, step) is the best proxy, so
+    # "last wins" for a repeated step follows the logged timestamps.
+    df = df.sort_values(["metric", "timestamp_ms", "step"], kind="stable", ignore_index=True)
+    df["seq"] = np.arange(len(df), dtype=np.int64)
+    df["metric"] = df["metric"].astype("category")
+    return df

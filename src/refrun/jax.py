@@ -1,0 +1,157 @@
+"""Instrumented JAX training: ``probe = refrun.jax.instrument(run, ...)``.
+
+::
+
+    probe = refrun.jax.instrument(run, params=params, batch=batch, step_fns=[train_step])
+    for n, batch in enumerate(batches):
+        with probe.step(n):
+            params, loss = train_step(params, batch)
+            probe.log(loss=loss)              # jax array, number, or pytree of scalars
+    probe.close()
+
+What is recorded and how is described in :mod:`refrun.probes.jax` and docs/jax.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.probes.base import Monitor, Probe
+from refrun.probes.jax import TRANSFER_LEVELS, JaxBackend, JaxMemoryMonitor, LostValue
+from refrun.session import RunSession
+
+
+@dataclass
+class JaxProbe(Probe):
+    """A :class:`Probe` whose ``log`` also accepts pytrees (tuples, lists, dataclasses
+    registered with JAX ...) and which can record placement again with :meth:`observe`."""
+
+    def log(self, step: int | None = None, **metrics: Any) -> None:
+        """Record scalars for ``step`` (default: the current step).  Values may be jax
+        arrays of one element, numbers, or pytrees of them; a pytree leaf is named by its
+        path (``grads/0/w``)."""
+        if all(isinstance(v, jax.Array | float | int) for v in metrics.values()):
+            super().log(step, **metrics)  # fast path: nothing to flatten
+            return
+        try:
+            flat = flatten_pytree(metrics)
+        except Exception as exc:
+            self.run.warn_once("jax-log-flatten", f"probe.log: values not recorded: {exc}",
+                               self._step)
+            return
+        super().log(step, **flat)
+
+    def observe(self, **trees: Any) -> None:
+        """Record where ``params=``, ``batch=`` (any pytrees) live; cheap enough for an
+        occasional call, not for every step of a large model (it walks the pytree)."""
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        self._guard(lambda: backend.observe(**trees))
+        warning = self._guard(backend.placement_warning)
+        if warning:
+            self.run.warn_once("jax-placement", warning, self._step)
+
+    def _emit(self, n: int, name: str, value: float) -> None:
+        if isinstance(value, LostValue):
+            self.run.warn_once(f"jax-lost:{name}", f"{name} at step {n} could not be read "
+                               "(its buffer was deleted or donated before it was ready)", n)
+            return
+        super()._emit(n, name, value)
+
+    def close(self) -> None:
+        """Resolve pending values, record summary tags and the compilation log
+        (``refrun/jax_compilations.json``), and remove the JAX listeners."""
+        if self._closed:
+            return
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        super().close()
+        c = backend.compiles
+        self.run.log_json("refrun/jax_compilations.json", {
+            "step_functions": sorted(c.step_names) if c.step_names else None,
+            "by_function": dict(c.by_function),
+            "events": c.events,
+        })
+
+
+def flatten_pytree(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a": (x, {"b": y})}`` -> ``{"a/0": x, "a/1/b": y}``: pytree leaves named by path."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(dict(metrics))
+    return {"/".join(_key_text(k) for k in path): leaf for path, leaf in leaves}
+
+
+def _key_text(k: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k).strip("[].'\"")
+
+
+def instrument(
+    run: RunSession,
+    *,
+    params: Any = None,
+    batch: Any = None,
+    step_fns: Iterable[Any] = (),
+    transfer_guard: str | None = None,
+    hardware: str | None = None,
+    mesh: Any = None,
+    warmup_steps: int = 5,
+    monitors: Sequence[Monitor] = (),
+    sample_interval_s: float = 1.0,
+    memory: bool = True,
+) -> JaxProbe:
+    """Wrap a JAX training loop's recording in a :class:`JaxProbe`.
+
+    ``params``/``batch``: pytrees whose devices and shardings are recorded (again with
+    ``probe.observe``).  ``step_fns``: the jitted step function(s) (or their names);
+    their compilations are ``compile/graphs``, all others ``compile/other``; without
+    it, any function user code calls through ``jit``/``pmap`` counts as a step function.
+    ``transfer_guard``: ``log`` or ``disallow`` (or the ``*_explicit`` variants) applied
+    around each step; ``log`` counts implicit host-to-device transfers (``xfer/h2d``).
+    ``hardware``: the intended accelerator (default: the run's ``refrun.hardware`` tag);
+    running on the CPU instead sets ``refrun.placement.warning``.  ``mesh``: a
+    ``jax.sharding.Mesh`` or ``{axis: size}`` (e.g. the pmap axis) for ``refrun.exec.mesh``;
+    otherwise taken from NamedShardings of ``params``/``batch``.  ``memory``: sample
+    ``device.memory_stats()`` where the devices report it (not on CPU).
+
+    Raises :class:`RefrunInputError` for an unknown ``transfer_guard`` level or a
+    ``step_fns`` entry that is neither a function nor a name.
+    """
+    if transfer_guard is not None and transfer_guard not in TRANSFER_LEVELS:
+        raise RefrunInputError(f"transfer_guard: {transfer_guard!r} is not one of "
+                               f"{', '.join(TRANSFER_LEVELS)}")
+    fns = list(step_fns)
+    for f in fns:
+        if not (isinstance(f, str) or getattr(f, "__name__", None)):
+            raise RefrunInputError(f"step_fns: {f!r} is neither a function nor a name")
+    if hardware is None:
+        hardware = _declared_hardware(run)
+    backend = JaxBackend(step_fns=fns, transfer_guard=transfer_guard, hardware=hardware,
+                         mesh=mesh)
+    backend.observe(params=params, batch=batch)
+    mons = list(monitors)
+    if memory:
+        mem = JaxMemoryMonitor.available()
+        if mem is not None:
+            mons.append(mem)
+    probe = JaxProbe(run=run, backend=backend, warmup_steps=warmup_steps, monitors=mons,
+                     sample_interval_s=sample_interval_s)
+    warning = backend.placement_warning()
+    if warning:
+        run.warn_once("jax-placement", warning, None)
+    return probe
+
+
+def _declared_hardware(run: RunSession) -> str | None:
+    try:
+        return run.spool.read_meta().get("tags", {}).get(schema.TAG_HARDWARE)
+    except Exception:
+        return None
+
+
+__all__ = ["JaxProbe", "flatten_pytree", "instrument"]

@@ -1,0 +1,594 @@
+"""The JAX backend of :class:`refrun.probes.base.Probe`.
+
+What it measures, and how, without adding a host sync to the loop:
+
+* **Values** given to ``probe.log``: ``copy_to_host_async()`` is started at once; the value
+  is read when ``arr.is_ready()`` says the device is done (checked at the next step
+  entry), blockingly only at close.
+* **Step time** (``perf/step_time_s``, kind ``ready``): JAX dispatch is asynchronous, so the
+  wall time of the Python step body is only the dispatch time.  The probe notes the wall
+  time at step entry, and a watcher thread notes the time at which the step's logged
+  device values became ready (it waits on them off the training thread).  The step
+  time is ``ready_n - max(entry_n, ready_{n-1})``: from when step ``n`` could start on
+  the device (entered, and the previous step's outputs done) to when its outputs were
+  done.  A step that logs no device value gets the wall time of its body (kind
+  ``wall``); the tag ``refrun.perf.step_time_kind`` says which was measured.
+* **Compilations** through :mod:`jax.monitoring`: every XLA compilation emits
+  ``/jax/core/compile/backend_compile_duration`` with ``fun_name`` (``jit(train_step)``),
+  a start scalar before it and ``/jax/compilation_cache/cache_hits`` inside it when the
+  persistent cache served it.  Compilations of the step function(s) count as
+  ``compile/graphs`` (``compile/recompiles`` when that function was compiled before);
+  all others (eager ``jnp`` ops, ``jax.random`` helpers) as ``compile/other``;
+  persistent-cache hits as ``compile/cache_hits`` and never as compilations;
+  ``compile/time_s`` is the backend compile time (including cache retrieval).
+* **Transfers**: an optional ``jax.transfer_guard`` level around the step.  With ``log``
+  the runtime writes one line per implicit host-to-device transfer to the process's
+  stderr; the probe counts those lines (``xfer/h2d``) and passes everything through.
+  With ``disallow`` a completed step had no implicit transfer (``xfer/h2d`` = 0).
+* **Placement** (``refrun.placement``, ``refrun.exec.*`` tags) from the devices and
+  shardings of the parameters and batches, and ``refrun.placement.warning`` when the
+  run declared an accelerator but the arrays live on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import queue
+import re
+import select
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from refrun import schema
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+M_COMPILE_OTHER = "compile/other"  # compilations outside the step function(s)
+TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"
+TRANSFER_LEVELS = ("log", "disallow", "log_explicit", "disallow_explicit")
+H2D_MARKER = b"host-to-device transfer"
+_JAX_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax,)) + tuple(
+    os.path.dirname(sys.modules[n].__file__) + os.sep
+    for n in ("jaxlib",) if n in sys.modules and getattr(sys.modules[n], "__file__", None)
+)
+# Entry points through which user code runs its own compiled function.
+_USER_ENTRY_FILES = ("pjit.py", "pmap.py")
+_WRAPPED_NAME = re.compile(r"^\w+\((.*)\)$")
+MAX_COMPILE_EVENTS = 10_000
+
+
+class LostValue(float):
+    """A value that could not be read (deleted or donated buffer); never emitted."""
+
+
+LOST = LostValue("nan")
+
+
+# --- compilation attribution -------------------------------------------------------------
+def function_name(fun_name: str) -> str:
+    """``jit(train_step)`` -> ``train_step`` (the name JAX gives the compiled module)."""
+    m = _WRAPPED_NAME.match(fun_name)
+    return m.group(1) if m else fun_name
+
+
+def called_from_user_jit(frame: Any) -> bool:
+    """True when the compilation was started by user code calling a jitted/pmapped
+    function, False when a JAX library function (eager ``jnp`` op, ``jax.random`` ...)
+    started it.  Decided by the JAX frame that user code called into."""
+    entry = None
+    f = frame
+    while f is not None:
+        fname = f.f_code.co_filename
+        if not fname.startswith(_JAX_DIRS):
+            if not fname.endswith(os.path.join("refrun", "probes", "jax.py")):
+                break
+        elif not fname.endswith("traceback_util.py"):
+            entry = fname
+        f = f.f_back
+    return entry is not None and entry.endswith(_USER_ENTRY_FILES)
+
+
+@dataclass
+class _Compile:
+    fun_name: str
+    is_step: bool
+    cache_hit: bool = False
+
+
+@dataclass
+class CompileTracker:
+    """Counts compilations from :mod:`jax.monitoring` events; see module doc.
+
+    ``step_names``: names of the step functions (``train_step``); None means "any function
+    user code called through ``jit``/``pmap``" (eager helpers excluded by call site).
+    """
+
+    step_names: frozenset[str] | None = None
+    graphs: int = 0
+    recompiles: int = 0
+    cache_hits: int = 0
+    other: int = 0
+    time_s: float = 0.0
+    by_function: Counter[str] = field(default_factory=Counter)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    current_step: int | None = None
+    _seen: set[str] = field(default_factory=set)
+    _tls: threading.local = field(default_factory=threading.local)
+    _installed: bool = False
+
+    def install(self) -> None:
+        jax.monitoring.register_scalar_listener(self._on_start)
+        jax.monitoring.register_event_listener(self._on_event)
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        self._installed = True
+
+    def remove(self) -> None:
+        """Unregister the listeners (safe to call twice)."""
+        if not self._installed:
+            return
+        self._installed = False
+        for unregister, cb in (
+            (jax.monitoring.unregister_scalar_listener, self._on_start),
+            (jax.monitoring.unregister_event_listener, self._on_event),
+            (jax.monitoring.unregister_event_duration_listener, self._on_duration),
+        ):
+            with contextlib.suppress(AssertionError, ValueError):
+                unregister(cb)
+
+    def is_step(self, fun_name: str, frame: Any) -> bool:
+        if self.step_names is not None:
+            return function_name(fun_name) in self.step_names
+        return called_from_user_jit(frame)
+
+    def _stack(self) -> list[_Compile]:
+        st = getattr(self._tls, "stack", None)
+        if st is None:
+            st = self._tls.stack = []
+        return st
+
+    def _on_start(self, event: str, value: float, **kw: Any) -> None:
+        if event != BACKEND_COMPILE_EVENT:
+            return
+        name = str(kw.get("fun_name", "?"))
+        self._stack().append(_Compile(name, self.is_step(name, sys._getframe(1))))
+
+    def _on_event(self, event: str, **kw: Any) -> None:
+        if event == CACHE_HIT_EVENT:
+            st = self._stack()
+            if st:
+                st[-1].cache_hit = True
+
+    def _on_duration(self, event: str, secs: float, **kw: Any) -> None:
+        if event != BACKEND_COMPILE_EVENT:
+            return
+        name = str(kw.get("fun_name", "?"))
+        st = self._stack()
+        c = st.pop() if st and st[-1].fun_name == name else _Compile(
+            name, self.is_step(name, sys._getframe(1)))
+        self.time_s += float(secs)
+        kind = "cache_hit" if c.cache_hit else "graph" if c.is_step else "other"
+        if c.cache_hit:
+            self.cache_hits += 1
+        elif c.is_step:
+            self.graphs += 1
+            if name in self._seen:
+                self.recompiles += 1
+                kind = "recompile"
+        else:
+            self.other += 1
+        if c.is_step:
+            self._seen.add(name)
+        self.by_function[f"{name} [{kind}]"] += 1
+        if len(self.events) < MAX_COMPILE_EVENTS:
+            self.events.append({"step": self.current_step, "function": name, "kind": kind,
+                                "seconds": round(float(secs), 6)})
+
+    def counters(self) -> dict[str, float]:
+        return {schema.M_COMPILE_GRAPHS: self.graphs,
+                schema.M_COMPILE_RECOMPILES: self.recompiles,
+                schema.M_COMPILE_CACHE_HITS: self.cache_hits,
+                M_COMPILE_OTHER: self.other,
+                schema.M_COMPILE_TIME: self.time_s}
+
+
+# --- host-to-device transfer counting ----------------------------------------------------
+class StderrLineCounter:
+    """Counts occurrences of ``marker`` in everything written to file descriptor 2 (where
+    the JAX runtime writes transfer-guard lines) and forwards every byte unchanged.
+
+    fd 2 is replaced by a pipe for the counter's lifetime; a thread forwards the bytes so
+    the writer can never block on a full pipe, and :meth:`count` first drains what is
+    already in the pipe so a step's lines are attributed to that step.
+    """
+
+    def __init__(self, marker: bytes = H2D_MARKER) -> None:
+        self.marker = marker
+        self.total = 0
+        self._tail = b""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._r, w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.dup2(w, 2)
+        os.close(w)
+        self._thread = threading.Thread(target=self._pump, daemon=True,
+                                        name="refrun-jax-stderr")
+        self._thread.start()
+
+    def _read_available(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._r, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            os.write(self._saved, chunk)
+            data = self._tail + chunk
+            self.total += data.count(self.marker)
+            # keep a partial marker that may continue in the next chunk
+            keep = len(self.marker) - 1
+            self._tail = data[-keep:] if self.marker not in data[-keep:] else b""
+
+    def _pump(self) -> None:
+        while not self._stop.is_set():
+            try:
+                readable, _, _ = select.select([self._r], [], [], 0.2)
+            except (OSError, ValueError):
+                return
+            if readable:
+                with self._lock:
+                    self._read_available()
+
+    def count(self) -> int:
+        """Occurrences of the marker written so far."""
+        with self._lock:
+            self._read_available()
+            return self.total
+
+    def close(self) -> None:
+        """Restore fd 2 and forward anything still in the pipe."""
+        if self._stop.is_set():
+            return
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        with self._lock:
+            self._read_available()
+            os.dup2(self._saved, 2)
+            self._stop.set()
+        self._thread.join(timeout=2)
+        with self._lock:
+            self._read_available()
+            os.close(self._r)
+            os.close(self._saved)
+
+
+# --- step time to readiness ----------------------------------------------------------------
+@dataclass
+class PendingStepTime:
+    """Step time resolved by the watcher thread once the step's outputs are ready."""
+
+    step: int
+    entry_s: float
+    exit_s: float
+    arrays: list[Any]
+    value: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class ReadyWatcher:
+    """Waits, off the training thread, for each step's logged outputs and computes
+    ``ready_n - max(entry_n, ready_{n-1})`` (seconds, ``time.perf_counter`` clock)."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[PendingStepTime | None] = queue.SimpleQueue()
+        self._prev_ready = -math.inf
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="refrun-jax-ready")
+        self._thread.start()
+
+    def submit(self, p: PendingStepTime) -> None:
+        self._q.put(p)
+
+    def _run(self) -> None:
+        while True:
+            p = self._q.get()
+            if p is None:
+                return
+            try:
+                for a in p.arrays:
+                    a.block_until_ready()  # this thread only; releases the GIL
+                ready = time.perf_counter()
+                p.value = ready - max(p.entry_s, self._prev_ready)
+                self._prev_ready = ready
+            except Exception:  # a deleted/donated output: fall back to the wall time
+                self.failures += 1
+                p.value = p.exit_s - p.entry_s
+            p.arrays = []
+            p.done.set()
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+
+# --- placement ----------------------------------------------------------------------------
+def _sharding_text(s: Any) -> str:
+    return re.sub(r"\s+", " ", str(s))
+
+
+def mesh_of(sharding: Any) -> dict[str, int] | None:
+    """Axis name -> size of a NamedSharding's mesh (None for other shardings)."""
+    mesh = getattr(sharding, "mesh", None)
+    shape = getattr(mesh, "shape", None)
+    if shape is None:
+        return None
+    return {str(k): int(v) for k, v in dict(shape).items()}
+
+
+def placement_summary(tree: Any, max_shardings: int = 8) -> dict[str, Any]:
+    """Where a pytree's arrays live: leaf counts, devices, platforms and the distinct
+    shardings (at most ``max_shardings`` listed)."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    arrays = [x for x in leaves if isinstance(x, jax.Array)]
+    devices: set[str] = set()
+    platforms: set[str] = set()
+    shardings: dict[str, int] = {}
+    meshes: list[dict[str, int]] = []
+    for a in arrays:
+        s = a.sharding
+        devs = s.device_set
+        devices.update(str(d) for d in devs)
+        platforms.update(d.platform for d in devs)
+        key = _sharding_text(s)
+        shardings[key] = shardings.get(key, 0) + 1
+        m = mesh_of(s)
+        if m is not None and m not in meshes:
+            meshes.append(m)
+    return {
+        "leaves": len(leaves),
+        "arrays": len(arrays),
+        "host_leaves": len(leaves) - len(arrays),
+        "devices": sorted(devices),
+        "platforms": sorted(platforms),
+        "shardings": dict(list(shardings.items())[:max_shardings]),
+        "meshes": meshes,
+    }
+
+
+def declares_accelerator(hardware: str | None) -> bool:
+    """A declared hardware name other than ``cpu...`` means an accelerator was intended."""
+    return bool(hardware) and not str(hardware).strip().lower().startswith("cpu")
+
+
+def placement_problem(declared: str | None, backend: str,
+                      parts: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """A one-line warning when an accelerator was declared or is the default backend but
+    JAX or the observed arrays are on the CPU; None when placement is consistent."""
+    if declares_accelerator(declared) and backend == "cpu":
+        return (f"run declares hardware {declared!r} but JAX runs on the CPU "
+                f"(jax.default_backend() == 'cpu')")
+    for what, p in parts.items():
+        plats = set(p.get("platforms", ()))
+        if plats == {"cpu"} and (backend != "cpu" or declares_accelerator(declared)):
+            return (f"{what} live on the CPU while the run declares {declared!r} and the "
+                    f"default JAX backend is {backend!r}")
+    return None
+
+
+# --- the backend ---------------------------------------------------------------------------
+class JaxBackend:
+    """:class:`refrun.probes.base.Backend` for JAX; see the module doc for what it records."""
+
+    name = "jax"
+
+    def __init__(self, *, step_fns: Iterable[Any] = (), transfer_guard: str | None = None,
+                 hardware: str | None = None, mesh: Any = None) -> None:
+        names = [f if isinstance(f, str) else getattr(f, "__name__", None) for f in step_fns]
+        self.compiles = CompileTracker(frozenset(n for n in names if n) or None)
+        self.transfer_guard = transfer_guard
+        self.declared_hardware = hardware
+        self.mesh = mesh
+        self.placement: dict[str, dict[str, Any]] = {}
+        self.ready_steps = 0
+        self.wall_steps = 0
+        self.lost_values = 0
+        self._step_arrays: list[Any] | None = None
+        self._guard_cm: Any = None
+        self._h2d: StderrLineCounter | None = None
+        self._h2d_checked = 0
+        self._watcher = ReadyWatcher()
+        self.compiles.install()
+        if transfer_guard in ("log", "log_explicit"):
+            self._h2d = StderrLineCounter()
+
+    # --- step ---------------------------------------------------------------------------
+    def begin_step(self, step: int) -> float:
+        self.compiles.current_step = step
+        self._step_arrays = []
+        if self.transfer_guard is not None:
+            cm = jax.transfer_guard(self.transfer_guard)
+            cm.__enter__()
+            self._guard_cm = cm
+        return time.perf_counter()
+
+    def end_step(self, step: int, token: float) -> PendingStepTime | float:
+        now = time.perf_counter()
+        if self._guard_cm is not None:
+            cm, self._guard_cm = self._guard_cm, None
+            cm.__exit__(None, None, None)
+            if self.transfer_guard.startswith("disallow"):
+                self._h2d_checked += 1  # a completed step had no implicit transfer
+        arrays, self._step_arrays = self._step_arrays or [], None
+        if not arrays:
+            self.wall_steps += 1
+            return now - token
+        self.ready_steps += 1
+        p = PendingStepTime(step, token, now, arrays)
+        self._watcher.submit(p)
+        return p
+
+    # --- values -------------------------------------------------------------------------
+    def fetch(self, value: Any) -> Any:
+        if isinstance(value, jax.Array):
+            if value.size != 1:
+                raise ValueError(f"probe.log takes scalars; got a jax array of shape "
+                                 f"{value.shape} (reduce it first)")
+            value.copy_to_host_async()
+            if self._step_arrays is not None:
+                self._step_arrays.append(value)
+            return value
+        if isinstance(value, np.ndarray | np.generic):
+            return float(np.asarray(value).reshape(()))
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError(f"probe.log: cannot record a value of type {type(value).__name__}")
+
+    def ready(self, pending: Any) -> float | None:
+        if isinstance(pending, PendingStepTime):
+            return pending.value
+        if isinstance(pending, float):
+            return pending
+        try:
+            if not pending.is_ready():
+                return None
+            return float(np.asarray(pending).reshape(()))
+        except Exception:  # deleted or donated before it was read
+            self.lost_values += 1
+            return LOST
+
+    def wait(self, pending: Any) -> float:
+        if isinstance(pending, PendingStepTime):
+            pending.done.wait(timeout=60)
+            return pending.value if pending.value is not None else LOST
+        if isinstance(pending, float):
+            return pending
+        try:
+            return float(np.asarray(pending).reshape(()))
+        except Exception:
+            self.lost_values += 1
+            return LOST
+
+    # --- counters and description ---------------------------------------------------------
+    def counters(self) -> dict[str, float]:
+        out = self.compiles.counters()
+        if self._h2d is not None:
+            out[schema.M_XFER_H2D] = self._h2d.count()
+        elif self.transfer_guard is not None:
+            out[schema.M_XFER_H2D] = 0.0
+        return out
+
+    def observe(self, **trees: Any) -> None:
+        """Record where the given pytrees' arrays live (``params=``, ``batch=`` ...)."""
+        for what, tree in trees.items():
+            if tree is not None:
+                self.placement[what] = placement_summary(tree)
+
+    def step_time_kind(self) -> str:
+        if self.ready_steps and self.wall_steps:
+            return "ready+wall"
+        return "wall" if self.wall_steps and not self.ready_steps else "ready"
+
+    def placement_warning(self) -> str | None:
+        return placement_problem(self.declared_hardware, jax.default_backend(),
+                                 self.placement)
+
+    def describe(self) -> dict[str, Any]:
+        devices = jax.devices()
+        used: set[str] = set()
+        meshes: list[dict[str, int]] = []
+        for p in self.placement.values():
+            used.update(p["devices"])
+            meshes.extend(m for m in p["meshes"] if m not in meshes)
+        mesh = mesh_of(self.mesh) if self.mesh is not None and not isinstance(
+            self.mesh, Mapping) else (dict(self.mesh) if self.mesh is not None else None)
+        if mesh is None and meshes:
+            mesh = meshes[0]
+        desc: dict[str, Any] = {
+            schema.TAG_EXEC_HARDWARE: jax.default_backend(),
+            "refrun.exec.device_kind": devices[0].device_kind if devices else "",
+            schema.TAG_EXEC_DEVICES: len(used) if used else jax.device_count(),
+            "refrun.exec.visible_devices": jax.device_count(),
+            schema.TAG_EXEC_WORLD_SIZE: jax.process_count(),
+            schema.TAG_PLACEMENT: json.dumps(
+                {"default_backend": jax.default_backend(), **self.placement},
+                sort_keys=True)[:5000],
+            TAG_STEP_TIME_KIND: self.step_time_kind(),
+            "refrun.perf.step_time_wall_steps": self.wall_steps,
+            "refrun.jax.transfer_guard": self.transfer_guard or "off",
+            "refrun.jax.step_functions": ",".join(sorted(self.compiles.step_names))
+            if self.compiles.step_names else "(called through jit/pmap)",
+        }
+        if mesh:
+            desc[schema.TAG_MESH] = json.dumps(mesh)
+        warning = self.placement_warning()
+        if warning:
+            desc[schema.TAG_PLACEMENT_WARNING] = warning
+        peak = memory_peak_bytes()
+        if peak is not None:
+            desc["refrun.exec.memory_peak_bytes"] = peak
+        return desc
+
+    def close(self) -> None:
+        self.compiles.remove()
+        if self._guard_cm is not None:
+            with contextlib.suppress(Exception):
+                self._guard_cm.__exit__(None, None, None)
+            self._guard_cm = None
+        if self._h2d is not None:
+            self._h2d.close()
+        self._watcher.close()
+
+
+# --- memory --------------------------------------------------------------------------------
+def memory_peak_bytes() -> int | None:
+    """Largest ``peak_bytes_in_use`` over local devices; None where unsupported (CPU)."""
+    peaks = []
+    for d in jax.local_devices():
+        stats = d.memory_stats()
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None
+
+
+class JaxMemoryMonitor:
+    """``sys/<platform><id>_mem_bytes`` and ``..._mem_peak_bytes`` from
+    ``device.memory_stats()`` (bytes); only built where a device reports them."""
+
+    name = "jax_memory"
+
+    def __init__(self, devices: list[Any]) -> None:
+        self.devices = devices
+
+    @classmethod
+    def available(cls) -> JaxMemoryMonitor | None:
+        devs = [d for d in jax.local_devices() if d.memory_stats()]
+        return cls(devs) if devs else None
+
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for d in self.devices:
+            stats = d.memory_stats() or {}
+            key = f"{schema.SYS_PREFIX}{d.platform}{d.id}"
+            if "bytes_in_use" in stats:
+                out[f"{key}_mem_bytes"] = float(stats["bytes_in_use"])
+            if "peak_bytes_in_use" in stats:
+                out[f"{key}_mem_peak_bytes"] = float(stats["peak_bytes_in_use"])
+        return out
+
+    def close(self) -> None:
+        self.devices = []

@@ -1,0 +1,473 @@
+"""The PyTorch backend of :class:`refrun.probes.base.Probe` (CPU and CUDA).
+
+What it does inside a training step, and why none of it synchronises the host:
+
+* **Values** given to ``probe.log``: a CUDA tensor is copied ``non_blocking`` into a pinned
+  host buffer and a CUDA event is recorded after the copy on the current stream; the value
+  is read once ``event.query()`` says the copy has landed.  A CPU tensor is kept (detached)
+  and read through ``.numpy()`` after the step, which touches memory directly and never
+  dispatches ``aten::_local_scalar_dense`` (what ``.item()`` does).  Python numbers pass.
+* **Step time**: two timing CUDA events recorded on the current stream around the step,
+  read with ``elapsed_time`` once the end event has completed (``cuda_event``); on CPU
+  ``time.perf_counter`` around the step (``wall``), exact because CPU ops run eagerly.
+* **Compilation**: cumulative counters from ``torch._dynamo.utils.counters``
+  (``stats/unique_graphs``, ``graph_break``, ``inductor/fxgraph_cache_hit``) and from
+  ``torch._dynamo.callback_handler`` start/end callbacks (recompilations = Dynamo
+  compilations of a frame already compiled before, compile time).  The probe logs their
+  per-step deltas.  Dynamo is never imported by the probe: counters appear once the
+  process itself has imported it (``torch.compile`` does).
+* **Placement**: the devices of parameters, optimizer state and logged tensors, with a
+  warning when an accelerator was expected (``expect_device``, or a non-CPU declared
+  hardware) or is present but the model or the logged values live on the CPU.
+
+Pools of pinned buffers and events are reused so a warm step allocates nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import numbers
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from refrun import schema
+
+# CPU dtypes that NumPy cannot hold; converted to float32 when read (after the step).
+_NUMPY_LESS = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
+
+TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"
+ACCELERATOR = "accelerator"  # expect_device value meaning "any non-CPU device"
+_CPU_HARDWARE = {"", "cpu", "none", "host"}
+
+
+# --- pending values ------------------------------------------------------------------
+@dataclass(slots=True)
+class _CpuValue:
+    """A CPU tensor logged during a step, read after it (its version detects in-place edits)."""
+
+    tensor: torch.Tensor
+    version: int
+
+
+@dataclass(slots=True)
+class _CudaValue:
+    """A non-blocking device-to-host copy in flight: read ``buf`` once ``event`` completes."""
+
+    buf: torch.Tensor
+    event: Any
+
+
+@dataclass(slots=True)
+class _CudaTiming:
+    start: Any
+    end: Any
+
+
+def tensor_to_float(t: torch.Tensor) -> float:
+    """Host value of a one-element CPU tensor without ``aten::_local_scalar_dense``.
+
+    ``Tensor.numpy()`` shares the tensor's memory; reading it is a plain memory load."""
+    if t.dtype in _NUMPY_LESS:
+        t = t.float()
+    arr = t.numpy()
+    return float(arr.reshape(-1)[0])
+
+
+class _Pool:
+    """Free lists of reusable objects keyed by a hashable (pinned buffers per dtype, events)."""
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self._make = make
+        self._free: dict[Any, list[Any]] = {}
+
+    def take(self, key: Any) -> Any:
+        free = self._free.get(key)
+        return free.pop() if free else self._make(key)
+
+    def give(self, key: Any, obj: Any) -> None:
+        self._free.setdefault(key, []).append(obj)
+
+    def clear(self) -> None:
+        self._free.clear()
+
+
+# --- compile evidence ------------------------------------------------------------------
+@dataclass
+class CompileWatch:
+    """Recompilations and compile time from Dynamo's compile callbacks.
+
+    A Dynamo compile id is ``"<frame_id>/<frame_compile_id>"``; ``frame_compile_id > 0``
+    means the frame was compiled before, i.e. a recompilation (guard failure).  The callbacks
+    only fire for the outermost compilation, which is what a user's step triggers."""
+
+    recompiles: int = 0
+    compiles: int = 0
+    time_s: float = 0.0
+    _started: float | None = None
+    _installed: bool = False
+    _handler: Any = None
+
+    def install(self) -> None:
+        """Register the callbacks if Dynamo is already imported (never imports it), and
+        again after ``torch._dynamo.reset()`` cleared them."""
+        if self._installed:
+            if self._on_start in self._handler.start_callbacks:
+                return
+            self._installed = False
+        mod = sys.modules.get("torch._dynamo.callback")
+        if mod is None:
+            return
+        self._handler = mod.callback_handler
+        self._handler.register_start_callback(self._on_start)
+        self._handler.register_end_callback(self._on_end)
+        self._installed = True
+
+    def _on_start(self, args: Any) -> None:
+        self._started = time.perf_counter()
+        if getattr(getattr(args, "callback_trigger", None), "name", "") != "DYNAMO":
+            return
+        self.compiles += 1
+        if frame_compile_index(str(getattr(args, "compile_id", ""))) > 0:
+            self.recompiles += 1
+
+    def _on_end(self, args: Any) -> None:
+        if self._started is not None:
+            self.time_s += time.perf_counter() - self._started
+            self._started = None
+
+    def remove(self) -> None:
+        if self._installed and self._handler is not None:
+            for fn, remove in ((self._on_start, self._handler.remove_start_callback),
+                               (self._on_end, self._handler.remove_end_callback)):
+                with contextlib.suppress(ValueError):  # cleared by torch._dynamo.reset()
+                    remove(fn)
+        self._installed = False
+
+
+def frame_compile_index(compile_id: str) -> int:
+    """The per-frame compile index of a Dynamo compile id (``"3/2"`` -> 2, ``"3/0_1"`` -> 0,
+    compiled-autograd ids ``"!0/3/1"`` -> 1); -1 when it cannot be parsed."""
+    parts = compile_id.split("/")
+    if len(parts) < 2:
+        return -1
+    try:
+        return int(parts[-1].split("_")[0])
+    except ValueError:
+        return -1
+
+
+@dataclass
+class Monotonic:
+    """Keeps cumulative counters cumulative when their source is cleared
+    (``torch._dynamo.utils.counters.clear()`` is common in test suites)."""
+
+    _last: dict[str, float] = field(default_factory=dict)
+    _offset: dict[str, float] = field(default_factory=dict)
+
+    def __call__(self, raw: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k, v in raw.items():
+            last = self._last.get(k, 0.0)
+            if v < last:
+                self._offset[k] = self._offset.get(k, 0.0) + last
+            self._last[k] = v
+            out[k] = v + self._offset.get(k, 0.0)
+        return out
+
+
+def dynamo_counters(watch: CompileWatch) -> dict[str, float]:
+    """Cumulative compile counters under schema names; empty when Dynamo is not imported."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return {}
+    watch.install()
+    c = utils.counters
+    stats = c.get("stats") or {}
+    breaks = c.get("graph_break") or {}
+    inductor = c.get("inductor") or {}
+    return {
+        schema.M_COMPILE_GRAPHS: float(stats.get("unique_graphs", 0)),
+        schema.M_COMPILE_RECOMPILES: float(watch.recompiles),
+        schema.M_COMPILE_GRAPH_BREAKS: float(sum(breaks.values())),
+        schema.M_COMPILE_CACHE_HITS: float(inductor.get("fxgraph_cache_hit", 0)),
+        schema.M_COMPILE_TIME: watch.time_s,
+    }
+
+
+# --- placement ------------------------------------------------------------------------
+@dataclass
+class Placement:
+    """Where a run's tensors live: device string -> number of tensors."""
+
+    params: dict[str, int]
+    optimizer_params: dict[str, int]
+    optimizer_state: dict[str, int]
+    logged: dict[str, int]
+    accelerator: str | None
+    expected: str | None
+
+    def warnings(self, has_model: bool) -> list[str]:
+        """Human sentences for every suspicious placement (empty when all is well)."""
+        out: list[str] = []
+        if has_model and not self.params:
+            out.append("the model has no parameters")
+        want = self.expected
+        if want is None and self.accelerator is not None:
+            want = ACCELERATOR
+        if want is not None and want != "cpu":
+            reason = (f"{want} was expected" if self.expected else
+                      f"an accelerator is present ({self.accelerator})")
+            for what, devs in (("model parameters", self.params),
+                               ("optimizer state", self.optimizer_state),
+                               ("logged values (and so the batches)", self.logged)):
+                off = sorted(d for d in devs if not _matches(d, want))
+                if off:
+                    out.append(f"{what} on {', '.join(off)} but {reason}")
+        if len(self.optimizer_params) > 1:
+            out.append("optimizer over parameters on mixed devices: "
+                       + ", ".join(sorted(self.optimizer_params)))
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps({"params": self.params, "optimizer_params": self.optimizer_params,
+                           "optimizer_state": self.optimizer_state, "logged": self.logged,
+                           "accelerator": self.accelerator, "expected": self.expected},
+                          sort_keys=True)
+
+
+def _matches(device: str, want: str) -> bool:
+    if want == ACCELERATOR:
+        return not device.startswith(("cpu", "meta"))
+    want_dev = torch.device(want)
+    dev = torch.device(device)
+    return dev.type == want_dev.type and (want_dev.index is None or dev.index == want_dev.index)
+
+
+def count_devices(tensors: Iterable[Any]) -> dict[str, int]:
+    """Tensors per device string (non-tensors ignored)."""
+    c: Counter[str] = Counter()
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            c[str(t.device)] += 1
+    return dict(c)
+
+
+def accelerator_present() -> str | None:
+    """``"cuda x<n>: <name>"`` when CUDA (or ROCm) devices are visible, else None."""
+    try:
+        if torch.cuda.is_available():
+            return f"cuda x{torch.cuda.device_count()}: {torch.cuda.get_device_name(0)}"
+    except Exception:  # a broken driver is "no accelerator" here; identity records it
+        return None
+    return None
+
+
+def normalise_expected(expect_device: str | None, declared_hardware: str | None) -> str | None:
+    """The device the run must use: ``expect_device`` if given (validated), else
+    ``"accelerator"`` when the run declares non-CPU hardware, else None."""
+    if expect_device is not None:
+        if expect_device == ACCELERATOR:
+            return ACCELERATOR
+        return str(torch.device(expect_device))  # raises RuntimeError on nonsense
+    if declared_hardware is not None and declared_hardware.strip().lower() not in _CPU_HARDWARE:
+        return ACCELERATOR
+    return None
+
+
+# --- the backend -----------------------------------------------------------------------
+@dataclass
+class TorchBackend:
+    """:class:`refrun.probes.base.Backend` for eager or compiled PyTorch on CPU or CUDA."""
+
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    expected: str | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    warn: Callable[[str, str], None] | None = None
+    name: str = "torch"
+    _watch: CompileWatch = field(default_factory=CompileWatch)
+    _monotonic: Monotonic = field(default_factory=Monotonic)
+    _logged: Counter[torch.device] = field(default_factory=Counter)
+    _accelerator: str | None = None
+    _buffers: _Pool | None = None
+    _events: _Pool | None = None
+    _timers: _Pool | None = None
+
+    def __post_init__(self) -> None:
+        self._accelerator = accelerator_present()
+        if self.device.type == "cuda":
+            self._buffers = _Pool(lambda dt: torch.empty((), dtype=dt, pin_memory=True))
+            self._events = _Pool(lambda _: torch.cuda.Event())
+            self._timers = _Pool(lambda _: torch.cuda.Event(enable_timing=True))
+        self._watch.install()
+
+    @property
+    def step_time_kind(self) -> str:
+        return "cuda_event" if self._timers is not None else "wall"
+
+    # --- timing -------------------------------------------------------------------
+    def begin_step(self, step: int) -> Any:
+        if self._timers is None:
+            return time.perf_counter()
+        ev = self._timers.take(None)
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def end_step(self, step: int, token: Any) -> Any:
+        if self._timers is None:
+            return time.perf_counter() - token
+        ev = self._timers.take(None)
+        ev.record(torch.cuda.current_stream(self.device))
+        return _CudaTiming(token, ev)
+
+    # --- values -------------------------------------------------------------------
+    def fetch(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._fetch_tensor(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"cannot record a value of type {type(value).__name__}; "
+                            "log tensors or real numbers")
+        return float(value)
+
+    def _fetch_tensor(self, t: torch.Tensor) -> Any:
+        if t.numel() != 1:
+            raise ValueError(f"logged tensor has shape {tuple(t.shape)}; log one-element "
+                             "tensors (reduce it in the step, e.g. .mean())")
+        if t.is_complex():
+            raise TypeError("cannot record a complex tensor")
+        dev = t.device
+        self._logged[dev] += 1
+        if dev.type == "cpu":
+            src = t.detach()
+            return _CpuValue(src, src._version)
+        if dev.type == "cuda":
+            return self._copy_from_cuda(t)
+        raise TypeError(f"tensor on device {dev}: the torch probe reads CPU and CUDA values "
+                        "(use refrun.xla.instrument for XLA tensors)")
+
+    def _copy_from_cuda(self, t: torch.Tensor) -> _CudaValue:
+        if self._buffers is None:  # model on CPU but a value on CUDA: set up lazily
+            self._buffers = _Pool(lambda dt: torch.empty((), dtype=dt, pin_memory=True))
+            self._events = _Pool(lambda _: torch.cuda.Event())
+        assert self._events is not None
+        src = t.detach().reshape(())
+        buf = self._buffers.take(src.dtype)
+        buf.copy_(src, non_blocking=True)
+        ev = self._events.take(None)
+        ev.record(torch.cuda.current_stream(t.device))
+        return _CudaValue(buf, ev)
+
+    def ready(self, pending: Any) -> float | None:
+        if isinstance(pending, float):
+            return pending
+        if isinstance(pending, _CpuValue):
+            return self._read_cpu(pending)
+        if isinstance(pending, _CudaValue):
+            if not pending.event.query():
+                return None
+            return self._read_cuda(pending)
+        if isinstance(pending, _CudaTiming):
+            if not pending.end.query():
+                return None
+            return self._read_timing(pending)
+        raise TypeError(f"unknown pending value {type(pending).__name__}")
+
+    def wait(self, pending: Any) -> float:
+        if isinstance(pending, _CudaValue):
+            pending.event.synchronize()
+        elif isinstance(pending, _CudaTiming):
+            pending.end.synchronize()
+        value = self.ready(pending)
+        assert value is not None
+        return value
+
+    def _read_cpu(self, p: _CpuValue) -> float:
+        if p.tensor._version != p.version and self.warn is not None:
+            self.warn("torch-inplace-after-log", "a logged CPU tensor was modified in place "
+                      "after probe.log in the same step; the recorded value is the modified "
+                      "one (log a fresh tensor, e.g. loss.detach().clone())")
+        return tensor_to_float(p.tensor)
+
+    def _read_cuda(self, p: _CudaValue) -> float:
+        value = tensor_to_float(p.buf)
+        assert self._buffers is not None and self._events is not None
+        self._buffers.give(p.buf.dtype, p.buf)
+        self._events.give(None, p.event)
+        return value
+
+    def _read_timing(self, p: _CudaTiming) -> float:
+        seconds = p.start.elapsed_time(p.end) / 1e3  # elapsed_time is in milliseconds
+        assert self._timers is not None
+        self._timers.give(None, p.start)
+        self._timers.give(None, p.end)
+        return seconds
+
+    # --- counters and placement ------------------------------------------------------
+    def counters(self) -> Mapping[str, float]:
+        return self._monotonic(dynamo_counters(self._watch))
+
+    def placement(self) -> Placement:
+        """Current placement of parameters, optimizer state and logged tensors."""
+        params = count_devices(self.model.parameters()) if self.model is not None else {}
+        opt_params: dict[str, int] = {}
+        opt_state: dict[str, int] = {}
+        if self.optimizer is not None:
+            opt_params = count_devices(p for g in self.optimizer.param_groups
+                                       for p in g["params"])
+            # Step counters of Adam & co. live on the CPU by design ("capturable" aside):
+            # only state tensors with more than one element say where the state is.
+            opt_state = count_devices(
+                v for st in self.optimizer.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor) and v.numel() > 1)
+        logged = {str(d): n for d, n in self._logged.items()}
+        return Placement(params, opt_params, opt_state, logged, self._accelerator, self.expected)
+
+    def describe(self) -> Mapping[str, Any]:
+        pl = self.placement()
+        devices = {d for d in pl.params if not d.startswith("cpu")}
+        out: dict[str, Any] = {
+            schema.TAG_PLACEMENT: pl.to_json(),
+            schema.TAG_EXEC_HARDWARE: self._hardware(pl),
+            schema.TAG_EXEC_DEVICES: max(len(devices), 1),
+            TAG_STEP_TIME_KIND: self.step_time_kind,
+        }
+        warnings = pl.warnings(self.model is not None)
+        if warnings:
+            out[schema.TAG_PLACEMENT_WARNING] = "; ".join(warnings)
+        return out
+
+    def _hardware(self, pl: Placement) -> str:
+        used = sorted(set(pl.params) | set(pl.logged))
+        if any(d.startswith("cuda") for d in used):
+            try:
+                return f"cuda: {torch.cuda.get_device_name(self.device)}"
+            except Exception:
+                return "cuda"
+        return "cpu" if used or self.model is not None else "unknown"
+
+    def close(self) -> None:
+        self._watch.remove()
+        for pool in (self._buffers, self._events, self._timers):
+            if pool is not None:
+                pool.clear()
+
+
+def model_device(model: torch.nn.Module | None,
+                 optimizer: torch.optim.Optimizer | None) -> torch.device:
+    """The device of the first parameter (model first, then optimizer); CPU if none."""
+    sources: list[Iterable[torch.Tensor]] = []
+    if model is not None:
+        sources.append(model.parameters())
+    if optimizer is not None:
+        sources.append(p for g in optimizer.param_groups for p in g["params"])
+    for src in sources:
+        for p in src:
+            return p.device
+    return torch.device("cpu")

@@ -1,0 +1,114 @@
+"""Record a PyTorch training run (CPU or CUDA, eager or ``torch.compile``) with refrun.
+
+::
+
+    import refrun, refrun.torch
+
+    with refrun.start_run(workload="mlp", role="reference", hardware="a100") as run:
+        probe = refrun.torch.instrument(run, model=model, optimizer=opt)
+        for n, (x, y) in enumerate(loader):
+            with probe.step(n):
+                loss = loss_fn(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+                probe.log(loss=loss)        # a device tensor: no .item(), no sync
+        probe.log_eval(n, accuracy=acc)
+        probe.close()
+
+See ``docs/torch.md``; the work is done by :mod:`refrun.probes.torch`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.probes.base import Monitor, Probe
+from refrun.probes.monitors import default_monitors
+from refrun.probes.torch import TorchBackend, model_device, normalise_expected
+from refrun.session import RunSession
+
+__all__ = ["instrument"]
+
+
+def instrument(
+    run: RunSession,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    expect_device: str | None = None,
+    warmup_steps: int = 5,
+    monitors: Sequence[Monitor] | str | None = "auto",
+    sample_interval_s: float = 1.0,
+    recheck_every: int = 100,
+) -> Probe:
+    """A :class:`~refrun.probes.base.Probe` recording ``run`` through the PyTorch backend.
+
+    ``expect_device``: ``"cuda"``, ``"cuda:1"``, ``"cpu"`` or ``"accelerator"`` (any
+    non-CPU device); default: ``"accelerator"`` when the run declares non-CPU hardware.
+    Parameters, optimizer state or logged values elsewhere produce the placement warning.
+    ``monitors``: ``"auto"`` (psutil, and NVML where available), None, or a list.
+    ``sample_interval_s``: seconds between utilisation samples.
+    ``recheck_every``: steps between placement re-checks (also checked at start and close).
+    ``warmup_steps``: step times excluded from the median/p90 summary tags.
+
+    Raises :class:`RefrunInputError` for arguments of the wrong kind.
+    """
+    _validate(run, model, optimizer, warmup_steps, sample_interval_s, recheck_every)
+    declared = run.spool.read_meta().get("tags", {}).get(schema.TAG_HARDWARE)
+    try:
+        expected = normalise_expected(expect_device, declared)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise RefrunInputError(f"expect_device: {expect_device!r} is not a device ({exc})")\
+            from None
+    device = model_device(model, optimizer)
+    backend = TorchBackend(model=model, optimizer=optimizer, expected=expected, device=device)
+    if monitors == "auto":
+        mons: Sequence[Monitor] = default_monitors(_nvml_indices(device))
+    elif monitors is None:
+        mons = ()
+    elif isinstance(monitors, str):
+        raise RefrunInputError(f"monitors: {monitors!r}; use 'auto', None or a list")
+    else:
+        mons = list(monitors)
+    probe = Probe(run, backend, warmup_steps=warmup_steps, monitors=mons,
+                  sample_interval_s=sample_interval_s, recheck_every=recheck_every)
+    backend.warn = lambda key, msg: run.warn_once(key, msg, probe.current_step)
+    return probe
+
+
+def _validate(run: Any, model: Any, optimizer: Any, warmup_steps: Any,
+              sample_interval_s: Any, recheck_every: Any) -> None:
+    if not isinstance(run, RunSession):
+        raise RefrunInputError(f"run: expected the RunSession of refrun.start_run, got "
+                               f"{type(run).__name__}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise RefrunInputError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise RefrunInputError(f"optimizer: expected a torch.optim.Optimizer, got "
+                               f"{type(optimizer).__name__}")
+    for name, val in (("warmup_steps", warmup_steps), ("recheck_every", recheck_every)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+            raise RefrunInputError(f"{name}: expected an integer >= 0, got {val!r}")
+    if not isinstance(sample_interval_s, int | float) or not sample_interval_s > 0:
+        raise RefrunInputError(f"sample_interval_s: expected seconds > 0, got "
+                               f"{sample_interval_s!r}")
+
+
+def _nvml_indices(device: torch.device) -> list[int] | None:
+    """NVML index of the GPU the model is on (NVML ignores CUDA_VISIBLE_DEVICES, so map
+    through it); None (all GPUs) when the model is not on CUDA or the mapping is unknown."""
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [idx]
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if idx < len(ids) and ids[idx].isdigit():
+        return [int(ids[idx])]
+    return None  # UUIDs or MIG ids: sample every GPU rather than guess

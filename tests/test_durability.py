@@ -1,0 +1,165 @@
+"""Durability: a real `mlflow server` that dies and comes back, a SIGKILLed training
+process, and re-delivery that must not duplicate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import refrun
+from refrun import delivery, schema
+from refrun.spool import list_spools
+from refrun.sync import sync_all
+from tests.conftest import MlflowServer, free_port
+
+pytestmark = pytest.mark.server
+
+
+def _loop(run, steps: int, on_step=None, sleep_s: float = 0.01) -> list[float]:
+    durations = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        run.log(step, loss=1.0 / (step + 1), lr=0.1)
+        time.sleep(sleep_s)  # stands in for a training step
+        durations.append(time.perf_counter() - t0 - sleep_s)
+        if on_step:
+            on_step(step)
+    return durations
+
+
+def _assert_exactly_once(client: MlflowClient, run_id: str, steps: int) -> None:
+    for key in ("loss", "lr"):
+        history = client.get_metric_history(run_id, key)
+        got = sorted(m.step for m in history)
+        assert got == list(range(steps)), f"{key}: {len(got)} points for {steps} steps"
+    loss = {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
+    assert all(loss[s] == 1.0 / (s + 1) for s in range(steps))
+
+
+def test_server_killed_mid_run_and_restarted(mlflow_server, tmp_path):
+    restarted = threading.Event()
+
+    def chaos(step: int) -> None:
+        if step == 80:
+            mlflow_server.kill()
+        if step == 160:  # restart off the training thread, as an operator would
+            threading.Thread(target=lambda: (mlflow_server.start(), restarted.set()),
+                             daemon=True).start()
+
+    with refrun.start_run(workload="durable", role="candidate", tracking_uri=mlflow_server.url,
+                          spool_dir=tmp_path / "spool", flush_interval_s=0.1) as run:
+        durations = _loop(run, 400, chaos)
+        assert restarted.wait(120)
+        offline_warned = any("unreachable" in w["message"] for w in run.warnings)
+    assert offline_warned
+    # The logging call never waited on the dead server: no stall anywhere in the loop.
+    assert max(durations) < 0.2, f"slowest log call {max(durations):.3f} s"
+    client = MlflowClient(mlflow_server.url)
+    _assert_exactly_once(client, run.run_id, 400)
+    assert client.get_run(run.run_id).info.status == "FINISHED"
+    arts = {a.path for a in client.list_artifacts(run.run_id, schema.ARTIFACT_DIR)}
+    assert schema.ARTIFACT_CURVES in arts
+
+
+def test_server_unreachable_at_start(tmp_path):
+    server = MlflowServer(tmp_path, free_port())
+    (tmp_path / "artifacts").mkdir()
+    t0 = time.perf_counter()
+    run = refrun.start_run(workload="late", role="reference", tracking_uri=server.url,
+                           spool_dir=tmp_path / "spool", flush_interval_s=0.1)
+    assert time.perf_counter() - t0 < 10  # started without the store
+    assert run.run_id is None
+    try:
+        _loop(run, 50, sleep_s=0.0)
+        server.start()
+        assert run.close() is True
+        assert run.run_id is not None
+        _assert_exactly_once(MlflowClient(server.url), run.run_id, 50)
+    finally:
+        server.kill()
+
+
+def test_close_with_server_down_leaves_spool_for_sync(tmp_path):
+    server = MlflowServer(tmp_path, free_port())
+    server.start()
+    try:
+        run = refrun.start_run(workload="w", role="candidate", tracking_uri=server.url,
+                               spool_dir=tmp_path / "spool", flush_interval_s=0.05)
+        _loop(run, 30, sleep_s=0.0)
+        server.kill()
+        assert run.close() is False  # not delivered, nothing lost
+        server.start()
+        results = sync_all(tmp_path / "spool")
+        assert [r.outcome for r in results] == ["delivered"]
+        client = MlflowClient(server.url)
+        _assert_exactly_once(client, run.run_id, 30)
+        assert client.get_run(run.run_id).info.status == "FINISHED"
+        assert [r.outcome for r in sync_all(tmp_path / "spool")] == ["complete"]
+    finally:
+        server.kill()
+
+
+SIGKILL_SCRIPT = textwrap.dedent("""
+    import sys, time, refrun
+    run = refrun.start_run(workload="killed", role="candidate", flush_interval_s=0.2)
+    print(run.run_id, flush=True)
+    for step in range(int(sys.argv[1])):
+        run.log(step, loss=1.0 / (step + 1), lr=0.1)
+    print("LOGGED", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_sigkill_then_refrun_sync_delivers(store, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SIGKILL_SCRIPT)
+    env = {**os.environ, "REFRUN_SPOOL_DIR": str(store.spool_dir),
+           "MLFLOW_TRACKING_URI": store.tracking_uri}
+    proc = subprocess.Popen([sys.executable, str(script), "3000"], stdout=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+    run_id = proc.stdout.readline().strip()
+    assert proc.stdout.readline().strip() == "LOGGED"
+    time.sleep(1.0)  # > flush interval: everything accepted is in the spool now
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    client = store.client()
+    assert client.get_run(run_id).info.status == "RUNNING"  # nobody closed it
+    out = subprocess.run([sys.executable, "-m", "refrun", "sync"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "delivered" in out.stdout
+    _assert_exactly_once(client, run_id, 3000)
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags[schema.TAG_STEPS_COUNT] == "3000"
+    arts = {a.path for a in client.list_artifacts(run_id, schema.ARTIFACT_DIR)}
+    assert schema.ARTIFACT_CURVES in arts
+
+
+def test_redelivery_after_crash_between_send_and_cursor_is_not_duplicated(store):
+    run = refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05)
+    for step in range(2500):
+        run.log(step, loss=float(step))
+    run._writer.stop()  # everything is in the spool and (partly) delivered
+    spool = list_spools(store.spool_dir)[0]
+    client = store.client()
+    run_id = delivery.ensure_run(spool, client)
+    delivery.deliver_points(spool, client, run_id)
+    assert spool.read_cursor()[0] == 2500
+    # A crash after log_batch but before the cursor was written: send it all again.
+    spool.write_cursor(0, 0)
+    delivery.deliver_points(spool, client, run_id)
+    history = client.get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(2500))
+    run.close()
+    assert Path(spool.path / "meta.json").exists()

@@ -1,0 +1,210 @@
+"""The run session against a real sqlite MLflow store, with a real PyTorch loop."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import refrun
+from refrun import schema
+from refrun.cli import main as cli_main
+from refrun.curves import read_curves
+from refrun.errors import RefrunInputError
+
+
+def _download_curves(client, run_id: str, tmp: Path) -> pd.DataFrame:
+    path = client.download_artifacts(run_id, schema.ARTIFACT_CURVES, str(tmp))
+    return read_curves(Path(path))
+
+
+def _train(run, steps: int, fail_at: int | None = None) -> list[float]:
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = x @ torch.randn(8, 1) + 0.1 * torch.randn(64, 1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for step in range(steps):
+        if step == fail_at:
+            raise RuntimeError("boom")
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        value = loss.item()  # the test's own loop; the session only sees Python floats
+        losses.append(value)
+        run.log(step, loss=value)
+        if step % 10 == 9:
+            run.log_eval(step, mse=value * 2)
+    return losses
+
+
+def test_real_torch_loop_is_recorded_exactly(store, tmp_path):
+    with refrun.start_run(workload="tiny-regression", role="reference", hardware="cpu",
+                          backend="torch", seed=0, chips=1, global_batch=64,
+                          params={"lr": 0.05}, tags={"team": "infra"},
+                          flush_interval_s=0.05) as run:
+        losses = _train(run, 60)
+    client = store.client()
+    r = client.get_run(run.run_id)
+    assert r.info.status == "FINISHED"
+    assert client.get_experiment(r.info.experiment_id).name == "tiny-regression"
+    tags = r.data.tags
+    assert tags[schema.TAG_SCHEMA] == schema.SCHEMA_VERSION
+    assert tags[schema.TAG_WORKLOAD] == "tiny-regression"
+    assert tags[schema.TAG_ROLE] == "reference"
+    assert tags[schema.TAG_HARDWARE] == "cpu"
+    assert tags[schema.TAG_BACKEND] == "torch"
+    assert tags[schema.TAG_SEED] == "0" and tags[schema.TAG_CHIPS] == "1"
+    assert tags[schema.TAG_GLOBAL_BATCH] == "64"
+    assert tags[schema.TAG_FW_PREFIX + "torch"] == torch.__version__.split("+")[0]
+    assert tags[schema.TAG_STEPS_COUNT] == "60" and tags[schema.TAG_STEPS_LAST] == "59"
+    assert tags["team"] == "infra"
+    assert r.data.params["lr"] == "0.05"
+
+    history = client.get_metric_history(run.run_id, "loss")
+    got = {m.step: m.value for m in history}
+    assert len(history) == 60
+    assert [got[s] for s in range(60)] == losses  # bit-exact floats
+    evals = client.get_metric_history(run.run_id, "eval/mse")
+    assert sorted(m.step for m in evals) == list(range(9, 60, 10))
+
+    curves = _download_curves(client, run.run_id, tmp_path)
+    loss = curves[curves.metric == "loss"].sort_values("seq")
+    assert loss["step"].tolist() == list(range(60))
+    assert loss["value"].tolist() == losses
+    assert (curves["seq"].diff().dropna() > 0).all()
+    env = json.loads(Path(client.download_artifacts(run.run_id, schema.ARTIFACT_ENVIRONMENT,
+                                                    str(tmp_path))).read_text())
+    assert env["packages"]["torch"].startswith("2.")
+
+
+def test_exception_leaves_run_failed_with_every_point(store, tmp_path):
+    with pytest.raises(RuntimeError, match="boom"), refrun.start_run(
+        workload="w", role="candidate", flush_interval_s=0.05
+    ) as run:
+        _train(run, 100, fail_at=37)
+    losses = run.spool.read_all()
+    client = store.client()
+    r = client.get_run(run.run_id)
+    assert r.info.status == "FAILED"
+    steps = sorted(m.step for m in client.get_metric_history(run.run_id, "loss"))
+    assert steps == list(range(37))
+    assert len(losses[losses.metric == "loss"]) == 37
+
+
+def test_keyboard_interrupt_is_killed(store):
+    with pytest.raises(KeyboardInterrupt), refrun.start_run(workload="w", role="candidate") as run:
+        run.log(0, loss=1.0)
+        raise KeyboardInterrupt
+    assert store.client().get_run(run.run_id).info.status == "KILLED"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"workload": "", "role": "reference"}, "workload"),
+        ({"workload": "w", "role": "referee"}, "role"),
+        ({"workload": "w", "role": "reference", "seed": "zero"}, "seed"),
+        ({"workload": "w", "role": "reference", "tracking_uri": "mlruns"}, "tracking URI"),
+    ],
+)
+def test_bad_start_arguments_raise_clear_errors(store, kwargs, match):
+    with pytest.raises(RefrunInputError, match=match):
+        refrun.start_run(**kwargs)
+    assert not store.spool_dir.exists() or not any(store.spool_dir.iterdir())
+
+
+def test_bad_points_are_recorded_never_raised(store, capsys):
+    with refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05) as run:
+        run.log(0, loss=1.0)
+        run.log(1, loss=float("nan"))
+        run.log(2, loss=float("inf"))
+        run.log(2, loss=0.5)  # repeated step
+        run.log(1, loss=0.4)  # backwards
+        run.log(3, loss=torch.tensor(1.0))  # device-like value: refused, not synced
+        run.log(3, **{"bad\tname": 1.0})
+        run.log("four", loss=1.0)
+        run.log(4, loss=np.float32(0.25))
+    run.log(5, loss=1.0)  # after the end
+    messages = " | ".join(w["message"] for w in run.warnings)
+    for needle in ("non-finite", "repeated", "backwards", "Tensor", "invalid metric name",
+                   "step must be an int", "after the run ended"):
+        assert needle in messages
+    r = store.client().get_run(run.run_id)
+    assert r.data.tags[schema.TAG_NONFINITE] == "2"
+    assert r.data.tags[schema.TAG_STEPS_REPEATED] == "1"
+    assert r.data.tags[schema.TAG_STEPS_BACKWARDS] == "1"
+    history = store.client().get_metric_history(run.run_id, "loss")
+    values = [m.value for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
+    assert len(history) == 6
+    assert any(math.isnan(v) for v in values)
+    curves = run.spool.read_all()
+    assert np.isinf(curves["value"]).sum() == 1  # the artifact keeps inf as inf
+
+    assert cli_main(["runs", "--workload", "w"]) == 0
+    out = capsys.readouterr().out
+    header, row = out.splitlines()[:2]
+    cols = dict(zip(header.split(), row.split(), strict=False))
+    assert cols["repeated"] == "1" and cols["backwards"] == "1" and cols["nonfinite"] == "2"
+
+
+def test_mlflow_metrics_thinned_artifact_never(store, tmp_path):
+    with refrun.start_run(workload="w", role="reference", mlflow_every=10) as run:
+        for s in range(100):
+            run.log(s, loss=float(s))
+        run.log_eval(5, acc=0.5)
+    client = store.client()
+    assert sorted(m.step for m in client.get_metric_history(run.run_id, "loss")) == list(
+        range(0, 100, 10))
+    assert len(client.get_metric_history(run.run_id, "eval/acc")) == 1
+    curves = _download_curves(client, run.run_id, tmp_path)
+    assert (curves.metric == "loss").sum() == 100
+
+
+def test_git_commit_of_training_code_is_recorded(store, tmp_path):
+    repo = tmp_path / "code"
+    repo.mkdir()
+    script = repo / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import refrun
+        with refrun.start_run(workload="gitw", role="reference",
+                              tracking_uri={store.tracking_uri!r},
+                              spool_dir={str(tmp_path / 'sp')!r}) as run:
+            run.log(0, loss=1.0)
+        print(run.run_id)
+    """))
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         check=True, cwd=tmp_path).stdout.strip().splitlines()[-1]
+    tags = store.client().get_run(out).data.tags
+    assert tags[schema.TAG_GIT_COMMIT] == head
+    assert tags[schema.TAG_GIT_DIRTY] == "false"
+
+
+def test_cli_exit_codes(store, capsys):
+    with refrun.start_run(workload="w", role="reference") as run:
+        run.log(0, loss=1.0)
+    assert cli_main(["runs", "--workload", "nothing-here"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing-here" in err
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["runs"])
+    assert exc.value.code == 2
+    proc = subprocess.run([sys.executable, "-m", "refrun", "--help"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and "sync" in proc.stdout and "runs" in proc.stdout
