@@ -208,3 +208,22 @@ def test_cli_exit_codes(store, capsys):
     proc = subprocess.run([sys.executable, "-m", "refrun", "--help"], capture_output=True,
                           text=True)
     assert proc.returncode == 0 and "sync" in proc.stdout and "runs" in proc.stdout
+
+
+def test_run_left_open_is_closed_at_interpreter_exit(store, tmp_path):
+    script = tmp_path / "open.py"
+    script.write_text(textwrap.dedent("""
+        import refrun
+        run = refrun.start_run(workload="open", role="reference")
+        for s in range(20):
+            run.log(s, loss=float(s))
+        print(run.run_id)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         cwd=tmp_path, check=True)
+    run_id = out.stdout.strip().splitlines()[-1]
+    assert "not written" not in out.stderr
+    client = store.client()
+    assert client.get_run(run_id).info.status == "FINISHED"
+    curves = _download_curves(client, run_id, tmp_path)
+    assert curves["step"].tolist() == list(range(20))

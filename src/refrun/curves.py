@@ -41,6 +41,7 @@ def write_curves(df: pd.DataFrame, path: Path) -> Path:
     table = pa.Table.from_pandas(
         df[["metric", "step", "value", "timestamp_ms", "seq"]].astype({"metric": "string"}),
         preserve_index=False,
+        nthreads=1,  # no thread pool: this also runs from atexit, after pools are shut down
     )
     table = table.cast(SCHEMA)
     path = Path(path)
