@@ -1,79 +1,201 @@
-"""The main job: train a small real PyTorch model on the CPU and record it as a reference run.
+"""The main job: reference seeds, migrated candidates and silent defects of one real
+workload, recorded, compared, assessed and reported.
 
-    make demo            # or: .venv/bin/python -m pipelines.demo [--steps N]
+    make demo            # or: .venv/bin/python -m pipelines.demo [--quick] [--jobs 2]
 
-Records into MLflow's default store (``sqlite:///mlflow.db`` in the working directory, or
-``$MLFLOW_TRACKING_URI``), then prints where the run is and the command that opens it in
-the MLflow UI.
+1. trains every variant of :mod:`pipelines.digits.variants` (one subprocess each, so JAX's
+   device count and PJRT's device are set before the framework loads), recording into the
+   default store (``sqlite:///mlflow.db`` in the working directory, or
+   ``$MLFLOW_TRACKING_URI``);
+2. assesses every candidate against the reference seeds with
+   ``pipelines/criteria/digits.toml`` (``refrun.acceptance``), records the assessment as a
+   comparison run, and writes an HTML report per candidate (``refrun.report``);
+3. prints a table: candidate, what it mirrors, highest level reached, failing criteria
+   and their evidence, and whether that is what the variant was built to show;
+4. ends with the command that opens the MLflow UI on the store and where the reports are.
+
+Exit code 0 when every defect failed its intended criterion and no benign candidate
+failed any; 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
+import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
-from sklearn.datasets import load_digits
-
-import refrun
+from pipelines.digits.variants import Plan, Variant, plan
 from refrun.session import resolve_tracking_uri
 
+CRITERIA = Path(__file__).parent / "criteria" / "digits.toml"
+_RUN_ID = re.compile(r"\] run ([0-9a-f]{32}) ")
+_print_lock = threading.Lock()
 
-def train_reference(steps: int, seed: int, tracking_uri: str | None) -> str:
-    """Train an MLP on scikit-learn's bundled digits (no download) and record it."""
-    digits = load_digits()
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(digits.target))
-    x = torch.tensor(digits.data[order] / 16.0, dtype=torch.float32)
-    y = torch.tensor(digits.target[order], dtype=torch.long)
-    x_train, y_train, x_val, y_val = x[:1400], y[:1400], x[1400:], y[1400:]
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    batch = 64
-    g = torch.Generator().manual_seed(seed)
-    with refrun.start_run(workload="digits-mlp", role="reference", hardware="cpu",
-                          backend="torch", seed=seed, chips=1, global_batch=batch,
-                          planned_steps=steps, tracking_uri=tracking_uri,
-                          params={"lr": 0.1, "momentum": 0.9, "steps": steps}) as run:
-        for step in range(steps):
-            idx = torch.randint(0, len(x_train), (batch,), generator=g)
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
-            loss.backward()
-            opt.step()
-            run.log(step, loss=loss.item())
-            if step % 50 == 49 or step == steps - 1:
-                with torch.no_grad():
-                    acc = (model(x_val).argmax(1) == y_val).float().mean().item()
-                run.log_eval(step, accuracy=acc)
-                print(f"  step {step + 1:>5}/{steps}  loss {loss.item():.4f}  val acc {acc:.3f}",
-                      flush=True)
-    return run.run_id or run.local_id
+
+@dataclass
+class Outcome:
+    """One candidate's assessment, as the table shows it."""
+
+    variant: Variant
+    run_id: str
+    highest_level: str
+    verdict: str
+    failing: list[tuple[str, str]] = field(default_factory=list)  # (criterion id, reason)
+    not_evaluable: list[str] = field(default_factory=list)
+    report: Path | None = None
+
+    @property
+    def as_intended(self) -> bool:
+        """A defect fails every criterion it was built to trip; a benign run fails none."""
+        failed = {cid for cid, _ in self.failing}
+        if self.variant.kind == "defect":
+            return set(self.variant.expect) <= failed
+        return not failed
+
+
+def say(line: str) -> None:
+    with _print_lock:
+        print(line, flush=True)
+
+
+def train(v: Variant, *, quick: bool, uri: str, spool_dir: str | None) -> str:
+    """Run one variant's training process, echoing its progress; returns its run id."""
+    t0 = time.perf_counter()
+    say(f"> {v.name:<26} {v.backend:<9} seed {v.seed}  {v.mirrors}")
+    proc = subprocess.Popen(v.command(quick=quick, tracking_uri=uri, spool_dir=spool_dir),
+                            env=v.environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run_id, tail = None, []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = [*tail[-30:], line]
+        if line.startswith(f"  [{v.name}]"):
+            say(line)
+        m = _RUN_ID.search(line)
+        if m:
+            run_id = m.group(1)
+    rc = proc.wait()
+    if rc != 0 or run_id is None:
+        raise RuntimeError(f"variant {v.name} failed (exit {rc}):\n" + "\n".join(tail))
+    say(f"< {v.name:<26} done in {time.perf_counter() - t0:.0f} s (run {run_id})")
+    return run_id
+
+
+def train_all(p: Plan, *, quick: bool, uri: str, spool_dir: str | None, jobs: int
+              ) -> dict[str, str]:
+    """Run id of every variant; ``jobs`` training processes at a time."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {v.name: pool.submit(train, v, quick=quick, uri=uri, spool_dir=spool_dir)
+                   for v in p.all}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def assess_all(p: Plan, ids: dict[str, str], *, uri: str, reports: Path,
+               criteria: Path = CRITERIA) -> list[Outcome]:
+    """Assess, record and report every candidate against the reference group."""
+    from refrun.acceptance.assess import assess, load_for_assessment, run_comparison
+    from refrun.acceptance.criteria import load_criteria
+    from refrun.acceptance.evidence import build_evidence
+    from refrun.acceptance.record import record_assessment
+    from refrun.report import log_report, write_report
+
+    crit = load_criteria(criteria)
+    ref_ids = [ids[v.name] for v in p.references]
+    reports.mkdir(parents=True, exist_ok=True)
+    plotly = _plotly_file(reports)
+    out = []
+    for v in p.candidates:
+        refs, cand, latest = load_for_assessment(crit, ref_ids, ids[v.name], uri)
+        a = assess(crit, refs, cand, latest)
+        evidence = build_evidence(crit.sha256, a.results, refs, cand, latest)
+        cmp_run = record_assessment(a, crit, evidence, tracking_uri=uri)
+        comparison, _ = run_comparison(crit, refs, cand)
+        report = None
+        if comparison is not None:
+            report = write_report(comparison, reports / f"{v.name}.html", assessment=a,
+                                  comparison_run_id=cmp_run, plotlyjs=plotly.name,
+                                  title=f"digits-mlp: reference seeds vs {v.name}")
+            log_report(report, cmp_run, uri)
+        o = Outcome(v, ids[v.name], a.highest_level or "none", a.verdict,
+                    [(r.id, r.reason) for r in a.results if r.outcome == "fail"],
+                    [r.id for r in a.results if r.outcome == "not_evaluable"], report)
+        say(f"  assessed {v.name:<26} highest level {o.highest_level:<4} "
+            f"{'as intended' if o.as_intended else 'NOT AS INTENDED'}")
+        out.append(o)
+    return out
+
+
+def _plotly_file(reports: Path) -> Path:
+    """plotly.js written once next to the reports (each page loads it by relative path)."""
+    from plotly.offline import get_plotlyjs
+
+    path = reports / "plotly.min.js"
+    if not path.exists():
+        path.write_text(get_plotlyjs(), encoding="utf-8")
+    return path
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The result table: one block per candidate, failing criteria with their evidence."""
+    lines = [f"{'candidate':<26} {'kind':<7} {'level':<5} {'verdict':<10} "
+             f"{'as intended':<11} failing criteria (evidence)", "-" * 110]
+    for o in outcomes:
+        v = o.variant
+        first = o.failing[0] if o.failing else ("-", "")
+        lines.append(f"{v.name:<26} {v.kind:<7} {o.highest_level:<5} {o.verdict:<10} "
+                     f"{'yes' if o.as_intended else 'NO':<11} {first[0]}"
+                     + (f": {first[1]}" if first[1] else ""))
+        for cid, reason in o.failing[1:]:
+            lines.append(f"{'':<63}{cid}: {reason}")
+        lines.append(f"{'':<4}mirrors: {v.mirrors}"
+                     + (f"; expected to fail: {', '.join(v.expect)}" if v.expect else ""))
+        if o.not_evaluable:
+            lines.append(f"{'':<4}not evaluable (no such evidence on this backend): "
+                         f"{', '.join(o.not_evaluable)}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="fewer steps ([quick] in config.toml)")
+    ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
     ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--spool-dir", default=None)
+    ap.add_argument("--reports", default="refrun-reports", help="directory of HTML reports")
     args = ap.parse_args(argv)
     uri = resolve_tracking_uri(args.tracking_uri)
-    print(f"refrun demo: training a digits MLP on the CPU, recording into {uri}")
+    p = plan()
     t0 = time.perf_counter()
-    run_id = train_reference(args.steps, args.seed, uri)
-    print(f"\nreference run {run_id} recorded in {time.perf_counter() - t0:.1f} s")
-    print(f"  store:      {uri}")
-    print(f"  list runs:  {Path(sys.executable).parent / 'refrun'} runs --workload digits-mlp"
-          f" --tracking-uri {shlex.quote(uri)}")
+    print(f"refrun demo: {len(p.references)} reference seeds + {len(p.candidates)} "
+          f"candidates of the digits MLP, recorded into {uri}", flush=True)
+    ids = train_all(p, quick=args.quick, uri=uri, spool_dir=args.spool_dir, jobs=args.jobs)
+    print(f"\ntrained {len(ids)} runs in {time.perf_counter() - t0:.0f} s; assessing with "
+          f"{CRITERIA.relative_to(Path(__file__).parent.parent)}", flush=True)
+    reports = Path(args.reports).absolute()
+    outcomes = assess_all(p, ids, uri=uri, reports=reports)
+    print("\n" + table(outcomes))
+    ok = all(o.as_intended for o in outcomes)
+    n_def = sum(o.variant.kind == "defect" for o in outcomes)
+    caught = sum(o.variant.kind == "defect" and o.as_intended for o in outcomes)
+    benign_ok = sum(o.variant.kind == "benign" and o.as_intended for o in outcomes)
+    n_ben = len(outcomes) - n_def
+    print(f"\n{caught}/{n_def} silent defects caught by their intended criteria; "
+          f"{benign_ok}/{n_ben} benign candidates passed every criterion "
+          f"({time.perf_counter() - t0:.0f} s in all)")
     mlflow_bin = Path(sys.executable).parent / "mlflow"
+    print(f"\n  reports:    {reports}/<candidate>.html (also artifact refrun/report.html of "
+          "each comparison run)")
     print(f"  MLflow UI:  {mlflow_bin} ui --backend-store-uri {shlex.quote(uri)} --port 5000")
     print("              then open http://127.0.0.1:5000 (experiment 'digits-mlp')")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

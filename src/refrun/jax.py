@@ -52,9 +52,7 @@ class JaxProbe(Probe):
         occasional call, not for every step of a large model (it walks the pytree)."""
         backend: JaxBackend = self.backend  # type: ignore[assignment]
         self._guard(lambda: backend.observe(**trees))
-        warning = self._guard(backend.placement_warning)
-        if warning:
-            self.run.warn_once("jax-placement", warning, self._step)
+        self._describe()  # changed tags; a placement warning also becomes a run warning
 
     def _emit(self, n: int, name: str, value: float) -> None:
         if isinstance(value, LostValue):
@@ -139,12 +137,8 @@ def instrument(
         mem = JaxMemoryMonitor.available()
         if mem is not None:
             mons.append(mem)
-    probe = JaxProbe(run=run, backend=backend, warmup_steps=warmup_steps, monitors=mons,
-                     sample_interval_s=sample_interval_s)
-    warning = backend.placement_warning()
-    if warning:
-        run.warn_once("jax-placement", warning, None)
-    return probe
+    return JaxProbe(run=run, backend=backend, warmup_steps=warmup_steps, monitors=mons,
+                    sample_interval_s=sample_interval_s)
 
 
 def _declared_hardware(run: RunSession) -> str | None:

@@ -82,11 +82,13 @@ CURVE_COLUMNS = ("metric", "step", "value", "timestamp_ms", "seq")
 M_LOSS = "loss"
 EVAL_PREFIX = "eval/"
 M_STEP_TIME = "perf/step_time_s"  # seconds, device-true where the backend allows
-M_STEP_TIME_KIND = "perf/step_time_kind"  # tag value: cuda_event | wall | ready
+# How perf/step_time_s was measured: cuda_event | wall | ready (see each backend).
+TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"
 M_COMPILE_GRAPHS = "compile/graphs"  # new graphs compiled during the step
 M_COMPILE_RECOMPILES = "compile/recompiles"  # of which recompilations of a known function
 M_COMPILE_GRAPH_BREAKS = "compile/graph_breaks"
 M_COMPILE_CACHE_HITS = "compile/cache_hits"  # persistent/cached compilations
+M_COMPILE_OTHER = "compile/other"  # compilations outside the step function (eager helpers)
 M_COMPILE_TIME = "compile/time_s"
 M_EXECUTIONS = "exec/count"
 M_EXECUTE_TIME = "exec/time_s"

@@ -79,7 +79,8 @@ def existing_store_uri(uri: str | None) -> str:
     if resolved.startswith("sqlite:///"):
         path = Path(resolved[len("sqlite:///") :])  # absolute after resolve_tracking_uri
         if not path.is_file():
-            raise RefrunInputError(f"tracking URI {resolved}: no such store ({path} does not exist)")
+            raise RefrunInputError(f"tracking URI {resolved}: no such store "
+                                   f"({path} does not exist)")
     return resolved
 
 
@@ -400,6 +401,8 @@ def start_run(
     metrics and the Parquet curves artifact are never thinned).
     ``flush_interval_s``: how often queued points reach the spool file; a SIGKILL loses
     at most this much.
+    ``snapshot_environment``: describe this process (framework versions, device, host, git
+    commit, installed packages); False for runs recorded elsewhere, such as imports.
 
     Raises :class:`RefrunInputError` for a missing workload or an unknown role.
     """
@@ -418,7 +421,7 @@ def start_run(
         os.environ.setdefault(k, v)
 
     all_tags = _identity_tags(workload, role, hardware, backend, seed, chips, global_batch,
-                              planned_steps)
+                              planned_steps, snapshot_environment)
     all_tags.update({k: _tag_value(v) for k, v in (tags or {}).items()})
     local_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
     all_tags[schema.TAG_LOCAL_ID] = local_id
@@ -462,14 +465,12 @@ def start_run(
 
 def _identity_tags(workload: str, role: str, hardware: str | None, backend: str | None,
                    seed: int | None, chips: int | None, global_batch: int | None,
-                   planned_steps: int | None) -> dict[str, str]:
+                   planned_steps: int | None, this_process: bool) -> dict[str, str]:
     tags = {
         schema.TAG_SCHEMA: schema.SCHEMA_VERSION,
         schema.TAG_WORKLOAD: workload,
         schema.TAG_ROLE: role,
         schema.TAG_VERSION: __version__,
-        schema.TAG_DEVICE: identity.device_description(),
-        schema.TAG_HOST: socket.gethostname(),
         "mlflow.source.name": "refrun",
     }
     optional = {
@@ -478,6 +479,10 @@ def _identity_tags(workload: str, role: str, hardware: str | None, backend: str 
         schema.TAG_PLANNED_STEPS: planned_steps,
     }
     tags.update({k: str(v) for k, v in optional.items() if v is not None})
+    if not this_process:  # e.g. an imported run: this machine did not run it
+        return tags
+    tags[schema.TAG_DEVICE] = identity.device_description()
+    tags[schema.TAG_HOST] = socket.gethostname()
     tags.update({schema.TAG_FW_PREFIX + k: v for k, v in identity.framework_versions().items()})
     git = identity.git_state()
     if git:

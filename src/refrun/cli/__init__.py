@@ -20,6 +20,13 @@ from refrun.errors import RefrunInputError
 COMMANDS = (
     "runs",
     "sync",
+    "compare",
+    "imports",
+    "gradcheck",
+    "report",
+    "accept",
+    "watch",
+    "signoff",
 )
 
 

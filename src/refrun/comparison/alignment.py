@@ -123,26 +123,12 @@ def resolve_series(steps: np.ndarray, values: np.ndarray, seq: np.ndarray | None
         if np.any(seq[1:] < seq[:-1]):
             order = np.argsort(seq, kind="stable")
             steps, values = steps[order], values[order]
-    backwards = int(np.count_nonzero(steps[1:] < steps[:-1])) if n > 1 else 0
-    # Sort by step keeping logging order inside a step (stable), then take the last or
-    # first point of each step.
-    if backwards:
-        order = np.argsort(steps, kind="stable")
-        s, v = steps[order], values[order]
+    strictly_increasing = n < 2 or bool(np.all(steps[1:] > steps[:-1]))
+    if strictly_increasing:  # the common case: nothing to reorder or deduplicate
+        u, uv, counts = steps, values, np.ones(n, dtype=np.int64)
+        backwards = 0
     else:
-        s, v = steps, values
-    if n:
-        new = np.empty(n, dtype=bool)
-        new[0] = True
-        np.not_equal(s[1:], s[:-1], out=new[1:])
-        starts = np.flatnonzero(new)
-        ends = np.append(starts[1:], n) - 1
-        pick = ends if keep == "last" else starts
-        u, uv = s[starts], v[pick]
-        counts = ends - starts + 1
-    else:
-        u, uv = s, v
-        counts = np.zeros(0, dtype=np.int64)
+        u, uv, counts, backwards = _dedup(steps, values, keep)
     rep = counts > 1
     finite = np.isfinite(uv)
     nonfinite = int(len(uv) - np.count_nonzero(finite))
@@ -167,6 +153,28 @@ def resolve_series(steps: np.ndarray, values: np.ndarray, seq: np.ndarray | None
     return Series(u, uv, report)
 
 
+def _dedup(steps: np.ndarray, values: np.ndarray, keep: Keep
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Unique steps, the kept value per step, points per step, and the backwards count
+    (inputs in logging order)."""
+    n = len(steps)
+    backwards = int(np.count_nonzero(steps[1:] < steps[:-1]))
+    # Sort by step keeping logging order inside a step (stable), then take the last or
+    # first point of each step.
+    if backwards:
+        order = np.argsort(steps, kind="stable")
+        s, v = steps[order], values[order]
+    else:
+        s, v = steps, values
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(s[1:], s[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], n) - 1
+    pick = ends if keep == "last" else starts
+    return s[starts], v[pick], ends - starts + 1, backwards
+
+
 def interpolate_onto(xp: np.ndarray, fp: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Linear interpolation of ``(xp, fp)`` at ``x`` (all inside ``[xp[0], xp[-1]]``).
 
@@ -186,7 +194,17 @@ def interpolate_onto(xp: np.ndarray, fp: np.ndarray, x: np.ndarray) -> np.ndarra
 
 
 def _take(series: Series, steps: np.ndarray) -> np.ndarray:
+    """Values at ``steps`` (a subset of the series' steps)."""
+    if len(steps) == len(series.steps):  # a subset of equal length is the same steps
+        return series.values
     return series.values[np.searchsorted(series.steps, steps)]
+
+
+def _intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted common steps of two sorted unique step arrays (fast when they are equal)."""
+    if len(a) == len(b) and np.array_equal(a, b):
+        return a
+    return np.intersect1d(a, b, assume_unique=True)
 
 
 def _inside(steps: np.ndarray, series: Series) -> np.ndarray:
@@ -210,15 +228,14 @@ def align(reference: Series | list[Series], candidate: Series,
         raise ValueError("align needs at least one reference series")
     if interpolate not in ("none", "candidate", "reference"):
         raise ValueError(f"interpolate must be none|candidate|reference, got {interpolate!r}")
-    ref_steps = reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True),
-                       [r.steps for r in refs])
+    ref_steps = reduce(_intersect, [r.steps for r in refs])
     group_incomplete = 0
     if len(refs) > 1:
         union = reduce(np.union1d, [r.steps for r in refs])
         group_incomplete = int(len(union) - len(ref_steps))
     interpolated = None
     if interpolate == "none":
-        common = np.intersect1d(ref_steps, candidate.steps, assume_unique=True)
+        common = _intersect(ref_steps, candidate.steps)
         ref_vals = np.vstack([_take(r, common) for r in refs])
         cand_vals = _take(candidate, common)
         only_ref = len(ref_steps) - len(common)
@@ -229,7 +246,7 @@ def align(reference: Series | list[Series], candidate: Series,
         ref_vals = np.vstack([_take(r, common) for r in refs])
         cand_vals = interpolate_onto(candidate.steps, candidate.values, common)
         only_ref = int(np.count_nonzero(~inside))
-        only_cand = int(len(np.setdiff1d(candidate.steps, ref_steps, assume_unique=True)))
+        only_cand = len(np.setdiff1d(candidate.steps, ref_steps, assume_unique=True))
         interpolated = ("candidate linearly interpolated onto the reference steps inside "
                         "its own step range (no extrapolation)")
     else:
@@ -238,7 +255,7 @@ def align(reference: Series | list[Series], candidate: Series,
         ref_vals = np.vstack([interpolate_onto(r.steps, r.values, common) for r in refs])
         cand_vals = _take(candidate, common)
         only_cand = int(np.count_nonzero(~inside))
-        only_ref = int(len(np.setdiff1d(ref_steps, candidate.steps, assume_unique=True)))
+        only_ref = len(np.setdiff1d(ref_steps, candidate.steps, assume_unique=True))
         interpolated = ("reference linearly interpolated onto the candidate steps inside "
                         "its own step range (no extrapolation)")
     ok = np.isfinite(cand_vals) & np.isfinite(ref_vals).all(axis=0)

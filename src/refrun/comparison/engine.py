@@ -55,6 +55,7 @@ class CompareOptions:
     step_time_metrics: tuple[str, ...] = (schema.M_STEP_TIME,)
     counter_prefixes: tuple[str, ...] = ("compile/", "xfer/", "fallback/", "exec/", "health/")
     eval_prefix: str = schema.EVAL_PREFIX
+    max_eval_points: int = 10_000  # eval metrics with more aligned points: no point list
 
     def __post_init__(self) -> None:
         if self.keep not in ("last", "first"):
@@ -93,10 +94,12 @@ class MetricComparison:
     step_time: StepTimeMeasures | None = None
     counters: CounterTotals | None = None
     group: GroupEnvelope | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return _clean({
             "kind": self.kind,
+            "notes": self.notes,
             "alignment": dataclasses.asdict(self.alignment),
             "measures": dataclasses.asdict(self.measures),
             "eval_points": None if self.eval_points is None
@@ -250,9 +253,10 @@ def compare(reference: str | RunData | Sequence[str | RunData], candidate: str |
             raise RefrunInputError(f"metric {name!r}: {reason}")
         skipped[name] = reason
     if not results:
+        why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or "no common metric names"
         raise RefrunInputError(
             f"runs {', '.join(r.run_id for r in refs)} and {cand.run_id} have no common "
-            f"metric with aligned finite steps ({'; '.join(f'{k}: {v}' for k, v in skipped.items()) or 'no common metric names'})")
+            f"metric with aligned finite steps ({why})")
     return Comparison(
         reference=refs, candidate=cand, options=opts, metrics=results,
         metrics_only_in_reference=sorted(ref_any - cand_names),
@@ -287,8 +291,9 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
                       f"{rep.excluded_nonfinite} of them non-finite)")
     kind = opts.kind(name)
     ref_curve = aligned.reference_mean
+    d_rd = diffs(ref_curve, aligned.candidate, opts.eps)
     measures = diff_measures(aligned.steps, ref_curve, aligned.candidate, opts.eps,
-                             opts.final_fraction, opts.final_points)
+                             opts.final_fraction, opts.final_points, precomputed=d_rd)
     first, last = _span([*ref_series, cand_series])
     wend = warmup_end(first, last, opts.warmup_steps, opts.warmup_fraction)
     step_time = counters = None
@@ -300,15 +305,22 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
     elif kind == "counter":
         counters = _group_counters(ref_series, cand_series, wend)
     group = None
-    frame = _frame(aligned, ref_curve, opts.eps)
+    frame = _frame(aligned, ref_curve, d_rd)
     if len(refs) > 1:
         k = final_window_size(len(aligned.steps), opts.final_fraction, opts.final_points)
         group = envelope_position(aligned.steps, aligned.candidate, aligned.reference, k)
+    points = None
+    notes: list[str] = []
+    if kind == "eval":
+        if len(aligned.steps) <= opts.max_eval_points:
+            points = eval_points(aligned.steps, ref_curve, aligned.candidate, opts.eps)
+        else:
+            notes.append(f"{len(aligned.steps)} evaluation points (> max_eval_points="
+                         f"{opts.max_eval_points}): per-point values are in the frame only")
     return MetricComparison(
         metric=name, kind=kind, alignment=rep, measures=measures, frame=frame,
-        eval_points=eval_points(aligned.steps, ref_curve, aligned.candidate, opts.eps)
-        if kind == "eval" else None,
-        step_time=step_time, counters=counters, group=group,
+        eval_points=points, step_time=step_time, counters=counters, group=group,
+        notes=notes,
     ), ""
 
 
@@ -322,12 +334,13 @@ def _group_counters(refs: list[Series], cand: Series, wend: int) -> CounterTotal
         per[0],
         reference_total=float(np.mean([p.reference_total for p in per])),
         reference_after_warmup=float(np.mean([p.reference_after_warmup for p in per])),
-        reference_steps=int(round(np.mean([p.reference_steps for p in per]))),
+        reference_steps=round(float(np.mean([p.reference_steps for p in per]))),
     )
 
 
-def _frame(aligned: Aligned, ref_curve: np.ndarray, eps: float) -> pd.DataFrame:
-    d, rd = diffs(ref_curve, aligned.candidate, eps)
+def _frame(aligned: Aligned, ref_curve: np.ndarray,
+           d_rd: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    d, rd = d_rd
     cols: dict[str, np.ndarray] = {"step": aligned.steps, "reference": ref_curve,
                                    "candidate": aligned.candidate, "diff": d, "reldiff": rd}
     if aligned.reference.shape[0] > 1:

@@ -11,7 +11,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
+import mlflow.artifacts
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -99,20 +102,19 @@ class RunData:
                 c["seq"].to_numpy()[rows])
 
     def _index(self) -> dict[str, np.ndarray]:
-        # Row positions per metric, computed once from the category codes: a 5M-row table
-        # is split in a few tens of milliseconds instead of one string scan per metric.
+        # Row positions per metric, computed once from the integer category codes: a
+        # 5M-row table is split in milliseconds instead of one string scan per metric.
         cache = self.__dict__.get("_rows")
         if cache is None:
             col = self.curves["metric"]
             if not isinstance(col.dtype, pd.CategoricalDtype):
                 col = col.astype("category")
             codes = col.cat.codes.to_numpy()
-            order = np.argsort(codes, kind="stable")
-            sorted_codes = codes[order]
-            bounds = np.searchsorted(sorted_codes, np.arange(len(col.cat.categories) + 1))
-            cache = {str(name): order[bounds[i]:bounds[i + 1]]
-                     for i, name in enumerate(col.cat.categories)
-                     if bounds[i + 1] > bounds[i]}
+            cache = {}
+            for i, name in enumerate(col.cat.categories):
+                rows = np.flatnonzero(codes == i)
+                if len(rows):
+                    cache[str(name)] = rows
             object.__setattr__(self, "_rows", cache)
         return cache
 
@@ -133,7 +135,7 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
         run = client.get_run(run_id)
     except MlflowException as exc:
         raise RefrunInputError(f"run {run_id!r}: not found in {uri}") from exc
-    curves = _read_artifact(client, run_id, metrics)
+    curves = _read_artifact(client, uri, run_id, run.info.artifact_uri, metrics)
     source = "artifact"
     if curves is None:
         source = "history"
@@ -175,8 +177,25 @@ def load_query(workload: str, role: str | None = None, *, hardware: str | None =
     return load_runs(ids, metrics, tracking_uri, progress)
 
 
-def _read_artifact(client: MlflowClient, run_id: str,
+def _local_artifact_dir(artifact_uri: str | None) -> Path | None:
+    """The run's artifact directory when it is on this machine's file system."""
+    if not artifact_uri:
+        return None
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path))
+    if parsed.scheme == "":
+        return Path(artifact_uri)
+    return None
+
+
+def _read_artifact(client: MlflowClient, uri: str, run_id: str, artifact_uri: str | None,
                    metrics: Sequence[str] | None) -> pd.DataFrame | None:
+    local = _local_artifact_dir(artifact_uri)
+    if local is not None:
+        # Read in place: no copy of a multi-hundred-MB artifact, no download progress bar.
+        path = local / schema.ARTIFACT_CURVES
+        return read_curves_fast(path, metrics) if path.is_file() else None
     try:
         listed = {f.path for f in client.list_artifacts(run_id, schema.ARTIFACT_DIR)}
     except (MlflowException, OSError):
@@ -184,7 +203,9 @@ def _read_artifact(client: MlflowClient, run_id: str,
     if schema.ARTIFACT_CURVES not in listed:
         return None
     with tempfile.TemporaryDirectory(prefix="refrun-load-") as tmp:
-        path = client.download_artifacts(run_id, schema.ARTIFACT_CURVES, tmp)
+        path = mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path=schema.ARTIFACT_CURVES, dst_path=tmp,
+            tracking_uri=uri)
         return read_curves_fast(Path(path), metrics)
 
 

@@ -108,17 +108,19 @@ def final_window_size(n: int, final_fraction: float = 0.1, final_points: int | N
 
 def diff_measures(steps: np.ndarray, ref: np.ndarray, cand: np.ndarray,
                   eps: float = DEFAULT_EPS, final_fraction: float = 0.1,
-                  final_points: int | None = None) -> DiffMeasures:
+                  final_points: int | None = None,
+                  precomputed: tuple[np.ndarray, np.ndarray] | None = None) -> DiffMeasures:
     """All difference measures over aligned finite values (at least one point).
 
     mean_abs_diff = mean|c-r|; max_abs_diff = max|c-r| (first step where it occurs);
     mean_rel_diff = mean(|c-r| / max(|c|,|r|,eps)); bias = mean(c-r);
     rms_diff = sqrt(mean((c-r)^2)); final window = the last ``final_window_size`` points.
+    ``precomputed``: ``diffs(ref, cand, eps)`` when the caller already has them.
     """
     n = len(steps)
     if n == 0:
         raise ValueError("diff_measures needs at least one aligned step")
-    d, rd = diffs(ref, cand, eps)
+    d, rd = precomputed if precomputed is not None else diffs(ref, cand, eps)
     ad = np.abs(d)
     imax = int(np.argmax(ad))
     k = final_window_size(n, final_fraction, final_points)
@@ -149,8 +151,8 @@ def eval_points(steps: np.ndarray, ref: np.ndarray, cand: np.ndarray,
                 eps: float = DEFAULT_EPS) -> list[EvalPoint]:
     """The difference at every evaluation point (aligned steps)."""
     d, rd = diffs(ref, cand, eps)
-    return [EvalPoint(int(s), float(r), float(c), float(x), float(y))
-            for s, r, c, x, y in zip(steps, ref, cand, d, rd, strict=True)]
+    return [EvalPoint(*row) for row in zip(np.asarray(steps).tolist(), ref.tolist(),
+                                           cand.tolist(), d.tolist(), rd.tolist(), strict=True)]
 
 
 def warmup_end(first_step: int, last_step: int, warmup_steps: int | None = None,

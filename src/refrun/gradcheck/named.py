@@ -78,6 +78,9 @@ def flatten(tree: Any, root: str = "params") -> dict[str, Any]:
 
 
 def _flatten_into(tree: Any, prefix: str, out: dict[str, Any], root: str) -> None:
+    if _numeric_list(tree):
+        out[prefix or root] = tree
+        return
     if isinstance(tree, Mapping):
         items: list[tuple[str, Any]] = [(str(k), v) for k, v in tree.items()]
     elif isinstance(tree, list | tuple) and not _is_namedtuple(tree):
@@ -95,6 +98,14 @@ def _flatten_into(tree: Any, prefix: str, out: dict[str, Any], root: str) -> Non
 
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
+
+
+def _numeric_list(x: Any) -> bool:
+    # [1.0, 2.0] or [[1, 2], [3, 4]] is one array literal, not a tree of scalar leaves
+    if not isinstance(x, list | tuple) or not x or _is_namedtuple(x):
+        return False
+    return all((isinstance(v, int | float) and not isinstance(v, bool)) or _numeric_list(v)
+               for v in x)
 
 
 def _is_namedtuple(x: Any) -> bool:
@@ -128,6 +139,8 @@ def unflatten(template: Any, named: Mapping[str, Any], root: str = "params") -> 
 
 
 def _rebuild(tree: Any, prefix: str, named: Mapping[str, Any], root: str) -> Any:
+    if _numeric_list(tree):
+        return named[prefix or root]
     if isinstance(tree, Mapping):
         return {k: _rebuild(v, _join(prefix, str(k)), named, root) for k, v in tree.items()}
     if _is_namedtuple(tree):

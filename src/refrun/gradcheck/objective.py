@@ -190,6 +190,7 @@ def _torch_fns(fn: Callable[..., Any], params: Any, args: Sequence[Any], dt: np.
 
 def _contig(v: np.ndarray) -> np.ndarray:
     # np.ascontiguousarray would turn a 0-d array into shape (1,)
+    v = np.asarray(v)
     return v if v.flags.c_contiguous and v.flags.writeable else v.copy()
 
 
@@ -198,9 +199,13 @@ def _torch_arg(a: Any, tdt: Any) -> Any:
 
     if isinstance(a, torch.Tensor):
         return a.to(tdt) if a.is_floating_point() else a
-    if isinstance(a, np.ndarray | float | list) and np.asarray(a).dtype.kind == "f":
-        return torch.as_tensor(np.asarray(a)).to(tdt)
-    return a
+    if isinstance(a, np.ndarray | list | tuple):
+        arr = np.asarray(a)
+        if arr.dtype.kind == "f":
+            return torch.as_tensor(arr).to(tdt)
+        if arr.dtype.kind in "iub":
+            return torch.as_tensor(arr)
+    return a  # Python scalars and other objects are passed as they are
 
 
 # --- JAX ------------------------------------------------------------------------------

@@ -159,7 +159,8 @@ def normalize_mapping(mapping: Mapping[str, str | ParamMap] | None,
         pm = dst if isinstance(dst, ParamMap) else ParamMap(str(dst))
         if src not in names_a:
             raise RefrunInputError(f"mapping: parameter {src!r} does not exist on side A "
-                                   f"({', '.join(names_a[:8])}{' ...' if len(names_a) > 8 else ''})")
+                                   f"({', '.join(names_a[:8])}"
+                                   f"{' ...' if len(names_a) > 8 else ''})")
         if pm.target not in names_b:
             raise RefrunInputError(f"mapping[{src!r}]: target {pm.target!r} does not exist on "
                                    f"side B ({', '.join(names_b[:8])}"
@@ -232,5 +233,5 @@ def apply_mapping(named_a: Mapping[str, Any], mapping: Mapping[str, str | ParamM
         pm = dst if isinstance(dst, ParamMap) else ParamMap(str(dst))
         if src not in named_a:
             raise RefrunInputError(f"mapping: parameter {src!r} does not exist")
-        out[pm.target] = np.ascontiguousarray(pm.apply(nm.to_numpy(named_a[src])))
+        out[pm.target] = np.array(pm.apply(nm.to_numpy(named_a[src])), order="C")
     return out

@@ -428,6 +428,7 @@ class JaxBackend:
 
     def end_step(self, step: int, token: float) -> PendingStepTime | float:
         now = time.perf_counter()
+        self.compiles.current_step = None  # until the next step: "between steps"
         if self._guard_cm is not None:
             cm, self._guard_cm = self._guard_cm, None
             cm.__exit__(None, None, None)
@@ -519,7 +520,7 @@ class JaxBackend:
         if mesh is None and meshes:
             mesh = meshes[0]
         desc: dict[str, Any] = {
-            schema.TAG_EXEC_HARDWARE: jax.default_backend(),
+            schema.TAG_EXEC_HARDWARE: exec_hardware(devices),
             "refrun.exec.device_kind": devices[0].device_kind if devices else "",
             schema.TAG_EXEC_DEVICES: len(used) if used else jax.device_count(),
             "refrun.exec.visible_devices": jax.device_count(),
@@ -552,6 +553,14 @@ class JaxBackend:
         if self._h2d is not None:
             self._h2d.close()
         self._watcher.close()
+
+
+def exec_hardware(devices: list[Any]) -> str:
+    """``cpu``, or ``<platform>: <device kind>`` (``gpu: NVIDIA H100``) for accelerators."""
+    backend = jax.default_backend()
+    if backend == "cpu" or not devices:
+        return backend
+    return f"{backend}: {devices[0].device_kind}"
 
 
 # --- memory --------------------------------------------------------------------------------

@@ -221,7 +221,7 @@ class Placement:
         want = self.expected
         if want is None and self.accelerator is not None:
             want = ACCELERATOR
-        if want is not None and want != "cpu":
+        if want is not None:
             reason = (f"{want} was expected" if self.expected else
                       f"an accelerator is present ({self.accelerator})")
             for what, devs in (("model parameters", self.params),
@@ -340,7 +340,7 @@ class TorchBackend:
         if t.numel() != 1:
             raise ValueError(f"logged tensor has shape {tuple(t.shape)}; log one-element "
                              "tensors (reduce it in the step, e.g. .mean())")
-        if t.is_complex():
+        if t.dtype.is_complex:
             raise TypeError("cannot record a complex tensor")
         dev = t.device
         self._logged[dev] += 1
@@ -421,11 +421,11 @@ class TorchBackend:
         if self.optimizer is not None:
             opt_params = count_devices(p for g in self.optimizer.param_groups
                                        for p in g["params"])
-            # Step counters of Adam & co. live on the CPU by design ("capturable" aside):
-            # only state tensors with more than one element say where the state is.
+            # The "step" counters of Adam & co. live on the CPU by design (unless
+            # capturable/fused), so they say nothing about where the state is.
             opt_state = count_devices(
-                v for st in self.optimizer.state.values() for v in st.values()
-                if isinstance(v, torch.Tensor) and v.numel() > 1)
+                v for st in self.optimizer.state.values() for k, v in st.items()
+                if k != "step")
         logged = {str(d): n for d, n in self._logged.items()}
         return Placement(params, opt_params, opt_state, logged, self._accelerator, self.expected)
 

@@ -1,0 +1,96 @@
+"""Overhead of refrun.jax.instrument per training step, as a ratio to the unwrapped loop.
+
+A jitted MLP step of a few milliseconds on the CPU runs N steps unwrapped and N steps
+wrapped (``probe.step`` + ``probe.log(loss=...)``), alternating rounds in one process;
+each round ends with one ``block_until_ready`` so queued device work is counted.  The
+table prints the median per-step time of each and their ratio.  Run::
+
+    .venv/bin/python benchmarks/bench_jax_probe.py [--steps 200] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+import refrun
+import refrun.jax
+
+
+def make_step(width: int):
+    def loss_fn(params, x, y):
+        h = jnp.tanh(x @ params["w1"])
+        return jnp.mean((h @ params["w2"] - y) ** 2)
+
+    @jax.jit
+    def train_step(params, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(params, x, y)
+        return jax.tree_util.tree_map(lambda p, d: p - 1e-3 * d, params, g), loss
+
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {"w1": jax.random.normal(k1, (width, width)) / width,
+              "w2": jax.random.normal(k2, (width, 1)) / width}
+    x = jax.random.normal(k3, (256, width))
+    y = jnp.ones((256, 1))
+    return train_step, params, x, y
+
+
+def round_unwrapped(step, params, x, y, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        params, loss = step(params, x, y)
+    loss.block_until_ready()
+    return (time.perf_counter() - t0) / n
+
+
+def round_wrapped(probe, step, params, x, y, n: int, offset: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(n):
+        with probe.step(offset + i):
+            params, loss = step(params, x, y)
+            probe.log(loss=loss)
+    loss.block_until_ready()
+    return (time.perf_counter() - t0) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--width", type=int, default=512)
+    args = ap.parse_args()
+    step, params, x, y = make_step(args.width)
+    step(params, x, y)[1].block_until_ready()  # compile outside the measurement
+    with tempfile.TemporaryDirectory() as tmp:
+        run = refrun.start_run("bench-jax-probe", "candidate", hardware="cpu", backend="jax",
+                               tracking_uri=f"sqlite:///{tmp}/mlflow.db",
+                               spool_dir=Path(tmp) / "spool", snapshot_environment=False)
+        probe = refrun.jax.instrument(run, params=params, step_fns=[step])
+        plain, wrapped = [], []
+        for r in range(args.rounds):
+            plain.append(round_unwrapped(step, params, x, y, args.steps))
+            wrapped.append(round_wrapped(probe, step, params, x, y, args.steps,
+                                         r * args.steps))
+        t0 = time.perf_counter()
+        probe.close()
+        close_s = time.perf_counter() - t0
+        run.close()
+    p, w = statistics.median(plain), statistics.median(wrapped)
+    print(f"{'measure':<34}{'value':>14}")
+    print(f"{'step, unwrapped (median ms)':<34}{p * 1e3:>14.3f}")
+    print(f"{'step, wrapped (median ms)':<34}{w * 1e3:>14.3f}")
+    print(f"{'overhead per step (us)':<34}{(w - p) * 1e6:>14.1f}")
+    print(f"{'ratio wrapped / unwrapped':<34}{w / p:>14.4f}")
+    print(f"{'probe.close() (s)':<34}{close_s:>14.3f}")
+    print(f"steps per round {args.steps}, rounds {args.rounds}, width {args.width}, "
+          f"jax {jax.__version__}, backend {jax.default_backend()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Overhead of refrun.xla.instrument on PJRT CPU, measured in one process.
+
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/bench_xla_probe.py [--steps 100] [--rounds 5]
+
+Prints a table:
+
+* per-step time of the same SGD loop unwrapped and wrapped (``probe.step`` + ``probe.log``
+  of the loss), in interleaved rounds so that drift hits both equally; the ratio is
+  wrapped / unwrapped of the medians over rounds;
+* the cost of one read of torch_xla's counters (``XlaCounters.read``, what the probe does
+  after every step), measured once the metric sample windows are full;
+* the cost of the backend's ``counters()`` (the read plus the deltas kept for the summary).
+
+torch_xla keeps the last ``XLA_METRICS_SAMPLES`` (default 1024) samples of every metric and
+``metric_data`` copies them all, so the counter read costs ~0.1 ms per timed metric once
+the windows are full; run with ``XLA_METRICS_SAMPLES=16`` to see the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import torch
+import torch_xla
+
+import refrun
+import refrun.xla
+from refrun.probes.xla import XlaCounters
+
+DEV = torch_xla.device()
+
+
+def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 1)).to(DEV)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+def run_steps(model, opt, x, y, steps: int, start: int, probe=None) -> float:
+    """Seconds per step of ``steps`` steps (the loop waits for the device at the end)."""
+    t0 = time.perf_counter()
+    for n in range(start, start + steps):
+        if probe is None:
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch_xla.sync()
+        else:
+            with probe.step(n):
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                torch_xla.sync()
+                probe.log(loss=loss)
+    torch_xla._XLAC._xla_wait_device_ops([])
+    return (time.perf_counter() - t0) / steps
+
+
+def time_call(fn, repeat: int = 2000) -> float:
+    """Median microseconds of ``fn()`` over ``repeat`` calls, timed in blocks of 100."""
+    blocks = []
+    for _ in range(repeat // 100):
+        t0 = time.perf_counter()
+        for _ in range(100):
+            fn()
+        blocks.append((time.perf_counter() - t0) / 100 * 1e6)
+    return statistics.median(blocks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=100, help="steps per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="refrun-bench-xla-")
+    x = torch.randn(128, 64).to(DEV)
+    y = torch.randn(128, 1).to(DEV)
+    plain_m, plain_o = make_model()
+    wrapped_m, wrapped_o = make_model()
+    run = refrun.start_run("bench-xla", "candidate", hardware="cpu", backend="torch_xla",
+                           tracking_uri=f"sqlite:///{tmp}/mlflow.db",
+                           spool_dir=f"{tmp}/spool", snapshot_environment=False)
+    probe = refrun.xla.instrument(run, model=wrapped_m, optimizer=wrapped_o)
+    run_steps(plain_m, plain_o, x, y, 20, 0)  # warm-up: compile both graphs
+    run_steps(wrapped_m, wrapped_o, x, y, 20, 0, probe)
+    plain, wrapped = [], []
+    step = 20
+    for _ in range(args.rounds):
+        plain.append(run_steps(plain_m, plain_o, x, y, args.steps, 0))
+        wrapped.append(run_steps(wrapped_m, wrapped_o, x, y, args.steps, step, probe))
+        step += args.steps
+
+    counters = XlaCounters(torch_xla._XLAC)
+    read_us = time_call(counters.read)
+    backend = probe.backend
+    bookkeeping_us = time_call(backend.counters)
+    probe.close()
+    run.close()
+
+    p, w = statistics.median(plain), statistics.median(wrapped)
+    rows = [
+        ("unwrapped step (median of rounds)", f"{p * 1e3:.3f} ms"),
+        ("wrapped step (median of rounds)", f"{w * 1e3:.3f} ms"),
+        ("ratio wrapped / unwrapped", f"{w / p:.4f}"),
+        ("rounds x steps", f"{args.rounds} x {args.steps}"),
+        ("XLA_METRICS_SAMPLES", os.environ.get("XLA_METRICS_SAMPLES", "default (1024)")),
+        ("XlaCounters.read (per step)", f"{read_us:.1f} us"),
+        ("backend.counters incl. deltas (per step)", f"{bookkeeping_us:.1f} us"),
+        ("counter read / unwrapped step", f"{read_us * 1e-6 / p:.4%}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  value")
+    print("-" * (width + 16))
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""What every port's command line shares: options, defect flags, and the recorded run.
+
+Each port is run as ``python -m pipelines.digits.train_<backend> --seed S [--defect NAME]``;
+the demo starts one subprocess per variant so each gets its own framework environment
+(JAX's device count, PJRT_DEVICE) and its own probe counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import refrun
+from pipelines.digits.config import Config, load_config
+from refrun.session import RunSession
+
+# Silent defects a port can switch on.  Each mirrors a failure of ../shared/seeds/004 and
+# runs without any error; see docs/pipelines.md for what each does and what catches it.
+DEFECTS: dict[str, str] = {
+    "clip_per_device": "gradients clipped on each device before averaging (JAX, N devices)",
+    "stale_eval_copy": "the optimizer updates the model; evaluation reads a copy made at start",
+    "no_best_reload": "the best checkpoint is not reloaded before the final evaluation",
+    "shape_storm": "ragged batches: a new batch shape (and compilation) on many steps",
+    "host_sync": "a .item() host synchronisation inside every training step",
+    "cpu_fallback": "an operation without an XLA lowering runs on the CPU every step",
+    "blocked_grad": "a detach/stop_gradient blocks the gradient of the first layer",
+    "sum_loss": "the loss reduction changed from mean to sum",
+}
+
+# Which port implements which defect (the generic ones are in every port).
+GENERIC = ("stale_eval_copy", "no_best_reload", "blocked_grad", "sum_loss")
+PORT_DEFECTS: dict[str, tuple[str, ...]] = {
+    "torch": GENERIC,
+    "jax": (*GENERIC, "clip_per_device"),
+    "torch_xla": (*GENERIC, "shape_storm", "host_sync", "cpu_fallback"),
+}
+
+
+@dataclass(frozen=True)
+class Args:
+    """Parsed options of one training run."""
+
+    backend: str
+    config: Config
+    seed: int
+    role: str
+    defects: frozenset[str]
+    devices: int
+    variant: str
+    tracking_uri: str | None
+    spool_dir: str | None
+    quiet: bool
+
+    def has(self, defect: str) -> bool:
+        return defect in self.defects
+
+
+def parse(argv: list[str] | None, backend: str, description: str) -> Args:
+    """Parse a port's command line; unknown defects for this port are a usage error."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--role", choices=("reference", "candidate"), default="candidate")
+    ap.add_argument("--defect", action="append", default=[], choices=PORT_DEFECTS[backend],
+                    help="switch on a silent defect (repeatable)")
+    ap.add_argument("--devices", type=int, default=1, help="data-parallel devices (JAX)")
+    ap.add_argument("--quick", action="store_true", help="the reduced run ([quick] table)")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--log-every", type=int, default=None)
+    ap.add_argument("--eval-every", type=int, default=None)
+    ap.add_argument("--variant", default=None, help="variant name recorded as a tag")
+    ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--spool-dir", default=None)
+    ap.add_argument("--quiet", action="store_true")
+    ns = ap.parse_args(argv)
+    cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
+                      eval_every=ns.eval_every)
+    if cfg.batch % ns.devices:
+        ap.error(f"--devices {ns.devices} does not divide the global batch {cfg.batch}")
+    return Args(backend=backend, config=cfg, seed=ns.seed, role=ns.role,
+                defects=frozenset(ns.defect), devices=ns.devices,
+                variant=ns.variant or f"{backend}-seed{ns.seed}", tracking_uri=ns.tracking_uri,
+                spool_dir=ns.spool_dir, quiet=ns.quiet)
+
+
+def start_run(args: Args, hardware: str) -> RunSession:
+    """The refrun run of this training: identity tags, hyperparameters as params, and the
+    pipeline's own tags (``pipeline.variant``, ``pipeline.defects``) for the demo table.
+    Acceptance never reads the ``pipeline.*`` tags."""
+    cfg = args.config
+    params: dict[str, Any] = {
+        "lr": cfg.lr, "momentum": cfg.momentum, "clip_norm": cfg.clip_norm,
+        "batch": cfg.batch, "steps": cfg.steps, "sizes": "x".join(map(str, cfg.sizes)),
+        "eval_every": cfg.eval_every, "log_every": cfg.log_every, "devices": args.devices,
+    }
+    return refrun.start_run(
+        workload=cfg.workload, role=args.role, hardware=hardware, backend=args.backend,
+        seed=args.seed, chips=args.devices, global_batch=cfg.batch, planned_steps=cfg.steps,
+        params=params, tracking_uri=args.tracking_uri, spool_dir=args.spool_dir,
+        run_name=args.variant,
+        tags={"pipeline.variant": args.variant,
+              "pipeline.defects": ",".join(sorted(args.defects)) or "none"},
+    )
+
+
+def progress(args: Args, step: int, loss: float, val_acc: float) -> None:
+    """One progress line per evaluation (the demo shows them while the run trains)."""
+    if not args.quiet:
+        print(f"  [{args.variant}] step {step + 1:>4}/{args.config.steps}  "
+              f"val loss {loss:.4f}  val acc {val_acc:.3f}", flush=True)

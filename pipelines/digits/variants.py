@@ -1,0 +1,127 @@
+"""Every run of the digits pipeline: reference seeds, benign candidates, silent defects.
+
+A :class:`Variant` is one training process (a port, a seed, flags).  ``expect`` names the
+criteria (ids in ``pipelines/criteria/digits.toml``) that must fail for a defect, and is
+empty for a benign candidate, which must fail none.  The criteria are general (envelopes
+of the reference seeds, compilation and transfer counters, fallback allowlist); nothing
+here or there is keyed on a variant's name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+REFERENCE_SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One training run of the pipeline."""
+
+    name: str
+    backend: str  # torch | jax | torch_xla
+    seed: int
+    role: str = "candidate"
+    devices: int = 1
+    defects: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+    expect: tuple[str, ...] = ()  # criterion ids that must fail (empty: benign)
+    mirrors: str = ""  # the failure of seeds/004 it reproduces, or what it shows
+
+    @property
+    def kind(self) -> str:
+        return "reference" if self.role == "reference" else \
+            "defect" if self.defects else "benign"
+
+    def module(self) -> str:
+        return {"torch": "pipelines.digits.train_torch", "jax": "pipelines.digits.train_jax",
+                "torch_xla": "pipelines.digits.train_xla"}[self.backend]
+
+    def command(self, *, quick: bool, tracking_uri: str, spool_dir: str | None) -> list[str]:
+        """The subprocess command line that trains and records this variant."""
+        cmd = [sys.executable, "-m", self.module(), "--seed", str(self.seed), "--role",
+               self.role, "--variant", self.name, "--tracking-uri", tracking_uri]
+        if self.devices != 1:
+            cmd += ["--devices", str(self.devices)]
+        for d in self.defects:
+            cmd += ["--defect", d]
+        if quick:
+            cmd.append("--quick")
+        if spool_dir:
+            cmd += ["--spool-dir", spool_dir]
+        return cmd + list(self.extra_args)
+
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The process environment: JAX's host device count and PJRT's CPU device, set
+        before the framework is imported (hence one process per variant)."""
+        env = dict(os.environ if base is None else base)
+        if self.backend == "jax":
+            flags = [f for f in env.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count")]
+            flags.append(f"--xla_force_host_platform_device_count={max(self.devices, 1)}")
+            env["XLA_FLAGS"] = " ".join(flags)
+            env.setdefault("JAX_PLATFORMS", "cpu")
+        if self.backend == "torch_xla":
+            env.setdefault("PJRT_DEVICE", "CPU")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+
+@dataclass(frozen=True)
+class Plan:
+    references: list[Variant] = field(default_factory=list)
+    candidates: list[Variant] = field(default_factory=list)
+
+    @property
+    def all(self) -> list[Variant]:
+        return [*self.references, *self.candidates]
+
+
+def reference_variants(seeds: tuple[int, ...] = REFERENCE_SEEDS) -> list[Variant]:
+    return [Variant(f"reference-seed{s}", "torch", s, role="reference",
+                    mirrors="the GPU reference run (PyTorch)") for s in seeds]
+
+
+BENIGN = [
+    Variant("torch-seed3", "torch", 3, mirrors="another seed of the reference code"),
+    Variant("jax-1dev", "jax", 0, mirrors="the JAX port on one device"),
+    Variant("jax-4dev", "jax", 0, devices=4,
+            mirrors="the JAX port, data parallel on 4 devices, clipping once after averaging"),
+    Variant("xla", "torch_xla", 0, mirrors="the PyTorch/XLA port"),
+    Variant("jax-cadence", "jax", 1, extra_args=("--log-every", "5", "--eval-every", "100"),
+            mirrors="another logging cadence: loss every 5 steps, evaluation every 100"),
+]
+
+DEFECTS = [
+    Variant("jax-4dev-clip-per-device", "jax", 0, devices=4, defects=("clip_per_device",),
+            expect=("loss-envelope", "val-loss-envelope"),
+            mirrors="four-chip run: gradients clipped per chip before averaging (§IV-B)"),
+    Variant("xla-stale-eval-copy", "torch_xla", 0, defects=("stale_eval_copy",),
+            expect=("val-loss-envelope", "final-val-loss-envelope", "test-accuracy"),
+            mirrors="CoFi: a stale parameter copy (§IV-A RQ2)"),
+    Variant("jax-no-best-reload", "jax", 0, defects=("no_best_reload",),
+            expect=("final-val-loss-envelope",),
+            mirrors="MELoRA: best checkpoint not reloaded (§IV-A RQ2)"),
+    Variant("xla-shape-storm", "torch_xla", 0, defects=("shape_storm",),
+            expect=("compilations-after-warmup",),
+            mirrors="repeated compilation, the most frequent silent failure (§IV-A RQ2)"),
+    Variant("xla-host-sync", "torch_xla", 0, defects=("host_sync",),
+            expect=("host-syncs-per-step",),
+            mirrors="host synchronisation in every lazy-tensor step (§IV-A RQ2)"),
+    Variant("xla-cpu-fallback", "torch_xla", 0, defects=("cpu_fallback",),
+            expect=("no-cpu-fallback",),
+            mirrors="an operator without an XLA lowering falls back to the CPU (§II)"),
+    Variant("jax-blocked-grad", "jax", 0, defects=("blocked_grad",),
+            expect=("grad-norm-fc1-envelope",),
+            mirrors="a blocked gradient (stop_gradient on one layer; seeds 000-003)"),
+    Variant("jax-sum-loss", "jax", 0, defects=("sum_loss",),
+            expect=("loss-envelope",),
+            mirrors="a loss reduction changed from mean to sum"),
+]
+
+
+def plan() -> Plan:
+    """The whole pipeline: reference seeds, benign candidates and defect variants."""
+    return Plan(reference_variants(), [*BENIGN, *DEFECTS])

@@ -1,0 +1,147 @@
+"""Assessing a candidate against a workload's criteria, level by level.
+
+:func:`assess` works on loaded runs (:class:`refrun.comparison.RunData`) and is pure apart
+from the clock; :func:`assess_ids` loads the runs from the store, checks that every metric
+the criteria name exists in some run, and adds MLflow's latest metric values to the
+evidence.  Levels L0-L3 are all evaluated (they are ordered assessments, not a strict
+hierarchy); L4 only when L3 passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from refrun.acceptance import checks, levels
+from refrun.acceptance.criteria import CriteriaFile, locate
+from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
+from refrun.acceptance.results import NOT_EVALUABLE, PASS, Assessment, CriterionResult
+from refrun.comparison import CompareOptions, Comparison, RunData, compare, load_run
+from refrun.errors import RefrunInputError
+
+# Metrics reported as L1 measurements: values and evaluations, not counters or system data.
+_MEASURED_KINDS = ("value", "eval")
+
+
+def compare_options(crit: CriteriaFile) -> CompareOptions:
+    """The comparison options the criteria file's [settings] ask for."""
+    s = crit.settings
+    return CompareOptions(keep=s.keep, interpolate=s.interpolate, eps=s.eps,
+                          final_fraction=s.final_fraction, final_points=s.final_points,
+                          warmup_steps=s.warmup_steps, warmup_fraction=s.warmup_fraction)
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def run_comparison(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
+                   ) -> tuple[Comparison | None, str]:
+    """Compare every metric common to all runs; (None, reason) when none can be."""
+    try:
+        return compare(list(references), candidate, options=compare_options(crit),
+                       progress=False), ""
+    except RefrunInputError as exc:
+        return None, str(exc)
+
+
+def check_metrics_exist(crit: CriteriaFile, runs: Sequence[RunData]) -> None:
+    """Raise :class:`RefrunInputError` (file, line, key path) for a metric written in the
+    criteria file that no run has: almost always a typo, not missing evidence.  Default
+    metric names (e.g. ``perf/step_time_s``) that no run has are missing evidence instead
+    (the criterion is not evaluable)."""
+    have = set().union(*(set(r.metric_names) for r in runs))
+    lines = crit.text.splitlines()
+    for section, entries in (("criteria", crit.criteria), ("stopping", crit.stopping)):
+        for i, c in enumerate(entries):
+            key = "metric" if hasattr(c, "metric") else "metrics"
+            if not hasattr(c, key) or _is_default(c, key):
+                continue
+            for name in c.used_metrics():
+                if name in have:
+                    continue
+                line = locate(lines, (section, i, key))
+                where = f"{crit.path}:{line}" if line else crit.path
+                raise RefrunInputError(
+                    f"{where}: {section}[{i}].{key} (id {c.id!r}): metric {name!r} is not "
+                    f"recorded in any of the runs ({', '.join(r.run_id for r in runs)}); "
+                    f"known metrics: {', '.join(sorted(have)[:30])}")
+
+
+def _is_default(c: Any, key: str) -> bool:
+    f = next(f for f in dataclasses.fields(c) if f.name == key)
+    if f.default_factory is not dataclasses.MISSING:
+        return getattr(c, key) == f.default_factory()
+    return f.default is not dataclasses.MISSING and getattr(c, key) == f.default
+
+
+def measurements(comparison: Comparison | None) -> list[dict[str, Any]]:
+    """L1: the observed differences of every value/eval metric (no verdict)."""
+    if comparison is None:
+        return []
+    table = comparison.summary()
+    return [row for row in table.to_dict("records") if row["kind"] in _MEASURED_KINDS]
+
+
+def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData,
+           latest: dict[str, dict] | None = None) -> Assessment:
+    """Assess ``candidate`` against ``references`` with the criteria ``crit``.
+
+    Every criterion yields pass, fail or not_evaluable with its evidence values; L4
+    criteria are evaluated only when L3 passed; the evidence digest covers the criteria
+    file, the results and the runs' data (see :mod:`refrun.acceptance.evidence`).
+    """
+    refs = list(references)
+    if not refs:
+        raise RefrunInputError("reference: at least one reference run is required")
+    comparison, why = run_comparison(crit, refs, candidate)
+    ctx = checks.Context(crit, refs, candidate, comparison, why)
+    results: list[CriterionResult] = levels.builtin_l0(candidate, refs, crit.l0, crit.settings.keep)
+    for lv in ("L0", "L1", "L2", "L3"):
+        results += [checks.evaluate(c, ctx) for c in crit.criteria if c.level == lv]
+    gate = levels.level_status([r for r in results if r.level == levels.L4_GATE])
+    for c in (c for c in crit.criteria if c.level == "L4"):
+        if gate == PASS:
+            results.append(checks.evaluate(c, ctx))
+        else:
+            results.append(CriterionResult(
+                id=c.id, level=c.level, kind=c.KIND, outcome=NOT_EVALUABLE,
+                reason=f"not evaluated: L4 is judged only after {levels.L4_GATE} passed "
+                       f"({levels.L4_GATE} status: {gate})",
+                metric=getattr(c, "metric", None), description=c.description,
+                evaluated=False))
+    lvls = levels.summarize(results)
+    assessment = Assessment(
+        criteria_path=crit.path, criteria_sha256=crit.sha256,
+        workload=crit.workload or candidate.workload or "", reference_ids=[r.run_id for r in refs],
+        candidate_id=candidate.run_id, results=results, levels=lvls,
+        highest_level=levels.highest_level(lvls), verdict=levels.verdict(results),
+        measurements=measurements(comparison), created_utc=utc_now())
+    evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
+    return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence))
+
+
+def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
+                        tracking_uri: str | None = None
+                        ) -> tuple[list[RunData], RunData, dict[str, dict]]:
+    """Load the runs, check the criteria's metrics against them, and read MLflow's latest
+    metric values (for the evidence)."""
+    if not reference_ids:
+        raise RefrunInputError("--reference: at least one reference run id is required")
+    if candidate_id in reference_ids:
+        raise RefrunInputError(f"--candidate {candidate_id}: also given as a reference")
+    refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
+    cand = load_run(candidate_id, tracking_uri=tracking_uri, progress=False)
+    check_metrics_exist(crit, [*refs, cand])
+    latest = latest_metrics([*reference_ids, candidate_id], tracking_uri)
+    return refs, cand, latest
+
+
+def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
+               tracking_uri: str | None = None) -> tuple[Assessment, dict[str, Any]]:
+    """Load the runs by id and assess; returns the assessment and its evidence document."""
+    refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri)
+    a = assess(crit, refs, cand, latest)
+    return a, build_evidence(crit.sha256, a.results, refs, cand, latest)

@@ -1,0 +1,629 @@
+"""The criteria file of a workload: a typed model and its TOML loader.
+
+A criteria file is data (TOML, read with :mod:`tomllib`); nothing in it is executed.  The
+dataclasses below are the single source of truth: the loader validates against their
+fields (type, bounds, allowed values, documented in each field's metadata) and
+:mod:`refrun.acceptance.json_schema` derives the shipped JSON Schema from them.
+
+Every validation error is a :class:`RefrunInputError` whose message starts with
+``FILE:LINE:`` (the line when it can be found) and names the key path, e.g.
+``criteria.toml:14: criteria[2].abs_tol (id 'loss-close'): must be >= 0, got -0.1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from refrun import schema
+from refrun.errors import RefrunInputError
+
+FORMAT_VERSION = 1
+LEVELS = ("L0", "L1", "L2", "L3", "L4")
+MISSING = dataclasses.MISSING
+
+
+def key(doc: str, default: Any = MISSING, *, enum: tuple[str, ...] | None = None,
+        ge: float | None = None, gt: float | None = None, le: float | None = None,
+        min_items: int | None = None) -> Any:
+    """A documented, constrained field of the criteria model (metadata drives validation
+    and the JSON Schema)."""
+    meta = {"doc": doc, "enum": enum, "ge": ge, "gt": gt, "le": le, "min_items": min_items}
+    if isinstance(default, list | dict | tuple):
+        frozen = default
+        return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --- file-level sections ------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """How runs are aligned and measured (passed to ``refrun.comparison.CompareOptions``)."""
+
+    keep: str = key("value kept when a step is logged twice (a resumed run)", "last",
+                    enum=("last", "first"))
+    interpolate: str = key("align different cadences by linear interpolation of one side",
+                           "none", enum=("none", "candidate", "reference"))
+    eps: float = key("floor of the relative-difference denominator", 1e-12, gt=0)
+    final_fraction: float = key("final window: the last ceil(fraction * n) aligned steps",
+                                0.1, gt=0, le=1)
+    final_points: int | None = key("final window: exactly this many last aligned steps "
+                                   "(overrides final_fraction)", None, ge=1)
+    warmup_steps: int | None = key("steps skipped at the start for step time, counters and "
+                                   "utilization", None, ge=0)
+    warmup_fraction: float = key("default warm-up: ceil(fraction * step span) steps",
+                                 0.1, ge=0, le=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prices:
+    """Machine list prices, for cost = wall time x price per hour."""
+
+    currency: str = key("currency of the prices (reported, never converted)", "USD")
+    per: str = key("'machine': the price is for the run's hardware as a whole; 'chip': "
+                   "multiplied by the run's refrun.chips tag", "machine",
+                   enum=("machine", "chip"))
+    hourly: dict[str, float] = key("price per hour by hardware kind: the run's "  # noqa: RUF009
+                                   "refrun.hardware tag, else refrun.exec.hardware "
+                                   "(case-insensitive)", {}, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class L0Options:
+    """The built-in L0 (executability) checks."""
+
+    loss_metric: str = key("metric whose values must all be finite", schema.M_LOSS)
+    planned_steps: int | None = key("planned step count; default the candidate's "
+                                    "refrun.planned_steps tag, else the reference's last "
+                                    "step", None, ge=1)
+
+
+# --- criteria -------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Criterion:
+    """Fields every criterion has."""
+
+    KIND: ClassVar[str] = ""
+    DOC: ClassVar[str] = ""
+    # Groups of keys of which at least one (ANY_OF) or exactly one (ONE_OF) is required.
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    id: str = key("unique name of the criterion (reported, used by sign-off diffs)")
+    kind: str = key("kind of criterion")
+    level: str = key("consistency level the criterion belongs to", enum=LEVELS)
+    description: str = key("why this criterion and threshold (free text)", "")
+
+    def used_metrics(self) -> tuple[str, ...]:
+        """Metrics this criterion names (for the 'no run has it' check)."""
+        m = getattr(self, "metric", None)
+        return (m,) if m else tuple(getattr(self, "metrics", ()))
+
+
+SELECT_OVER = ("all", "final_window", "last", "eval_points")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Closeness(Criterion):
+    KIND: ClassVar[str] = "closeness"
+    DOC: ClassVar[str] = ("candidate within abs_tol + rel_tol * |reference| of the reference "
+                          "(mean of the reference runs) at the selected aligned steps")
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("abs_tol", "rel_tol"),)
+
+    metric: str = key("metric to compare, e.g. 'loss' or 'eval/accuracy'")
+    over: str = key("which aligned steps: all, the final window, the last one, or the "
+                    "evaluation points (metric must start with eval/)", "all",
+                    enum=SELECT_OVER)
+    abs_tol: float = key("absolute tolerance in the metric's units", 0.0, ge=0)
+    rel_tol: float = key("relative tolerance, times |reference|", 0.0, ge=0)
+    min_fraction: float = key("pass when at least this fraction of the selected steps is "
+                              "within tolerance (Megatron tolerates 1 in 50: 0.98)",
+                              1.0, ge=0, le=1)
+    aggregate: str = key("'point': step by step; 'mean': compare the means over the selected "
+                         "steps once", "point", enum=("point", "mean"))
+    window_points: int | None = key("final window size in steps (default: settings)",
+                                    None, ge=1)
+    window_fraction: float | None = key("final window as a fraction of aligned steps",
+                                        None, gt=0, le=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Envelope(Criterion):
+    KIND: ClassVar[str] = "envelope"
+    DOC: ClassVar[str] = ("candidate inside the reference group's band (seed mean +- k std, "
+                          "or min-max) for at least min_fraction of the selected steps; "
+                          "needs at least two reference runs")
+
+    metric: str = key("metric to compare")
+    band: str = key("'std': |candidate - seed mean| <= k * std + abs_tol; 'minmax': "
+                    "min - abs_tol <= candidate <= max + abs_tol", "std",
+                    enum=("std", "minmax"))
+    k: float = key("width of the std band in standard deviations (ddof=1)", 3.0, gt=0)
+    abs_tol: float = key("slack added to the band (covers steps where the seeds agree "
+                         "exactly)", 0.0, ge=0)
+    min_fraction: float = key("fraction of selected steps that must be inside", 1.0,
+                              ge=0, le=1)
+    over: str = key("which aligned steps", "all", enum=("all", "final_window", "last"))
+    window_points: int | None = key("final window size in steps", None, ge=1)
+    window_fraction: float | None = key("final window as a fraction", None, gt=0, le=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim(Criterion):
+    KIND: ClassVar[str] = "claim"
+    DOC: ClassVar[str] = ("a final value at least / at most a published number; optionally, "
+                          "when the reference also misses it, matching the reference within "
+                          "a tolerance counts as preserving behaviour")
+    ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("at_least", "at_most"),)
+
+    metric: str = key("metric holding the claimed quantity, e.g. 'eval/accuracy'")
+    at_least: float | None = key("claim: value >= this", None)
+    at_most: float | None = key("claim: value <= this", None)
+    statistic: str = key("value of a run: its last finite value, max, min, or mean of its "
+                         "last window_points values", "last",
+                         enum=("last", "max", "min", "final_mean"))
+    window_points: int = key("points averaged by statistic = final_mean", 1, ge=1)
+    match_reference_abs_tol: float | None = key(
+        "enables the reference rule: if the reference misses the claim, a candidate within "
+        "this absolute tolerance of the reference passes", None, ge=0)
+    match_reference_rel_tol: float | None = key(
+        "as match_reference_abs_tol, relative to |reference|", None, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware(Criterion):
+    KIND: ClassVar[str] = "hardware"
+    DOC: ClassVar[str] = ("the executing hardware (probe tag refrun.exec.hardware) is the "
+                          "expected one, and no placement warning was recorded")
+
+    expected: str = key("expected hardware, e.g. 'tpu' or 'cuda: NVIDIA H100'")
+    match: str = key("'contains': case-insensitive substring; 'exact': case-insensitive "
+                     "equality", "contains", enum=("contains", "exact"))
+    allow_placement_warning: bool = key("do not fail on refrun.placement.warning", False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fallback(Criterion):
+    KIND: ClassVar[str] = "fallback"
+    DOC: ClassVar[str] = ("no CPU-fallback operation outside the allowlist (tag "
+                          "refrun.fallback.ops, else the fallback/ops counter)")
+
+    allow: list[str] = key("operation names allowed to fall back, e.g. 'aten::nonzero'", [])  # noqa: RUF009
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compilation(Criterion):
+    KIND: ClassVar[str] = "compilation"
+    DOC: ClassVar[str] = "compilations after warm-up (sum of per-step counters) <= max"
+
+    max: float = key("largest allowed number of compilations after warm-up", ge=0)
+    metrics: list[str] = key("per-step counters summed", [schema.M_COMPILE_GRAPHS],  # noqa: RUF009
+                             min_items=1)
+    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostTransfers(Criterion):
+    KIND: ClassVar[str] = "host_transfers"
+    DOC: ClassVar[str] = "host transfers per step after warm-up (mean or max) <= max"
+
+    max: float = key("largest allowed transfers per step", ge=0)
+    metrics: list[str] = key("per-step counters added up", [schema.M_XFER_D2H], min_items=1)  # noqa: RUF009
+    statistic: str = key("per-step statistic compared with max", "mean",
+                         enum=("mean", "max"))
+    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Utilization(Criterion):
+    KIND: ClassVar[str] = "utilization"
+    DOC: ClassVar[str] = ("mean accelerator utilization after warm-up (sys/gpu<i>_util_pct, "
+                          "sys/tpu<i>_duty_cycle_pct) >= min_pct")
+
+    min_pct: float = key("least mean utilization, percent", ge=0, le=100)
+    metrics: list[str] = key("utilization metrics (default: every sys/gpu<i>_util_pct and "  # noqa: RUF009
+                             "sys/tpu<i>_duty_cycle_pct of the candidate)", [])
+    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime(Criterion):
+    KIND: ClassVar[str] = "step_time"
+    DOC: ClassVar[str] = ("median step time after warm-up, candidate / reference (pooled "
+                          "reference runs) <= max_ratio")
+
+    max_ratio: float = key("largest allowed ratio (> 1: the candidate is slower)", gt=0)
+    metric: str = key("step-time metric, seconds", schema.M_STEP_TIME)
+    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost(Criterion):
+    KIND: ClassVar[str] = "cost"
+    DOC: ClassVar[str] = ("cost per run = hours x price per hour ([prices]); candidate / mean "
+                          "reference cost <= max_ratio and/or candidate cost <= max_cost")
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("max_ratio", "max_cost"),)
+
+    max_ratio: float | None = key("largest allowed cost ratio", None, gt=0)
+    max_cost: float | None = key("largest allowed candidate cost, in [prices] currency",
+                                 None, ge=0)
+    time_source: str = key("'run_wall': MLflow end - start time of the run; "
+                           "'step_time_sum': sum of perf/step_time_s", "run_wall",
+                           enum=("run_wall", "step_time_sum"))
+
+
+CRITERION_KINDS: dict[str, type[Criterion]] = {
+    c.KIND: c for c in (Closeness, Envelope, Claim, Hardware, Fallback, Compilation,
+                        HostTransfers, Utilization, StepTime, Cost)
+}
+
+
+# --- stopping rules -------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class StopRule:
+    KIND: ClassVar[str] = ""
+    DOC: ClassVar[str] = ""
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    id: str = key("unique name of the rule")
+    kind: str = key("kind of stopping rule")
+    description: str = key("why this rule (free text)", "")
+
+    def used_metrics(self) -> tuple[str, ...]:
+        """Metrics this rule names."""
+        m = getattr(self, "metric", None)
+        return (m,) if m else ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget(StopRule):
+    KIND: ClassVar[str] = "budget"
+    DOC: ClassVar[str] = ("projected total time (elapsed + remaining steps x median step "
+                          "time) and cost against a budget")
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("max_hours", "max_cost"),)
+
+    max_hours: float | None = key("time budget of the whole run, hours", None, gt=0)
+    max_cost: float | None = key("cost budget of the whole run, [prices] currency", None,
+                                 ge=0)
+    planned_steps: int | None = key("planned steps (default: refrun.planned_steps tag)",
+                                    None, ge=1)
+    min_steps: int = key("project only after this many steps after warm-up", 10, ge=1)
+    metric: str = key("step-time metric (seconds); without it the wall-clock rate of the "
+                      "logged steps is used", schema.M_STEP_TIME)
+    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoke(StopRule):
+    KIND: ClassVar[str] = "smoke"
+    DOC: ClassVar[str] = ("difference from the reference over the steps so far beyond a "
+                          "threshold (a reason to look, not a verdict)")
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("abs_tol", "rel_tol"),)
+
+    metric: str = key("metric compared with the reference")
+    abs_tol: float = key("absolute threshold", 0.0, ge=0)
+    rel_tol: float = key("relative threshold, times |reference|", 0.0, ge=0)
+    min_fraction: float = key("investigate when fewer than this fraction of the compared "
+                              "steps are within the threshold", 1.0, ge=0, le=1)
+    over: str = key("'all' aligned steps so far, or the 'last' window_points of them",
+                    "all", enum=("all", "last"))
+    window_points: int = key("steps compared by over = 'last'", 1, ge=1)
+    min_steps: int = key("compare only once this many steps are aligned", 1, ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoProgress(StopRule):
+    KIND: ClassVar[str] = "no_progress"
+    DOC: ClassVar[str] = ("the run has not reached L0 (finished with its planned steps) "
+                          "after after_hours, or logged no new step for stall_minutes")
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("after_hours", "stall_minutes"),)
+
+    after_hours: float | None = key("hours since start without reaching L0", None, gt=0)
+    stall_minutes: float | None = key("minutes without a new logged point", None, gt=0)
+
+
+STOP_KINDS: dict[str, type[StopRule]] = {
+    c.KIND: c for c in (Budget, Smoke, NoProgress)
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriteriaFile:
+    """A loaded, validated criteria file."""
+
+    version: int = key("format version of the criteria file", FORMAT_VERSION,
+                       ge=FORMAT_VERSION, le=FORMAT_VERSION)
+    workload: str = key("workload the criteria are for (tag refrun.workload)", "")
+    description: str = key("free text", "")
+    settings: Settings = key("alignment and measuring options", Settings())  # noqa: RUF009
+    prices: Prices = key("price table for cost criteria and budgets", Prices())  # noqa: RUF009
+    l0: L0Options = key("options of the built-in L0 checks", L0Options())  # noqa: RUF009
+    criteria: list[Criterion] = key("the criteria ([[criteria]] tables)", [])  # noqa: RUF009
+    stopping: list[StopRule] = key("stopping rules for runs in progress ([[stopping]])", [])  # noqa: RUF009
+    path: str = field(default="", metadata={"internal": True})
+    sha256: str = field(default="", metadata={"internal": True})
+    text: str = field(default="", repr=False, metadata={"internal": True})
+
+    def criterion(self, cid: str) -> Criterion:
+        for c in self.criteria:
+            if c.id == cid:
+                return c
+        raise KeyError(cid)
+
+
+SECTIONS: dict[str, type] = {"settings": Settings, "prices": Prices, "l0": L0Options}
+
+
+# --- loading --------------------------------------------------------------------------
+def load_criteria(path: str | Path) -> CriteriaFile:
+    """Read and validate a criteria file; raises :class:`RefrunInputError` naming the file,
+    the line (when found) and the key path."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise RefrunInputError(f"{p}: cannot read criteria file ({exc.strerror})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RefrunInputError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
+            from exc
+    return parse_criteria(text, str(p), sha256=hashlib.sha256(raw).hexdigest())
+
+
+def parse_criteria(text: str, path: str = "<criteria>", sha256: str | None = None
+                   ) -> CriteriaFile:
+    """Validate criteria given as TOML text (``path`` is only used in messages)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        where = f"{path}:{m.group(1)}" if m else path
+        raise RefrunInputError(f"{where}: TOML syntax error: {exc}") from exc
+    v = _Validator(path, text)
+    top = {f.name: f for f in dataclasses.fields(CriteriaFile) if not f.metadata.get("internal")}
+    v.unknown(data, top, ())
+    kwargs: dict[str, Any] = {}
+    for name in ("workload", "description"):
+        if name in data:
+            kwargs[name] = v.value(data[name], top[name], str, (name,))
+    kwargs["version"] = v.value(data.get("version", FORMAT_VERSION), top["version"], int,
+                                ("version",))
+    for name, cls in SECTIONS.items():
+        if name in data:
+            kwargs[name] = v.table(data[name], cls, (name,))
+    kwargs["criteria"] = v.entries(data.get("criteria", []), CRITERION_KINDS, "criteria")
+    kwargs["stopping"] = v.entries(data.get("stopping", []), STOP_KINDS, "stopping")
+    if not kwargs["criteria"] and not kwargs["stopping"]:
+        raise RefrunInputError(f"{path}: no [[criteria]] or [[stopping]] tables (the built-in "
+                               "L0 checks alone need no file)")
+    digest = sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return CriteriaFile(**kwargs, path=path, sha256=digest, text=text)
+
+
+def type_hints(cls: type) -> dict[str, Any]:
+    """Resolved field annotations of a model class."""
+    return typing.get_type_hints(cls)
+
+
+def model_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    """The user-facing fields of a model class (without internal ones)."""
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+def is_required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+def split_optional(tp: Any) -> tuple[Any, bool]:
+    """``(inner type, allows None)`` of an annotation like ``float | None``."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(tp))
+    return tp, False
+
+
+class _Validator:
+    """Walks the parsed TOML and builds the model, with located error messages."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    # --- messages ---------------------------------------------------------------
+    def fail(self, keypath: tuple[Any, ...], msg: str, ident: str | None = None) -> None:
+        line = locate(self.lines, keypath)
+        where = f"{self.path}:{line}" if line else self.path
+        kp = format_path(keypath)
+        who = f" (id {ident!r})" if ident else ""
+        raise RefrunInputError(f"{where}: {kp}{who}: {msg}")
+
+    # --- structure ----------------------------------------------------------------
+    def unknown(self, data: dict[str, Any], allowed: dict[str, Any], kp: tuple[Any, ...],
+                ident: str | None = None) -> None:
+        for k in data:
+            if k not in allowed:
+                close = ", ".join(sorted(allowed))
+                self.fail((*kp, k), f"unknown key (allowed: {close})", ident)
+
+    def table(self, data: Any, cls: type, kp: tuple[Any, ...]) -> Any:
+        if not isinstance(data, dict):
+            self.fail(kp, f"expected a table, got {_tname(data)}")
+        fields = {f.name: f for f in model_fields(cls)}
+        self.unknown(data, fields, kp)
+        hints = type_hints(cls)
+        kwargs = {}
+        for name, val in data.items():
+            kwargs[name] = self.value(val, fields[name], hints[name], (*kp, name))
+        return cls(**kwargs)
+
+    def entries(self, data: Any, kinds: dict[str, type], section: str) -> list[Any]:
+        if not isinstance(data, list):
+            self.fail((section,), f"expected an array of tables ([[{section}]]), got "
+                      f"{_tname(data)}")
+        out, seen = [], {}
+        for i, item in enumerate(data):
+            kp = (section, i)
+            if not isinstance(item, dict):
+                self.fail(kp, f"expected a table, got {_tname(item)}")
+            ident = item.get("id") if isinstance(item.get("id"), str) else None
+            kind = item.get("kind")
+            if kind is None:
+                self.fail((*kp, "kind"), f"missing (one of: {', '.join(kinds)})", ident)
+            if kind not in kinds:
+                self.fail((*kp, "kind"), f"{kind!r} is not one of: {', '.join(kinds)}", ident)
+            cls = kinds[kind]
+            fields = {f.name: f for f in model_fields(cls)}
+            self.unknown(item, fields, kp, ident)
+            for f in fields.values():
+                if is_required(f) and f.name not in item:
+                    self.fail((*kp, f.name), f"required key missing ({f.metadata['doc']})",
+                              ident)
+            hints = type_hints(cls)
+            kwargs = {n: self.value(v, fields[n], hints[n], (*kp, n), ident)
+                      for n, v in item.items()}
+            for group in cls.ANY_OF:
+                if not any(g in item for g in group):
+                    self.fail(kp, f"needs at least one of: {', '.join(group)}", ident)
+            for group in cls.ONE_OF:
+                if sum(g in item for g in group) != 1:
+                    self.fail(kp, f"needs exactly one of: {', '.join(group)}", ident)
+            obj = cls(**kwargs)
+            if obj.id in seen:
+                self.fail((*kp, "id"), f"duplicate id {obj.id!r} (also {section}[{seen[obj.id]}])",
+                          ident)
+            seen[obj.id] = i
+            self.semantic(obj, kp)
+            out.append(obj)
+        return out
+
+    def semantic(self, obj: Any, kp: tuple[Any, ...]) -> None:
+        """Cross-field rules the per-key constraints cannot state."""
+        over = getattr(obj, "over", None)
+        metric = getattr(obj, "metric", "")
+        if over == "eval_points" and not metric.startswith(schema.EVAL_PREFIX):
+            self.fail((*kp, "over"), f"'eval_points' needs an evaluation metric "
+                      f"({schema.EVAL_PREFIX}<name>), got metric {metric!r}", obj.id)
+        if isinstance(obj, Criterion) and not obj.id.strip():
+            self.fail((*kp, "id"), "must not be empty")
+
+    # --- values -------------------------------------------------------------------
+    def value(self, val: Any, f: dataclasses.Field[Any], tp: Any, kp: tuple[Any, ...],
+              ident: str | None = None) -> Any:
+        inner, _optional = split_optional(tp)
+        meta = f.metadata
+        origin = typing.get_origin(inner)
+        if origin is list:
+            if not isinstance(val, list) or not all(isinstance(x, str) for x in val):
+                self.fail(kp, f"expected an array of strings, got {_show(val)}", ident)
+            if meta.get("min_items") and len(val) < meta["min_items"]:
+                self.fail(kp, f"needs at least {meta['min_items']} item(s)", ident)
+            return list(val)
+        if origin is dict:
+            if not isinstance(val, dict):
+                self.fail(kp, f"expected a table of numbers, got {_tname(val)}", ident)
+            out = {}
+            for k, x in val.items():
+                out[k] = self._scalar(x, float, meta, (*kp, k), ident)
+            return out
+        if dataclasses.is_dataclass(inner):
+            return self.table(val, inner, kp)  # type: ignore[arg-type]
+        return self._scalar(val, inner, meta, kp, ident)
+
+    def _scalar(self, val: Any, tp: Any, meta: Any, kp: tuple[Any, ...],
+                ident: str | None) -> Any:
+        if tp is bool:
+            if not isinstance(val, bool):
+                self.fail(kp, f"expected true or false, got {_show(val)}", ident)
+            return val
+        if tp is str:
+            if not isinstance(val, str):
+                self.fail(kp, f"expected a string, got {_show(val)}", ident)
+            if meta.get("enum") and val not in meta["enum"]:
+                self.fail(kp, f"{val!r} is not one of: {', '.join(meta['enum'])}", ident)
+            return val
+        if tp is int:
+            if isinstance(val, bool) or not isinstance(val, int):
+                self.fail(kp, f"expected an integer, got {_show(val)}", ident)
+        elif tp is float:
+            if isinstance(val, bool) or not isinstance(val, int | float):
+                self.fail(kp, f"expected a number, got {_show(val)}", ident)
+            if val != val or val in (float("inf"), float("-inf")):
+                self.fail(kp, f"must be a finite number, got {val}", ident)
+            val = float(val)
+        else:  # pragma: no cover - the model only uses the types above
+            raise TypeError(tp)
+        if meta.get("ge") is not None and val < meta["ge"]:
+            self.fail(kp, f"must be >= {meta['ge']:g}, got {val}", ident)
+        if meta.get("gt") is not None and val <= meta["gt"]:
+            self.fail(kp, f"must be > {meta['gt']:g}, got {val}", ident)
+        if meta.get("le") is not None and val > meta["le"]:
+            self.fail(kp, f"must be <= {meta['le']:g}, got {val}", ident)
+        return val
+
+
+def _tname(v: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _show(v: Any) -> str:
+    return f"{_tname(v)} {v!r}" if not isinstance(v, dict | list) else _tname(v)
+
+
+def format_path(kp: tuple[Any, ...]) -> str:
+    """``('criteria', 2, 'abs_tol')`` -> ``criteria[2].abs_tol``."""
+    out = ""
+    for part in kp:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?")
+
+
+def locate(lines: list[str], kp: tuple[Any, ...]) -> int | None:
+    """Best-effort 1-based line of a key path in the TOML text (None when not found).
+
+    Finds the ``[table]`` or n-th ``[[array]]`` header, then the ``key = ...`` line in that
+    table; dotted keys and inline tables fall back to the enclosing table's header line.
+    """
+    parts = list(kp)
+    start, header_line = 0, None
+    if len(parts) >= 2 and isinstance(parts[1], int):
+        seen = -1
+        for i, ln in enumerate(lines):
+            m = _HEADER.match(ln)
+            if m and ln.lstrip().startswith("[[") and m.group(1) == parts[0]:
+                seen += 1
+                if seen == parts[1]:
+                    start, header_line = i + 1, i + 1
+                    break
+        else:
+            return None
+        parts = parts[2:]
+    else:
+        for n in range(len(parts) - 1, 0, -1):
+            name = ".".join(str(p) for p in parts[:n])
+            hit = next((i for i, ln in enumerate(lines)
+                        if (m := _HEADER.match(ln)) and m.group(1) == name), None)
+            if hit is not None:
+                start, header_line, parts = hit + 1, hit + 1, parts[n:]
+                break
+    if not parts:
+        return header_line
+    pat = re.compile(rf'^\s*["\']?{re.escape(str(parts[0]))}["\']?\s*=')
+    for j in range(start, len(lines)):
+        if _HEADER.match(lines[j]):
+            break
+        if pat.match(lines[j]):
+            return j + 1
+    return header_line

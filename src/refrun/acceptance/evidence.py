@@ -1,0 +1,154 @@
+"""Canonical evidence of an assessment and its SHA-256 digest.
+
+The evidence is what a sign-off vouches for: the criteria file's digest, every assessed
+value (criterion, outcome, evidence values), and a fingerprint of each run they came
+from: status, end time, ``refrun.*`` tags, params, MLflow's latest value of every metric,
+and a digest of every curve (each metric's points in logging order: step int64 and value
+float64 bytes, NaN canonicalised).  Canonical JSON: sorted keys, no spaces, finite floats
+by ``repr`` and non-finite ones as null.  :func:`diff_evidence` says what differs between
+two evidence documents, key by key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from mlflow.tracking import MlflowClient
+
+from refrun import schema
+from refrun.acceptance.results import CriterionResult, clean
+from refrun.comparison import RunData
+
+FORMAT = "refrun.evidence"
+FORMAT_VERSION = "1"
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON text of ``obj`` (the bytes that are hashed)."""
+    return json.dumps(clean(obj), sort_keys=True, separators=(",", ":"), allow_nan=False,
+                      ensure_ascii=True)
+
+
+def sha256_of(obj: Any) -> str:
+    """SHA-256 hex digest of :func:`canonical_json` of ``obj``."""
+    return hashlib.sha256(canonical_json(obj).encode("ascii")).hexdigest()
+
+
+def curve_digests(run: RunData) -> dict[str, str]:
+    """SHA-256 per metric over its points in logging order (step, value bytes)."""
+    out = {}
+    for m in run.metric_names:
+        steps, values, seq = run.series(m)
+        order = np.argsort(seq, kind="stable")
+        v = np.asarray(values, dtype=np.float64)[order]
+        v = np.where(np.isnan(v), np.nan, v)  # one NaN bit pattern
+        h = hashlib.sha256()
+        h.update(np.asarray(steps, dtype="<i8")[order].tobytes())
+        h.update(v.astype("<f8").tobytes())
+        out[m] = h.hexdigest()
+    return out
+
+
+def latest_metrics(run_ids: Sequence[str], tracking_uri: str | None) -> dict[str, dict]:
+    """MLflow's latest value of every metric per run (catches points logged to the store
+    after the run's curves artifact was written)."""
+    from refrun.session import resolve_tracking_uri
+
+    client = MlflowClient(resolve_tracking_uri(tracking_uri))
+    return {rid: dict(client.get_run(rid).data.metrics) for rid in run_ids}
+
+
+def run_fingerprint(run: RunData, role: str, latest: dict[str, float] | None) -> dict[str, Any]:
+    """Everything about a run that the assessment could depend on."""
+    return {
+        "role": role,
+        "status": run.status,
+        "end_time_ms": run.end_time_ms,
+        "source": run.source,
+        "tags": {k: v for k, v in sorted(run.tags.items()) if k.startswith(schema.PREFIX)},
+        "params": dict(sorted(run.params.items())),
+        "latest_metrics": latest,
+        "curves": curve_digests(run),
+    }
+
+
+def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
+                   references: Sequence[RunData], candidate: RunData,
+                   latest: dict[str, dict] | None = None) -> dict[str, Any]:
+    """The canonical evidence document (see the module docstring)."""
+    latest = latest or {}
+    runs = {r.run_id: run_fingerprint(r, "reference", latest.get(r.run_id)) for r in references}
+    runs[candidate.run_id] = run_fingerprint(candidate, "candidate", latest.get(candidate.run_id))
+    return clean({
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "criteria_sha256": criteria_sha256,
+        "reference": [r.run_id for r in references], "candidate": candidate.run_id,
+        "runs": runs,
+        "results": {r.id: {"level": r.level, "kind": r.kind, "outcome": r.outcome,
+                           "evaluated": r.evaluated, "evidence": r.evidence}
+                    for r in results},
+    })
+
+
+def diff_evidence(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, str]]:
+    """What changed from ``old`` to ``new``: a list of ``{"what", "key", "change"}`` with
+    ``what`` one of runs, criteria, evidence."""
+    changes: list[dict[str, str]] = []
+    if old.get("criteria_sha256") != new.get("criteria_sha256"):
+        changes.append({"what": "criteria", "key": "criteria_sha256",
+                        "change": f"{old.get('criteria_sha256')} -> "
+                                  f"{new.get('criteria_sha256')}"})
+    for key in ("reference", "candidate"):
+        if old.get(key) != new.get(key):
+            changes.append({"what": "runs", "key": key,
+                            "change": f"{old.get(key)} -> {new.get(key)}"})
+    old_runs, new_runs = old.get("runs", {}), new.get("runs", {})
+    for rid in sorted(set(old_runs) | set(new_runs)):
+        a, b = old_runs.get(rid), new_runs.get(rid)
+        if a is None or b is None:
+            changes.append({"what": "runs", "key": f"run {rid}",
+                            "change": "added" if a is None else "missing"})
+            continue
+        for path, x, y in _leaf_diffs(a, b, ()):
+            changes.append({"what": "runs", "key": f"run {rid} ({a.get('role')}): "
+                            + ".".join(path), "change": _change(x, y)})
+    old_res, new_res = old.get("results", {}), new.get("results", {})
+    for cid in sorted(set(old_res) | set(new_res)):
+        a, b = old_res.get(cid), new_res.get(cid)
+        if a is None or b is None:
+            changes.append({"what": "evidence", "key": f"criterion {cid}",
+                            "change": "added" if a is None else "removed"})
+            continue
+        for path, x, y in _leaf_diffs(a, b, ()):
+            changes.append({"what": "evidence", "key": f"criterion {cid}: " + ".".join(path),
+                            "change": _change(x, y)})
+    return changes
+
+
+_ABSENT = object()
+
+
+def _leaf_diffs(a: Any, b: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _leaf_diffs(a.get(k, _ABSENT), b.get(k, _ABSENT), (*path, str(k)))
+        return out
+    return [] if a == b else [(path, a, b)]
+
+
+def _change(x: Any, y: Any) -> str:
+    if x is _ABSENT:
+        return f"added ({_short(y)})"
+    if y is _ABSENT:
+        return f"removed (was {_short(x)})"
+    return f"{_short(x)} -> {_short(y)}"
+
+
+def _short(v: Any) -> str:
+    s = json.dumps(clean(v), sort_keys=True) if not isinstance(v, str) else v
+    return s if len(s) <= 80 else s[:77] + "..."

@@ -1,0 +1,130 @@
+"""Results of an assessment: one :class:`CriterionResult` per criterion, one
+:class:`LevelResult` per level L0-L4, and the :class:`Assessment` that holds them."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PASS, FAIL, NOT_EVALUABLE = "pass", "fail", "not_evaluable"
+OUTCOMES = (PASS, FAIL, NOT_EVALUABLE)
+# Level statuses: the three outcomes, plus a level without criteria, plus L4 held back.
+NO_CRITERIA, NOT_EVALUATED = "no_criteria", "not_evaluated"
+FORMAT = "refrun.assessment"
+FORMAT_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class CriterionResult:
+    """The outcome of one criterion with the evidence values it was decided on."""
+
+    id: str
+    level: str
+    kind: str
+    outcome: str  # pass | fail | not_evaluable
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    metric: str | None = None
+    description: str = ""
+    evaluated: bool = True  # False: held back (L4 while L3 has not passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return clean(asdict(self))
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """Status of a level: pass, fail, not_evaluable, no_criteria or not_evaluated."""
+
+    level: str
+    status: str
+    passed: int
+    failed: int
+    not_evaluable: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A candidate assessed against a workload's criteria, level by level."""
+
+    criteria_path: str
+    criteria_sha256: str
+    workload: str
+    reference_ids: list[str]
+    candidate_id: str
+    results: list[CriterionResult]
+    levels: list[LevelResult]
+    highest_level: str | None
+    verdict: str  # pass (every criterion passed) | fail (one failed) | incomplete
+    measurements: list[dict[str, Any]]  # L1: observed differences per metric
+    created_utc: str
+    evidence_sha256: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every criterion passed, else 1 (the CLI's contract)."""
+        return 0 if self.verdict == PASS else 1
+
+    def result(self, cid: str) -> CriterionResult:
+        for r in self.results:
+            if r.id == cid:
+                return r
+        raise KeyError(cid)
+
+    def level(self, name: str) -> LevelResult:
+        return next(lv for lv in self.levels if lv.level == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return clean({
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "created_utc": self.created_utc, "workload": self.workload,
+            "criteria": {"path": self.criteria_path, "sha256": self.criteria_sha256},
+            "reference": self.reference_ids, "candidate": self.candidate_id,
+            "verdict": self.verdict, "highest_level": self.highest_level,
+            "evidence_sha256": self.evidence_sha256,
+            "levels": [asdict(lv) for lv in self.levels],
+            "results": [r.to_dict() for r in self.results],
+            "measurements": self.measurements,
+        })
+
+    def write_json(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n",
+                     encoding="utf-8")
+        return p
+
+    def table(self) -> str:
+        """A plain-text table: level, criterion, outcome, reason."""
+        rows = [("level", "criterion", "kind", "outcome", "evidence / reason")]
+        for r in self.results:
+            rows.append((r.level, r.id, r.kind, r.outcome.upper(), r.reason))
+        w = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row[:4])) + "  " + row[4]
+                 for row in rows]
+        lines.append("")
+        lines.append("levels: " + ", ".join(f"{lv.level} {lv.status}" for lv in self.levels))
+        lines.append(f"highest level reached: {self.highest_level or 'none'}; "
+                     f"verdict: {self.verdict}")
+        return "\n".join(lines)
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: numpy scalars and arrays to Python, non-finite floats to None."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return clean(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

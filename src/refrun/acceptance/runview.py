@@ -1,0 +1,116 @@
+"""Reading evidence out of a loaded run (:class:`refrun.comparison.RunData`): one value per
+step, tags as numbers, warm-up boundaries, the price of its hardware.  Pure functions."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from refrun import schema
+from refrun.acceptance.criteria import Prices
+from refrun.comparison import RunData, resolve_series, warmup_end
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One value per step (sorted unique steps) of one metric of one run."""
+
+    steps: np.ndarray
+    values: np.ndarray
+
+
+def resolved(run: RunData, metric: str, keep: str = "last") -> Resolved | None:
+    """The metric's series with one value per step (``keep`` decides repeated steps);
+    None when the run has no such metric."""
+    if metric not in run.metric_names:
+        return None
+    steps, values, seq = run.series(metric)
+    s = resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+    return Resolved(np.asarray(s.steps, dtype=np.int64), np.asarray(s.values, dtype=float))
+
+
+def finite(r: Resolved) -> Resolved:
+    ok = np.isfinite(r.values)
+    return Resolved(r.steps[ok], r.values[ok])
+
+
+def steady_start(steps: np.ndarray, warmup_steps: int | None, warmup_fraction: float) -> int:
+    """First step after warm-up for a series (see ``refrun.comparison.warmup_end``)."""
+    return warmup_end(int(steps[0]), int(steps[-1]), warmup_steps, warmup_fraction)
+
+
+def tag_int(run: RunData, tag: str) -> int | None:
+    v = run.tags.get(tag)
+    try:
+        return int(v) if v not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def tag_json(run: RunData, tag: str) -> object | None:
+    v = run.tags.get(tag)
+    if v is None:
+        return None
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return None
+
+
+def hardware_price(run: RunData, prices: Prices) -> tuple[str | None, float | None, str]:
+    """``(hardware key, price per hour, note)``: the price of the run's declared hardware
+    (``refrun.hardware``), else of its executing hardware (``refrun.exec.hardware``),
+    matched case-insensitively, times ``refrun.chips`` when prices are per chip."""
+    table = {k.lower(): (k, v) for k, v in prices.hourly.items()}
+    for tag in (schema.TAG_HARDWARE, schema.TAG_EXEC_HARDWARE):
+        hw = run.tags.get(tag)
+        if hw and hw.lower() in table:
+            name, price = table[hw.lower()]
+            if prices.per == "chip":
+                chips = tag_int(run, schema.TAG_CHIPS)
+                if chips is None:
+                    return name, None, f"prices are per chip but run {run.run_id} has no " \
+                                       f"{schema.TAG_CHIPS} tag"
+                return name, price * chips, f"{price} x {chips} chips"
+            return name, price, f"{tag} = {hw!r}"
+    declared = run.tags.get(schema.TAG_HARDWARE), run.tags.get(schema.TAG_EXEC_HARDWARE)
+    return None, None, (f"no price for run {run.run_id}: hardware {declared[0]!r} / executing "
+                        f"{declared[1]!r} not in [prices.hourly] ({', '.join(prices.hourly)})")
+
+
+def run_hours(run: RunData, source: str, step_metric: str = schema.M_STEP_TIME,
+              keep: str = "last") -> tuple[float | None, str]:
+    """Hours the run took: ``run_wall`` = (end - start) of the MLflow run; ``step_time_sum``
+    = sum of the finite per-step times (seconds) / 3600."""
+    if source == "run_wall":
+        if run.status == "RUNNING" or run.end_time_ms is None or run.start_time_ms is None:
+            return None, f"run {run.run_id} has no end time (status {run.status})"
+        return (run.end_time_ms - run.start_time_ms) / 3.6e6, "MLflow end - start time"
+    r = resolved(run, step_metric, keep)
+    if r is None:
+        return None, f"run {run.run_id} has no metric {step_metric!r}"
+    f = finite(r)
+    if not len(f.values):
+        return None, f"run {run.run_id}: no finite {step_metric!r} value"
+    return float(f.values.sum()) / 3600.0, f"sum of {len(f.values)} {step_metric} values"
+
+
+def nonfinite_count(run: RunData, metric: str) -> int:
+    """NaN/Inf points of ``metric`` among every recorded point (not only the kept ones)."""
+    _, values, _ = run.series(metric)
+    return int((~np.isfinite(values)).sum())
+
+
+def isclose(cand: np.ndarray, ref: np.ndarray, abs_tol: float, rel_tol: float) -> np.ndarray:
+    """Within tolerance per step: ``|cand - ref| <= abs_tol + rel_tol * |ref|`` (the
+    numpy.isclose rule with the reference as the expected value)."""
+    return np.abs(cand - ref) <= abs_tol + rel_tol * np.abs(ref)
+
+
+def fnum(x: float | None, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{x:.{digits}g}"

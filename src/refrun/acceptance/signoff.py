@@ -1,0 +1,218 @@
+"""Sign-off of an assessment and its verification.
+
+:func:`sign_off` re-assesses the candidate with the recorded criteria on the runs' current
+data; only when the evidence digest still equals the recorded one does it store the
+sign-off: who, when (UTC), the decision, the criteria file's SHA-256, the run ids and the
+evidence digest.  Accepting a candidate whose assessment did not pass requires
+``override=True``, which is recorded.
+
+:func:`verify` recomputes everything and reports exactly what changed since the sign-off:
+the criteria (the stored copy, or a file given to compare), the runs (status, tags, params,
+latest metric values, each curve) and the evidence (each assessed value).
+
+The digests detect change; they are not a cryptographic signature against someone who can
+rewrite the whole store.  Keep the evidence digest in your ticket as well.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from refrun._version import __version__
+from refrun.acceptance.assess import assess, load_for_assessment
+from refrun.acceptance.criteria import CriteriaFile, parse_criteria
+from refrun.acceptance.evidence import build_evidence, diff_evidence, sha256_of
+from refrun.acceptance.record import (
+    ARTIFACT_SIGNOFF,
+    TAG_PREFIX,
+    Recorded,
+    client_for,
+    load_recorded,
+)
+from refrun.acceptance.results import PASS
+from refrun.errors import RefrunInputError
+
+TAG_SIGNOFF_PREFIX = "refrun.signoff."
+DECISIONS = ("accept", "reject")
+
+
+@dataclass(frozen=True)
+class SignOff:
+    """A recorded sign-off (also the content of ``refrun/signoff.json``)."""
+
+    comparison_id: str
+    decision: str
+    by: str
+    time_utc: str
+    note: str
+    override: bool
+    assessment_verdict: str
+    highest_level: str | None
+    criteria_sha256: str
+    criteria_file: str
+    reference_ids: list[str]
+    candidate_id: str
+    evidence_sha256: str
+    refrun_version: str = __version__
+    record_sha256: str = ""  # digest of every field above
+
+    def body(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("record_sha256")
+        return d
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The result of :func:`verify`: ``ok`` when nothing changed."""
+
+    comparison_id: str
+    signoff: dict[str, Any]
+    changes: list[dict[str, str]] = field(default_factory=list)
+    current_evidence_sha256: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.changes
+
+    def text(self) -> str:
+        s = self.signoff
+        head = (f"sign-off of {self.comparison_id}: {s.get('decision')} by {s.get('by')} at "
+                f"{s.get('time_utc')}" + (" (override)" if s.get("override") else ""))
+        if self.ok:
+            return head + "\nverified: runs, criteria and evidence unchanged " \
+                          f"(evidence sha256 {s.get('evidence_sha256')})"
+        lines = [head, f"CHANGED since sign-off ({len(self.changes)} change(s)):"]
+        lines += [f"  [{c['what']}] {c['key']}: {c['change']}" for c in self.changes]
+        return "\n".join(lines)
+
+
+def _stored_criteria(rec: Recorded) -> CriteriaFile:
+    path = rec.assessment.get("criteria", {}).get("path") or "criteria.toml"
+    return parse_criteria(rec.criteria_bytes.decode("utf-8"), path,
+                          sha256=hashlib.sha256(rec.criteria_bytes).hexdigest())
+
+
+def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None) -> dict[str, Any]:
+    refs_ids = list(rec.assessment.get("reference", []))
+    cand_id = rec.assessment.get("candidate", "")
+    refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri)
+    a = assess(crit, refs, cand, latest)
+    return build_evidence(crit.sha256, a.results, refs, cand, latest)
+
+
+def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
+             override: bool = False, tracking_uri: str | None = None) -> SignOff:
+    """Record a sign-off on the comparison run (see the module docstring)."""
+    if decision not in DECISIONS:
+        raise RefrunInputError(f"--decision {decision!r}: not one of {', '.join(DECISIONS)}")
+    if not by.strip():
+        raise RefrunInputError("--by: a name is required")
+    rec = load_recorded(comparison_id, tracking_uri)
+    if rec.signoff is not None:
+        raise RefrunInputError(f"comparison {comparison_id}: already signed off "
+                               f"({rec.signoff.get('decision')} by {rec.signoff.get('by')} at "
+                               f"{rec.signoff.get('time_utc')}); record a new assessment")
+    recorded_sha = rec.assessment.get("criteria", {}).get("sha256")
+    crit = _stored_criteria(rec)
+    if crit.sha256 != recorded_sha:
+        raise RefrunInputError(f"comparison {comparison_id}: the stored criteria copy changed "
+                               f"since the assessment ({recorded_sha} -> {crit.sha256})")
+    evidence = _reassess(rec, crit, tracking_uri)
+    digest = sha256_of(evidence)
+    if digest != rec.assessment.get("evidence_sha256"):
+        changes = diff_evidence(rec.evidence, evidence)
+        listed = "; ".join(f"{c['key']}: {c['change']}" for c in changes[:5])
+        raise RefrunInputError(f"comparison {comparison_id}: the evidence changed since the "
+                               f"assessment ({listed}); run `refrun accept` again")
+    verdict = rec.assessment.get("verdict", "")
+    if decision == "accept" and verdict != PASS and not override:
+        raise RefrunInputError(f"comparison {comparison_id}: the assessment verdict is "
+                               f"{verdict!r}; accepting it needs --override (recorded)")
+    body = SignOff(
+        comparison_id=comparison_id, decision=decision, by=by.strip(),
+        time_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        note=note, override=bool(override), assessment_verdict=verdict,
+        highest_level=rec.assessment.get("highest_level"), criteria_sha256=crit.sha256,
+        criteria_file=rec.assessment.get("criteria", {}).get("path", ""),
+        reference_ids=list(rec.assessment.get("reference", [])),
+        candidate_id=rec.assessment.get("candidate", ""), evidence_sha256=digest)
+    so = SignOff(**{**body.body(), "record_sha256": sha256_of(body.body())})
+    _store(so, tracking_uri)
+    return so
+
+
+def _tags(so: SignOff) -> dict[str, str]:
+    return {TAG_SIGNOFF_PREFIX + k: str(v) for k, v in (
+        ("decision", so.decision), ("by", so.by), ("time_utc", so.time_utc),
+        ("override", str(so.override).lower()), ("evidence_sha256", so.evidence_sha256),
+        ("criteria_sha256", so.criteria_sha256), ("record_sha256", so.record_sha256))}
+
+
+def _store(so: SignOff, tracking_uri: str | None) -> None:
+    client = client_for(tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="refrun-signoff-") as tmp:
+        p = Path(tmp) / Path(ARTIFACT_SIGNOFF).name
+        p.write_text(json.dumps(asdict(so), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        client.log_artifact(so.comparison_id, str(p), str(Path(ARTIFACT_SIGNOFF).parent))
+    for k, v in _tags(so).items():
+        client.set_tag(so.comparison_id, k, v)
+
+
+def verify(comparison_id: str, tracking_uri: str | None = None,
+           criteria_path: str | Path | None = None) -> Verification:
+    """Recompute the evidence of a signed-off comparison and list every change."""
+    rec = load_recorded(comparison_id, tracking_uri)
+    if rec.signoff is None:
+        raise RefrunInputError(f"comparison {comparison_id}: not signed off "
+                               "(`refrun signoff --comparison ID ...`)")
+    s = rec.signoff
+    changes: list[dict[str, str]] = []
+    body = {k: v for k, v in s.items() if k != "record_sha256"}
+    if sha256_of(body) != s.get("record_sha256"):
+        changes.append({"what": "signoff", "key": ARTIFACT_SIGNOFF,
+                        "change": "the sign-off record was edited (record digest differs)"})
+    for k, v in _tags(SignOff(**s)).items():
+        if rec.tags.get(k) != v:
+            changes.append({"what": "signoff", "key": f"tag {k}",
+                            "change": f"{v} -> {rec.tags.get(k)}"})
+    crit = _stored_criteria(rec)
+    if crit.sha256 != s["criteria_sha256"]:
+        changes.append({"what": "criteria", "key": "stored copy refrun/criteria.toml",
+                        "change": f"sha256 {s['criteria_sha256']} -> {crit.sha256}"})
+    if criteria_path is not None:
+        p = Path(criteria_path)
+        try:
+            cur = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise RefrunInputError(f"--criteria {p}: cannot read ({exc.strerror})") from exc
+        if cur != s["criteria_sha256"]:
+            changes.append({"what": "criteria", "key": f"file {p}",
+                            "change": f"sha256 {s['criteria_sha256']} -> {cur} (the file "
+                                      "differs from the signed criteria)"})
+    if sha256_of(rec.evidence) != s["evidence_sha256"]:
+        changes.append({"what": "evidence", "key": "stored refrun/evidence.json",
+                        "change": "differs from the signed evidence digest"})
+    try:
+        current = _reassess(rec, crit, tracking_uri)
+    except RefrunInputError as exc:
+        changes.append({"what": "runs", "key": "loading", "change": str(exc)})
+        return Verification(comparison_id, s, changes, None)
+    # A changed stored criteria copy is reported once (above); runs and evidence below.
+    digest = sha256_of(current)
+    if digest != s["evidence_sha256"]:
+        changes += [c for c in diff_evidence(rec.evidence, current)
+                    if c["what"] != "criteria"]
+        if not any(c["what"] in ("runs", "evidence") for c in changes):
+            changes.append({"what": "evidence", "key": "digest",
+                            "change": f"{s['evidence_sha256']} -> {digest}"})
+    return Verification(comparison_id, s, changes, digest)
+
+
+__all__ = ["DECISIONS", "TAG_PREFIX", "SignOff", "Verification", "sign_off", "verify"]

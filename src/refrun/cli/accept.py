@@ -1,0 +1,45 @@
+"""``refrun accept --criteria FILE --reference ID... --candidate ID``: assess a candidate
+against a workload's criteria, level by level, and record the assessment.
+
+Exit codes: 0 every criterion passed, 1 one failed or could not be evaluated, 2 bad usage
+or input (nothing recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from refrun.acceptance.assess import assess_ids
+from refrun.acceptance.criteria import load_criteria
+from refrun.acceptance.record import record_assessment
+from refrun.cli import add_tracking_uri
+from refrun.session import existing_store_uri
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("accept", help="assess a candidate run against a criteria file (L0-L4)")
+    p.add_argument("--criteria", required=True, type=Path, help="criteria file (TOML)")
+    p.add_argument("--reference", required=True, nargs="+", metavar="ID",
+                   help="reference run id(s); several ids form a group of seeds")
+    p.add_argument("--candidate", required=True, metavar="ID", help="candidate run id")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT",
+                   help="also write the full assessment as JSON to OUT")
+    p.add_argument("--no-record", action="store_true",
+                   help="do not record the assessment as a comparison run")
+    add_tracking_uri(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    crit = load_criteria(args.criteria)
+    uri = existing_store_uri(args.tracking_uri)
+    assessment, evidence = assess_ids(crit, args.reference, args.candidate, uri)
+    print(assessment.table())
+    if args.json is not None:
+        assessment.write_json(args.json)
+    if not args.no_record:
+        run_id = record_assessment(assessment, crit, evidence, tracking_uri=uri)
+        print(f"recorded on comparison run {run_id} "
+              f"(evidence sha256 {assessment.evidence_sha256})")
+    return assessment.exit_code

@@ -1,0 +1,58 @@
+"""``refrun signoff --comparison ID --decision accept|reject --by NAME`` and
+``refrun verify ID``: record a sign-off of an assessment, and check later that nothing it
+vouched for changed.
+
+``verify`` exits 0 when runs, criteria and evidence are unchanged, 1 when something
+changed (each change is listed), 2 on bad input (e.g. the comparison is not signed off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from refrun.acceptance.signoff import DECISIONS, sign_off, verify
+from refrun.cli import add_tracking_uri
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("signoff", help="record a sign-off of a recorded assessment")
+    p.add_argument("--comparison", required=True, metavar="ID",
+                   help="comparison run id printed by `refrun accept`")
+    p.add_argument("--decision", required=True, choices=DECISIONS)
+    p.add_argument("--by", required=True, metavar="NAME", help="who signs off")
+    p.add_argument("--note", default="", help="free text kept with the sign-off")
+    p.add_argument("--override", action="store_true",
+                   help="required to accept an assessment that did not pass (recorded)")
+    add_tracking_uri(p)
+    p.set_defaults(func=run_signoff)
+
+    v = sub.add_parser("verify", help="check that a signed-off assessment is unchanged")
+    v.add_argument("comparison", metavar="ID", help="comparison run id")
+    v.add_argument("--criteria", type=Path, default=None,
+                   help="also check that this criteria file is the one signed")
+    v.add_argument("--json", type=Path, default=None, metavar="OUT",
+                   help="write the verification as JSON to OUT")
+    add_tracking_uri(v)
+    v.set_defaults(func=run_verify)
+
+
+def run_signoff(args: argparse.Namespace) -> int:
+    so = sign_off(args.comparison, args.decision, args.by, args.note, args.override,
+                  args.tracking_uri)
+    print(f"signed off {so.comparison_id}: {so.decision} by {so.by} at {so.time_utc}"
+          + (" (override of a failed assessment)" if so.override else ""))
+    print(f"evidence sha256 {so.evidence_sha256}; criteria sha256 {so.criteria_sha256}")
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    result = verify(args.comparison, args.tracking_uri, args.criteria)
+    print(result.text())
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=1) + "\n",
+                             encoding="utf-8")
+    return 0 if result.ok else 1

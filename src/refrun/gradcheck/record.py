@@ -1,0 +1,126 @@
+"""Recording gradient checks as an MLflow run with role ``gradcheck`` (L1 evidence).
+
+One run holds any number of results (known-answer, parity, finite-difference, NaN,
+precision, update-delta, gate self-tests).  What it contains:
+
+* tags ``refrun.gradcheck.passed`` (``true``/``false``), ``refrun.gradcheck.checks``
+  (count), ``refrun.gradcheck.failed`` (labels of failing checks, comma-separated) and,
+  when a finite-difference check ran, ``refrun.gradcheck.verdict`` (the worst verdict);
+* metrics ``gradcheck/<label>/<measure>`` at step 0 (``.../passed`` is 1 or 0);
+  finite-difference curves as ``gradcheck/<label>/fd/d<i>/rel_error`` and
+  ``gradcheck/<label>/fd/step_size`` indexed by sweep position (step 0 = largest h);
+* artifacts ``refrun/gradcheck.json`` (every result in full) and
+  ``refrun/gradcheck_fd.html`` (the V curves, self-contained plotly).
+
+Acceptance criteria find the run by ``refrun.role = gradcheck`` and the workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from refrun.errors import RefrunInputError
+
+TAG_PASSED = "refrun.gradcheck.passed"
+TAG_CHECKS = "refrun.gradcheck.checks"
+TAG_FAILED = "refrun.gradcheck.failed"
+TAG_VERDICT = "refrun.gradcheck.verdict"
+ARTIFACT_JSON = "refrun/gradcheck.json"
+ARTIFACT_FD_HTML = "refrun/gradcheck_fd.html"
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
+
+
+def metric_key(*parts: str) -> str:
+    """``gradcheck/...`` with characters MLflow rejects replaced by ``_``."""
+    return _BAD_CHARS.sub("_", "/".join(("gradcheck", *parts)))[:250]
+
+
+def to_jsonable(result: Any) -> dict[str, Any]:
+    """A result dataclass as plain JSON data, with its kind, verdict and summary."""
+    data = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else dict(result)
+    data = _clean(data)
+    data["kind"] = getattr(result, "kind", type(result).__name__)
+    data["passed"] = bool(result.passed)
+    data["summary"] = result.summary()
+    return data
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if callable(obj):
+        return getattr(obj, "__name__", repr(obj))
+    if hasattr(obj, "tolist"):
+        return _clean(obj.tolist())
+    return obj
+
+
+def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str | None = None,
+                     spool_dir: str | Path | None = None, backend: str | None = None,
+                     hardware: str = "cpu", run_name: str | None = None,
+                     tags: dict[str, Any] | None = None, plot: bool = True) -> str | None:
+    """Record ``results`` as one MLflow run (role ``gradcheck``); returns its run id.
+
+    Each result needs ``label``, ``kind``, ``passed``, ``summary()`` and
+    ``record_metrics()`` (all refrun.gradcheck results have them).
+    """
+    import refrun
+    from refrun.gradcheck.finite_diff import VERDICTS, FiniteDiffResult
+
+    if not results:
+        raise RefrunInputError("results: nothing to record")
+    labels = _unique_labels(results)
+    failed = [lab for lab, r in zip(labels, results, strict=True) if not r.passed]
+    fds = [r for r in results if isinstance(r, FiniteDiffResult)]
+    run_tags: dict[str, Any] = {TAG_PASSED: "false" if failed else "true",
+                                TAG_CHECKS: len(results), TAG_FAILED: ",".join(failed)}
+    if fds:
+        run_tags[TAG_VERDICT] = max((r.verdict for r in fds), key=VERDICTS.index)
+    run_tags.update(tags or {})
+    with refrun.start_run(workload, "gradcheck", hardware=hardware, backend=backend,
+                          tracking_uri=tracking_uri, spool_dir=spool_dir, run_name=run_name,
+                          tags=run_tags) as run:
+        for lab, r in zip(labels, results, strict=True):
+            run.log_metrics(0, {metric_key(lab, k): v for k, v in r.record_metrics().items()})
+            if isinstance(r, FiniteDiffResult):
+                _log_curve(run, lab, r)
+        run.log_json(ARTIFACT_JSON, {"passed": not failed, "failed": failed,
+                                     "results": [dict(to_jsonable(r), label=lab)
+                                                 for lab, r in zip(labels, results,
+                                                                   strict=True)]})
+        if plot and fds:
+            from refrun.gradcheck.plot import fd_html
+
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "gradcheck_fd.html"
+                path.write_text(fd_html(fds), encoding="utf-8")
+                run.log_artifact(path, ARTIFACT_FD_HTML)
+    return run.run_id
+
+
+def _log_curve(run: Any, label: str, r: Any) -> None:
+    for i, h in enumerate(r.steps):
+        point = {metric_key(label, "fd", "step_size"): h}
+        for c in r.curves:
+            point[metric_key(label, "fd", f"d{c.direction}", "rel_error")] = c.rel_error[i]
+        run.log_metrics(i, point)
+
+
+def _unique_labels(results: Sequence[Any]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for r in results:
+        base = str(getattr(r, "label", "") or getattr(r, "kind", "check"))
+        seen[base] = seen.get(base, 0) + 1
+        out.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
+    return out

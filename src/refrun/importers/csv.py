@@ -1,0 +1,91 @@
+"""CSV curves: a header row, a step column and one column per metric.
+
+An empty cell means "not logged at this step" (no point); ``nan``/``inf`` are kept as
+non-finite points.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from refrun.errors import RefrunInputError
+from refrun.importers.curves import ImportedCurves, create_run, parse_value, read_text
+
+FORMAT = "csv"
+
+
+def parse_csv(path: str | os.PathLike[str], step_column: str = "step",
+              metrics: Sequence[str] | None = None) -> ImportedCurves:
+    """Validate and read a CSV file (comma-separated, first row = header).
+
+    Every row must have as many cells as the header; steps must be integers; values
+    numbers (or empty).  Errors name the file, line and column.
+    """
+    p, text = read_text(path)
+    reader = csv.reader(io.StringIO(text))
+    header: list[str] | None = None
+    for row in reader:
+        if any(c.strip() for c in row):
+            header = [c.strip() for c in row]
+            break
+    if header is None:
+        raise RefrunInputError(f"{p}: empty file")
+    hline = reader.line_num
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        raise RefrunInputError(f"{p}:{hline}: duplicate column names {dup}")
+    if step_column not in header:
+        raise RefrunInputError(f"{p}:{hline}: no step column {step_column!r} "
+                               f"(columns: {', '.join(header)})")
+    istep = header.index(step_column)
+    cols = [(i, c) for i, c in enumerate(header) if i != istep]
+    if metrics:
+        missing = [m for m in metrics if m not in header]
+        if missing:
+            raise RefrunInputError(f"{p}:{hline}: no column {missing[0]!r} "
+                                   f"(columns: {', '.join(header)})")
+        cols = [(i, c) for i, c in cols if c in metrics]
+    if not cols:
+        raise RefrunInputError(f"{p}:{hline}: no metric column besides {step_column!r}")
+    points: list[tuple[str, int, float]] = []
+    rows = 0
+    for row in reader:
+        line = reader.line_num
+        if not any(c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise RefrunInputError(f"{p}:{line}: expected {len(header)} columns, got {len(row)}")
+        cell = row[istep].strip()
+        try:
+            step = int(cell)
+        except ValueError:
+            raise RefrunInputError(f"{p}:{line}: column {step_column!r}: step {cell!r} is "
+                                   "not an integer") from None
+        rows += 1
+        for i, name in cols:
+            cell = row[i].strip()
+            if not cell:
+                continue
+            value = parse_value(cell)
+            if value is None:
+                raise RefrunInputError(f"{p}:{line}: column {name!r}: {cell!r} is not a "
+                                       "number")
+            points.append((name, step, value))
+    if not rows:
+        raise RefrunInputError(f"{p}: no data rows after the header")
+    if not points:
+        raise RefrunInputError(f"{p}: every metric cell is empty")
+    return ImportedCurves(FORMAT, [p], points, {"import.step_column": step_column})
+
+
+def import_csv(path: str | os.PathLike[str], *, workload: str, role: str, hardware: str,
+               step_column: str = "step", metrics: Sequence[str] | None = None,
+               **kwargs: Any) -> str:
+    """Import a CSV file as a new run; returns its run id (``kwargs`` as for
+    :func:`refrun.importers.curves.create_run`)."""
+    return create_run(parse_csv(path, step_column, metrics), workload=workload, role=role,
+                      hardware=hardware, **kwargs)

@@ -1,0 +1,451 @@
+"""The report's sections as escaped markup plus the figures they place.
+
+Each ``*_section`` function returns a :class:`Section` (anchor id, heading, markup, the
+:class:`~refrun.report.figures.FigureSpec` objects whose containers the markup holds).
+All numbers come from the comparison engine's results (full data) or, for the runtime
+evidence that the engine does not summarise (step-time distributions), from the runs'
+full curves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import plotly.graph_objects as go
+
+from refrun import schema
+from refrun.comparison import Comparison, MetricComparison, RunData
+from refrun.report import figures as F
+from refrun.report.html import Raw, esc, join, kv_table, num, table, tag
+
+DEVICE_TAG_PREFIXES = ("refrun.exec.", "refrun.device", "refrun.placement", "refrun.perf.",
+                       "refrun.summary.", "refrun.host", "refrun.jax.", "refrun.fw.pjrt")
+EVAL_TABLE_ROWS = 400  # eval points shown in full up to this many, else first/last half
+
+
+@dataclass
+class Section:
+    """One ``<section>`` of the page."""
+
+    id: str
+    heading: str
+    body: Raw
+    figures: list[F.FigureSpec] = field(default_factory=list)
+
+    def html(self) -> Raw:
+        return Raw(f'<section id="{esc(self.id)}"><h2>{esc(self.heading)}</h2>'
+                   f"{self.body}</section>")
+
+
+class FigureIds:
+    """Sequential DOM ids for figure containers (never derived from run strings)."""
+
+    def __init__(self) -> None:
+        self._n = itertools.count()
+
+    def __call__(self) -> str:
+        return f"fig-{next(self._n)}"
+
+
+def figure_div(spec: F.FigureSpec) -> Raw:
+    cap = tag("p", spec.caption, "caption") if spec.caption else ""
+    return Raw(f'<div class="figure"><div class="plot" id="{esc(spec.id)}" '
+               f'data-title="{esc(spec.title)}" data-traces="{spec.traces}"></div>{cap}</div>')
+
+
+def _add(figs: list[F.FigureSpec], ids: FigureIds, title: str, fig: go.Figure | None,
+         caption: str = "") -> Raw:
+    if fig is None:
+        return Raw("")
+    spec = F.FigureSpec(ids(), title, fig, caption)
+    figs.append(spec)
+    return figure_div(spec)
+
+
+# --- summary ---------------------------------------------------------------------------
+
+def _duration(r: RunData) -> str:
+    if r.start_time_ms is None or r.end_time_ms is None:
+        return ""
+    s = max(0, (r.end_time_ms - r.start_time_ms) // 1000)
+    return str(_dt.timedelta(seconds=int(s)))
+
+
+def _versions(r: RunData) -> str:
+    fw = sorted((k[len(schema.TAG_FW_PREFIX):], v) for k, v in r.tags.items()
+                if k.startswith(schema.TAG_FW_PREFIX))
+    parts = [f"{k} {v}" for k, v in fw]
+    if schema.TAG_VERSION in r.tags:
+        parts.append(f"refrun {r.tags[schema.TAG_VERSION]}")
+    return ", ".join(parts)
+
+
+def runs_table(cmp: Comparison) -> Raw:
+    """One row per run: identity, versions, status, duration, where its points came from."""
+    rows = []
+    for label, r, _ in F.runs_of(cmp):
+        rows.append((label, tag("code", r.run_id), r.tags.get("mlflow.runName", ""),
+                     r.workload or "", r.hardware or "", r.backend or "",
+                     r.tags.get(schema.TAG_CHIPS, ""), r.seed or "", _versions(r),
+                     r.status, _duration(r), r.source))
+    return table(("run", "run id", "name", "workload", "hardware", "backend", "chips", "seed",
+                  "versions", "status", "duration", "points from"), rows, "runs",
+                 "runs-table")
+
+
+def all_tags_details(cmp: Comparison) -> Raw:
+    """Every tag and param of every run (collapsed): nothing a run carries is hidden."""
+    runs = F.runs_of(cmp)
+    rows = []
+    for kind, get in (("tag", lambda r: r.tags), ("param", lambda r: r.params)):
+        keys = sorted({k for _, r, _ in runs for k in get(r)})
+        rows += [(kind, tag("code", k), *[get(r).get(k, "") for _, r, _ in runs])
+                 for k in keys]
+    return join([Raw("<details><summary>All tags and params of the runs</summary>"
+                     '<div class="scroll">'),
+                 table(("", "key", *[label for label, _, _ in runs]), rows, "tags",
+                       "tags-table"),
+                 Raw("</div></details>")])
+
+
+def headline_table(cmp: Comparison) -> Raw:
+    """One row per compared metric with the main measures (all on full data)."""
+    group = len(cmp.reference) > 1
+    headers = ["metric", "kind", "aligned steps", "mean |diff|", "max |diff|", "at step",
+               "mean rel diff", "bias", "diff at last step", "final window mean |diff|"]
+    if group:
+        headers += ["outside reference band", "mean |z|"]
+    headers += ["step time / counter (ref → cand)"]
+    rows = []
+    for name, m in cmp.metrics.items():
+        d = m.measures
+        row: list[Any] = [tag("code", name), m.kind, m.alignment.aligned_steps,
+                          d.mean_abs_diff, d.max_abs_diff, d.step_of_max_abs_diff,
+                          d.mean_rel_diff, d.bias, d.diff_at_last_step,
+                          d.final_window.mean_abs_diff]
+        if group:
+            row += [num(m.group.fraction_outside, pct=True) if m.group else None,
+                    m.group.mean_abs_z if m.group else None]
+        row.append(_other(m))
+        rows.append(row)
+    return table(headers, rows, "headline", "headline-table")
+
+
+def _other(m: MetricComparison) -> Raw:
+    if m.step_time is not None and m.step_time.ratio is not None:
+        return join(["median ratio ", num(m.step_time.ratio)])
+    if m.counters is not None:
+        c = m.counters
+        return join(["after warm-up ", num(c.reference_after_warmup), " → ",
+                     num(c.candidate_after_warmup)])
+    return Raw("")
+
+
+def summary_section(cmp: Comparison, assessment: dict[str, Any] | None,
+                    comparison_run_id: str | None) -> Section:
+    from refrun.report.assessment import assessment_section
+
+    parts: list[str] = [tag("h3", "Runs"), Raw('<div class="scroll">'), runs_table(cmp),
+                        Raw("</div>")]
+    parts.append(all_tags_details(cmp))
+    if comparison_run_id:
+        parts.append(join([Raw('<p class="note">Comparison run (MLflow): '),
+                           tag("code", comparison_run_id), Raw("</p>")]))
+    parts.append(tag("h3", "Acceptance (levels L0–L4)"))
+    if assessment is not None:
+        parts.append(assessment_section(assessment))
+    else:
+        parts.append(tag("p", "No acceptance criteria were applied to this report "
+                              "(refrun report --criteria FILE adds them).", "note"))
+    parts += [tag("h3", "Headline differences"),
+              tag("p", "diff = candidate − reference in the metric's units; rel diff = "
+                       "|diff| / max(|candidate|, |reference|, eps). Every number is "
+                       "computed on all aligned steps; plots are reduced for display.",
+                  "note"),
+              Raw('<div class="scroll">'), headline_table(cmp), Raw("</div>")]
+    lists = []
+    if cmp.metrics_only_in_reference:
+        lists.append(("only in the reference", ", ".join(cmp.metrics_only_in_reference)))
+    if cmp.metrics_only_in_candidate:
+        lists.append(("only in the candidate", ", ".join(cmp.metrics_only_in_candidate)))
+    for k, why in cmp.skipped.items():
+        lists.append((f"skipped: {k}", why))
+    if lists:
+        parts += [tag("h3", "Metrics not compared"), kv_table(lists, table_id="not-compared")]
+    return Section("summary", "Summary", join(parts))
+
+
+# --- per metric ------------------------------------------------------------------------
+
+def measures_table(m: MetricComparison) -> Raw:
+    """The engine's measures of one metric, field by field (final window and group too)."""
+    d = dataclasses.asdict(m.measures)
+    fw = d.pop("final_window")
+    pairs: list[tuple[str, Any]] = [(k, v) for k, v in d.items()]
+    pairs += [(f"final window {k}", v) for k, v in fw.items()]
+    if m.group is not None:
+        pairs += [(f"group {k}", v) for k, v in dataclasses.asdict(m.group).items()]
+    if m.step_time is not None:
+        pairs += [(f"step time {k}", v) for k, v in dataclasses.asdict(m.step_time).items()]
+    if m.counters is not None:
+        pairs += [(f"counter {k}", v) for k, v in dataclasses.asdict(m.counters).items()]
+    return kv_table([(k, v if not isinstance(v, list) else ", ".join(map(str, v)))
+                     for k, v in pairs], "kv measures", f"measures-{m.metric}")
+
+
+def _is_curve(name: str, m: MetricComparison) -> bool:
+    return m.kind == "value" and not name.startswith(schema.SYS_PREFIX)
+
+
+def metrics_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Section:
+    refs, cand = F.run_labels(cmp)
+    parts: list[str] = []
+    figs: list[F.FigureSpec] = []
+    for name, m in cmp.metrics.items():
+        if not _is_curve(name, m):
+            continue
+        fig = F.metric_figure(m, refs, cand, red)
+        a = m.alignment
+        cap = (f"{a.aligned_steps} aligned steps ({a.first_aligned_step}..."
+               f"{a.last_aligned_step}); plotted traces reduced to at most about "
+               f"{red.max_points} points each ({red.method} per bucket, spikes kept).")
+        parts += [tag("h3", Raw(f"<code>{esc(name)}</code>")), Raw('<div class="grid">'),
+                  _add(figs, ids, name, fig, cap), Raw("<div>"), measures_table(m),
+                  Raw("</div></div>")]
+    if not parts:
+        parts.append(tag("p", "No per-step value metric was compared.", "note"))
+    return Section("metrics", "Metrics", join(parts), figs)
+
+
+def _eval_rows(m: MetricComparison) -> tuple[list[tuple[Any, ...]], int]:
+    pts = m.eval_points or []
+    rows = [(p.step, p.reference, p.candidate, p.diff, p.reldiff) for p in pts]
+    if len(rows) <= EVAL_TABLE_ROWS:
+        return rows, 0
+    half = EVAL_TABLE_ROWS // 2
+    return rows[:half] + rows[-half:], len(rows) - 2 * half
+
+
+def eval_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Section | None:
+    evals = {k: m for k, m in cmp.metrics.items() if m.kind == "eval"}
+    if not evals:
+        return None
+    refs, cand = F.run_labels(cmp)
+    parts: list[str] = []
+    figs: list[F.FigureSpec] = []
+    for name, m in evals.items():
+        fig = F.metric_figure(m, refs, cand, red, markers=True)
+        rows, hidden = _eval_rows(m)
+        note = (tag("p", f"{hidden} evaluation points in the middle are not listed "
+                         "(all are in the measures).", "note") if hidden else "")
+        parts += [tag("h3", Raw(f"<code>{esc(name)}</code>")), Raw('<div class="grid">'),
+                  _add(figs, ids, name, fig, f"{len(m.eval_points or [])} evaluation points"),
+                  Raw('<div class="scroll">'),
+                  table(("step", "reference", "candidate", "diff", "rel diff"), rows,
+                        "evalpoints", f"eval-{name}"), note,
+                  measures_table(m), Raw("</div></div>")]
+    return Section("eval", "Evaluation metrics", join(parts), figs)
+
+
+# --- runtime evidence ------------------------------------------------------------------
+
+def _step_time_table(cmp: Comparison) -> Raw:
+    rows = []
+    for name, m in cmp.metrics.items():
+        st = m.step_time
+        if st is None:
+            continue
+        rows.append((tag("code", name), st.warmup_end_step, st.reference_n,
+                     st.reference_median, st.candidate_n, st.candidate_median, st.ratio))
+    if not rows:
+        return Raw("")
+    return table(("metric", "steady from step", "reference steps", "reference median (s)",
+                  "candidate steps", "candidate median (s)",
+                  "ratio (candidate / reference)"), rows, "", "step-time-table")
+
+
+def _counter_table(cmp: Comparison) -> Raw:
+    rows = []
+    for name, m in cmp.metrics.items():
+        c = m.counters
+        if c is None:
+            continue
+        rows.append((tag("code", name), c.warmup_end_step, c.reference_total,
+                     c.candidate_total, c.reference_after_warmup, c.candidate_after_warmup))
+    if not rows:
+        return Raw("")
+    note = " (reference: mean over the reference runs)" if len(cmp.reference) > 1 else ""
+    return join([tag("p", "Per-step counters summed over each run's steps" + note + ".",
+                     "note"),
+                 table(("counter", "warm-up ends at step", "reference total",
+                        "candidate total", "reference after warm-up",
+                        "candidate after warm-up"), rows, "", "counter-table")])
+
+
+def _fallback_table(cmp: Comparison) -> Raw:
+    per = [(label, F.fallback_ops(r), r.tags.get(F.TAG_FALLBACK_OPS))
+           for label, r, _ in F.runs_of(cmp)]
+    if all(raw is None for _, _, raw in per):
+        return tag("p", "No run carries CPU-fallback op names (tag refrun.fallback.ops, "
+                        "written by the PyTorch/XLA probe).", "note")
+    names = sorted({k for _, ops, _ in per if ops for k in ops})
+    rows = [(tag("code", n), *[None if ops is None else ops.get(n, 0.0)
+                               for _, ops, _ in per]) for n in names]
+    unreadable = [label for label, ops, raw in per if raw is not None and ops is None]
+    parts: list[str] = []
+    if rows:
+        parts.append(table(("op", *[label for label, _, _ in per]), rows, "",
+                           "fallback-table"))
+    else:
+        parts.append(tag("p", "No CPU-fallback op was executed in the runs that record "
+                              "them.", "note"))
+    if unreadable:
+        parts.append(tag("p", "Unreadable refrun.fallback.ops tag in: "
+                         + ", ".join(unreadable), "note warn"))
+    return join(parts)
+
+
+def device_table(cmp: Comparison) -> Raw:
+    """Declared identity next to what the probes saw the hardware do (tags per run)."""
+    runs = F.runs_of(cmp)
+    keys = sorted({k for _, r, _ in runs for k in r.tags
+                   if k.startswith(DEVICE_TAG_PREFIXES)})
+    keys = [schema.TAG_HARDWARE, schema.TAG_CHIPS, *keys]
+    rows = []
+    for k in keys:
+        vals = [r.tags.get(k) for _, r, _ in runs]
+        if all(v is None for v in vals):
+            continue
+        cls = "warn" if k == schema.TAG_PLACEMENT_WARNING else ""
+        rows.append((tag("code", k, cls), *[Raw("—") if v is None else v for v in vals]))
+    return table(("tag", *[label for label, _, _ in runs]), rows, "", "device-table")
+
+
+def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Section:
+    parts: list[str] = []
+    figs: list[F.FigureSpec] = []
+    add: Callable[..., Raw] = lambda title, fig, cap="": _add(figs, ids, title, fig, cap)  # noqa: E731
+    st_metric = schema.M_STEP_TIME
+    parts += [tag("h3", "Step time"), _step_time_table(cmp)]
+    fig = F.series_figure(cmp, [st_metric], red, "seconds (log)", log_y=True)
+    if fig is None:
+        parts.append(tag("p", f"No run recorded {st_metric}.", "note"))
+    else:
+        m = cmp.metrics.get(st_metric)
+        wend = m.step_time.warmup_end_step if m is not None and m.step_time else None
+        parts += [Raw('<div class="grid">'), add("step time over steps", fig),
+                  add("step time distribution",
+                      F.distribution_figure(F.step_time_distributions(cmp, st_metric, wend),
+                                            "step time (s)"),
+                      "Steps after warm-up" + (f" (from step {wend})" if wend is not None
+                                               else "") + "; tails clipped into the "
+                      "outermost bins."),
+                  Raw("</div>")]
+    parts += [tag("h3", "Compilations, transfers and other per-step counters"),
+              _counter_table(cmp)]
+    groups = F.counter_groups(cmp)
+    for prefix, metrics in groups:
+        label = prefix.replace("/", "/*", 1)
+        parts.append(add(f"{label} per step",
+                         F.series_figure(cmp, metrics, red, f"{label} per step", 280)))
+    if not groups:
+        parts.append(tag("p", "No run recorded per-step counters (compile/*, xfer/*, "
+                              "fallback/*, exec/*).", "note"))
+    parts += [tag("h3", "CPU-fallback operations by name"), _fallback_table(cmp),
+              add("CPU-fallback ops", F.fallback_figure(cmp))]
+    parts += [tag("h3", "Device truth"),
+              tag("p", "Declared hardware next to what the probes observed "
+                       "(refrun.exec.*, placement, step-time kind, summaries).", "note"),
+              Raw('<div class="scroll">'), device_table(cmp), Raw("</div>")]
+    sys_names = F.sys_metrics(cmp)
+    parts.append(tag("h3", "Utilization"))
+    for name in sys_names:
+        parts.append(add(name, F.series_figure(cmp, [name], red, name, 260)))
+    if not sys_names:
+        parts.append(tag("p", "No run recorded utilization (sys/*).", "note"))
+    return Section("runtime", "Runtime evidence", join(parts), figs)
+
+
+# --- alignment -------------------------------------------------------------------------
+
+def gaps(r: Any) -> int | None:
+    """Steps missing inside a run's step range at its median cadence:
+    ``(last - first) / cadence + 1 - steps`` (0 for a regular series; None if unknown)."""
+    if r.cadence is None or r.cadence <= 0 or r.first_step is None:
+        return None
+    return max(0, round((r.last_step - r.first_step) / r.cadence) + 1 - r.steps)
+
+
+def _series_cells(r: Any) -> tuple[Any, ...]:
+    ranges = ", ".join(f"{a}–{b} (×{n})" for a, b, n in r.repeated_ranges[:10])
+    if len(r.repeated_ranges) > 10:
+        ranges += f", … ({len(r.repeated_ranges)} ranges listed by the engine)"
+    return (r.points, r.steps, r.first_step, r.last_step, r.cadence, gaps(r),
+            r.repeated_steps, ranges, r.backwards, r.nonfinite,
+            f"{r.nan} / {r.posinf} / {r.neginf}", r.first_nonfinite_step)
+
+
+def _notable(m: MetricComparison) -> bool:
+    a = m.alignment
+    series = a.reference if isinstance(a.reference, list) else [a.reference]
+    odd = any(r.repeated_steps or r.backwards or r.nonfinite or gaps(r)
+              for r in [*series, a.candidate])
+    return bool(odd or a.only_in_reference or a.only_in_candidate or a.excluded_nonfinite
+                or a.cadence_differs or a.group_incomplete_steps or a.interpolated)
+
+
+def alignment_section(cmp: Comparison) -> Section:
+    refs, cand = F.run_labels(cmp)
+    o = cmp.options
+    parts: list[str] = [tag("p", f"Repeated steps keep the {o.keep} value written; "
+                                 f"interpolation: {o.interpolate}; non-finite values are "
+                                 "counted and excluded from the measures, never replaced.",
+                            "note")]
+    rows = []
+    for name, m in cmp.metrics.items():
+        a = m.alignment
+        series = a.reference if isinstance(a.reference, list) else [a.reference]
+        every = [*series, a.candidate]
+        rows.append((tag("code", name), a.aligned_steps, a.first_aligned_step,
+                     a.last_aligned_step, a.only_in_reference, a.only_in_candidate,
+                     sum(r.repeated_steps for r in every), sum(gaps(r) or 0 for r in every),
+                     sum(r.nonfinite for r in every), a.excluded_nonfinite,
+                     a.group_incomplete_steps, "yes" if a.cadence_differs else "no",
+                     a.interpolated or "none"))
+    parts += [Raw('<div class="scroll">'),
+              table(("metric", "aligned", "first", "last", "only reference",
+                     "only candidate", "repeated steps", "gaps", "non-finite",
+                     "excluded non-finite", "not in every reference", "cadence differs",
+                     "interpolation"), rows, "", "alignment-table"), Raw("</div>"),
+              tag("p", "Repeated steps, gaps (steps missing at the median cadence) and "
+                       "non-finite values are summed over the runs; per-run details follow "
+                       "for every metric where alignment had something to do.", "note")]
+    quiet = []
+    for name, m in cmp.metrics.items():
+        a = m.alignment
+        if not _notable(m):
+            quiet.append(name)
+            continue
+        series = a.reference if isinstance(a.reference, list) else [a.reference]
+        srows = [(lab, *_series_cells(r)) for lab, r in zip(refs, series, strict=False)]
+        srows.append((cand, *_series_cells(a.candidate)))
+        parts += [tag("h3", Raw(f"<code>{esc(name)}</code>")), Raw('<div class="scroll">'),
+                  table(("run", "points", "steps", "first", "last", "cadence", "gaps",
+                         "repeated steps", "repeated ranges", "backwards", "non-finite",
+                         "NaN / +Inf / −Inf", "first non-finite step"), srows, "series"),
+                  Raw("</div>")]
+        if a.notes:
+            parts.append(Raw('<ul class="notes">' + "".join(
+                f"<li>{esc(n)}</li>" for n in a.notes) + "</ul>"))
+    if quiet:
+        parts.append(tag("p", "Nothing to align in " + ", ".join(quiet) + ": every run has "
+                         "one finite value per step on the same steps.", "note"))
+    opts = kv_table([(k, ", ".join(v) if isinstance(v, tuple) else v)
+                     for k, v in dataclasses.asdict(o).items()], table_id="options-table")
+    parts += [tag("h3", "Comparison options"), opts]
+    return Section("alignment", "What alignment did", join(parts))

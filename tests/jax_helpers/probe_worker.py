@@ -1,0 +1,96 @@
+"""Runs one instrumented JAX scenario in a fresh process and prints a JSON result line.
+
+Used by tests/test_jax_probe.py for what needs a fresh JAX: several CPU devices
+(``XLA_FLAGS`` must be set before JAX is imported) and a persistent compilation cache
+(configured before the first compilation).  Usage::
+
+    python probe_worker.py SCENARIO TMPDIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import refrun
+import refrun.jax
+
+
+@jax.jit
+def train_step(w, x, y):
+    def loss_fn(w):
+        return jnp.mean((x @ w - y) ** 2)
+
+    loss, g = jax.value_and_grad(loss_fn)(w)
+    return w - 0.1 * g, loss
+
+
+def data(n: int, rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(n)
+    return rng.normal(size=(rows, 3)).astype(np.float32), rng.normal(size=rows).astype(
+        np.float32)
+
+
+def start(tmp: Path, workload: str) -> refrun.RunSession:
+    return refrun.start_run(workload, "candidate", hardware="cpu", backend="jax",
+                            tracking_uri=f"sqlite:///{tmp}/mlflow.db",
+                            spool_dir=tmp / "spool", snapshot_environment=False)
+
+
+def mesh_run(tmp: Path) -> dict:
+    """Data-parallel step over every device: batch sharded on 'data', params replicated."""
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+    w = jax.device_put(jnp.zeros(3), NamedSharding(mesh, PartitionSpec()))
+    x0, y0 = data(0)
+    batch = (jax.device_put(x0, batch_sharding), jax.device_put(y0, batch_sharding))
+    run = start(tmp, "jax-mesh")
+    probe = refrun.jax.instrument(run, params=w, batch=batch, step_fns=[train_step])
+    losses = []
+    for n in range(4):
+        x, y = data(n)
+        x, y = jax.device_put(x, batch_sharding), jax.device_put(y, batch_sharding)
+        with probe.step(n):
+            w, loss = train_step(w, x, y)
+            probe.log(loss=loss)
+        losses.append(float(loss))
+    probe.close()
+    run.close()
+    return {"run_id": run.run_id, "losses": losses, "devices": jax.device_count(),
+            "batch_sharding": str(batch[0].sharding)}
+
+
+def cache_run(tmp: Path) -> dict:
+    """Step 0 compiles and fills the persistent cache; in-memory caches are then cleared
+    between steps, so step 1 is served from the persistent cache."""
+    jax.config.update("jax_compilation_cache_dir", str(tmp / "jax-cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    w = jnp.zeros(3)
+    run = start(tmp, "jax-cache")
+    probe = refrun.jax.instrument(run, params=w, step_fns=[train_step])
+    losses = []
+    for n in range(3):
+        x, y = (jnp.asarray(a) for a in data(n))
+        if n == 1:
+            jax.clear_caches()  # outside the step: forget the in-memory executable
+        with probe.step(n):
+            w, loss = train_step(w, x, y)
+            probe.log(loss=loss)
+        losses.append(float(loss))
+    probe.close()
+    run.close()
+    files = sorted(p.name for p in (tmp / "jax-cache").iterdir())
+    return {"run_id": run.run_id, "losses": losses, "cache_files": files}
+
+
+if __name__ == "__main__":
+    scenario, tmpdir = sys.argv[1], Path(sys.argv[2])
+    result = {"mesh": mesh_run, "cache": cache_run}[scenario](tmpdir)
+    print("RESULT " + json.dumps(result))

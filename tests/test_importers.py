@@ -1,0 +1,153 @@
+"""Importers: validation names the file and line/key, nothing is written for a bad file,
+and imported values are the file's values exactly (NaN kept as NaN)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from refrun.cli import main
+from refrun.comparison import load_run
+from refrun.errors import RefrunInputError
+from refrun.importers import (
+    import_csv,
+    import_megatron,
+    parse_csv,
+    parse_megatron,
+    parse_torchtitan,
+)
+
+DATA = Path("/work/shared/reference-data")
+MEG = DATA / "megatron" / "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared reference data not present")
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("text, match", [
+    ("", "empty file"),
+    ("1 2.0\n2 3.0 4.0\n", r":2: expected 2 columns 'STEP LOSS', got 3"),
+    ("1 2.0\nx 3.0\n", r":2: step 'x' is not an integer"),
+    ("1 2.0\n\n3 abc\n", r":3: value 'abc' is not a number"),
+])
+def test_torchtitan_bad_files(tmp_path: Path, text: str, match: str) -> None:
+    p = write(tmp_path, "loss.txt", text)
+    with pytest.raises(RefrunInputError, match=match) as exc:
+        parse_torchtitan(p)
+    assert str(p) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_torchtitan_nan_kept(tmp_path: Path) -> None:
+    c = parse_torchtitan(write(tmp_path, "l.txt", "1 2.5\n2 nan\n3 inf\n"), metric="lm")
+    steps, vals = c.series("lm")
+    assert steps == [1, 2, 3] and vals[0] == 2.5 and math.isnan(vals[1]) and vals[2] == math.inf
+
+
+@pytest.mark.parametrize("text, match", [
+    ("step,loss\n1,2\n2,3,4\n", r":3: expected 2 columns, got 3"),
+    ("step,loss\n1,2\n2,abc\n", r":3: column 'loss': 'abc' is not a number"),
+    ("step,loss\n1.5,2\n", r":2: column 'step': step '1.5' is not an integer"),
+    ("iter,loss\n1,2\n", r":1: no step column 'step'"),
+    ("step,loss\n", "no data rows"),
+    ("step,loss,loss\n1,2,3\n", "duplicate column"),
+    ("step\n1\n", "no metric column"),
+])
+def test_csv_bad_files(tmp_path: Path, text: str, match: str) -> None:
+    p = write(tmp_path, "c.csv", text)
+    with pytest.raises(RefrunInputError, match=match) as exc:
+        parse_csv(p)
+    assert str(p) in str(exc.value)
+
+
+def test_csv_empty_cell_is_missing_not_zero(tmp_path: Path) -> None:
+    c = parse_csv(write(tmp_path, "c.csv", "step,loss,eval/acc\n0,1.0,\n1,0.5,0.9\n2,nan,\n"))
+    assert c.series("eval/acc") == ([1], [0.9])
+    steps, vals = c.series("loss")
+    assert steps == [0, 1, 2] and math.isnan(vals[2])
+
+
+@pytest.mark.parametrize("doc, match", [
+    ("[1, 2]", "expected a JSON object"),
+    ("{}", "empty object"),
+    ('{"lm loss": [1, 2]}', 'key "lm loss": expected an object with "values"'),
+    ('{"lm loss": {"values": {"a": 1}}}', r'key "lm loss".values."a": step is not an integer'),
+    ('{"lm loss": {"values": {"1": "oops"}}}', r'key "lm loss".values."1": \'oops\' is not'),
+    ('{"lm loss": {"values": {"1": null}}}', r'key "lm loss".values."1": None is not'),
+    ('{"lm loss": {"values": {}}}', 'key "lm loss".values: no values'),
+    ('{"lm loss": {"values": {"1": 2.0,}}}', r":1: not valid JSON"),
+])
+def test_megatron_bad_files(tmp_path: Path, doc: str, match: str) -> None:
+    p = write(tmp_path, "g.json", doc)
+    with pytest.raises(RefrunInputError, match=match) as exc:
+        parse_megatron(p)
+    assert str(p) in str(exc.value)
+
+
+@needs_data
+def test_megatron_resumed_parse_drops_only_placeholders() -> None:
+    c = parse_megatron(MEG / "golden_values_dev_dgx_h100.json",
+                       resumed=MEG / "golden_values_dev_dgx_h100_2nd.json")
+    assert c.params["import.megatron.resume_step"] == "51"
+    steps, vals = c.series("loss")
+    assert steps == list(range(1, 101)) + list(range(51, 101))
+    raw2 = json.loads((MEG / "golden_values_dev_dgx_h100_2nd.json").read_text())
+    assert vals[100:] == [float(raw2["lm loss"]["values"][str(s)]) for s in range(51, 101)]
+    # iteration-time has no value at the resume step itself: kept as NaN, not dropped
+    st_steps, st_vals = c.series("perf/step_time_s")
+    assert st_steps[99:] == list(range(51, 101)) and math.isnan(st_vals[99])
+    alone = parse_megatron(MEG / "golden_values_dev_dgx_h100_2nd.json", rename=False)
+    assert sum(math.isnan(v) for v in alone.series("lm loss")[1]) == 50
+
+
+def _count_runs(uri: str) -> int:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return len(client.search_runs(exps)) if exps else 0
+
+
+def test_bad_files_write_nothing_and_cli_exits_2(store, tmp_path: Path, capsys) -> None:
+    good = write(tmp_path, "good.csv", "step,loss,acc\n0,1.0,0.1\n1,0.5,\n2,0.25,0.3\n")
+    run_id = import_csv(good, workload="w", role="reference", hardware="cpu",
+                        tracking_uri=store.tracking_uri, spool_dir=store.spool_dir)
+    loaded = load_run(run_id, tracking_uri=store.tracking_uri)
+    s, v, _ = loaded.series("loss")
+    np.testing.assert_array_equal(v[np.argsort(s)], [1.0, 0.5, 0.25])
+    assert loaded.series("acc")[0].tolist() == [0, 2]
+    assert loaded.tags["refrun.backend"] == "import" and loaded.role == "reference"
+    before = _count_runs(store.tracking_uri)
+    bad_csv = write(tmp_path, "bad.csv", "step,loss\n0,1\n1,2\n2,x\n")
+    bad_json = write(tmp_path, "bad.json", '{"lm loss": {"values": {"1": 1.0, "2": "x"}}}')
+    bad_txt = write(tmp_path, "bad.txt", "1 2\n2\n")
+    cases = [
+        (["csv", str(bad_csv)], f"{bad_csv}:4"),
+        (["megatron", str(bad_json)], 'key "lm loss".values."2"'),
+        (["torchtitan", str(bad_txt)], f"{bad_txt}:2"),
+        (["torchtitan", str(tmp_path / "missing.txt")], "no such file"),
+    ]
+    capsys.readouterr()
+    for args, needle in cases:
+        rc = main(["import", *args, "--workload", "w", "--role", "candidate",
+                   "--hardware", "cpu", "--tracking-uri", store.tracking_uri])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and needle in err and len(err.splitlines()) == 1, err
+    # a valid resumed pair with a bad second half writes nothing either
+    with pytest.raises(RefrunInputError):
+        import_megatron(write(tmp_path, "ok.json", '{"lm loss": {"values": {"1": 1.0}}}'),
+                        resumed=bad_json, workload="w", role="candidate", hardware="cpu",
+                        tracking_uri=store.tracking_uri)
+    assert _count_runs(store.tracking_uri) == before
+    rc = main(["import", "csv", str(good), "--workload", "w", "--role", "candidate",
+               "--hardware", "tpu", "--metric", "acc", "--tracking-uri", store.tracking_uri])
+    new_id = capsys.readouterr().out.strip()
+    assert rc == 0 and _count_runs(store.tracking_uri) == before + 1
+    assert load_run(new_id, tracking_uri=store.tracking_uri).metric_names == ["acc"]

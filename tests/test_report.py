@@ -1,0 +1,250 @@
+"""The HTML report without a browser: reduction, escaping, numbers, CLI and MLflow artifact."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+from report_helpers import (
+    NAN_STEP,
+    SPIKE_STEP,
+    XSS_NAME,
+    XSS_PARAM,
+    XSS_TAG,
+    Runs,
+    raw_loss,
+    record_runs,
+)
+
+from refrun.cli import main
+from refrun.comparison import RunData, compare
+from refrun.report import build_report, write_report
+from refrun.report.downsample import lttb_indices, minmax_indices, reduce_indices
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return record_runs(tmp_path_factory.mktemp("report-store"))
+
+
+def _data_blob(html: str, element_id: str) -> dict:
+    m = re.search(rf'<script type="application/json" id="{element_id}">(.*?)</script>',
+                  html, re.S)
+    assert m, element_id
+    return json.loads(m.group(1))
+
+
+def _table_values(html: str, table_id: str) -> dict[str, str]:
+    """``{row label: data-value}`` of a two-column (kv) table."""
+    m = re.search(rf'<table class="[^"]*" id="{re.escape(table_id)}">(.*?)</table>', html,
+                  re.S)
+    assert m, table_id
+    rows = re.findall(r'<tr><td>(.*?)</td><td><span class="num[^"]*" '
+                      r'data-value="([^"]*)"', m.group(1))
+    return dict(rows)
+
+
+# --- reduction ---------------------------------------------------------------------------
+
+def test_minmax_keeps_every_bucket_extreme_and_spike() -> None:
+    rng = np.random.default_rng(1)
+    y = rng.normal(0, 1, 1_000_003)
+    y[777_777] = 50.0  # a one-step spike
+    y[10] = np.nan
+    idx = minmax_indices(y, 800)
+    assert len(idx) <= 3 * 800 + 1 + 1
+    assert 777_777 in idx and 10 in idx and 0 in idx and len(y) - 1 in idx
+    # Independent check: per bucket, the reduced points span the same range as all points.
+    edges = np.linspace(0, len(y), 801).astype(int)
+    for a, b in itertools.pairwise(edges):
+        full = y[a:b][np.isfinite(y[a:b])]
+        sel = idx[(idx >= a) & (idx < b)]
+        kept = y[sel][np.isfinite(y[sel])]
+        assert kept.min() == full.min() and kept.max() == full.max()
+
+
+def test_lttb_keeps_ends_shape_and_gaps() -> None:
+    x = np.arange(10_000, dtype=float)
+    y = np.sin(x / 500.0)
+    y[5000] = 9.0
+    y[7000] = np.inf
+    idx = lttb_indices(x, y, 500)
+    assert idx[0] == 0 and idx[-1] == 9999
+    assert 499 <= len(idx) <= 502
+    assert 5000 in idx  # the spike makes the largest triangle of its bucket
+    assert 7000 in idx  # the non-finite point stays, as a gap
+    assert np.all(np.diff(idx) > 0)
+    # Short series are not reduced.
+    assert np.array_equal(reduce_indices(x[:100], y[:100], 2400), np.arange(100))
+
+
+# --- report content from real runs -------------------------------------------------------
+
+def test_report_numbers_equal_engine_json_and_numpy(runs: Runs, tmp_path: Path) -> None:
+    cmp = compare(runs.references, runs.candidate, tracking_uri=runs.uri, progress=False)
+    out = write_report(cmp, tmp_path / "r.html")
+    html = out.read_text(encoding="utf-8")
+    engine = cmp.to_dict()
+    # The embedded machine-readable comparison is the engine's JSON.
+    assert _data_blob(html, "refrun-data")["comparison"] == json.loads(json.dumps(engine))
+    shown = _table_values(html, "measures-loss")
+    m = engine["metrics"]["loss"]["measures"]
+    for key in ("mean_abs_diff", "max_abs_diff", "step_of_max_abs_diff", "bias", "rms_diff",
+                "mean_rel_diff", "diff_at_last_step"):
+        assert float(shown[key]) == m[key], key
+    assert float(shown["final window mean_abs_diff"]) == m["final_window"]["mean_abs_diff"]
+    # Independent computation from the raw artifacts: last value per step, mean of the
+    # two references, steps where every value is finite.
+    curves = [raw_loss(runs.uri, r) for r in [*runs.references, runs.candidate]]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    ref = np.array([[c[s] for s in steps] for c in curves[:2]]).mean(axis=0)
+    cand = np.array([curves[2][s] for s in steps])
+    ok = np.isfinite(ref) & np.isfinite(cand)
+    d = cand[ok] - ref[ok]
+    assert NAN_STEP not in np.asarray(steps)[ok]
+    assert float(shown["mean_abs_diff"]) == pytest.approx(np.abs(d).mean(), rel=1e-12)
+    assert float(shown["max_abs_diff"]) == pytest.approx(np.abs(d).max(), rel=1e-12)
+    assert int(shown["step_of_max_abs_diff"]) == SPIKE_STEP
+    assert float(shown["bias"]) == pytest.approx(d.mean(), rel=1e-9)
+
+
+def test_hostile_strings_never_become_markup(runs: Runs) -> None:
+    cmp = compare(runs.references, runs.candidate, tracking_uri=runs.uri, progress=False)
+    html = build_report(cmp).html
+    for s in (XSS_NAME, XSS_TAG, XSS_PARAM.split(" &")[0]):
+        assert s not in html
+    # Five script elements: plotly.js, two JSON blocks, the renderer, and nothing else.
+    assert len(re.findall(r"<script\b", html)) == 4
+    assert "<img" not in html
+    assert "&lt;img src=x onerror=&quot;document.title=&#x27;pwned&#x27;&quot;&gt;" in html
+    # In the JSON blocks, <, > and & only ever appear as escapes.
+    for block in re.findall(r'<script type="application/json"[^>]*>(.*?)</script>', html,
+                            re.S):
+        assert "<" not in block and ">" not in block and "&" not in block
+
+
+def test_report_without_plotly_embedded_is_small(runs: Runs, tmp_path: Path) -> None:
+    cmp = compare(runs.references, runs.candidate, tracking_uri=runs.uri, progress=False)
+    big = write_report(cmp, tmp_path / "big.html")
+    small = write_report(cmp, tmp_path / "small.html", plotlyjs="cdn")
+    assert big.stat().st_size > 4_000_000
+    assert small.stat().st_size < 1_000_000
+    text = small.read_text(encoding="utf-8")
+    assert re.search(r'src="https://cdn\.plot\.ly/plotly-[\d.]+\.min\.js"', text)
+
+
+def test_in_memory_single_reference_and_assessment_dict(tmp_path: Path) -> None:
+    steps = np.arange(50)
+    base = pd.DataFrame({"metric": "loss", "step": steps, "value": 1.0 / (steps + 1)})
+    ref = RunData.from_curves(base, "r1", tags={"refrun.role": "reference"})
+    cand = RunData.from_curves(base.assign(value=base["value"] + 0.5), "c1",
+                               tags={"refrun.role": "candidate"})
+    cmp = compare(ref, cand, progress=False)
+    assessment = {"verdict": "fail", "highest_level": "L1",
+                  "levels": [{"level": "L2", "status": "fail", "passed": 0, "failed": 1,
+                              "not_evaluable": 0}],
+                  "results": [{"id": "loss-close", "level": "L2", "kind": "closeness",
+                               "outcome": "fail", "metric": "loss",
+                               "reason": "<i>49 of 50 steps</i> outside",
+                               "evidence": {"max_abs_diff": 0.5, "steps": 50}}]}
+    html = build_report(cmp, assessment=assessment).html
+    assert 'id="acceptance-criteria"' in html
+    assert "&lt;i&gt;49 of 50 steps&lt;/i&gt; outside" in html
+    assert '<span class="badge fail">fail</span>' in html
+    assert 'data-value="0.5"' in html
+    blob = _data_blob(html, "refrun-figures")
+    # One metric figure: reference, candidate, difference; no runtime figures.
+    assert [len(f["data"]) for f in blob["figures"]] == [3]
+    no_assessment = build_report(cmp).html
+    assert 'id="acceptance-criteria"' not in no_assessment
+    assert "No acceptance criteria were applied" in no_assessment
+
+
+# --- command line and MLflow -------------------------------------------------------------
+
+def test_cli_writes_report_and_logs_it_to_the_comparison_run(runs: Runs, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture
+                                                            ) -> None:
+    out = tmp_path / "out" / "report.html"
+    rc = main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+               "--html", str(out), "--tracking-uri", runs.uri])
+    assert rc == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    run_id = re.search(r"comparison run: (\w+)", text).group(1)
+    client = MlflowClient(runs.uri)
+    run = client.get_run(run_id)
+    assert run.data.tags["refrun.role"] == "comparison"
+    assert run.data.tags["refrun.compared.reference"] == ",".join(runs.references)
+    assert run.data.tags["refrun.compared.candidate"] == runs.candidate
+    assert "diff/loss" in run.data.metrics
+    listed = {f.path for f in client.list_artifacts(run_id, "refrun")}
+    assert "refrun/report.html" in listed
+    logged = Path(client.download_artifacts(run_id, "refrun/report.html", str(tmp_path)))
+    assert logged.read_bytes() == out.read_bytes()
+    assert run_id in out.read_text(encoding="utf-8")
+    # Reusing that comparison run logs a new report into it, recording no new run.
+    before = len(client.search_runs([run.info.experiment_id]))
+    rc = main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+               "--html", str(tmp_path / "again.html"), "--comparison-run", run_id,
+               "--plotlyjs", "cdn", "--tracking-uri", runs.uri])
+    assert rc == 0
+    assert len(client.search_runs([run.info.experiment_id])) == before
+
+
+def test_cli_bad_input_exits_2_and_writes_nothing(runs: Runs, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    client = MlflowClient(runs.uri)
+    exp = client.get_experiment_by_name("rep").experiment_id
+    before = len(client.search_runs([exp]))
+    out = tmp_path / "r.html"
+    rc = main(["report", "--reference", "nope", "--candidate", runs.candidate,
+               "--html", str(out), "--tracking-uri", runs.uri])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nope" in err and len(err.strip().splitlines()) == 1
+    rc = main(["report", "--reference", runs.references[0], "--candidate", runs.candidate,
+               "--html", str(out), "--metrics", "no/such", "--tracking-uri", runs.uri])
+    assert rc == 2 and "no/such" in capsys.readouterr().err
+    rc = main(["report", "--reference", runs.references[0], "--candidate", runs.candidate,
+               "--html", str(out), "--comparison-run", runs.references[1],
+               "--tracking-uri", runs.uri])
+    assert rc == 2 and "refrun.role" in capsys.readouterr().err
+    assert not out.exists()
+    assert len(client.search_runs([exp])) == before
+
+
+def test_cli_with_criteria_shows_levels_and_escaped_notes(runs: Runs, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture
+                                                          ) -> None:
+    crit = tmp_path / "criteria.toml"
+    crit.write_text('''version = 1
+workload = "rep"
+
+[[criteria]]
+id = "loss-close"
+kind = "closeness"
+level = "L2"
+metric = "loss"
+abs_tol = 0.05
+min_fraction = 0.95
+description = "<script>document.title='pwned'</script> within 0.05"
+''', encoding="utf-8")
+    out = tmp_path / "crit.html"
+    rc = main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+               "--html", str(out), "--criteria", str(crit), "--no-record",
+               "--tracking-uri", runs.uri])
+    assert rc == 0, capsys.readouterr().err
+    html = out.read_text(encoding="utf-8")
+    blob = _data_blob(html, "refrun-data")["assessment"]
+    ids = [r["id"] for r in blob["results"]]
+    assert "loss-close" in ids
+    assert 'id="acceptance-levels"' in html and 'id="acceptance-criteria"' in html
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt; within 0.05" in html
+    assert "<script>document.title" not in html
+    for lv in blob["levels"]:
+        assert f"<b>{lv['level']}</b>" in html

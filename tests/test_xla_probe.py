@@ -1,0 +1,329 @@
+"""refrun.xla.instrument on real torch_xla (PJRT CPU): compilations, transfers, host syncs,
+CPU fallback, logged values, device truth and the end-of-run summary.
+
+Every expected count is read by the test itself from torch_xla's own counters around the
+body of each step (the user's part of the step), independently of the probe.  torch_xla
+caches compiled graphs per process, so each test builds a model of its own width: no test
+can hit a graph another test compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")  # before torch_xla is imported (also conftest)
+torch = pytest.importorskip("torch")
+torch_xla = pytest.importorskip("torch_xla")
+import torch_xla.core.xla_model as xm  # noqa: E402
+import torch_xla.debug.metrics as met  # noqa: E402
+
+import refrun  # noqa: E402
+import refrun.xla  # noqa: E402
+from refrun import schema  # noqa: E402
+from refrun.errors import RefrunInputError  # noqa: E402
+from refrun.probes.tpu_monitor import TpuMonitor  # noqa: E402
+from refrun.probes.xla import StepRecord, summarize  # noqa: E402
+
+DEV = torch_xla.device()
+IN = 6
+
+
+def start(store, hardware: str = "cpu") -> refrun.RunSession:
+    return refrun.start_run("xla-probe-test", "candidate", hardware=hardware,
+                            backend="torch_xla", tracking_uri=store.tracking_uri,
+                            spool_dir=store.spool_dir, snapshot_environment=False)
+
+
+def make(width: int, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The same MLP twice: on the XLA device and on the CPU (an independent reference)."""
+    torch.manual_seed(seed)
+    cpu = torch.nn.Sequential(torch.nn.Linear(IN, width), torch.nn.Tanh(),
+                              torch.nn.Linear(width, 1))
+    xla = torch.nn.Sequential(torch.nn.Linear(IN, width), torch.nn.Tanh(),
+                              torch.nn.Linear(width, 1))
+    xla.load_state_dict(cpu.state_dict())
+    return xla.to(DEV), cpu
+
+
+def batch(n: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + n)
+    x = torch.randn(rows, IN, generator=g)
+    return x, torch.sin(x.sum(1, keepdim=True))
+
+
+def raw() -> dict[str, int]:
+    """torch_xla's own cumulative counts, read by the test."""
+    d2h = met.metric_data("TransferFromDeviceTime")
+    return {"uncached": met.counter_value("UncachedCompile") or 0,
+            "cached": met.counter_value("CachedCompile") or 0,
+            "d2h": d2h[0] if d2h else 0,
+            "syncs": met.counter_value("aten::_local_scalar_dense") or 0,
+            "nonzero": met.counter_value("aten::nonzero") or 0,
+            "exec": met.counter_value("ExecuteComputation") or 0}
+
+
+def diff(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: b[k] - a[k] for k in a}
+
+
+def train(model: torch.nn.Module, rows: list[int], probe=None, *, item: bool = False,
+          extra: Callable[[int], None] | None = None) -> tuple[list[dict[str, int]], list]:
+    """The user's loop: SGD on ``model``, one sync per step; ``probe`` optional.
+    Returns the test's own per-step counts (body of the step) and the loss tensors."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    own, losses = [], []
+    for n, r in enumerate(rows):
+        x, y = batch(n, r)
+        ctx = probe.step(n) if probe is not None else _Nothing()
+        with ctx:
+            before = raw()
+            xd, yd = x.to(DEV), y.to(DEV)
+            loss = ((model(xd) - yd) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if extra is not None:
+                extra(n)
+            torch_xla.sync()
+            if item:
+                loss.item()  # the user's own host sync
+            if probe is not None:
+                probe.log(loss=loss)
+            own.append(diff(before, raw()))
+        losses.append(loss)
+    return own, losses
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def history(store, run_id: str, metric: str) -> list[float]:
+    return [m.value for m in sorted(store.client().get_metric_history(run_id, metric),
+                                    key=lambda m: m.step)]
+
+
+def per_step(store, run_id: str, metric: str, steps: int) -> list[float]:
+    """A counter's value at steps 0..steps-1; the probe logs counters sparsely (a step
+    without a change is absent, meaning 0)."""
+    got = {m.step: m.value for m in store.client().get_metric_history(run_id, metric)}
+    assert set(got) <= set(range(steps)), got
+    return [got.get(s, 0.0) for s in range(steps)]
+
+
+def artifact(store, run_id: str, name: str) -> dict:
+    return json.loads(Path(store.client().download_artifacts(run_id, name)).read_text())
+
+
+# --- compilations ---------------------------------------------------------------------
+def test_uncached_compilations_per_step_match_torch_xla(store) -> None:
+    model, _ = make(width=11)
+    rows = [8] * 4 + [9, 10, 11, 12]  # fixed shape, then a new batch size every step
+    run = start(store)
+    with refrun.xla.instrument(run, model=model, warmup_steps=4) as probe:
+        own, _ = train(model, rows, probe)
+    run.close()
+    recorded = per_step(store, run.run_id, schema.M_COMPILE_GRAPHS, 8)
+    assert recorded == [1, 0, 0, 0, 1, 1, 1, 1]
+    assert recorded == [o["uncached"] for o in own]
+    assert per_step(store, run.run_id, schema.M_COMPILE_CACHE_HITS, 8) == [o["cached"] for o in own]
+    assert all(t > 0 for t in per_step(store, run.run_id, schema.M_COMPILE_TIME, 8)[4:])
+    tags = store.client().get_run(run.run_id).data.tags
+    assert tags["refrun.summary.compiles_after_warmup"] == "4"
+    assert tags["refrun.summary.compiles_total"] == "5"
+    summary = artifact(store, run.run_id, "refrun/xla_summary.json")
+    assert summary["compile_steps_after_warmup"] == [4, 5, 6, 7]
+
+
+# --- transfers and host syncs -----------------------------------------------------------
+def test_item_in_step_is_one_transfer_and_logging_adds_none(store) -> None:
+    rows = [8] * 5
+    # The user's .item() inside each step: one transfer and one host sync per step.
+    model, _ = make(width=13)
+    run = start(store)
+    with refrun.xla.instrument(run, model=model) as probe:
+        own_item, _ = train(model, rows, probe, item=True)
+    run.close()
+    assert [o["d2h"] for o in own_item] == [1] * 5
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, 5) == [1] * 5
+    assert per_step(store, run.run_id, schema.M_HOST_SYNCS, 5) == [o["syncs"] for o in own_item]
+    assert per_step(store, run.run_id, schema.M_HOST_SYNCS, 5) == [1] * 5
+
+    # The same loop unwrapped, then wrapped with only the probe's logging (new widths, so
+    # both compile from scratch): the wrapper adds no compilation, execution or transfer
+    # to the step, and its own fetches are not counted as the user's.
+    plain, _ = make(width=14)
+    start_plain = raw()
+    own_plain, _ = train(plain, rows)
+    xm.wait_device_ops()
+    total_plain = diff(start_plain, raw())
+    logged, _ = make(width=15)
+    run2 = start(store)
+    start_logged = raw()
+    with refrun.xla.instrument(run2, model=logged) as probe2:
+        own_logged, _ = train(logged, rows, probe2)
+        xm.wait_device_ops()
+        total_logged = diff(start_logged, raw())
+    run2.close()
+    for key in ("uncached", "cached", "d2h", "syncs"):
+        assert [o[key] for o in own_logged] == [o[key] for o in own_plain], key
+    assert [o["d2h"] for o in own_logged] == [0] * 5
+    assert total_logged["exec"] == total_plain["exec"]
+    assert total_logged["uncached"] == total_plain["uncached"] == 1
+    assert total_logged["syncs"] == total_plain["syncs"] == 0
+    assert per_step(store, run2.run_id, schema.M_XFER_D2H, 5) == [0] * 5
+    assert per_step(store, run2.run_id, schema.M_HOST_SYNCS, 5) == [0] * 5
+    assert len(history(store, run2.run_id, schema.M_LOSS)) == 5
+    assert per_step(store, run2.run_id, schema.M_XFER_H2D, 5)[1:] == [2] * 4  # x and y per step
+
+
+# --- CPU fallback -----------------------------------------------------------------------
+def test_fallback_op_recorded_by_name(store) -> None:
+    model, _ = make(width=17)
+
+    def nonzero_at_step_2(n: int) -> None:
+        if n == 2:
+            torch.nonzero(torch.tensor([0.0, 1.0, 0.0, 3.0], device=DEV) > 0)
+
+    run = start(store)
+    with refrun.xla.instrument(run, model=model) as probe:
+        own, _ = train(model, [8] * 4, probe, extra=nonzero_at_step_2)
+    run.close()
+    assert [o["nonzero"] for o in own] == [0, 0, 1, 0]
+    assert per_step(store, run.run_id, schema.M_FALLBACK_OPS, 4) == [0, 0, 1, 0]
+    tags = store.client().get_run(run.run_id).data.tags
+    assert json.loads(tags["refrun.fallback.ops"]) == {"aten::nonzero": 1}
+    ops = artifact(store, run.run_id, "refrun/fallback_ops.json")["ops"]
+    assert ops == {"aten::nonzero": {"count": 1, "first_step": 2}}
+    warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
+    assert any("aten::nonzero" in w["message"] and w["step"] == 2 for w in warnings)
+
+
+# --- logged values ----------------------------------------------------------------------
+def test_every_logged_loss_equals_the_loop_value(store) -> None:
+    model, cpu = make(width=19, seed=3)
+    rows = [8, 8, 8, 10, 8, 12]
+    run = start(store)
+    with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
+        _, losses = train(model, rows, probe)
+    run.close()
+    recorded = history(store, run.run_id, schema.M_LOSS)
+    fetched = [float(t.detach().cpu()) for t in losses]  # the test's own fetch, after training
+    assert recorded == fetched
+    # Independently: the same training computed by eager PyTorch on the CPU.
+    opt = torch.optim.SGD(cpu.parameters(), lr=0.05)
+    expected = []
+    for n, r in enumerate(rows):
+        x, y = batch(n, r)
+        loss = ((cpu(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        expected.append(float(loss.detach()))
+    assert recorded == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_log_accepts_numbers_rejects_vectors_without_breaking_the_loop(store) -> None:
+    model, _ = make(width=21)
+    run = start(store)
+    with refrun.xla.instrument(run, model=model) as probe:
+        for n in range(3):
+            with probe.step(n):
+                v = torch.ones(3, device=DEV) * n
+                torch_xla.sync()
+                probe.log(lr=0.1 * n, vec=v, scalar=v.sum())
+    run.close()
+    assert history(store, run.run_id, "lr") == pytest.approx([0.0, 0.1, 0.2])
+    assert history(store, run.run_id, "scalar") == [0.0, 3.0, 6.0]
+    assert history(store, run.run_id, "vec") == []
+    warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
+    assert any("shape (3,)" in w["message"] for w in warnings)
+
+
+# --- device truth -----------------------------------------------------------------------
+def test_declared_tpu_executing_on_cpu_is_flagged(store) -> None:
+    model, _ = make(width=23)
+    run = start(store, hardware="tpu-v5e")
+    with refrun.xla.instrument(run, model=model) as probe:
+        train(model, [8, 8], probe)
+    run.close()
+    tags = store.client().get_run(run.run_id).data.tags
+    assert tags[schema.TAG_EXEC_HARDWARE] == "cpu"  # xm.xla_device_hw on PJRT CPU
+    assert tags[schema.TAG_EXEC_DEVICES] == "1"
+    assert tags[schema.TAG_EXEC_WORLD_SIZE] == "1"
+    assert "tpu-v5e" in tags[schema.TAG_PLACEMENT_WARNING]
+    warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
+    assert any("executes on CPU" in w["message"] for w in warnings)
+
+
+def test_honest_cpu_run_has_no_warning_and_model_left_on_cpu_is_flagged(store) -> None:
+    model, cpu_model = make(width=25)
+    run = start(store, hardware="cpu")
+    with refrun.xla.instrument(run, model=model) as probe:
+        train(model, [8, 8], probe)
+    run.close()
+    tags = store.client().get_run(run.run_id).data.tags
+    assert schema.TAG_PLACEMENT_WARNING not in tags
+    assert json.loads(tags[schema.TAG_PLACEMENT])["params"] == {"xla:0": 4}
+
+    run2 = start(store, hardware="cpu")
+    probe2 = refrun.xla.instrument(run2, model=cpu_model)  # never moved to the XLA device
+    probe2.close()
+    run2.close()
+    tags2 = store.client().get_run(run2.run_id).data.tags
+    assert "model parameters on cpu" in tags2[schema.TAG_PLACEMENT_WARNING]
+
+
+def test_tpu_monitor_is_off_cleanly_on_pjrt_cpu(store) -> None:
+    with pytest.raises(RuntimeError, match="UNIMPLEMENTED"):
+        xm.get_memory_info(DEV)  # the premise: PJRT CPU has no memory stats
+    assert TpuMonitor.create(DEV) is None
+    run = start(store)
+    probe = refrun.xla.instrument(run, model=make(width=27)[0])
+    assert list(probe.monitors) == []
+    probe.close()
+    run.close()
+    assert artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"] == []
+
+
+# --- pure parts and bad input --------------------------------------------------------------
+def test_summarize_counts_after_warmup() -> None:
+    recs = [StepRecord(s, {schema.M_COMPILE_GRAPHS: g, schema.M_XFER_D2H: d}, fb)
+            for s, g, d, fb in [(0, 2, 0, {}), (1, 0, 1, {}), (2, 1, 3, {"aten::nonzero": 2}),
+                                (3, 0, 0, {"aten::nonzero": 1, "aten::unique2": 1})]]
+    s = summarize(recs, warmup_steps=1)
+    assert (s.compiles_total, s.compiles_after_warmup) == (3, 1)
+    assert s.compile_steps_after_warmup == [2]
+    assert s.d2h_per_step == pytest.approx(4 / 3)
+    assert s.fallback_ops == {"aten::nonzero": 3, "aten::unique2": 1}
+    assert s.fallback_first_step == {"aten::nonzero": 2, "aten::unique2": 3}
+    assert summarize(recs, warmup_steps=10).d2h_per_step == pytest.approx(1.0)  # all steps
+
+
+def test_bad_arguments_raise_input_errors(store) -> None:
+    run = start(store)
+    with pytest.raises(RefrunInputError, match="model"):
+        refrun.xla.instrument(run, model="not a module")
+    with pytest.raises(RefrunInputError, match="warmup_steps"):
+        refrun.xla.instrument(run, warmup_steps=-1)
+    run.close()
+
+
+def test_refrun_never_imports_torch_xla_itself() -> None:
+    code = ("import sys, refrun, refrun.xla, refrun.probes.base, refrun.probes.xla, "
+            "refrun.probes.tpu_monitor, refrun.session; "
+            "print('torch_xla' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "False"
