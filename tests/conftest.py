@@ -74,7 +74,8 @@ class MlflowServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+                log_tail = (self.root / "server.log").read_text()[-2000:]
+                raise RuntimeError(f"mlflow server exited: {log_tail}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:

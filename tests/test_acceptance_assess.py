@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from acceptance_helpers import N, STEPS, Logged, base_loss, eval_steps, record, write_criteria
+from acceptance_helpers import STEPS, Logged, N, base_loss, eval_steps, record, write_criteria
 from mlflow.tracking import MlflowClient
 
 from refrun.acceptance import assess, load_criteria

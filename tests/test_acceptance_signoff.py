@@ -49,7 +49,7 @@ def signed(store, tmp_path: Path, capsys):
 
 
 def test_signoff_record_and_clean_verify(store, signed, capsys) -> None:
-    comp, crit, ref, cand = signed
+    comp, crit, _, _ = signed
     client = MlflowClient(store.tracking_uri)
     tags = client.get_run(comp).data.tags
     assert tags["refrun.signoff.decision"] == "accept" and tags["refrun.signoff.by"] == "Ada"

@@ -119,6 +119,18 @@ def test_cli_self_test_subset(capsys):
     assert caught == {"stop_gradient(arg0)": True, "mean->sum": True, "detach(arg0)": True}
 
 
+def test_cli_self_test_recorded_as_gradcheck_run(store, capsys):
+    assert main(["gradcheck", "--self-test", "--only", "oracle-torch", "--workload", "gate",
+                 "--tracking-uri", store.tracking_uri]) == 0
+    assert "2/2 mutations caught; 1/1 baselines pass: OK" in capsys.readouterr().out
+    client = store.client()
+    (run,) = client.search_runs([client.get_experiment_by_name("gate").experiment_id])
+    assert run.data.tags["refrun.role"] == "gradcheck"
+    assert run.data.tags["refrun.gradcheck.passed"] == "true"
+    caught = {k: v for k, v in run.data.metrics.items() if k.endswith("/caught")}
+    assert len(caught) == 2 and set(caught.values()) == {1.0}
+
+
 def test_cli_bad_usage_exits_2(capsys):
     assert main(["gradcheck"]) == 2
     assert main(["gradcheck", "--self-test", "--only", "nope"]) == 2

@@ -8,6 +8,7 @@ artifact ``refrun/comparison.json``.
 
 from __future__ import annotations
 
+import math
 import os
 
 from refrun import schema
@@ -19,16 +20,21 @@ ARTIFACT_COMPARISON = "refrun/comparison.json"
 
 def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
                       spool_dir: str | os.PathLike[str] | None = None,
-                      run_name: str | None = None, mlflow_every: int = 1) -> str | None:
+                      run_name: str | None = None, mlflow_every: int | None = None) -> str | None:
     """Record ``comparison`` as a run and return its MLflow run id (None if the store was
     unreachable; the run is then spooled for ``refrun sync``).
 
     ``mlflow_every`` thins the per-step metrics sent to MLflow for very long runs; the
-    run's curves artifact keeps every point.
+    run's curves artifact keeps every point.  Default: every step up to 10,000 aligned
+    steps, beyond that every n-th step so that about 10,000 reach MLflow per metric (a
+    chart cannot show more, and MLflow's metric writes cost ~0.1 ms a point).
     """
     cand = comparison.candidate
     frames = {m: mc.frame for m, mc in comparison.metrics.items()}
     total = sum(2 * len(f) for f in frames.values())
+    longest = max((len(f) for f in frames.values()), default=0)
+    if mlflow_every is None:
+        mlflow_every = max(1, math.ceil(longest / 10_000))
     tags = {
         schema.TAG_COMPARED_REFERENCE: ",".join(comparison.reference_ids),
         schema.TAG_COMPARED_CANDIDATE: cand.run_id,

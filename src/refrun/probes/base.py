@@ -46,6 +46,13 @@ import numpy as np
 from refrun import schema
 from refrun.session import RunSession
 
+# Tags the probe writes itself (shared by every backend).
+TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"  # cuda_event | wall | ready (backend's)
+TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"
+TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
+TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"
+TAG_STEADY_STEPS = "refrun.perf.steady_steps"
+
 
 class Backend(Protocol):
     """What a framework must provide to a :class:`Probe`.  All methods must be cheap and
@@ -307,10 +314,10 @@ class Probe:
         stats = self.step_time_stats()
         tags: dict[str, Any] = {}
         if stats is not None:
-            tags["refrun.perf.step_time_median_s"] = f"{stats.median_s:.6g}"
-            tags["refrun.perf.step_time_p90_s"] = f"{stats.p90_s:.6g}"
-            tags["refrun.perf.warmup_steps"] = stats.warmup_steps
-            tags["refrun.perf.steady_steps"] = stats.count
+            tags[TAG_STEP_TIME_MEDIAN] = f"{stats.median_s:.6g}"
+            tags[TAG_STEP_TIME_P90] = f"{stats.p90_s:.6g}"
+            tags[TAG_WARMUP_STEPS] = stats.warmup_steps
+            tags[TAG_STEADY_STEPS] = stats.count
         if tags:
             self.run.set_tags(tags)
         for m in self.monitors:

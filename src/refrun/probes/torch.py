@@ -38,11 +38,11 @@ from typing import Any
 import torch
 
 from refrun import schema
+from refrun.probes.base import TAG_STEP_TIME_KIND
 
 # CPU dtypes that NumPy cannot hold; converted to float32 when read (after the step).
 _NUMPY_LESS = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
 
-TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"
 ACCELERATOR = "accelerator"  # expect_device value meaning "any non-CPU device"
 _CPU_HARDWARE = {"", "cpu", "none", "host"}
 
