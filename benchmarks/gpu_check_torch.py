@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from mlflow.tracking import MlflowClient
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import refrun
@@ -129,7 +130,7 @@ def main() -> int:
     probe_warnings = [w["message"] for w in run.warnings]
     check("no probe warnings", not probe_warnings, str(probe_warnings[:3]))
 
-    client = refrun.session.delivery.client_for({"tracking_uri": uri})
+    client = MlflowClient(uri)
     df = read_curves(Path(client.download_artifacts(run.run_id, schema.ARTIFACT_CURVES,
                                                     str(tmp))))
     tags = client.get_run(run.run_id).data.tags

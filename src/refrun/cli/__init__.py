@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -53,6 +54,7 @@ def add_tracking_uri(p: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     # MLflow announces database migrations on INFO; a CLI's stderr is for its own errors.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
