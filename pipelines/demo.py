@@ -143,6 +143,14 @@ def _plotly_file(reports: Path) -> Path:
     return path
 
 
+def init_store(uri: str) -> None:
+    """Create the store's tables once, before parallel training processes would race to
+    create them (sqlite schema creation is not safe from two processes at once)."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).search_experiments(max_results=1)
+
+
 def table(outcomes: list[Outcome]) -> str:
     """The result table: one block per candidate, failing criteria with their evidence."""
     lines = [f"{'candidate':<26} {'kind':<7} {'level':<5} {'verdict':<10} "
@@ -176,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     print(f"refrun demo: {len(p.references)} reference seeds + {len(p.candidates)} "
           f"candidates of the digits MLP, recorded into {uri}", flush=True)
+    init_store(uri)
     ids = train_all(p, quick=args.quick, uri=uri, spool_dir=args.spool_dir, jobs=args.jobs)
     print(f"\ntrained {len(ids)} runs in {time.perf_counter() - t0:.0f} s; assessing with "
           f"{CRITERIA.relative_to(Path(__file__).parent.parent)}", flush=True)

@@ -1,7 +1,25 @@
 """refrun: record a reference and a migrated training run the same way, compare them,
-and decide with the workload's own criteria whether the migration preserved behaviour."""
+and decide with the workload's own criteria whether the migration preserved behaviour.
+
+``start_run`` and ``RunSession`` are loaded on first use, so that importing a light
+sub-module (the pytest plugin ``refrun.testing``, ``refrun.schema``) does not import MLflow.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from refrun._version import __version__
-from refrun.session import RunSession, start_run
+
+if TYPE_CHECKING:
+    from refrun.session import RunSession, start_run
 
 __all__ = ["RunSession", "__version__", "start_run"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("start_run", "RunSession"):
+        from refrun import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'refrun' has no attribute {name!r}")

@@ -127,13 +127,15 @@ def check_finite_differences(fn: Callable[..., Any], params: Any, args: Sequence
                              steps: Sequence[float] = DEFAULT_STEPS, directions: int = 3,
                              seed: int = 0, verified_tol: float = 1e-6,
                              wrong_tol: float = 1e-1, eps_safe: float = 1e-30,
-                             label: str = "") -> FiniteDiffResult:
+                             label: str = "", jit: bool = True) -> FiniteDiffResult:
     """Check the autodiff gradient of ``fn(params, *args)`` against central differences.
 
     ``dtype`` is the evaluation dtype (float64 by default: the only precision in which a
-    correct gradient can reach ``verified``).  See :func:`check_objective`.
+    correct gradient can reach ``verified``).  ``jit=False`` runs a JAX ``fn`` eagerly
+    (for functions that take non-array arguments).  See :func:`check_objective`.
     """
-    obj = make_objective(fn, params, args, framework=framework, dtype=dtype, label=label)
+    obj = make_objective(fn, params, args, framework=framework, dtype=dtype, label=label,
+                         jit=jit)
     return check_objective(obj, steps=steps, directions=directions, seed=seed,
                            verified_tol=verified_tol, wrong_tol=wrong_tol, eps_safe=eps_safe)
 
