@@ -41,11 +41,6 @@ def _series(df: pd.DataFrame, metric: str) -> dict[int, float]:
     return dict(zip(sub.step.astype(int), sub.value, strict=True))
 
 
-def _dense(series: dict[int, float], steps: int) -> dict[int, float]:
-    """Per-step counters are stored sparsely after their first step: absent means 0."""
-    return {n: series.get(n, 0.0) for n in range(steps)}
-
-
 def _mlp(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -231,9 +226,8 @@ def test_recompilations_per_step_follow_the_shape_changes(store):
     run, torch_graphs, guard_fail_steps = _compiled_run(store, "aot_eager", batches)
     df = _curves(store, run.run_id)
     steps = len(batches)
-    recompiles = _dense(_series(df, schema.M_COMPILE_RECOMPILES), steps)
-    graphs = _dense(_series(df, schema.M_COMPILE_GRAPHS), steps)
-    assert sorted(_series(df, schema.M_COMPILE_RECOMPILES)) == [0, 2, 5, 8]  # sparse
+    recompiles = _series(df, schema.M_COMPILE_RECOMPILES)
+    graphs = _series(df, schema.M_COMPILE_GRAPHS)
     new_shapes = _first_seen_steps(batches)  # {0, 2, 5, 8}
     expected_recompiles = {n: float(n in new_shapes and n != 0) for n in range(len(batches))}
     assert recompiles == expected_recompiles
@@ -241,10 +235,10 @@ def test_recompilations_per_step_follow_the_shape_changes(store):
     # ... and agree with torch's own records taken around each step by this test
     assert graphs == {n: float(v) for n, v in torch_graphs.items()}
     assert {n for n, v in recompiles.items() if v} == guard_fail_steps
-    times = _dense(_series(df, schema.M_COMPILE_TIME), steps)
+    times = _series(df, schema.M_COMPILE_TIME)
     assert all(times[n] > 0 for n in new_shapes)
     assert all(times[n] == 0 for n in range(steps) if n not in new_shapes)
-    assert _series(df, schema.M_COMPILE_GRAPH_BREAKS) == {0: 0.0}
+    assert _series(df, schema.M_COMPILE_GRAPH_BREAKS) == dict.fromkeys(range(steps), 0.0)
 
 
 def test_graph_breaks_are_counted(store):
@@ -268,8 +262,8 @@ def test_graph_breaks_are_counted(store):
             probe.log(loss=cfn(torch.ones(3)))
         probe.close()
     df = _curves(store, run.run_id)
-    assert _series(df, schema.M_COMPILE_GRAPH_BREAKS) == {0: 1.0}
-    assert _series(df, schema.M_COMPILE_GRAPHS) == {0: 2.0}
+    assert _series(df, schema.M_COMPILE_GRAPH_BREAKS) == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    assert _series(df, schema.M_COMPILE_GRAPHS) == {0: 2.0, 1: 0.0, 2: 0.0, 3: 0.0}
     assert _series(df, "loss")[3] == pytest.approx(3 * 2 * math.sin(1.0), rel=1e-6)
 
 
@@ -278,10 +272,10 @@ def test_recompilations_with_inductor(store):
     batches = [4, 6, 6, 4]
     run, torch_graphs, guard_fail_steps = _compiled_run(store, "inductor", batches)
     df = _curves(store, run.run_id)
-    assert _series(df, schema.M_COMPILE_RECOMPILES) == {0: 0.0, 1: 1.0}
+    assert _series(df, schema.M_COMPILE_RECOMPILES) == {0: 0.0, 1: 1.0, 2: 0.0, 3: 0.0}
     assert guard_fail_steps == {1}
-    assert _dense(_series(df, schema.M_COMPILE_GRAPHS), 4) == {
-        n: float(v) for n, v in torch_graphs.items()}
+    assert _series(df, schema.M_COMPILE_GRAPHS) == {n: float(v) for n, v in
+                                                    torch_graphs.items()}
 
 
 @pytest.mark.parametrize(("cid", "idx"), [("3/2", 2), ("0/0", 0), ("3/0_1", 0),

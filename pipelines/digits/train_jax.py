@@ -78,9 +78,13 @@ def make_train_step(mesh: Mesh, names: tuple[str, ...], lr: float, momentum: flo
         norms = {k: jnp.linalg.norm(g) for k, g in grads.items()}
         return params, mom, reduce(loss), norms
 
+    # check_vma=False: the gradient of a replicated parameter is each device's own local
+    # gradient, reduced explicitly above.  With varying-manual-axes checking JAX would insert
+    # the cross-device sum itself when differentiating, and the per-device clip would then
+    # act on an already summed gradient (4x the mean on 4 devices).
     sharded = jax.shard_map(per_device, mesh=mesh,
                             in_specs=(P(), P(), P("data"), P("data")),
-                            out_specs=(P(), P(), P(), P()))
+                            out_specs=(P(), P(), P(), P()), check_vma=False)
     return jax.jit(sharded, donate_argnums=(0, 1))
 
 
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             with probe.step(step):
                 params, mom, loss, norms = train_step(params, mom, data.train.x[idx],
                                                       data.train.y[idx])
-                if step % cfg.log_every == 0:
+                if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss, grad_norm=norms)
             if step in eval_steps:
                 val_loss, val_acc = evaluate(stale or params, data.val.x, data.val.y, names)

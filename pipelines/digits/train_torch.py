@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
                 opt.step()
-                if step % cfg.log_every == 0:
+                if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss.detach(), grad_norm=grad_norms(named))
             if step in eval_steps:
                 val_loss, val_acc = evaluate(eval_model, x_val, y_val)

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 extra = {"loss_median": nll.median(dim=0).values} \
                     if args.has("cpu_fallback") else {}
                 torch_xla.sync()
-                if step % cfg.log_every == 0:
+                if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss.detach(), grad_norm=norms, **extra)
             if step in eval_steps:
                 val_loss, val_acc = evaluate(eval_model, x_val, y_val)

@@ -96,7 +96,7 @@ BENIGN = [
 
 DEFECTS = [
     Variant("jax-4dev-clip-per-device", "jax", 0, devices=4, defects=("clip_per_device",),
-            expect=("loss-envelope", "val-loss-envelope"),
+            expect=("loss-envelope", "grad-norm-fc1-envelope"),
             mirrors="four-chip run: gradients clipped per chip before averaging (§IV-B)"),
     Variant("xla-stale-eval-copy", "torch_xla", 0, defects=("stale_eval_copy",),
             expect=("val-loss-envelope", "final-val-loss-envelope", "test-accuracy"),

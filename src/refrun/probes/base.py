@@ -16,8 +16,7 @@ interface below; the probe itself only
 * times the step with the backend's timer (device-true where the backend allows),
 * reads the backend's cumulative counters at start and at every step exit and logs the
   per-step deltas (compilations, transfers, fallbacks ...) under the shared names of
-  :mod:`refrun.schema`: every counter at its first step, afterwards only at steps where it
-  changed (an absent step means 0),
+  :mod:`refrun.schema`, at every step (zeros included),
 * starts a non-blocking fetch for every device value given to :meth:`Probe.log` and
   hands it to the session once the backend says it is ready, with its own step number,
 * runs :class:`Monitor` samplers on a background thread, logged against the training
@@ -123,7 +122,6 @@ class Probe:
     _in_step: bool = False
     _steps_done: int = 0
     _last_counters: dict[str, float] = field(default_factory=dict, repr=False)
-    _counter_seen: set[str] = field(default_factory=set, repr=False)
     # Step times only, as 8-byte doubles: a million-step run costs 8 MB, not a list of tuples.
     _step_times: array = field(default_factory=lambda: array("d"), repr=False)
     _described: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -216,15 +214,9 @@ class Probe:
         now = self._guard(self.backend.counters)
         if now is None:
             return
-        last = self._last_counters
-        # Sparse after a counter's first step: a step without a change logs nothing for it
-        # (readers take an absent step as 0).  Dense zeros would multiply the points per
-        # step, and with them the writer's work, for counters that rarely move.
-        deltas = {k: v - last.get(k, 0.0) for k, v in now.items()
-                  if k not in self._counter_seen or v != last.get(k, 0.0)}
+        deltas = {k: v - self._last_counters.get(k, 0.0) for k, v in now.items()}
         self._last_counters = dict(now)
         if deltas:
-            self._counter_seen.update(deltas)
             self.run.log_metrics(n, deltas)
 
     def _describe(self) -> None:
