@@ -29,12 +29,13 @@ def base_loss() -> np.ndarray:
 
 
 def record(uri: str, spool: Path, role: str, metrics: dict[str, np.ndarray], *,
-           hardware: str = "nvidia-l4", seed: int = 0, tags: dict[str, str] | None = None,
+           hardware: str = "nvidia-l4", backend: str | None = "torch", seed: int = 0,
+           tags: dict[str, str] | None = None,
            planned_steps: int | None = N, eval_every: int = 10,
            fail: bool = False) -> Logged:
     """Record one run: per-step metrics at every step where the value is not None;
     ``eval/...`` metrics only every ``eval_every`` steps and at the last step."""
-    run = refrun.start_run("accept-test", role, hardware=hardware, backend="torch", seed=seed,
+    run = refrun.start_run("accept-test", role, hardware=hardware, backend=backend, seed=seed,
                            chips=1, tracking_uri=uri, spool_dir=spool, tags=tags or {},
                            planned_steps=planned_steps, snapshot_environment=False)
     try:

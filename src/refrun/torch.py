@@ -75,10 +75,8 @@ def instrument(
         raise RefrunInputError(f"monitors: {monitors!r}; use 'auto', None or a list")
     else:
         mons = list(monitors)
-    probe = Probe(run, backend, warmup_steps=warmup_steps, monitors=mons,
-                  sample_interval_s=sample_interval_s, recheck_every=recheck_every)
-    backend.warn = lambda key, msg: run.warn_once(key, msg, probe.current_step)
-    return probe
+    return Probe(run, backend, warmup_steps=warmup_steps, monitors=mons,
+                 sample_interval_s=sample_interval_s, recheck_every=recheck_every)
 
 
 def _validate(run: Any, model: Any, optimizer: Any, warmup_steps: Any,

@@ -4,7 +4,8 @@
 from the clock; :func:`assess_ids` loads the runs from the store, checks that every metric
 the criteria name exists in some run, and adds MLflow's latest metric values to the
 evidence.  Levels L0-L3 are all evaluated (they are ordered assessments, not a strict
-hierarchy); L4 only when L3 passed.
+hierarchy); L4 only when L3 passed.  A criterion scoped by ``backends`` to other backends
+than the candidate's is ``not_applicable`` at any level.
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from refrun.acceptance import checks, levels
-from refrun.acceptance.criteria import CriteriaFile, locate
+from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
-from refrun.acceptance.results import NOT_EVALUABLE, PASS, Assessment, CriterionResult
+from refrun.acceptance.results import (
+    NOT_APPLICABLE,
+    NOT_EVALUABLE,
+    PASS,
+    Assessment,
+    CriterionResult,
+)
 from refrun.comparison import CompareOptions, Comparison, RunData, compare, load_run
 from refrun.errors import RefrunInputError
 
@@ -47,17 +54,23 @@ def run_comparison(crit: CriteriaFile, references: Sequence[RunData], candidate:
         return None, str(exc)
 
 
-def check_metrics_exist(crit: CriteriaFile, runs: Sequence[RunData]) -> None:
+def check_metrics_exist(crit: CriteriaFile, runs: Sequence[RunData],
+                        candidate: RunData | None = None) -> None:
     """Raise :class:`RefrunInputError` (file, line, key path) for a metric written in the
     criteria file that no run has: almost always a typo, not missing evidence.  Default
     metric names (e.g. ``perf/step_time_s``) that no run has are missing evidence instead
-    (the criterion is not evaluable)."""
+    (the criterion is not evaluable).  With ``candidate``, criteria that do not apply to its
+    backend (``backends``; or scoped while the backend is unknown) are not checked: their
+    evidence may exist only for other backends' runs."""
     have = set().union(*(set(r.metric_names) for r in runs))
     lines = crit.text.splitlines()
     for section, entries in (("criteria", crit.criteria), ("stopping", crit.stopping)):
         for i, c in enumerate(entries):
             key = "metric" if hasattr(c, "metric") else "metrics"
             if not hasattr(c, key) or _is_default(c, key):
+                continue
+            if candidate is not None and isinstance(c, Criterion) and \
+                    not c.applies_to(candidate.backend):
                 continue
             for name in c.used_metrics():
                 if name in have:
@@ -89,8 +102,9 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
            latest: dict[str, dict] | None = None) -> Assessment:
     """Assess ``candidate`` against ``references`` with the criteria ``crit``.
 
-    Every criterion yields pass, fail or not_evaluable with its evidence values; L4
-    criteria are evaluated only when L3 passed; the evidence digest covers the criteria
+    Every criterion yields pass, fail, not_evaluable or not_applicable (scoped by
+    ``backends`` to other backends) with its evidence values; L4 criteria are evaluated
+    only when L3 passed; the evidence digest covers the criteria
     file, the results and the runs' data (see :mod:`refrun.acceptance.evidence`).
     """
     refs = list(references)
@@ -103,7 +117,10 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
         results += [checks.evaluate(c, ctx) for c in crit.criteria if c.level == lv]
     gate = levels.level_status([r for r in results if r.level == levels.L4_GATE])
     for c in (c for c in crit.criteria if c.level == "L4"):
-        if gate == PASS:
+        skipped = checks.applicability(c, candidate)
+        if skipped is not None and skipped.outcome == NOT_APPLICABLE:
+            results.append(skipped)
+        elif gate == PASS:
             results.append(checks.evaluate(c, ctx))
         else:
             results.append(CriterionResult(
@@ -134,7 +151,7 @@ def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candid
         raise RefrunInputError(f"--candidate {candidate_id}: also given as a reference")
     refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
     cand = load_run(candidate_id, tracking_uri=tracking_uri, progress=False)
-    check_metrics_exist(crit, [*refs, cand])
+    check_metrics_exist(crit, [*refs, cand], cand)
     latest = latest_metrics([*reference_ids, candidate_id], tracking_uri)
     return refs, cand, latest
 

@@ -28,7 +28,13 @@ from refrun.acceptance.criteria import (
     Utilization,
 )
 from refrun.acceptance.criteria import Cost as CostCriterion
-from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
+from refrun.acceptance.results import (
+    FAIL,
+    NOT_APPLICABLE,
+    NOT_EVALUABLE,
+    PASS,
+    CriterionResult,
+)
 from refrun.comparison import Comparison, RunData, step_time_ratio
 from refrun.comparison.measures import final_window_size
 
@@ -476,9 +482,30 @@ CHECKS: dict[str, Callable[[Any, Context], CriterionResult]] = {
 }
 
 
+def applicability(c: Criterion, candidate: RunData) -> CriterionResult | None:
+    """None when ``c`` applies to the candidate's backend (``refrun.backend`` tag, matched
+    case-insensitively with the criterion's ``backends``); otherwise its result:
+    not_applicable naming the backend, or not_evaluable when the candidate has no
+    backend tag (whether the criterion applies is then unknown, which is no pass)."""
+    applies = c.applies_to(candidate.backend)
+    if applies:
+        return None
+    scope = ", ".join(c.backends or ())
+    ev = {"candidate_backend": candidate.backend, "backends": list(c.backends or ())}
+    if applies is None:
+        return _result(c, NOT_EVALUABLE, f"criterion applies only to backends [{scope}] and "
+                       f"the candidate has no {schema.TAG_BACKEND} tag", ev)
+    return _result(c, NOT_APPLICABLE, f"not applicable to backend {candidate.backend!r} "
+                   f"(criterion applies only to: {scope})", ev)
+
+
 def evaluate(c: Criterion, ctx: Context) -> CriterionResult:
-    """Evaluate one criterion; an unexpected error in a check is reported as
-    not_evaluable (with the error) rather than hiding the other criteria."""
+    """Evaluate one criterion (not_applicable when it is scoped to other backends); an
+    unexpected error in a check is reported as not_evaluable (with the error) rather than
+    hiding the other criteria."""
+    skipped = applicability(c, ctx.candidate)
+    if skipped is not None:
+        return skipped
     try:
         return CHECKS[c.KIND](c, ctx)
     except Exception as exc:  # evidence we could not read is not a pass

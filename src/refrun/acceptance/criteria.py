@@ -100,11 +100,26 @@ class Criterion:
     kind: str = key("kind of criterion")
     level: str = key("consistency level the criterion belongs to", enum=LEVELS)
     description: str = key("why this criterion and threshold (free text)", "")
+    backends: list[str] | None = key(  # noqa: RUF009
+        "apply only to candidates whose refrun.backend tag is one of these "
+        "(case-insensitive), e.g. ['torch_xla'] for evidence only one probe records; for "
+        "any other backend the outcome is not_applicable. Default: every backend",
+        None, min_items=1)
 
     def used_metrics(self) -> tuple[str, ...]:
         """Metrics this criterion names (for the 'no run has it' check)."""
         m = getattr(self, "metric", None)
         return (m,) if m else tuple(getattr(self, "metrics", ()))
+
+    def applies_to(self, backend: str | None) -> bool | None:
+        """Whether the criterion applies to a candidate recorded with ``backend`` (its
+        ``refrun.backend`` tag): always without ``backends``; otherwise case-insensitive
+        membership; None when the criterion is scoped and the backend is unknown."""
+        if self.backends is None:
+            return True
+        if not backend or not backend.strip():
+            return None
+        return backend.strip().lower() in {b.strip().lower() for b in self.backends}
 
 
 SELECT_OVER = ("all", "final_window", "last", "eval_points")
@@ -514,6 +529,12 @@ class _Validator:
                       f"({schema.EVAL_PREFIX}<name>), got metric {metric!r}", obj.id)
         if isinstance(obj, Criterion) and not obj.id.strip():
             self.fail((*kp, "id"), "must not be empty")
+        if isinstance(obj, Criterion) and obj.backends is not None:
+            for j, b in enumerate(obj.backends):
+                if not b.strip():
+                    self.fail((*kp, "backends", j), "must not be empty (a backend name "
+                              "such as 'torch_xla', matched with the refrun.backend tag)",
+                              obj.id)
 
     # --- values -------------------------------------------------------------------
     def value(self, val: Any, f: dataclasses.Field[Any], tp: Any, kp: tuple[Any, ...],

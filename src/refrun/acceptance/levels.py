@@ -9,7 +9,11 @@ highest level reached, and the rule that L4 is judged only after L3 passed.
   changed computation); otherwise its criteria are ``not_evaluable`` / ``not_evaluated``.
 
 Highest level reached: walking L0 -> L4, a level that passed raises it; a level without
-criteria is transparent (neither raises nor stops it); any other status stops the walk.
+criteria, or whose criteria all are not applicable to the candidate's backend, is
+transparent (neither raises nor stops it); any other status stops the walk.
+
+A ``not_applicable`` criterion (scoped by ``backends`` to other backends) is left out of
+its level's status and of the verdict: it neither fails nor blocks anything.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from refrun.acceptance.criteria import LEVELS, L0Options
 from refrun.acceptance.results import (
     FAIL,
     NO_CRITERIA,
+    NOT_APPLICABLE,
     NOT_EVALUABLE,
     NOT_EVALUATED,
     PASS,
@@ -90,9 +95,14 @@ def builtin_l0(candidate: RunData, references: list[RunData], opts: L0Options,
 
 
 def level_status(results: list[CriterionResult]) -> str:
-    """pass (all passed), fail (one failed), not_evaluable, or no_criteria."""
+    """no_criteria (none), not_applicable (none applies to the candidate's backend);
+    otherwise, over the applicable ones: not_evaluated (L4 held back), fail (one failed),
+    not_evaluable (one could not be evaluated), pass (all passed)."""
     if not results:
         return NO_CRITERIA
+    results = [r for r in results if r.outcome != NOT_APPLICABLE]
+    if not results:
+        return NOT_APPLICABLE
     if not all(r.evaluated for r in results):
         return NOT_EVALUATED
     if any(r.outcome == FAIL for r in results):
@@ -113,9 +123,12 @@ def summarize(results: list[CriterionResult]) -> list[LevelResult]:
             note = "measured only (see measurements)"
         if status == NOT_EVALUATED:
             note = "L4 is judged only after L3 passed"
+        if status == NOT_APPLICABLE:
+            note = "no criterion applies to the candidate's backend"
         out.append(LevelResult(lv, status, sum(r.outcome == PASS for r in rs),
                                sum(r.outcome == FAIL for r in rs),
-                               sum(r.outcome == NOT_EVALUABLE for r in rs), note))
+                               sum(r.outcome == NOT_EVALUABLE for r in rs), note,
+                               not_applicable=sum(r.outcome == NOT_APPLICABLE for r in rs)))
     return out
 
 
@@ -125,15 +138,16 @@ def highest_level(levels: list[LevelResult]) -> str | None:
     for lv in levels:
         if lv.status == PASS:
             best = lv.level
-        elif lv.status != NO_CRITERIA:
+        elif lv.status not in (NO_CRITERIA, NOT_APPLICABLE):
             break
     return best
 
 
 def verdict(results: list[CriterionResult]) -> str:
-    """pass: every criterion passed; fail: one failed; incomplete: otherwise."""
+    """pass: every criterion passed or was not applicable to the candidate's backend;
+    fail: one failed; incomplete: otherwise (one not evaluable or held back)."""
     if any(r.outcome == FAIL for r in results):
         return FAIL
-    if all(r.outcome == PASS for r in results):
+    if all(r.outcome in (PASS, NOT_APPLICABLE) for r in results):
         return PASS
     return "incomplete"

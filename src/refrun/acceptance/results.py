@@ -12,8 +12,11 @@ from typing import Any
 import numpy as np
 
 PASS, FAIL, NOT_EVALUABLE = "pass", "fail", "not_evaluable"
-OUTCOMES = (PASS, FAIL, NOT_EVALUABLE)
-# Level statuses: the three outcomes, plus a level without criteria, plus L4 held back.
+# A criterion scoped to other backends (its ``backends`` key): neither a pass nor a gap.
+NOT_APPLICABLE = "not_applicable"
+OUTCOMES = (PASS, FAIL, NOT_EVALUABLE, NOT_APPLICABLE)
+# Level statuses: the outcomes (not_applicable: no criterion of the level applies to the
+# candidate's backend), plus a level without criteria, plus L4 held back.
 NO_CRITERIA, NOT_EVALUATED = "no_criteria", "not_evaluated"
 FORMAT = "refrun.assessment"
 FORMAT_VERSION = "1"
@@ -26,7 +29,7 @@ class CriterionResult:
     id: str
     level: str
     kind: str
-    outcome: str  # pass | fail | not_evaluable
+    outcome: str  # pass | fail | not_evaluable | not_applicable
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
     metric: str | None = None
@@ -39,7 +42,8 @@ class CriterionResult:
 
 @dataclass(frozen=True)
 class LevelResult:
-    """Status of a level: pass, fail, not_evaluable, no_criteria or not_evaluated."""
+    """Status of a level: pass, fail, not_evaluable, not_applicable, no_criteria or
+    not_evaluated."""
 
     level: str
     status: str
@@ -47,6 +51,7 @@ class LevelResult:
     failed: int
     not_evaluable: int
     note: str = ""
+    not_applicable: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,14 +66,15 @@ class Assessment:
     results: list[CriterionResult]
     levels: list[LevelResult]
     highest_level: str | None
-    verdict: str  # pass (every criterion passed) | fail (one failed) | incomplete
+    verdict: str  # pass (every applicable criterion passed) | fail (one failed) | incomplete
     measurements: list[dict[str, Any]]  # L1: observed differences per metric
     created_utc: str
     evidence_sha256: str = ""
 
     @property
     def exit_code(self) -> int:
-        """0 when every criterion passed, else 1 (the CLI's contract)."""
+        """0 when every criterion passed or was not applicable, else 1 (the CLI's
+        contract)."""
         return 0 if self.verdict == PASS else 1
 
     def result(self, cid: str) -> CriterionResult:

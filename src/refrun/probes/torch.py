@@ -4,9 +4,13 @@ What it does inside a training step, and why none of it synchronises the host:
 
 * **Values** given to ``probe.log``: a CUDA tensor is copied ``non_blocking`` into a pinned
   host buffer and a CUDA event is recorded after the copy on the current stream; the value
-  is read once ``event.query()`` says the copy has landed.  A CPU tensor is kept (detached)
-  and read through ``.numpy()`` after the step, which touches memory directly and never
-  dispatches ``aten::_local_scalar_dense`` (what ``.item()`` does).  Python numbers pass.
+  is read once ``event.query()`` says the copy has landed.  A CPU tensor is read at log
+  time through ``.numpy()``, a plain memory load that never dispatches
+  ``aten::_local_scalar_dense`` (what ``.item()`` does) and cannot wait for anything: CPU
+  ops have completed when they return.  Reading it then, like the CUDA copy enqueued then,
+  records the value as logged even if the tensor is changed in place later (a scheduler's
+  ``lr`` tensor, a running sum).  Either way the value goes through the same pending queue
+  and reaches the session after the step, with its own step number.  Python numbers pass.
 * **Step time**: two timing CUDA events recorded on the current stream around the step,
   read with ``elapsed_time`` once the end event has completed (``cuda_event``); on CPU
   ``time.perf_counter`` around the step (``wall``), exact because CPU ops run eagerly.
@@ -14,8 +18,8 @@ What it does inside a training step, and why none of it synchronises the host:
   (``stats/unique_graphs``, ``graph_break``, ``inductor/fxgraph_cache_hit``) and from
   ``torch._dynamo.callback_handler`` start/end callbacks (recompilations = Dynamo
   compilations of a frame already compiled before, compile time).  The probe logs their
-  per-step deltas.  Dynamo is never imported by the probe: counters appear once the
-  process itself has imported it (``torch.compile`` does).
+  per-step deltas from the first step in which something compiled (an eager run records
+  none).  Dynamo is never imported by the probe, only read once the process imported it.
 * **Placement**: the devices of parameters, optimizer state and logged tensors, with a
   warning when an accelerator was expected (``expect_device``, or a non-CPU declared
   hardware) or is present but the model or the logged values live on the CPU.
@@ -48,14 +52,6 @@ _CPU_HARDWARE = {"", "cpu", "none", "host"}
 
 
 # --- pending values ------------------------------------------------------------------
-@dataclass(slots=True)
-class _CpuValue:
-    """A CPU tensor logged during a step, read after it (its version detects in-place edits)."""
-
-    tensor: torch.Tensor
-    version: int
-
-
 @dataclass(slots=True)
 class _CudaValue:
     """A non-blocking device-to-host copy in flight: read ``buf`` once ``event`` completes."""
@@ -260,13 +256,19 @@ def count_devices(tensors: Iterable[Any]) -> dict[str, int]:
 
 
 def accelerator_present() -> str | None:
-    """``"cuda x<n>: <name>"`` when CUDA (or ROCm) devices are visible, else None."""
+    """``"cuda x<n>[: <name>]"`` when CUDA (or ROCm) devices are visible, else None.
+
+    The name is only asked for when the process has initialised CUDA itself: asking would
+    otherwise create a CUDA context (and take GPU memory) in a run that uses the CPU."""
     try:
-        if torch.cuda.is_available():
-            return f"cuda x{torch.cuda.device_count()}: {torch.cuda.get_device_name(0)}"
+        if not torch.cuda.is_available():
+            return None
+        desc = f"cuda x{torch.cuda.device_count()}"
+        if torch.cuda.is_initialized():
+            desc += f": {torch.cuda.get_device_name(0)}"
+        return desc
     except Exception:  # a broken driver is "no accelerator" here; identity records it
         return None
-    return None
 
 
 def normalise_expected(expect_device: str | None, declared_hardware: str | None) -> str | None:
@@ -290,10 +292,11 @@ class TorchBackend:
     optimizer: torch.optim.Optimizer | None = None
     expected: str | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    warn: Callable[[str, str], None] | None = None
     name: str = "torch"
     _watch: CompileWatch = field(default_factory=CompileWatch)
     _monotonic: Monotonic = field(default_factory=Monotonic)
+    _compile_base: dict[str, float] | None = None
+    _compiled: bool = False
     _logged: Counter[torch.device] = field(default_factory=Counter)
     _accelerator: str | None = None
     _buffers: _Pool | None = None
@@ -345,8 +348,7 @@ class TorchBackend:
         dev = t.device
         self._logged[dev] += 1
         if dev.type == "cpu":
-            src = t.detach()
-            return _CpuValue(src, src._version)
+            return tensor_to_float(t.detach())
         if dev.type == "cuda":
             return self._copy_from_cuda(t)
         raise TypeError(f"tensor on device {dev}: the torch probe reads CPU and CUDA values "
@@ -367,8 +369,6 @@ class TorchBackend:
     def ready(self, pending: Any) -> float | None:
         if isinstance(pending, float):
             return pending
-        if isinstance(pending, _CpuValue):
-            return self._read_cpu(pending)
         if isinstance(pending, _CudaValue):
             if not pending.event.query():
                 return None
@@ -388,13 +388,6 @@ class TorchBackend:
         assert value is not None
         return value
 
-    def _read_cpu(self, p: _CpuValue) -> float:
-        if p.tensor._version != p.version and self.warn is not None:
-            self.warn("torch-inplace-after-log", "a logged CPU tensor was modified in place "
-                      "after probe.log in the same step; the recorded value is the modified "
-                      "one (log a fresh tensor, e.g. loss.detach().clone())")
-        return tensor_to_float(p.tensor)
-
     def _read_cuda(self, p: _CudaValue) -> float:
         value = tensor_to_float(p.buf)
         assert self._buffers is not None and self._events is not None
@@ -411,7 +404,19 @@ class TorchBackend:
 
     # --- counters and placement ------------------------------------------------------
     def counters(self) -> Mapping[str, float]:
-        return self._monotonic(dynamo_counters(self._watch))
+        """Compile counters since this backend was created; empty until something has
+        compiled, so an eager run records no ``compile/*`` metrics at all (absent means
+        nothing compiled) and a compiled run records them from its first compiling step."""
+        now = self._monotonic(dynamo_counters(self._watch))
+        if self._compile_base is None:
+            self._compile_base = now  # what the process compiled before the probe existed
+        base = self._compile_base
+        since = {k: v - base.get(k, 0.0) for k, v in now.items()}
+        if not self._compiled:
+            if not any(since.values()):
+                return {}
+            self._compiled = True
+        return since
 
     def placement(self) -> Placement:
         """Current placement of parameters, optimizer state and logged tensors."""

@@ -37,8 +37,8 @@ def badge(outcome: object) -> Raw:
     """An outcome/status as a coloured badge (class from the lower-cased text)."""
     text = "—" if outcome is None else str(outcome)
     cls = text.lower().replace(" ", "_") if text.lower() in (
-        "pass", "fail", "not_evaluable", "incomplete", "not_evaluated", "no_criteria"
-    ) else ""
+        "pass", "fail", "not_evaluable", "not_applicable", "incomplete", "not_evaluated",
+        "no_criteria") else ""
     return tag("span", text.replace("_", " "), f"badge {cls}".strip())
 
 
@@ -67,7 +67,8 @@ def _levels(a: dict[str, Any]) -> Raw:
         if not isinstance(lv, dict):
             continue
         counts = ", ".join(f"{lv.get(k, 0)} {k.replace('_', ' ')}"
-                           for k in ("passed", "failed", "not_evaluable") if k in lv)
+                           for k in ("passed", "failed", "not_evaluable", "not_applicable")
+                           if k in lv)
         boxes.append(join([Raw('<div class="level">'), tag("b", str(lv.get("level", "?"))),
                            badge(lv.get("status")), Raw("<br>"),
                            tag("span", counts, "caption"),
