@@ -25,6 +25,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from pipelines.digits.variants import Plan, Variant, plan
 from refrun.session import resolve_tracking_uri
 
 CRITERIA = Path(__file__).parent / "criteria" / "digits.toml"
+EXPERIMENT = "digits-mlp"  # the workload name: refrun.start_run's default experiment
 _RUN_ID = re.compile(r"\] run ([0-9a-f]{32}) ")
 _print_lock = threading.Lock()
 
@@ -49,6 +51,7 @@ class Outcome:
     verdict: str
     failing: list[tuple[str, str]] = field(default_factory=list)  # (criterion id, reason)
     not_evaluable: list[str] = field(default_factory=list)
+    not_applicable: list[str] = field(default_factory=list)  # scoped to other backends
     report: Path | None = None
 
     @property
@@ -65,11 +68,13 @@ def say(line: str) -> None:
         print(line, flush=True)
 
 
-def train(v: Variant, *, quick: bool, uri: str, spool_dir: str | None) -> str:
+def train(v: Variant, *, quick: bool, uri: str, spool_dir: str | None,
+          mlflow_every: int = 1) -> str:
     """Run one variant's training process, echoing its progress; returns its run id."""
     t0 = time.perf_counter()
     say(f"> {v.name:<26} {v.backend:<9} seed {v.seed}  {v.mirrors}")
-    proc = subprocess.Popen(v.command(quick=quick, tracking_uri=uri, spool_dir=spool_dir),
+    proc = subprocess.Popen(v.command(quick=quick, tracking_uri=uri, spool_dir=spool_dir,
+                                      mlflow_every=mlflow_every),
                             env=v.environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     run_id, tail = None, []
@@ -89,51 +94,57 @@ def train(v: Variant, *, quick: bool, uri: str, spool_dir: str | None) -> str:
     return run_id
 
 
-def train_all(p: Plan, *, quick: bool, uri: str, spool_dir: str | None, jobs: int
-              ) -> dict[str, str]:
+def train_all(p: Plan, *, quick: bool, uri: str, spool_dir: str | None, jobs: int,
+              mlflow_every: int = 1) -> dict[str, str]:
     """Run id of every variant; ``jobs`` training processes at a time."""
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {v.name: pool.submit(train, v, quick=quick, uri=uri, spool_dir=spool_dir)
+        futures = {v.name: pool.submit(train, v, quick=quick, uri=uri, spool_dir=spool_dir,
+                                       mlflow_every=mlflow_every)
                    for v in p.all}
         return {name: f.result() for name, f in futures.items()}
 
 
 def assess_all(p: Plan, ids: dict[str, str], *, uri: str, reports: Path,
-               criteria: Path = CRITERIA) -> list[Outcome]:
-    """Assess, record and report every candidate against the reference group."""
-    from refrun.acceptance.assess import assess, run_comparison
+               criteria: Path = CRITERIA, logged_plotlyjs: str = "embed") -> list[Outcome]:
+    """Assess, record and report every candidate against the reference group.
+
+    Two copies of each report: ``reports/<candidate>.html`` loads one shared
+    ``reports/plotly.min.js`` (13 pages stay small on disk), and the copy logged as the
+    comparison run's artifact ``refrun/report.html`` has plotly.js as ``logged_plotlyjs``
+    says: ``"embed"`` (default; ~4.8 MB, it opens standalone in the MLflow UI's artifact
+    view, where no sibling file is reachable) or ``"cdn"`` (small; draws with network).
+    """
+    from refrun.acceptance.assess import assess, load_for_assessment, run_comparison
     from refrun.acceptance.criteria import load_criteria
-    from refrun.acceptance.evidence import build_evidence, latest_metrics
+    from refrun.acceptance.evidence import build_evidence
     from refrun.acceptance.record import record_assessment
-    from refrun.comparison import load_run
     from refrun.report import log_report, write_report
 
     crit = load_criteria(criteria)
     ref_ids = [ids[v.name] for v in p.references]
     reports.mkdir(parents=True, exist_ok=True)
     plotly = _plotly_file(reports)
-    # Runs are loaded directly (not through load_for_assessment): its typo guard rejects a
-    # metric no run of this comparison has, but host syncs and fallback ops are recorded by
-    # the PyTorch/XLA probe only, so for the other backends they are missing evidence
-    # (not_evaluable), not a typo in the criteria file.
-    refs = [load_run(r, tracking_uri=uri, progress=False) for r in ref_ids]
     out = []
     for v in p.candidates:
-        cand = load_run(ids[v.name], tracking_uri=uri, progress=False)
-        latest = latest_metrics([*ref_ids, ids[v.name]], uri)
+        refs, cand, latest = load_for_assessment(crit, ref_ids, ids[v.name], uri)
         a = assess(crit, refs, cand, latest)
         evidence = build_evidence(crit.sha256, a.results, refs, cand, latest)
         cmp_run = record_assessment(a, crit, evidence, tracking_uri=uri)
         comparison, _ = run_comparison(crit, refs, cand)
         report = None
         if comparison is not None:
-            report = write_report(comparison, reports / f"{v.name}.html", assessment=a,
-                                  comparison_run_id=cmp_run, plotlyjs=plotly.name,
-                                  title=f"digits-mlp: reference seeds vs {v.name}")
-            log_report(report, cmp_run, uri)
+            kw = {"assessment": a, "comparison_run_id": cmp_run,
+                  "title": f"digits-mlp: reference seeds vs {v.name}"}
+            report = write_report(comparison, reports / f"{v.name}.html",
+                                  plotlyjs=plotly.name, **kw)
+            with tempfile.TemporaryDirectory(prefix="refrun-demo-") as tmp:
+                logged = write_report(comparison, Path(tmp) / "report.html",
+                                      plotlyjs=logged_plotlyjs, **kw)
+                log_report(logged, cmp_run, uri)
         o = Outcome(v, ids[v.name], a.highest_level or "none", a.verdict,
                     [(r.id, r.reason) for r in a.results if r.outcome == "fail"],
-                    [r.id for r in a.results if r.outcome == "not_evaluable"], report)
+                    [r.id for r in a.results if r.outcome == "not_evaluable"],
+                    [r.id for r in a.results if r.outcome == "not_applicable"], report)
         say(f"  assessed {v.name:<26} highest level {o.highest_level:<4} "
             f"{'as intended' if o.as_intended else 'NOT AS INTENDED'}")
         out.append(o)
@@ -155,7 +166,7 @@ def ids_from_store(p: Plan, uri: str) -> dict[str, str]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("digits-mlp")
+    exp = client.get_experiment_by_name(EXPERIMENT)
     if exp is None:
         raise SystemExit(f"{uri}: no digits-mlp experiment; run the demo without --assess-only")
     ids = {}
@@ -170,12 +181,36 @@ def ids_from_store(p: Plan, uri: str) -> dict[str, str]:
     return ids
 
 
-def init_store(uri: str) -> None:
-    """Create the store's tables once, before parallel training processes would race to
-    create them (sqlite schema creation is not safe from two processes at once)."""
+def init_store(uri: str, experiment: str = EXPERIMENT) -> None:
+    """Create the store's tables and the workload's experiment once, before parallel
+    training processes would race to create them (sqlite schema creation is not safe from
+    two processes at once).
+
+    For a sqlite store the experiment's artifacts go next to the database file
+    (``<db dir>/mlruns/<experiment>``), not into ``./mlruns`` of whatever directory the
+    demo was started from: a store given as ``--tracking-uri sqlite:////tmp/x/mlflow.db``
+    then keeps everything under ``/tmp/x``.
+    """
     from mlflow.tracking import MlflowClient
 
-    MlflowClient(uri).search_experiments(max_results=1)
+    from refrun.delivery import ensure_experiment
+
+    client = MlflowClient(uri)
+    client.search_experiments(max_results=1)
+    db = sqlite_path(uri)
+    if db is not None and client.get_experiment_by_name(experiment) is None:
+        location = (db.parent / "mlruns" / experiment).resolve()
+        try:
+            client.create_experiment(experiment, artifact_location=location.as_uri())
+        except Exception:  # created meanwhile by another process: keep its location
+            ensure_experiment(client, experiment)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (relative to the working directory with
+    three slashes, absolute with four), None for any other store."""
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix):]) if uri.startswith(prefix) else None
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -193,8 +228,11 @@ def table(outcomes: list[Outcome]) -> str:
         lines.append(f"{'':<4}mirrors: {v.mirrors}"
                      + (f"; expected to fail: {', '.join(v.expect)}" if v.expect else ""))
         if o.not_evaluable:
-            lines.append(f"{'':<4}not evaluable (no such evidence on this backend): "
+            lines.append(f"{'':<4}not evaluable (evidence missing): "
                          f"{', '.join(o.not_evaluable)}")
+        if o.not_applicable:
+            lines.append(f"{'':<4}not applicable to backend {v.backend}: "
+                         f"{', '.join(o.not_applicable)}")
     return "\n".join(lines)
 
 

@@ -51,6 +51,7 @@ class Args:
     tracking_uri: str | None
     spool_dir: str | None
     quiet: bool
+    mlflow_every: int = 1
 
     def has(self, defect: str) -> bool:
         return defect in self.defects
@@ -71,6 +72,9 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     ap.add_argument("--variant", default=None, help="variant name recorded as a tag")
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--spool-dir", default=None)
+    ap.add_argument("--mlflow-every", type=int, default=1,
+                    help="send every n-th step of per-step metrics to MLflow (the curves "
+                         "artifact and evaluation metrics always keep every point)")
     ap.add_argument("--quiet", action="store_true")
     ns = ap.parse_args(argv)
     cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
@@ -80,7 +84,7 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     return Args(backend=backend, config=cfg, seed=ns.seed, role=ns.role,
                 defects=frozenset(ns.defect), devices=ns.devices,
                 variant=ns.variant or f"{backend}-seed{ns.seed}", tracking_uri=ns.tracking_uri,
-                spool_dir=ns.spool_dir, quiet=ns.quiet)
+                spool_dir=ns.spool_dir, quiet=ns.quiet, mlflow_every=ns.mlflow_every)
 
 
 def start_run(args: Args, hardware: str) -> RunSession:
@@ -97,7 +101,7 @@ def start_run(args: Args, hardware: str) -> RunSession:
         workload=cfg.workload, role=args.role, hardware=hardware, backend=args.backend,
         seed=args.seed, chips=args.devices, global_batch=cfg.batch, planned_steps=cfg.steps,
         params=params, tracking_uri=args.tracking_uri, spool_dir=args.spool_dir,
-        run_name=args.variant,
+        run_name=args.variant, mlflow_every=args.mlflow_every,
         tags={"pipeline.variant": args.variant,
               "pipeline.defects": ",".join(sorted(args.defects)) or "none"},
     )

@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 REFERENCE_SEEDS = (0, 1, 2)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class Variant:
         return {"torch": "pipelines.digits.train_torch", "jax": "pipelines.digits.train_jax",
                 "torch_xla": "pipelines.digits.train_xla"}[self.backend]
 
-    def command(self, *, quick: bool, tracking_uri: str, spool_dir: str | None) -> list[str]:
+    def command(self, *, quick: bool, tracking_uri: str, spool_dir: str | None,
+                mlflow_every: int = 1) -> list[str]:
         """The subprocess command line that trains and records this variant."""
         cmd = [sys.executable, "-m", self.module(), "--seed", str(self.seed), "--role",
                self.role, "--variant", self.name, "--tracking-uri", tracking_uri]
@@ -51,12 +54,18 @@ class Variant:
             cmd.append("--quick")
         if spool_dir:
             cmd += ["--spool-dir", spool_dir]
+        if mlflow_every != 1:
+            cmd += ["--mlflow-every", str(mlflow_every)]
         return cmd + list(self.extra_args)
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The process environment: JAX's host device count and PJRT's CPU device, set
         before the framework is imported (hence one process per variant)."""
         env = dict(os.environ if base is None else base)
+        # `pipelines` is a directory of the clone, not an installed package: make it
+        # importable whatever the working directory of the caller.
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
         if self.backend == "jax":
             flags = [f for f in env.get("XLA_FLAGS", "").split()
                      if not f.startswith("--xla_force_host_platform_device_count")]

@@ -20,7 +20,7 @@ from refrun.session import existing_store_uri
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("accept", help="assess a candidate run against a criteria file (L0-L4)")
     p.add_argument("--criteria", required=True, type=Path, help="criteria file (TOML)")
-    p.add_argument("--reference", required=True, nargs="+", metavar="ID",
+    p.add_argument("--reference", required=True, nargs="+", action="extend", metavar="ID",
                    help="reference run id(s); several ids form a group of seeds")
     p.add_argument("--candidate", required=True, metavar="ID", help="candidate run id")
     p.add_argument("--json", type=Path, default=None, metavar="OUT",

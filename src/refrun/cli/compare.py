@@ -20,8 +20,9 @@ from refrun.errors import RefrunInputError
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare a candidate run with reference run(s)")
-    p.add_argument("--reference", action="append", required=True, metavar="RUN_ID",
-                   help="reference run id; repeat for a reference group of seeds")
+    p.add_argument("--reference", action="extend", nargs="+", required=True,
+                   metavar="RUN_ID",
+                   help="reference run id(s); several (or repeated) = a group of seeds")
     p.add_argument("--candidate", required=True, metavar="RUN_ID", help="candidate run id")
     p.add_argument("--metrics", default=None, help="comma-separated metric names "
                    "(default: every metric present in all runs)")

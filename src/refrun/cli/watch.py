@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("watch", help="evaluate stopping rules on a run in progress")
     p.add_argument("--criteria", required=True, type=Path, help="criteria file (TOML)")
     p.add_argument("--run", required=True, metavar="ID", help="the run being watched")
-    p.add_argument("--reference", nargs="*", default=[], metavar="ID",
+    p.add_argument("--reference", nargs="*", action="extend", default=[], metavar="ID",
                    help="reference run id(s) for smoke rules")
     p.add_argument("--every", type=float, default=60.0, metavar="S",
                    help="seconds between checks (default 60)")

@@ -46,7 +46,7 @@ from refrun import schema
 from refrun.session import RunSession
 
 # Tags the probe writes itself (shared by every backend).
-TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"  # cuda_event | wall | ready (backend's)
+TAG_STEP_TIME_KIND = schema.TAG_STEP_TIME_KIND  # set by the backend's describe()
 TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"
 TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
 TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"

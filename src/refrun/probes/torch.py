@@ -42,7 +42,6 @@ from typing import Any
 import torch
 
 from refrun import schema
-from refrun.probes.base import TAG_STEP_TIME_KIND
 
 # CPU dtypes that NumPy cannot hold; converted to float32 when read (after the step).
 _NUMPY_LESS = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
@@ -297,6 +296,7 @@ class TorchBackend:
     _monotonic: Monotonic = field(default_factory=Monotonic)
     _compile_base: dict[str, float] | None = None
     _compiled: bool = False
+    _quiet: tuple[int, int] | None = None
     _logged: Counter[torch.device] = field(default_factory=Counter)
     _accelerator: str | None = None
     _buffers: _Pool | None = None
@@ -407,6 +407,11 @@ class TorchBackend:
         """Compile counters since this backend was created; empty until something has
         compiled, so an eager run records no ``compile/*`` metrics at all (absent means
         nothing compiled) and a compiled run records them from its first compiling step."""
+        if not self._compiled:
+            quiet = self._quiet_signature()
+            if quiet is not None and quiet == self._quiet:
+                return {}  # the eager fast path: two lookups, nothing compiled since
+            self._quiet = quiet
         now = self._monotonic(dynamo_counters(self._watch))
         if self._compile_base is None:
             self._compile_base = now  # what the process compiled before the probe existed
@@ -417,6 +422,15 @@ class TorchBackend:
                 return {}
             self._compiled = True
         return since
+
+    def _quiet_signature(self) -> tuple[int, int] | None:
+        """(compile callbacks seen, Dynamo graphs): unchanged means nothing compiled."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        if utils is None:
+            return None
+        self._watch.install()
+        stats = utils.counters.get("stats")
+        return self._watch.compiles, (stats.get("unique_graphs", 0) if stats else 0)
 
     def placement(self) -> Placement:
         """Current placement of parameters, optimizer state and logged tensors."""
@@ -441,7 +455,7 @@ class TorchBackend:
             schema.TAG_PLACEMENT: pl.to_json(),
             schema.TAG_EXEC_HARDWARE: self._hardware(pl),
             schema.TAG_EXEC_DEVICES: max(len(devices), 1),
-            TAG_STEP_TIME_KIND: self.step_time_kind,
+            schema.TAG_STEP_TIME_KIND: self.step_time_kind,
         }
         warnings = pl.warnings(self.model is not None)
         if warnings:
