@@ -21,6 +21,8 @@ failed any; 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import shlex
 import subprocess
@@ -31,9 +33,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines.digits.variants import Plan, Variant, plan
 from refrun.session import resolve_tracking_uri
+
+if TYPE_CHECKING:
+    from refrun.acceptance.criteria import CriteriaFile
 
 CRITERIA = Path(__file__).parent / "criteria" / "digits.toml"
 EXPERIMENT = "digits-mlp"  # the workload name: refrun.start_run's default experiment
@@ -114,41 +120,66 @@ def assess_all(p: Plan, ids: dict[str, str], *, uri: str, reports: Path,
     says: ``"embed"`` (default; ~4.8 MB, it opens standalone in the MLflow UI's artifact
     view, where no sibling file is reachable) or ``"cdn"`` (small; draws with network).
     """
-    from refrun.acceptance.assess import assess, load_for_assessment, run_comparison
     from refrun.acceptance.criteria import load_criteria
-    from refrun.acceptance.evidence import build_evidence
-    from refrun.acceptance.record import record_assessment
-    from refrun.report import log_report, write_report
 
     crit = load_criteria(criteria)
     ref_ids = [ids[v.name] for v in p.references]
     reports.mkdir(parents=True, exist_ok=True)
     plotly = _plotly_file(reports)
     out = []
-    for v in p.candidates:
-        refs, cand, latest = load_for_assessment(crit, ref_ids, ids[v.name], uri)
-        a = assess(crit, refs, cand, latest)
-        evidence = build_evidence(crit.sha256, a.results, refs, cand, latest)
-        cmp_run = record_assessment(a, crit, evidence, tracking_uri=uri)
-        comparison, _ = run_comparison(crit, refs, cand)
-        report = None
-        if comparison is not None:
-            kw = {"assessment": a, "comparison_run_id": cmp_run,
-                  "title": f"digits-mlp: reference seeds vs {v.name}"}
-            report = write_report(comparison, reports / f"{v.name}.html",
-                                  plotlyjs=plotly.name, **kw)
-            with tempfile.TemporaryDirectory(prefix="refrun-demo-") as tmp:
-                logged = write_report(comparison, Path(tmp) / "report.html",
-                                      plotlyjs=logged_plotlyjs, **kw)
-                log_report(logged, cmp_run, uri)
-        o = Outcome(v, ids[v.name], a.highest_level or "none", a.verdict,
-                    [(r.id, r.reason) for r in a.results if r.outcome == "fail"],
-                    [r.id for r in a.results if r.outcome == "not_evaluable"],
-                    [r.id for r in a.results if r.outcome == "not_applicable"], report)
-        say(f"  assessed {v.name:<26} highest level {o.highest_level:<4} "
-            f"{'as intended' if o.as_intended else 'NOT AS INTENDED'}")
-        out.append(o)
+    with _in_process_delivery():
+        for v in p.candidates:
+            out.append(_assess_one(v, crit, ref_ids, ids[v.name], uri=uri, reports=reports,
+                                   plotly=plotly, logged_plotlyjs=logged_plotlyjs))
     return out
+
+
+@contextlib.contextmanager
+def _in_process_delivery():
+    """Deliver the comparison runs from this process (``REFRUN_DELIVERY=thread``) while
+    the block runs: they protect no training loop, and a delivery process per comparison
+    run would cost a Python start and a wait at each close."""
+    old = os.environ.get("REFRUN_DELIVERY")
+    os.environ["REFRUN_DELIVERY"] = "thread"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("REFRUN_DELIVERY", None)
+        else:
+            os.environ["REFRUN_DELIVERY"] = old
+
+
+def _assess_one(v: Variant, crit: CriteriaFile, ref_ids: list[str], cand_id: str, *,
+                uri: str, reports: Path, plotly: Path, logged_plotlyjs: str) -> Outcome:
+    """Assess one candidate, record the comparison run, write and log its report."""
+    from refrun.acceptance.assess import assess, load_for_assessment, run_comparison
+    from refrun.acceptance.evidence import build_evidence
+    from refrun.acceptance.record import record_assessment
+    from refrun.report import log_report, write_report
+
+    refs, cand, latest = load_for_assessment(crit, ref_ids, cand_id, uri)
+    a = assess(crit, refs, cand, latest)
+    evidence = build_evidence(crit.sha256, a.results, refs, cand, latest)
+    cmp_run = record_assessment(a, crit, evidence, tracking_uri=uri)
+    comparison, _ = run_comparison(crit, refs, cand)
+    report = None
+    if comparison is not None:
+        kw = {"assessment": a, "comparison_run_id": cmp_run,
+              "title": f"digits-mlp: reference seeds vs {v.name}"}
+        report = write_report(comparison, reports / f"{v.name}.html",
+                              plotlyjs=plotly.name, **kw)
+        with tempfile.TemporaryDirectory(prefix="refrun-demo-") as tmp:
+            logged = write_report(comparison, Path(tmp) / "report.html",
+                                  plotlyjs=logged_plotlyjs, **kw)
+            log_report(logged, cmp_run, uri)
+    o = Outcome(v, cand_id, a.highest_level or "none", a.verdict,
+                [(r.id, r.reason) for r in a.results if r.outcome == "fail"],
+                [r.id for r in a.results if r.outcome == "not_evaluable"],
+                [r.id for r in a.results if r.outcome == "not_applicable"], report)
+    say(f"  assessed {v.name:<26} highest level {o.highest_level:<4} "
+        f"{'as intended' if o.as_intended else 'NOT AS INTENDED'}")
+    return o
 
 
 def _plotly_file(reports: Path) -> Path:

@@ -56,13 +56,15 @@ class MlflowServer:
     root: Path
     port: int
     proc: subprocess.Popen | None = None
+    command: list[str] | None = None  # another server command line (default: below)
+    cwd: Path | None = None  # its working directory (relative store paths resolve here)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 90.0) -> None:
-        cmd = [
+        cmd = self.command or [
             sys.executable, "-m", "mlflow", "server",
             "--backend-store-uri", f"sqlite:///{self.root}/server.db",
             "--artifacts-destination", str(self.root / "artifacts"),
@@ -70,7 +72,7 @@ class MlflowServer:
         ]
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=self.cwd)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

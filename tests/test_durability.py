@@ -3,6 +3,8 @@ process, and re-delivery that must not duplicate."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +19,8 @@ from mlflow.tracking import MlflowClient
 
 import refrun
 from refrun import delivery, schema
-from refrun.spool import list_spools
+from refrun.forwarder import forwarder_alive
+from refrun.spool import Spool, list_spools
 from refrun.sync import sync_all
 from tests.conftest import MlflowServer, free_port
 
@@ -88,7 +91,30 @@ def test_server_unreachable_at_start(tmp_path):
         server.kill()
 
 
-def test_close_with_server_down_leaves_spool_for_sync(tmp_path):
+def test_close_with_server_down_thread_delivery_leaves_spool_for_sync(tmp_path):
+    server = MlflowServer(tmp_path, free_port())
+    server.start()
+    try:
+        run = refrun.start_run(workload="w", role="candidate", tracking_uri=server.url,
+                               spool_dir=tmp_path / "spool", flush_interval_s=0.05,
+                               delivery="thread")
+        _loop(run, 30, sleep_s=0.0)
+        server.kill()
+        assert run.close() is False  # not delivered, nothing lost
+        assert run.spool.path.exists()
+        server.start()
+        results = sync_all(tmp_path / "spool")
+        assert [r.outcome for r in results] == ["delivered"]
+        client = MlflowClient(server.url)
+        _assert_exactly_once(client, run.run_id, 30)
+        assert client.get_run(run.run_id).info.status == "FINISHED"
+        assert not run.spool.path.exists()  # pruned once delivered
+        assert sync_all(tmp_path / "spool") == []
+    finally:
+        server.kill()
+
+
+def test_close_with_server_down_delivery_process_finishes_later(tmp_path):
     server = MlflowServer(tmp_path, free_port())
     server.start()
     try:
@@ -96,22 +122,30 @@ def test_close_with_server_down_leaves_spool_for_sync(tmp_path):
                                spool_dir=tmp_path / "spool", flush_interval_s=0.05)
         _loop(run, 30, sleep_s=0.0)
         server.kill()
-        assert run.close() is False  # not delivered, nothing lost
+        run.close_timeout_s = 3
+        assert run.close() is False  # the delivery process goes on in the background
+        assert [r.outcome for r in sync_all(tmp_path / "spool")] == ["live"]
         server.start()
-        results = sync_all(tmp_path / "spool")
-        assert [r.outcome for r in results] == ["delivered"]
         client = MlflowClient(server.url)
+        _wait_for_status(client, run.run_id, "FINISHED")
         _assert_exactly_once(client, run.run_id, 30)
-        assert client.get_run(run.run_id).info.status == "FINISHED"
-        assert [r.outcome for r in sync_all(tmp_path / "spool")] == ["complete"]
     finally:
         server.kill()
+
+
+def _wait_for_status(client: MlflowClient, run_id: str, status: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get_run(run_id).info.status == status:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} never reached {status}")
 
 
 SIGKILL_SCRIPT = textwrap.dedent("""
     import sys, time, refrun
     run = refrun.start_run(workload="killed", role="candidate", flush_interval_s=0.2)
-    print(run.run_id, flush=True)
+    print(run.run_id, run.spool.path, flush=True)
     for step in range(int(sys.argv[1])):
         run.log(step, loss=1.0 / (step + 1), lr=0.1)
     print("LOGGED", flush=True)
@@ -119,25 +153,22 @@ SIGKILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sigkill_then_refrun_sync_delivers(store, tmp_path):
+def _start_and_sigkill(store, tmp_path) -> tuple[str, Path, dict]:
     script = tmp_path / "train.py"
     script.write_text(SIGKILL_SCRIPT)
     env = {**os.environ, "REFRUN_SPOOL_DIR": str(store.spool_dir),
            "MLFLOW_TRACKING_URI": store.tracking_uri}
     proc = subprocess.Popen([sys.executable, str(script), "3000"], stdout=subprocess.PIPE,
                             text=True, env=env, cwd=tmp_path)
-    run_id = proc.stdout.readline().strip()
+    run_id, spool = proc.stdout.readline().split()
     assert proc.stdout.readline().strip() == "LOGGED"
     time.sleep(1.0)  # > flush interval: everything accepted is in the spool now
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+    return run_id, Path(spool), env
 
-    client = store.client()
-    assert client.get_run(run_id).info.status == "RUNNING"  # nobody closed it
-    out = subprocess.run([sys.executable, "-m", "refrun", "sync"], capture_output=True,
-                         text=True, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "delivered" in out.stdout
+
+def _assert_killed_run_complete(client: MlflowClient, run_id: str) -> None:
     _assert_exactly_once(client, run_id, 3000)
     run = client.get_run(run_id)
     assert run.info.status == "KILLED"
@@ -146,8 +177,36 @@ def test_sigkill_then_refrun_sync_delivers(store, tmp_path):
     assert schema.ARTIFACT_CURVES in arts
 
 
+def test_sigkilled_trainer_is_finished_by_its_delivery_process(store, tmp_path):
+    run_id, _, _ = _start_and_sigkill(store, tmp_path)
+    client = store.client()
+    _wait_for_status(client, run_id, "KILLED")
+    _assert_killed_run_complete(client, run_id)
+
+
+def test_sigkill_of_trainer_and_delivery_then_refrun_sync(store, tmp_path):
+    run_id, spool, env = _start_and_sigkill(store, tmp_path)
+    # Lose the delivery process too (a node or container going away).
+    pid = json.loads((spool / "meta.json").read_text()).get("forwarder_pid")
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while forwarder_alive(Spool(spool)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    client = store.client()
+    if client.get_run(run_id).info.status == "RUNNING":
+        out = subprocess.run([sys.executable, "-m", "refrun", "sync"], capture_output=True,
+                             text=True, env=env, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert "delivered" in out.stdout
+    _assert_killed_run_complete(client, run_id)
+    assert not spool.exists()
+
+
 def test_redelivery_after_crash_between_send_and_cursor_is_not_duplicated(store):
-    run = refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05)
+    run = refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05,
+                           delivery="thread")
     for step in range(2500):
         run.log(step, loss=float(step))
     run._writer.stop()  # everything is in the spool and (partly) delivered
@@ -161,5 +220,5 @@ def test_redelivery_after_crash_between_send_and_cursor_is_not_duplicated(store)
     delivery.deliver_points(spool, client, run_id)
     history = client.get_metric_history(run_id, "loss")
     assert sorted(m.step for m in history) == list(range(2500))
-    run.close()
-    assert Path(spool.path / "meta.json").exists()
+    assert run.close() is True
+    assert sorted(m.step for m in client.get_metric_history(run_id, "loss")) == list(range(2500))

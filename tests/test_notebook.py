@@ -55,7 +55,6 @@ def store_facts(db: Path) -> dict:
             "verdict": verdict}
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_explore_notebook_executes_on_the_example_store(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch

@@ -7,6 +7,8 @@ real sqlite MLflow store in tmp_path, the real acceptance engine and report writ
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,17 @@ def test_split_and_batches_are_fixed_and_shared() -> None:
     assert len(np.unique(first_epoch)) == cfg.n_train
 
 
+def test_digits_are_read_as_scikit_learn_ships_them() -> None:
+    """The bundled file read without importing scikit-learn gives load_digits' arrays."""
+    from sklearn.datasets import load_digits
+
+    from pipelines.digits.data import raw_digits
+
+    x, y = raw_digits()
+    ds = load_digits()
+    assert np.array_equal(x, ds.data) and np.array_equal(y, ds.target)
+
+
 def test_initial_weights_are_torch_default_init_by_name() -> None:
     """Names and layouts follow torch.nn.Linear; bounds are ±1/sqrt(fan_in)."""
     import torch
@@ -51,9 +64,13 @@ def test_initial_weights_are_torch_default_init_by_name() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_reduced_pipeline_catches_every_defect_and_passes_benign(tmp_path) -> None:
-    from pipelines.demo import assess_all, init_store, train_all
+def test_reduced_pipeline_catches_every_defect_and_passes_benign(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
 
+    from pipelines.demo import assess_all, init_store, table, train_all
+
+    monkeypatch.chdir(tmp_path)  # nothing may land in the repository's working tree
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     p = plan()
     init_store(uri)
@@ -68,7 +85,32 @@ def test_reduced_pipeline_catches_every_defect_and_passes_benign(tmp_path) -> No
             assert not missing, f"{o.variant.name}: {missing} did not fail ({o.failing})"
         else:
             assert not failed, f"benign {o.variant.name} failed {o.failing}"
+            # nothing left unevaluated either: a benign candidate passes up to L3
+            assert (o.verdict, o.highest_level) == ("pass", "L3"), \
+                f"benign {o.variant.name}: {o.verdict} {o.highest_level} {o.not_evaluable}"
         assert o.report is not None and o.report.stat().st_size > 10_000
     # the evidence names the mechanism, not just a level
     storm = dict(by_name["xla-shape-storm"].failing)["compilations-after-warmup"]
     assert "compilation(s) after warm-up" in storm
+    # the scoped criteria are not_applicable (not missing evidence) off their backends
+    assert set(by_name["jax-1dev"].not_applicable) == {"host-syncs-per-step",
+                                                       "no-cpu-fallback"}
+    text = table(outcomes)
+    assert all(o.variant.name in text for o in outcomes) and " NO " not in text
+
+    # every artifact is next to the store, none in the working tree of the repository
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("digits-mlp")
+    assert exp.artifact_location.startswith((tmp_path / "mlruns").as_uri())
+    # the on-disk report loads the shared plotly.js; the logged copy embeds it, so it
+    # opens standalone from the MLflow UI's artifact view
+    o = by_name["jax-sum-loss"]
+    on_disk = o.report.read_text(encoding="utf-8")
+    assert 'src="plotly.min.js"' in on_disk and (o.report.parent / "plotly.min.js").is_file()
+    cmp_run = client.search_runs([exp.experiment_id],
+                                 f"tags.`refrun.compared.candidate` = '{o.run_id}'")[0]
+    logged = Path(client.download_artifacts(cmp_run.info.run_id, "refrun/report.html",
+                                            str(tmp_path)))
+    html = logged.read_text(encoding="utf-8")
+    assert 'src="plotly.min.js"' not in html and 'src="https://cdn.plot.ly' not in html
+    assert len(html) > len(on_disk) + 3_000_000  # plotly.js itself (~4.8 MB) is inside

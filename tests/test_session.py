@@ -93,8 +93,8 @@ def test_exception_leaves_run_failed_with_every_point(store, tmp_path):
         workload="w", role="candidate", flush_interval_s=0.05
     ) as run:
         _train(run, 100, fail_at=37)
-    losses = run.spool.read_all()
     client = store.client()
+    losses = _download_curves(client, run.run_id, tmp_path)
     r = client.get_run(run.run_id)
     assert r.info.status == "FAILED"
     steps = sorted(m.step for m in client.get_metric_history(run.run_id, "loss"))
@@ -148,8 +148,9 @@ def test_bad_points_are_recorded_never_raised(store, capsys):
     values = [m.value for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
     assert len(history) == 6
     assert any(math.isnan(v) for v in values)
-    curves = run.spool.read_all()
+    curves = _download_curves(store.client(), run.run_id, store.tmp / "dl")
     assert np.isinf(curves["value"]).sum() == 1  # the artifact keeps inf as inf
+    assert not run.spool.path.exists()  # delivered spools are removed
 
     assert cli_main(["runs", "--workload", "w"]) == 0
     out = capsys.readouterr().out

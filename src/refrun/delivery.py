@@ -133,3 +133,18 @@ def finish(spool: Spool, client: MlflowClient, run_id: str, status: str) -> None
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def finalize(spool: Spool) -> bool:
+    """Deliver a closed spool completely and terminate its MLflow run with its status.
+
+    Used at the end of a live run and by ``refrun sync``.  Raises on a store error.
+    """
+    meta = spool.read_meta()
+    client = client_for(meta)
+    run_id = ensure_run(spool, client)
+    deliver_tags_params(spool, client, run_id)
+    deliver_points(spool, client, run_id, meta.get("mlflow_every", 1))
+    deliver_artifacts(spool, client, run_id)
+    finish(spool, client, run_id, meta.get("status") or "KILLED")
+    return True

@@ -29,7 +29,9 @@ import math
 import numbers
 import os
 import re
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -39,9 +41,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from refrun import delivery, identity, schema
+from refrun import forwarder, identity, schema
 from refrun._version import __version__
 from refrun.curves import summary_tags, write_curves
+from refrun.delivery import client_for, ensure_run, finalize
 from refrun.errors import RefrunInputError
 from refrun.spool import Spool, default_root
 from refrun.writer import BackgroundWriter
@@ -113,6 +116,8 @@ class RunSession:
     _warnings: list[dict[str, Any]] = field(default_factory=list, repr=False)
     _warned: set[str] = field(default_factory=set, repr=False)
     _lock_fd: int | None = field(default=None, repr=False)
+    _forwarder: subprocess.Popen | None = field(default=None, repr=False)
+    _run_id: str | None = None
     _closed: bool = False
     _dropped: int = 0
     _status: str | None = None
@@ -127,7 +132,10 @@ class RunSession:
     @property
     def run_id(self) -> str | None:
         """The MLflow run id, or None while the store has not been reached yet."""
-        return self.spool.read_meta().get("run_id")
+        if self._run_id is None and self.spool.path.exists():
+            with contextlib.suppress(OSError, ValueError):
+                self._run_id = self.spool.read_meta().get("run_id")
+        return self._run_id
 
     @property
     def status(self) -> str | None:
@@ -261,8 +269,6 @@ class RunSession:
 
     def log_artifact(self, local_path: str | os.PathLike[str], name: str | None = None) -> None:
         """Copy a file into the run's artifacts (uploaded by the writer at the end)."""
-        import shutil
-
         src = Path(local_path)
         dest = self.spool.artifacts_dir / (name or src.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -310,18 +316,56 @@ class RunSession:
             self._write_summary(end_ms, status)
         except Exception as exc:
             self.warn_once("summary", f"end-of-run summary not written: {exc}")
-        ok = False
-        try:
-            ok = finalize(self.spool)
-        except Exception as exc:
-            log.warning("refrun: run %s not fully delivered (%s: %s); its points are safe in "
-                        "%s; deliver them with `refrun sync`", self.local_id,
-                        type(exc).__name__, exc, self.spool.path)
-        finally:
-            if self._lock_fd is not None:
-                Spool.unlock(self._lock_fd)
-                self._lock_fd = None
+        fwd = self._forwarder
+        if fwd is not None and fwd.poll() is None:
+            ok = self._close_through_forwarder(fwd)
+        else:
+            ok = False
+            try:
+                ok = finalize(self.spool)
+            except Exception as exc:
+                self._undelivered(f"{type(exc).__name__}: {exc}")
+            finally:
+                self._release_lock()
+        if ok:
+            self._remove_spool()
         return ok
+
+    def _remove_spool(self) -> None:
+        # Delivered: the store and the curves artifact hold everything now.  Keep it with
+        # REFRUN_KEEP_SPOOL=1 (debugging).
+        _ = self.run_id  # cache it before meta.json goes
+        if os.environ.get("REFRUN_KEEP_SPOOL", "") not in ("", "0"):
+            return
+        shutil.rmtree(self.spool.path, ignore_errors=True)
+
+    def _close_through_forwarder(self, fwd: subprocess.Popen) -> bool:
+        # The delivery process finishes the spool once it sees end-of-file on its stdin and
+        # can take the session lock; waiting for it is what "flushed at exit" means.
+        self._release_lock()
+        with contextlib.suppress(OSError):
+            fwd.stdin.write(b"close\n")
+            fwd.stdin.flush()
+            fwd.stdin.close()
+        try:
+            rc = fwd.wait(timeout=self.close_timeout_s)
+        except subprocess.TimeoutExpired:
+            self._undelivered(f"delivery still running after {self.close_timeout_s:.0f} s "
+                              f"(pid {fwd.pid}); it goes on in the background")
+            return False
+        if rc != 0:
+            self._undelivered(f"delivery process exited with {rc} "
+                              f"(see {self.spool.path / 'forwarder.log'})")
+        return rc == 0
+
+    def _undelivered(self, why: str) -> None:
+        log.warning("refrun: run %s not fully delivered (%s); its points are safe in %s; "
+                    "deliver them with `refrun sync`", self.local_id, why, self.spool.path)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            Spool.unlock(self._lock_fd)
+            self._lock_fd = None
 
     def _atexit(self) -> None:
         self.close("FINISHED")
@@ -353,21 +397,6 @@ def _tag_value(v: Any) -> str:
     return s[:5000]
 
 
-def finalize(spool: Spool) -> bool:
-    """Deliver a closed spool completely and terminate its MLflow run with its status.
-
-    Used at the end of a live run and by ``refrun sync``.  Raises on a store error.
-    """
-    meta = spool.read_meta()
-    client = delivery.client_for(meta)
-    run_id = delivery.ensure_run(spool, client)
-    delivery.deliver_tags_params(spool, client, run_id)
-    delivery.deliver_points(spool, client, run_id, meta.get("mlflow_every", 1))
-    delivery.deliver_artifacts(spool, client, run_id)
-    delivery.finish(spool, client, run_id, meta.get("status") or "KILLED")
-    return True
-
-
 def start_run(
     workload: str,
     role: str,
@@ -388,6 +417,7 @@ def start_run(
     mlflow_every: int = 1,
     max_queue: int = 2_000_000,
     snapshot_environment: bool = True,
+    delivery: str | None = None,
 ) -> RunSession:
     """Start recording one training run into MLflow and return its :class:`RunSession`.
 
@@ -401,6 +431,9 @@ def start_run(
     metrics and the Parquet curves artifact are never thinned).
     ``flush_interval_s``: how often queued points reach the spool file; a SIGKILL loses
     at most this much.
+    ``delivery``: ``"process"`` (default; ``$REFRUN_DELIVERY`` overrides) delivers to MLflow
+    from a separate process so that MLflow's client never holds this process's GIL;
+    ``"thread"`` delivers from the background thread (for short bursts such as imports).
     ``snapshot_environment``: describe this process (framework versions, device, host, git
     commit, installed packages); False for runs recorded elsewhere, such as imports.
 
@@ -416,6 +449,9 @@ def start_run(
             raise RefrunInputError(f"{name}: expected an integer, got {val!r}")
     if flush_interval_s <= 0:
         raise RefrunInputError("flush_interval_s: must be > 0")
+    delivery = delivery or os.environ.get("REFRUN_DELIVERY") or "process"
+    if delivery not in ("process", "thread"):
+        raise RefrunInputError(f"delivery: {delivery!r} is not 'process' or 'thread'")
     uri = resolve_tracking_uri(tracking_uri)
     for k, v in _HTTP_DEFAULTS.items():
         os.environ.setdefault(k, v)
@@ -450,14 +486,19 @@ def start_run(
     # Create the MLflow run now when the store answers, so run_id is known; otherwise the
     # writer keeps trying in the background and training starts regardless.
     try:
-        delivery.ensure_run(spool, delivery.client_for(meta))
+        session._run_id = ensure_run(spool, client_for(meta))
     except Exception as exc:
         session.warn_once("offline-start", f"tracking store {uri} unreachable at start "
                           f"({type(exc).__name__}); recording to {spool.path}")
     session._writer = BackgroundWriter(
         spool, flush_interval_s=flush_interval_s, max_queue=max_queue,
         mlflow_every=mlflow_every, on_warning=lambda m: session.warn_once(m[:60], m),
+        deliver_inline=delivery == "thread",
     )
+    if delivery == "process":
+        session._forwarder = forwarder.spawn(spool, flush_interval_s)
+        if session._forwarder is None:
+            session._writer.deliver_inline()
     session._writer.start()
     atexit.register(session._atexit)
     return session

@@ -95,12 +95,18 @@ class Spool:
         _atomic_write(self.path / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
 
     def update_meta(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-        """Apply ``change`` to meta.json in place, atomically with respect to other threads."""
+        """Apply ``change`` to meta.json in place, atomically with respect to other threads
+        and to the delivery process (a thread lock plus an flock on ``meta.lock``)."""
         with self._meta_lock:
-            meta = self.read_meta()
-            change(meta)
-            self.write_meta(meta)
-            return meta
+            fd = os.open(self.path / "meta.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                meta = self.read_meta()
+                change(meta)
+                self.write_meta(meta)
+                return meta
+            finally:
+                os.close(fd)  # closing the descriptor releases the flock
 
     # --- locking -------------------------------------------------------------
     def try_lock(self) -> int | None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from refrun import schema
 from refrun.curves import summary_tags, write_curves
-from refrun.session import finalize
+from refrun.delivery import finalize
+from refrun.forwarder import forwarder_alive
 from refrun.spool import Spool, list_spools
 
 
@@ -26,8 +27,15 @@ class SyncResult:
     detail: str = ""
 
 
-def sync_spool(spool: Spool) -> SyncResult:
-    """Deliver one spool completely; see the module docstring."""
+def sync_spool(spool: Spool, forwarder: bool = False) -> SyncResult:
+    """Deliver one spool completely; see the module docstring.
+
+    ``forwarder``: the caller is the spool's own delivery process (which holds
+    ``forwarder.lock``); anyone else leaves a spool with a live forwarder alone.
+    """
+    if not forwarder and forwarder_alive(spool):
+        return SyncResult(spool.local_id, "live", spool.read_meta().get("run_id"), 0,
+                          "its delivery process is still running")
     fd = spool.try_lock()
     if fd is None:
         return SyncResult(spool.local_id, "live", spool.read_meta().get("run_id"), 0,
@@ -66,8 +74,9 @@ def sync_spool(spool: Spool) -> SyncResult:
         Spool.unlock(fd)
 
 
-def sync_all(root: Path, prune: bool = False) -> list[SyncResult]:
-    """Sync every spool under ``root``; with ``prune`` delete the completely delivered ones."""
+def sync_all(root: Path, prune: bool = True) -> list[SyncResult]:
+    """Sync every spool under ``root``; with ``prune`` (default) delete the completely
+    delivered ones afterwards (the store holds everything they had)."""
     results = []
     for spool in list_spools(root):
         result = sync_spool(spool)

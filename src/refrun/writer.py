@@ -2,9 +2,12 @@
 
 The training thread appends points to an in-memory deque (bounded, never blocking) and
 returns.  Every ``flush_interval_s`` this thread moves the queued points to the spool
-file (so a SIGKILL loses at most one interval) and then delivers undelivered spool lines
-to MLflow in batches of up to 1000.  A store error puts the writer into back-off
-(1 s doubling to 30 s) while the spool keeps growing; delivery resumes from the cursor.
+file (so a SIGKILL loses at most one interval).  Delivery to MLflow is normally done by a
+separate process (:mod:`refrun.forwarder`), whose state this thread relays as warnings;
+with ``deliver_inline`` (``delivery="thread"``, or when no process could be started) this
+thread also delivers undelivered spool lines in batches of up to 1000.  A store error puts
+inline delivery into back-off (1 s doubling to 30 s) while the spool keeps growing;
+delivery resumes from the cursor.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from refrun import delivery
+from refrun import delivery, forwarder
 from refrun.spool import Point, Spool
 
 log = logging.getLogger("refrun")
@@ -36,6 +39,7 @@ class BackgroundWriter(threading.Thread):
         max_queue: int = 2_000_000,
         mlflow_every: int = 1,
         on_warning: Callable[[str], None] = log.warning,
+        deliver_inline: bool = True,
     ) -> None:
         super().__init__(name=f"refrun-writer-{spool.local_id}", daemon=True)
         self.spool = spool
@@ -47,7 +51,9 @@ class BackgroundWriter(threading.Thread):
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._deliver = threading.Event()
-        self._deliver.set()
+        if deliver_inline:
+            self._deliver.set()
+        self._last_status: float | None = None
         self._backoff_s = 0.0
         self._retry_at = 0.0
         self._offline = False
@@ -78,6 +84,8 @@ class BackgroundWriter(threading.Thread):
                         return
                     if self._deliver.is_set():
                         self._try_deliver()
+                    else:
+                        self._relay_forwarder_status()
                     self._wake.wait(self.flush_interval_s)
                     self._wake.clear()
         except BaseException as exc:  # the writer must never take training down
@@ -91,6 +99,25 @@ class BackgroundWriter(threading.Thread):
             points = [q.popleft() for _ in range(n)]
             self.spool.append(fh, points)
             self.points_spooled += n
+
+    def deliver_inline(self) -> None:
+        """Deliver from this thread (when no delivery process could be started)."""
+        self._deliver.set()
+
+    def _relay_forwarder_status(self) -> None:
+        # The delivery process cannot reach the session's warnings; it leaves its state in
+        # the spool and this thread turns changes of it into warnings.
+        status = forwarder.read_status(self.spool)
+        if status is None or status.get("time") == self._last_status:
+            return
+        self._last_status = status.get("time")
+        if not status.get("ok") and not self._offline:
+            self._offline = True
+            self._on_warning(f"tracking store unreachable ({status.get('error')}); training "
+                             f"continues, points are kept in {self.spool.path}")
+        elif status.get("ok") and self._offline:
+            self._offline = False
+            self._on_warning("tracking store reachable again; delivering spooled points")
 
     def _try_deliver(self) -> None:
         now = time.monotonic()

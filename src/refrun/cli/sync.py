@@ -13,14 +13,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sync", help="deliver spooled points to the tracking store")
     p.add_argument("--spool-dir", type=Path, default=None,
                    help="spool root (default: $REFRUN_SPOOL_DIR or ./.refrun/spool)")
-    p.add_argument("--prune", action="store_true",
-                   help="delete spools that are completely delivered")
+    p.add_argument("--keep", action="store_true",
+                   help="keep spools that are completely delivered (default: delete them)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     root = args.spool_dir or default_root()
-    results = sync_all(root, prune=args.prune)
+    results = sync_all(root, prune=not args.keep)
     if not results:
         print(f"nothing to sync in {root}")
         return 0
