@@ -41,9 +41,11 @@ def device_description() -> str:
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
+            # get_device_name would create a CUDA context; only ask once CUDA is in use.
             if torch.cuda.is_available():
                 n = torch.cuda.device_count()
-                parts.append(f"cuda x{n}: {torch.cuda.get_device_name(0)}")
+                name = torch.cuda.get_device_name(0) if torch.cuda.is_initialized() else "?"
+                parts.append(f"cuda x{n}: {name}")
         except Exception:  # a broken CUDA install must not stop the run
             pass
     jax = sys.modules.get("jax")
