@@ -21,7 +21,7 @@ DEFECTS: dict[str, str] = {
     "clip_per_device": "gradients clipped on each device before averaging (JAX, N devices)",
     "stale_eval_copy": "the optimizer updates the model; evaluation reads a copy made at start",
     "no_best_reload": "the best checkpoint is not reloaded before the final evaluation",
-    "shape_storm": "ragged batches: a new batch shape (and compilation) on many steps",
+    "shape_storm": "ragged batches: 16 batch shapes, each a new compilation of the step",
     "host_sync": "a .item() host synchronisation inside every training step",
     "cpu_fallback": "an operation without an XLA lowering runs on the CPU every step",
     "blocked_grad": "a detach/stop_gradient blocks the gradient of the first layer",
