@@ -143,7 +143,7 @@ def instrument(
 
 def _declared_hardware(run: RunSession) -> str | None:
     try:
-        return run.spool.read_meta().get("tags", {}).get(schema.TAG_HARDWARE)
+        return run.tags.get(schema.TAG_HARDWARE)
     except Exception:
         return None
 

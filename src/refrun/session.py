@@ -138,6 +138,13 @@ class RunSession:
         return self._run_id
 
     @property
+    def tags(self) -> dict[str, str]:
+        """The run's tags as recorded so far (identity, user tags, probe tags)."""
+        with contextlib.suppress(OSError, ValueError):
+            return dict(self.spool.read_meta().get("tags", {}))
+        return {}
+
+    @property
     def status(self) -> str | None:
         return self._status
 

@@ -59,7 +59,7 @@ def instrument(
     Raises :class:`RefrunInputError` for arguments of the wrong kind.
     """
     _validate(run, model, optimizer, warmup_steps, sample_interval_s, recheck_every)
-    declared = run.spool.read_meta().get("tags", {}).get(schema.TAG_HARDWARE)
+    declared = run.tags.get(schema.TAG_HARDWARE)
     try:
         expected = normalise_expected(expect_device, declared)
     except (RuntimeError, TypeError, ValueError) as exc:

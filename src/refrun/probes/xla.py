@@ -489,6 +489,6 @@ def _param_device(model: torch.nn.Module | None,
 def _declared_hardware(run: RunSession) -> str | None:
     """The run's ``refrun.hardware`` tag (what the user said the run uses)."""
     try:
-        return run.spool.read_meta().get("tags", {}).get(schema.TAG_HARDWARE)
+        return run.tags.get(schema.TAG_HARDWARE)
     except Exception:  # an unreadable spool just means "nothing declared"
         return None
