@@ -12,13 +12,11 @@ import pytest
 
 from refrun.comparison import CompareOptions, compare, load_run, record_comparison
 from refrun.importers import import_megatron, import_torchtitan
+from tests.refdata import DATA, needs_data
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
-if not DATA.is_dir():  # the work tree may live elsewhere; the data is shared
-    DATA = Path("/work/shared/reference-data")
 TT = DATA / "torchtitan"
 MEG = DATA / "megatron" / "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer"
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="shared reference data not present")
+pytestmark = needs_data
 
 
 @pytest.fixture(scope="module")

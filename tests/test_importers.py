@@ -20,10 +20,9 @@ from refrun.importers import (
     parse_megatron,
     parse_torchtitan,
 )
+from tests.refdata import DATA, needs_data
 
-DATA = Path("/work/shared/reference-data")
 MEG = DATA / "megatron" / "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared reference data not present")
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
