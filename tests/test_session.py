@@ -228,3 +228,15 @@ def test_run_left_open_is_closed_at_interpreter_exit(store, tmp_path):
     assert client.get_run(run_id).info.status == "FINISHED"
     curves = _download_curves(client, run_id, tmp_path)
     assert curves["step"].tolist() == list(range(20))
+
+
+def test_probe_left_open_is_closed_by_the_run(store):
+    import refrun.torch
+
+    with refrun.start_run(workload="hook", role="reference") as run:
+        probe = refrun.torch.instrument(run, model=torch.nn.Linear(3, 1), monitors=None)
+        for n in range(5):
+            with probe.step(n):
+                probe.log(loss=torch.tensor(float(n) / 2))
+    history = store.client().get_metric_history(run.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(n, n / 2) for n in range(5)]

@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -118,6 +118,7 @@ class RunSession:
     _lock_fd: int | None = field(default=None, repr=False)
     _forwarder: subprocess.Popen | None = field(default=None, repr=False)
     _run_id: str | None = None
+    _close_hooks: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _closed: bool = False
     _dropped: int = 0
     _status: str | None = None
@@ -283,6 +284,10 @@ class RunSession:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
 
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` when the run ends, before the final flush (probes close here)."""
+        self._close_hooks.append(hook)
+
     def step_stats(self) -> dict[str, _StepStats]:
         """Per-metric step bookkeeping so far (count, first, last, repeated, backwards)."""
         return dict(self._stats)
@@ -315,6 +320,11 @@ class RunSession:
         """
         if self._closed:
             return True
+        for hook in self._close_hooks:  # probes: resolve pending values while we accept
+            try:
+                hook()
+            except Exception as exc:
+                self.warn_once(f"close-hook:{exc!r}"[:60], f"closing a probe failed: {exc}")
         self._closed = True
         self._status = status
         with contextlib.suppress(Exception):

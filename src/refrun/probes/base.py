@@ -134,6 +134,9 @@ class Probe:
     _closed: bool = False
 
     def __post_init__(self) -> None:
+        # Closed by the run at the latest, so pending values are never lost when the user
+        # ends the run without closing the probe.
+        self.run.add_close_hook(self.close)
         self._describe()
         self._last_counters = dict(self._guard(self.backend.counters) or {})
         if self.monitors:
