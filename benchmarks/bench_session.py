@@ -55,7 +55,7 @@ def loop(step, steps: int, record=None, first: int = 0) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--points", type=int, default=1_000_000)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="refrun-bench-"))
@@ -79,12 +79,21 @@ def main() -> None:
         base.append(loop(step, args.steps))
         refr.append(loop(step, args.steps, rec, first=i * args.steps))
         mlf.append(loop(step, max(30, args.steps // 10), plain, first=i * args.steps))
-    run.close()
     b, r, m = (statistics.median(v) for v in (base, refr, mlf))
-    print(f"{'loop':<34}{'median step (ms)':>18}{'ratio':>10}")
-    print(f"{'unrecorded':<34}{b * 1e3:>18.3f}{1.0:>10.4f}")
-    print(f"{'refrun session (4 metrics/step)':<34}{r * 1e3:>18.3f}{r / b:>10.4f}")
-    print(f"{'MlflowClient.log_metric per step':<34}{m * 1e3:>18.3f}{m / b:>10.4f}")
+    # The fastest repeat is the least disturbed by other load on a shared machine.
+    bf, rf, mf = (min(v) for v in (base, refr, mlf))
+    print(f"{'loop':<34}{'median step (ms)':>18}{'ratio':>10}{'fastest ratio':>15}")
+    print(f"{'unrecorded':<34}{b * 1e3:>18.3f}{1.0:>10.4f}{1.0:>15.4f}")
+    print(f"{'refrun session (4 metrics/step)':<34}{r * 1e3:>18.3f}{r / b:>10.4f}{rf / bf:>15.4f}")
+    print(f"{'MlflowClient.log_metric per step':<34}{m * 1e3:>18.3f}{m / b:>10.4f}{mf / bf:>15.4f}")
+    t0 = time.perf_counter()
+    n_calls = 200_000
+    for n in range(n_calls):
+        run.log(10**9 + n, loss=0.5, lr=0.01, grad_norm=1.0, tokens=1.0)
+    per_call = (time.perf_counter() - t0) / n_calls
+    print(f"{'accept cost of 4 metrics (us)':<34}{per_call * 1e6:>18.3f}"
+          f"{(b + per_call) / b:>10.4f}   (its share of the unrecorded step)")
+    run.close()
 
     # Throughput: accept as fast as possible, then time the delivery to sqlite.
     run = refrun.start_run(workload="bench", role="reference", tracking_uri=uri,
