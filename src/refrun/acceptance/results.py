@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from refrun.jsonsafe import json_safe as clean
 
 PASS, FAIL, NOT_EVALUABLE = "pass", "fail", "not_evaluable"
 # A criterion scoped to other backends (its ``backends`` key): neither a pass nor a gap.
@@ -121,16 +120,3 @@ class Assessment:
         return "\n".join(lines)
 
 
-def clean(obj: Any) -> Any:
-    """JSON-safe copy: numpy scalars and arrays to Python, non-finite floats to None."""
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [clean(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return clean(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from refrun.comparison.measures import (
     warmup_end,
 )
 from refrun.errors import RefrunInputError
+from refrun.jsonsafe import json_safe as _clean
 
 FORMAT_VERSION = "1"
 
@@ -184,19 +184,6 @@ class Comparison:
 
 def _asdict(obj: Any) -> dict[str, Any] | None:
     return None if obj is None else dataclasses.asdict(obj)
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe copy: numpy scalars to Python, non-finite floats to None."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def _run_info(r: RunData) -> dict[str, Any]:

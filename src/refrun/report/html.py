@@ -25,6 +25,8 @@ import numpy as np
 import plotly
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
+from refrun.jsonsafe import json_safe
+
 Cell = Any  # str (escaped here), number, None, or Raw
 
 
@@ -107,19 +109,6 @@ def json_default(o: Any) -> Any:
     if isinstance(o, np.generic):
         return o.item()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def json_safe(obj: Any) -> Any:
-    """Copy with non-finite floats replaced by None (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def script_json(obj: Any, element_id: str) -> Raw:
