@@ -65,7 +65,8 @@ def test_server_killed_mid_run_and_restarted(mlflow_server, tmp_path):
         offline_warned = any("unreachable" in w["message"] for w in run.warnings)
     assert offline_warned
     # The logging call never waited on the dead server: no stall anywhere in the loop.
-    assert max(durations) < 0.2, f"slowest log call {max(durations):.3f} s"
+    # A call that waited on the store would take seconds (connection refused, restart).
+    assert max(durations) < 0.5, f"slowest log call {max(durations):.3f} s"
     client = MlflowClient(mlflow_server.url)
     _assert_exactly_once(client, run.run_id, 400)
     assert client.get_run(run.run_id).info.status == "FINISHED"
