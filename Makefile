@@ -12,7 +12,7 @@ demo:
 
 ## Run the whole test suite (what CI runs).
 test:
-	@scripts/bootstrap.sh --with-browser
+	@scripts/bootstrap.sh --with-test-deps
 	@$(PY) -m ruff check src tests pipelines benchmarks
 	@$(PY) -m pytest $(ARGS)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create or reuse the project's virtual environment (.venv) from the pinned lock file,
-# install refrun into it (editable), and, for the test suite, Debian's chromium.
+# install refrun into it (editable), and, for the test suite, Debian's chromium and
+# PostgreSQL server binaries.
 # Idempotent: a stamp holding the hash of the lock file and pyproject.toml skips the
-# install when nothing changed.  Usage: scripts/bootstrap.sh [--with-browser]
+# install when nothing changed.  Usage: scripts/bootstrap.sh [--with-test-deps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${REFRUN_VENV:-.venv}"
@@ -26,11 +27,16 @@ else
   fi
 fi
 
-if [ "${1:-}" = "--with-browser" ] && [ ! -x /usr/bin/chromium ]; then
-  echo "[bootstrap] installing Debian's chromium for the browser tests" >&2
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
-  else
-    sudo apt-get update -qq >&2 && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+# Debian packages the test suite needs: chromium (report tests in a real browser) and
+# postgresql (server binaries; each test runs its own throw-away cluster).
+if [ "${1:-}" = "--with-test-deps" ]; then
+  missing=()
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "[bootstrap] installing Debian packages for the tests: ${missing[*]}" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq >&2
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
   fi
 fi

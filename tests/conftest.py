@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -103,3 +106,61 @@ def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
         yield server
     finally:
         server.kill()
+
+
+def _postgres_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)
+    return found[0].parent if found else None
+
+
+@dataclass
+class Postgres:
+    """A throw-away PostgreSQL cluster on 127.0.0.1 (Debian's server binaries)."""
+
+    bindir: Path
+    data: Path
+    port: int
+
+    @property
+    def uri(self) -> str:
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/mlflow"
+
+    def _run(self, *cmd: str) -> None:
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*as_postgres, *cmd], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        b = self.bindir
+        self._run(str(b / "initdb"), "-D", str(self.data / "db"), "-U", "postgres",
+                  "--auth=trust", "-E", "UTF8")
+        self._run(str(b / "pg_ctl"), "-D", str(self.data / "db"), "-l",
+                  str(self.data / "log"), "-w", "-o",
+                  f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1", "start")
+        self._run(str(b / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
+                  "postgres", "mlflow")
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError):
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data / "db"), "-m",
+                      "immediate", "stop")
+
+
+@pytest.fixture
+def postgres() -> Iterator[Postgres]:
+    bindir = _postgres_bin()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL server binaries missing: `make test` installs them")
+        pytest.skip("PostgreSQL server binaries not installed "
+                    "(scripts/bootstrap.sh --with-test-deps installs them)")
+    # Outside pytest's 0700 tmp tree: the server runs as the postgres user.
+    data = Path(tempfile.mkdtemp(prefix="refrun-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(data, "postgres")
+    pg = Postgres(bindir, data, free_port())
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(data, ignore_errors=True)

@@ -1,6 +1,6 @@
 """The report in a real browser: Debian's headless Chromium driven by Playwright.
 
-Needs /usr/bin/chromium (scripts/bootstrap.sh --with-browser installs it; CI runs that).
+Needs /usr/bin/chromium (scripts/bootstrap.sh --with-test-deps installs it; CI runs that).
 Screenshots go to $REFRUN_TEST_ARTIFACTS, else test-artifacts/ (gitignored).
 """
 
@@ -28,7 +28,7 @@ ARTIFACTS = Path(os.environ.get("REFRUN_TEST_ARTIFACTS")
                  or Path(__file__).resolve().parents[1] / "test-artifacts")
 
 if not Path(CHROMIUM).exists():  # pragma: no cover - CI installs it
-    pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap.sh --with-browser "
+    pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap.sh --with-test-deps "
                 "(apt-get install chromium)", pytrace=False)
 
 
