@@ -106,6 +106,17 @@ def deliver_points(
     return consumed
 
 
+def deliver_pending(spool: Spool, max_batches: int | None = None) -> str:
+    """Create the run if needed, then send tags, params and undelivered points (at most
+    ``max_batches`` batches); returns the MLflow run id.  Raises on a store error."""
+    meta = spool.read_meta()
+    client = client_for(meta)
+    run_id = ensure_run(spool, client)
+    deliver_tags_params(spool, client, run_id)
+    deliver_points(spool, client, run_id, meta.get("mlflow_every", 1), max_batches)
+    return run_id
+
+
 def deliver_artifacts(spool: Spool, client: MlflowClient, run_id: str) -> None:
     """Upload files in the spool's artifacts/ not yet uploaded (recorded in meta)."""
     meta = spool.read_meta()
@@ -140,11 +151,8 @@ def finalize(spool: Spool) -> bool:
 
     Used at the end of a live run and by ``refrun sync``.  Raises on a store error.
     """
-    meta = spool.read_meta()
-    client = client_for(meta)
-    run_id = ensure_run(spool, client)
-    deliver_tags_params(spool, client, run_id)
-    deliver_points(spool, client, run_id, meta.get("mlflow_every", 1))
+    run_id = deliver_pending(spool)
+    client = client_for(spool.read_meta())
     deliver_artifacts(spool, client, run_id)
-    finish(spool, client, run_id, meta.get("status") or "KILLED")
+    finish(spool, client, run_id, spool.read_meta().get("status") or "KILLED")
     return True

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from refrun.delivery import deliver_pending
 from refrun.spool import Spool, _atomic_write
 
 FORWARDER_LOCK = "forwarder.lock"
@@ -83,16 +84,6 @@ def _write_status(spool: Spool, ok: bool, error: str | None) -> None:
                                                         "time": time.time()}))
 
 
-def _deliver(spool: Spool) -> None:
-    from refrun import delivery
-
-    meta = spool.read_meta()
-    client = delivery.client_for(meta)
-    run_id = delivery.ensure_run(spool, client)
-    delivery.deliver_tags_params(spool, client, run_id)
-    delivery.deliver_points(spool, client, run_id, meta.get("mlflow_every", 1))
-
-
 def _wait_for_session_lock(spool: Spool) -> None:
     while True:
         fd = spool.try_lock()
@@ -123,7 +114,7 @@ def run(spool: Spool, interval_s: float) -> int:
         if time.monotonic() < retry_at:
             continue
         try:
-            _deliver(spool)
+            deliver_pending(spool)
         except Exception as exc:
             backoff = min(30.0, max(1.0, backoff * 2))
             retry_at = time.monotonic() + backoff

@@ -43,7 +43,7 @@ from typing import Any
 
 from refrun import forwarder, identity, schema
 from refrun._version import __version__
-from refrun.curves import summary_tags, write_curves
+from refrun.curves import seal
 from refrun.delivery import client_for, ensure_run, finalize
 from refrun.errors import RefrunInputError
 from refrun.spool import Spool, default_root
@@ -390,24 +390,14 @@ class RunSession:
         self.close("FINISHED")
 
     def _write_summary(self, end_ms: int, status: str) -> None:
-        df = self.spool.read_all()
-        write_curves(df, self.spool.artifacts_dir / schema.ARTIFACT_CURVES)
-        end_tags: dict[str, Any] = summary_tags(df)
-        end_tags[schema.TAG_DROPPED] = self._dropped
-        end_tags[schema.TAG_WARNINGS] = len(self._warnings)
-        stats = self._stats
         self.log_json(schema.ARTIFACT_WARNINGS, {
             "warnings": self.warnings,
-            "metrics": {k: vars(v) for k, v in stats.items()},
+            "metrics": {k: vars(v) for k, v in self._stats.items()},
         })
-
-        def change(meta: dict[str, Any]) -> None:
-            meta["tags"].update({k: _tag_value(v) for k, v in end_tags.items()})
-            meta["tags_version"] = meta.get("tags_version", 0) + 1
-            meta["status"] = status
-            meta["end_ms"] = end_ms
-
-        self.spool.update_meta(change)
+        seal(self.spool, status, end_ms=end_ms, extra_tags={
+            schema.TAG_DROPPED: str(self._dropped),
+            schema.TAG_WARNINGS: str(len(self._warnings)),
+        })
 
 
 def _tag_value(v: Any) -> str:
@@ -511,7 +501,7 @@ def start_run(
                           f"({type(exc).__name__}); recording to {spool.path}")
     session._writer = BackgroundWriter(
         spool, flush_interval_s=flush_interval_s, max_queue=max_queue,
-        mlflow_every=mlflow_every, on_warning=lambda m: session.warn_once(m[:60], m),
+        on_warning=lambda m: session.warn_once(m[:60], m),
         deliver_inline=delivery == "thread",
     )
     if delivery == "process":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from refrun import schema
-from refrun.curves import summary_tags, write_curves
+from refrun.curves import seal
 from refrun.delivery import finalize
 from refrun.forwarder import forwarder_alive
 from refrun.spool import Spool, list_spools
@@ -48,18 +48,8 @@ def sync_spool(spool: Spool, forwarder: bool = False) -> SyncResult:
         curves = spool.artifacts_dir / schema.ARTIFACT_CURVES
         if meta.get("status", "RUNNING") == "RUNNING" or not curves.exists():
             # The owning process died without closing: its curves artifact and end-of-run
-            # tags were never written, and it did not end normally.
-            df = spool.read_all()
-            write_curves(df, curves)
-            tags = summary_tags(df)
-
-            def change(m: dict) -> None:
-                m["tags"].update(tags)
-                m["tags_version"] = m.get("tags_version", 0) + 1
-                if m.get("status", "RUNNING") == "RUNNING":
-                    m["status"] = "KILLED"
-
-            spool.update_meta(change)
+            # tags were never written, and it did not end normally (KILLED).
+            seal(spool)
         try:
             finalize(spool)
         except Exception as exc:

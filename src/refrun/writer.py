@@ -37,7 +37,6 @@ class BackgroundWriter(threading.Thread):
         *,
         flush_interval_s: float = 1.0,
         max_queue: int = 2_000_000,
-        mlflow_every: int = 1,
         on_warning: Callable[[str], None] = log.warning,
         deliver_inline: bool = True,
     ) -> None:
@@ -45,7 +44,6 @@ class BackgroundWriter(threading.Thread):
         self.spool = spool
         self.flush_interval_s = flush_interval_s
         self.max_queue = max_queue
-        self.mlflow_every = mlflow_every
         self._on_warning = on_warning
         self.queue: deque[Point] = deque()
         self._wake = threading.Event()
@@ -124,12 +122,7 @@ class BackgroundWriter(threading.Thread):
         if now < self._retry_at:
             return
         try:
-            client = delivery.client_for(self.spool.read_meta())
-            run_id = delivery.ensure_run(self.spool, client)
-            delivery.deliver_tags_params(self.spool, client, run_id)
-            delivery.deliver_points(
-                self.spool, client, run_id, self.mlflow_every, _MAX_BATCHES_PER_ITERATION
-            )
+            delivery.deliver_pending(self.spool, _MAX_BATCHES_PER_ITERATION)
         except Exception as exc:
             self.delivery_errors += 1
             self._backoff_s = min(30.0, max(1.0, self._backoff_s * 2))
