@@ -6,7 +6,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
-from refrun.session import existing_store_uri
+from refrun.tracking import existing_store_uri
 
 _COLUMNS = {
     "run_id": None,

@@ -47,6 +47,7 @@ from refrun.curves import seal
 from refrun.delivery import client_for, ensure_run, finalize
 from refrun.errors import RefrunInputError
 from refrun.spool import Spool, default_root
+from refrun.tracking import resolve_tracking_uri
 from refrun.writer import BackgroundWriter
 
 log = logging.getLogger("refrun")
@@ -58,33 +59,6 @@ _VALID_KEY = re.compile(r"^[A-Za-z0-9_\-. /:]{1,250}$")
 # 120 s timeout) would stall start_run for minutes on a dead server.  Only set when the
 # user has not chosen values.
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
-
-
-def resolve_tracking_uri(uri: str | None) -> str:
-    """The store to use: ``uri``, else ``$MLFLOW_TRACKING_URI``, else MLflow's default
-    (``sqlite:///mlflow.db`` in the working directory).  Relative sqlite paths are made
-    absolute so that ``refrun sync`` from another directory finds the same store."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).absolute())
-    elif "://" not in uri:
-        raise RefrunInputError(
-            f"tracking URI {uri!r}: use sqlite:///PATH, http(s)://HOST:PORT or another "
-            "MLflow store URI (the file store is not supported by MLflow 3)"
-        )
-    return uri
-
-
-def existing_store_uri(uri: str | None) -> str:
-    """:func:`resolve_tracking_uri` for readers: a sqlite store that does not exist is an
-    error instead of being created empty."""
-    resolved = resolve_tracking_uri(uri)
-    if resolved.startswith("sqlite:///"):
-        path = Path(resolved[len("sqlite:///") :])  # absolute after resolve_tracking_uri
-        if not path.is_file():
-            raise RefrunInputError(f"tracking URI {resolved}: no such store "
-                                   f"({path} does not exist)")
-    return resolved
 
 
 @dataclass

@@ -56,7 +56,7 @@ def curve_digests(run: RunData) -> dict[str, str]:
 def latest_metrics(run_ids: Sequence[str], tracking_uri: str | None) -> dict[str, dict]:
     """MLflow's latest value of every metric per run (catches points logged to the store
     after the run's curves artifact was written)."""
-    from refrun.session import resolve_tracking_uri
+    from refrun.tracking import resolve_tracking_uri
 
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     return {rid: dict(client.get_run(rid).data.metrics) for rid in run_ids}

@@ -14,7 +14,7 @@ from refrun.acceptance.assess import assess_ids
 from refrun.acceptance.criteria import load_criteria
 from refrun.acceptance.record import record_assessment
 from refrun.cli import add_tracking_uri
-from refrun.session import existing_store_uri
+from refrun.tracking import existing_store_uri
 
 
 def register(sub: argparse._SubParsersAction) -> None:

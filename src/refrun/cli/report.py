@@ -19,7 +19,7 @@ from refrun.comparison import CompareOptions, Comparison, compare, record_compar
 from refrun.errors import RefrunInputError
 from refrun.report import ARTIFACT_REPORT, log_report, write_report
 from refrun.report.downsample import DEFAULT_MAX_POINTS
-from refrun.session import existing_store_uri
+from refrun.tracking import existing_store_uri
 
 
 def register(sub: argparse._SubParsersAction) -> None:

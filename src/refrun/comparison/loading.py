@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from refrun import schema
 from refrun.errors import RefrunInputError
 from refrun.runs import list_runs
-from refrun.session import resolve_tracking_uri
+from refrun.tracking import resolve_tracking_uri
 
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
 

@@ -134,7 +134,7 @@ def log_report(path: str | os.PathLike[str], run_id: str,
     path."""
     from mlflow.tracking import MlflowClient
 
-    from refrun.session import resolve_tracking_uri
+    from refrun.tracking import resolve_tracking_uri
 
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory(prefix="refrun-report-") as tmp:
