@@ -25,7 +25,8 @@ from report_helpers import (
 from refrun.cli import main
 from refrun.comparison import RunData, compare
 from refrun.report import build_report, write_report
-from refrun.report.downsample import lttb_indices, minmax_indices, reduce_indices
+from refrun.report.downsample import lttb_indices, reduce_indices
+from refrun.thinning import minmax_indices
 
 
 @pytest.fixture(scope="module")

@@ -20,47 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from refrun.thinning import bucket_edges, minmax_indices
+
 DEFAULT_MAX_POINTS = 2400
-
-
-def bucket_edges(n: int, buckets: int) -> np.ndarray:
-    """Start offsets of ``buckets`` near-equal consecutive buckets over ``n`` points
-    (``buckets + 1`` edges, first 0, last ``n``; fewer buckets when ``n < buckets``)."""
-    buckets = max(1, min(int(buckets), n))
-    return np.linspace(0, n, buckets + 1).astype(np.int64)
-
-
-def minmax_indices(y: np.ndarray, buckets: int) -> np.ndarray:
-    """Indices of the first point, the minimum, the maximum and the first non-finite
-    point of each bucket of consecutive points, plus the last point; sorted and unique.
-
-    At most ``3 * buckets + 1`` finite extrema plus one non-finite point per bucket that
-    has one (so a NaN/Inf stays a visible gap in the drawn line).  ``y``: 1-D float array.
-    """
-    y = np.asarray(y, dtype=np.float64)
-    n = len(y)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    edges = bucket_edges(n, buckets)
-    starts = edges[:-1]
-    finite = np.isfinite(y)
-    lo = np.where(finite, y, np.inf)
-    hi = np.where(finite, y, -np.inf)
-    seg_min = np.minimum.reduceat(lo, starts)
-    seg_max = np.maximum.reduceat(hi, starts)
-    bucket = np.repeat(np.arange(len(starts)), np.diff(edges))
-    picks = [starts, np.array([n - 1])]
-    for seg, vals in ((seg_min, lo), (seg_max, hi)):
-        hit = np.flatnonzero(vals == seg[bucket])
-        # First hit per bucket; buckets with no finite value hit +-inf on every point,
-        # which only adds a point that is a gap anyway.
-        _, first = np.unique(bucket[hit], return_index=True)
-        picks.append(hit[first])
-    if not finite.all():
-        bad = np.flatnonzero(~finite)
-        _, first = np.unique(bucket[bad], return_index=True)
-        picks.append(bad[first])
-    return np.unique(np.concatenate(picks))
 
 
 def lttb_indices(x: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
