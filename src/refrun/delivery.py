@@ -15,6 +15,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from refrun import mlflow_ui
 from refrun.spool import Spool
 
 # MLflow's documented log_batch limits.
@@ -46,6 +47,7 @@ def ensure_run(spool: Spool, client: MlflowClient) -> str:
     if meta.get("run_id"):
         return meta["run_id"]
     exp_id = ensure_experiment(client, meta["experiment"])
+    mlflow_ui.mark_training_experiment(client, exp_id)  # the UI opens on the runs table
     run = client.create_run(
         exp_id,
         start_time=meta["start_ms"],

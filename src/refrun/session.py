@@ -41,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from refrun import forwarder, identity, schema
+from refrun import forwarder, identity, mlflow_ui, schema
 from refrun._version import __version__
 from refrun.curves import seal
 from refrun.delivery import client_for, ensure_run, finalize
@@ -442,13 +442,14 @@ def start_run(
     all_tags = _identity_tags(workload, role, hardware, backend, seed, chips, global_batch,
                               planned_steps, snapshot_environment)
     all_tags.update({k: _tag_value(v) for k, v in (tags or {}).items()})
+    all_tags.setdefault(schema.TAG_NOTE, mlflow_ui.run_description(all_tags))
     local_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
     all_tags[schema.TAG_LOCAL_ID] = local_id
     meta = {
         "local_id": local_id,
         "tracking_uri": uri,
         "experiment": experiment or workload,
-        "run_name": run_name,
+        "run_name": run_name or mlflow_ui.default_run_name(all_tags),
         "tags": all_tags,
         "params": {k: _tag_value(v)[:6000] for k, v in (params or {}).items()},
         "tags_version": 1,

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import os
 
-from refrun import schema
+from mlflow.tracking import MlflowClient
+
+from refrun import mlflow_ui, schema
 from refrun.comparison.engine import Comparison
 from refrun.session import start_run
 
@@ -41,14 +43,17 @@ def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
         "refrun.compared.metrics": ",".join(frames)[:5000],
     }
     ref0 = comparison.reference[0]
-    name = run_name or f"compare {ref0.hardware or ref0.run_id[:8]} vs " \
-                       f"{cand.hardware or cand.run_id[:8]}"
+    name = run_name or mlflow_ui.comparison_run_name(
+        "compare", cand.tags.get(schema.TAG_RUN_NAME) or cand.run_id[:8], len(comparison.reference))
     with start_run(workload=cand.workload or ref0.workload or "comparison",
                    role="comparison", hardware=cand.hardware, backend="comparison",
                    tags=tags, run_name=name, tracking_uri=tracking_uri,
                    spool_dir=spool_dir, mlflow_every=mlflow_every,
                    max_queue=max(2_000_000, total + 1000),
                    snapshot_environment=False) as run:
+        if run.run_id is not None:  # names and links from the store (else: spooled)
+            ui = mlflow_ui.comparison_ui_tags(MlflowClient(run.tracking_uri), run.run_id, "compare")
+            run.set_tags(ui if run_name is None else {schema.TAG_NOTE: ui[schema.TAG_NOTE]})
         run.log_params({f"option.{k}": v for k, v in vars(comparison.options).items()})
         for metric, f in frames.items():
             dk, rk = f"diff/{metric}", f"reldiff/{metric}"

@@ -93,7 +93,7 @@ def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: st
     nonfinite = sum(1 for _, _, v in curves.points if not math.isfinite(v))
     with start_run(workload, role, hardware=hardware, backend=BACKEND, seed=seed,
                    chips=chips, params=curves.params, tags=all_tags,
-                   run_name=run_name or f"import {curves.sources[0].name}",
+                   run_name=run_name,  # default: refrun.mlflow_ui.default_run_name
                    tracking_uri=tracking_uri, spool_dir=spool_dir,
                    max_queue=max(2_000_000, len(curves.points) + 1000),
                    snapshot_environment=False) as run:
