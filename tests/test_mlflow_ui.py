@@ -6,6 +6,7 @@ in their description.  Values are read back from the sqlite file itself or MLflo
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import urllib.parse
 from pathlib import Path
@@ -131,7 +132,17 @@ def test_store_runs_and_comparisons_say_what_they_are(tmp_path: Path) -> None:
     assert a.result("goal").reason.split()[0] in note
     exp_id = client.get_run(cmp_id).info.experiment_id
     assert f"[jax\\-sum\\-loss](#/experiments/{exp_id}/runs/{cand})" in note
-    assert mlflow_ui.chart_link(exp_id, [*refs, cand]) in note
+    view_id = mlflow_ui.comparison_view_id(refs, cand)
+    assert mlflow_ui.view_link(exp_id, view_id, chart=True) in note
+    views = {k[len("mlflow.sharedViewState."):]: json.loads(v)
+             for k, v in experiment_tags(db)["ui-test"].items()
+             if k.startswith("mlflow.sharedViewState.")}
+    assert set(views) == {"refrun-runs", view_id}
+    state = json.loads(views[view_id]["state"])
+    assert state["searchFilter"] == f"attributes.run_id IN ('{refs[0]}', '{refs[1]}', '{cand}')"
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "refrun.role"}]
+    assert "tags.`refrun.acceptance.verdict`" in state["selectedColumns"]
+    assert views["refrun-runs"]["name"] == "refrun: runs by role"
 
     cmp = compare(refs, cand, tracking_uri=uri, progress=False)
     plain = record_comparison(cmp, tracking_uri=uri)

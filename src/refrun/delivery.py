@@ -47,7 +47,7 @@ def ensure_run(spool: Spool, client: MlflowClient) -> str:
     if meta.get("run_id"):
         return meta["run_id"]
     exp_id = ensure_experiment(client, meta["experiment"])
-    mlflow_ui.mark_training_experiment(client, exp_id)  # the UI opens on the runs table
+    mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
     run = client.create_run(
         exp_id,
         start_time=meta["start_ms"],

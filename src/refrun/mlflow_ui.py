@@ -19,12 +19,31 @@ the run page) that say what they are without opening the tags:
   criteria and links to the candidate, the references, a chart of the candidate against
   its references (the experiment's chart view filtered to those runs) and the report.
 
-The pure functions build names and texts from tags; :func:`mark_training_experiment` and
+MLflow 3.17.2 itself has a sidebar switch "GenAI | Model training" that, while it is
+shown, decides the page mode for every experiment (remembered per browser; the URL
+parameter ``workflowType=machine_learning`` selects it too); the experiment kind is what
+the UI reads where that switch is absent.  Both are documented in docs/report.md.
+
+Saved views (MLflow 3.17's "Views" menu, stored as experiment tags
+``mlflow.sharedViewState.<id>``) make identity visible without hunting for columns:
+
+* ``refrun: runs by role`` on every experiment refrun records into: the runs grouped by
+  role, with role, backend, hardware, chips, seed, verdict and highest level as columns;
+* one per comparison (id from its runs): only the candidate and its references, grouped by
+  role, so the chart view draws the references as one band against the candidate.  At
+  most :data:`MAX_REFRUN_VIEWS` are written per experiment (the UI refuses new views at 40
+  and people need room for theirs); beyond that the description links to the same runs
+  through a URL filter instead.
+
+The pure functions build names, texts and view states; :func:`prepare_experiment` and
 :func:`comparison_ui_tags` are the two that talk to a tracking store.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +54,14 @@ from mlflow.tracking import MlflowClient
 from refrun import schema
 
 ComparisonKind = Literal["accept", "compare"]
+
+# The identity columns a saved view shows (tags), in this order.
+VIEW_COLUMNS = (schema.TAG_ROLE, schema.TAG_BACKEND, schema.TAG_HARDWARE, schema.TAG_CHIPS,
+                schema.TAG_SEED, schema.TAG_ACCEPTANCE_VERDICT, schema.TAG_ACCEPTANCE_HIGHEST)
+OVERVIEW_VIEW_ID = "refrun-runs"
+OVERVIEW_VIEW_NAME = "refrun: runs by role"
+MAX_REFRUN_VIEWS = 30  # of the 40 saved views MLflow's UI allows per experiment
+MAX_TAG_VALUE = 5000  # MLflow's limit on an experiment tag value (characters)
 
 
 @dataclass(frozen=True)
@@ -53,19 +80,81 @@ def needs_kind(experiment_tags: Mapping[str, str]) -> bool:
     return not (experiment_tags.get(schema.TAG_EXPERIMENT_KIND) or "").strip()
 
 
-def mark_training_experiment(client: MlflowClient, experiment_id: str) -> bool:
-    """Mark experiment ``experiment_id`` as a model-training experiment
-    (``mlflow.experimentKind = custom_model_development``) unless it has a kind already.
+def view_state(search_filter: str = "") -> dict[str, object]:
+    """A runs-page state for a saved view: ``search_filter`` applied, runs grouped by
+    ``refrun.role`` (in charts: one line per group, the references aggregated), the
+    identity columns shown, every run drawn in charts.  Keys are MLflow 3.17's
+    (``searchFilter`` ... facets and ``selectedColumns`` ... UI state)."""
+    return {
+        "searchFilter": search_filter, "orderByKey": "attributes.start_time",
+        "orderByAsc": False, "startTime": "ALL", "lifecycleFilter": "Active",
+        "modelVersionFilter": "All Runs", "datasetsFilter": [],
+        "selectedColumns": [f"tags.`{t}`" for t in VIEW_COLUMNS],
+        "runsHiddenMode": "SHOW_ALL", "useGroupedValuesInCharts": True,
+        "groupBy": {"aggregateFunction": "average",
+                    "groupByKeys": [{"mode": "tag", "groupByData": schema.TAG_ROLE}]},
+    }
 
-    Returns True when the tag was written.  A store error is left to the caller (the
-    delivery step retries; a comparison's recording reports it).
-    """
-    exp = client.get_experiment(experiment_id)
-    if not needs_kind(exp.tags or {}):
+
+def saved_view_value(name: str, state: Mapping[str, object], now_ms: int) -> str:
+    """The experiment tag value of a saved view (MLflow's envelope: name, createdAt,
+    updatedAt in ms since the epoch, and the state as JSON text)."""
+    return json.dumps({"name": name, "createdAt": now_ms, "updatedAt": now_ms,
+                       "state": json.dumps(state, separators=(",", ":"))},
+                      separators=(",", ":"))
+
+
+def view_link(experiment_id: str, view_id: str, chart: bool = False) -> str:
+    """The runs page of ``experiment_id`` opened on saved view ``view_id`` (in the chart
+    view when ``chart``)."""
+    return (f"#/experiments/{experiment_id}/runs?viewStateShareKey={view_id}"
+            + ("&compareRunsMode=CHART" if chart else ""))
+
+
+def runs_filter(run_ids: Sequence[str]) -> str:
+    """MLflow search filter for exactly ``run_ids``."""
+    return "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in run_ids) + ")"
+
+
+def comparison_view_id(reference_ids: Sequence[str], candidate_id: str) -> str:
+    """A saved view's id for a candidate and its references (the same runs, the same view,
+    however often they are compared)."""
+    key = ",".join(sorted(reference_ids)) + "|" + candidate_id
+    return "refrun-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _refrun_views(tags: Mapping[str, str]) -> list[str]:
+    return [k for k in tags if k.startswith(schema.TAG_SAVED_VIEW_PREFIX + "refrun-")]
+
+
+def _ensure_view(client: MlflowClient, experiment_id: str, tags: Mapping[str, str],
+                 view_id: str, name: str, state: Mapping[str, object]) -> bool:
+    """Write saved view ``view_id`` unless present; False when it cannot be (too many
+    refrun views already, or too long for a tag)."""
+    key = schema.TAG_SAVED_VIEW_PREFIX + view_id
+    if key in tags:
+        return True
+    value = saved_view_value(name, state, int(time.time() * 1000))
+    if len(_refrun_views(tags)) >= MAX_REFRUN_VIEWS or len(value) > MAX_TAG_VALUE:
         return False
-    client.set_experiment_tag(experiment_id, schema.TAG_EXPERIMENT_KIND,
-                              schema.EXPERIMENT_KIND_TRAINING)
+    client.set_experiment_tag(experiment_id, key, value)
     return True
+
+
+def prepare_experiment(client: MlflowClient, experiment_id: str) -> None:
+    """Make experiment ``experiment_id`` open as a model-training experiment
+    (``mlflow.experimentKind = custom_model_development``, unless it has a kind) with the
+    saved view ``refrun: runs by role`` (unless present).
+
+    A store error is left to the caller (the delivery step retries; a comparison's
+    recording reports it).
+    """
+    tags = client.get_experiment(experiment_id).tags or {}
+    if needs_kind(tags):
+        client.set_experiment_tag(experiment_id, schema.TAG_EXPERIMENT_KIND,
+                                  schema.EXPERIMENT_KIND_TRAINING)
+    _ensure_view(client, experiment_id, tags, OVERVIEW_VIEW_ID, OVERVIEW_VIEW_NAME,
+                 view_state())
 
 
 def default_run_name(tags: Mapping[str, str]) -> str:
@@ -122,8 +211,7 @@ def run_link(experiment_id: str, run_id: str, tab: str = "") -> str:
 def chart_link(experiment_id: str, run_ids: Sequence[str]) -> str:
     """The experiment's chart view filtered to ``run_ids``: the runs' metrics charted
     together (MLflow's ``searchFilter`` and ``compareRunsMode=CHART`` URL parameters)."""
-    ids = ", ".join(f"'{r}'" for r in run_ids)
-    query = urllib.parse.urlencode({"searchFilter": f"attributes.run_id IN ({ids})",
+    query = urllib.parse.urlencode({"searchFilter": runs_filter(run_ids),
                                     "compareRunsMode": "CHART"},
                                    quote_via=urllib.parse.quote)
     return f"#/experiments/{experiment_id}?{query}"
@@ -137,10 +225,11 @@ def _md(text: str) -> str:
 def comparison_description(*, kind: ComparisonKind, experiment_id: str, run_id: str,
                            candidate: tuple[str, str],
                            references: Sequence[tuple[str, str]],
-                           verdict: Verdict | None) -> str:
+                           verdict: Verdict | None, view_id: str | None = None) -> str:
     """The Markdown description of a comparison run: the verdict and failing criteria
-    (when assessed), then links to the candidate, the references, their chart and the
-    report.  ``candidate`` / ``references``: (run id, run name)."""
+    (when assessed), then links to the candidate, the references, their chart (saved
+    view ``view_id`` when given, else a URL filter) and the report.
+    ``candidate`` / ``references``: (run id, run name)."""
     lines = []
     if verdict is not None:
         lines.append(f"**Verdict: {verdict.verdict.upper()}** -- highest level reached: "
@@ -160,8 +249,11 @@ def comparison_description(*, kind: ComparisonKind, experiment_id: str, run_id: 
     lines.append("- References: " + ", ".join(
         f"[{_md(n)}]({run_link(experiment_id, r)})" for r, n in references))
     all_ids = [r for r, _ in references] + [cid]
-    lines.append(f"- [Chart the candidate against its references]"
-                 f"({chart_link(experiment_id, all_ids)})")
+    chart = (view_link(experiment_id, view_id, chart=True) if view_id
+             else chart_link(experiment_id, all_ids))
+    lines.append(f"- [Chart the candidate against its references]({chart})")
+    if view_id:
+        lines.append(f"- [The same runs as a table]({view_link(experiment_id, view_id)})")
     lines.append(f"- Report: [Artifacts -> {schema.ARTIFACT_REPORT}]"
                  f"({run_link(experiment_id, run_id, 'artifacts')})")
     return "\n".join(lines)
@@ -178,7 +270,7 @@ def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
     """
     run = client.get_run(run_id)
     exp_id = run.info.experiment_id
-    mark_training_experiment(client, exp_id)
+    prepare_experiment(client, exp_id)
     tags = run.data.tags
     ref_ids = [r for r in tags.get(schema.TAG_COMPARED_REFERENCE, "").split(",") if r]
     cand_id = tags.get(schema.TAG_COMPARED_CANDIDATE, "")
@@ -192,9 +284,16 @@ def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
     candidate = (cand_id, name_of(cand_id))
     references = [(r, name_of(r)) for r in ref_ids]
     outcome = verdict.verdict if verdict is not None else None
+    name = comparison_run_name(kind, candidate[1], len(ref_ids), outcome)
+    view_id: str | None = comparison_view_id(ref_ids, cand_id)
+    exp_tags = client.get_experiment(exp_id).tags or {}
+    view_name = f"refrun: {candidate[1]} vs {len(ref_ids)} refs"
+    if not _ensure_view(client, exp_id, exp_tags, view_id, view_name,
+                        view_state(runs_filter([*ref_ids, cand_id]))):
+        view_id = None
     return {
-        schema.TAG_RUN_NAME: comparison_run_name(kind, candidate[1], len(ref_ids), outcome),
+        schema.TAG_RUN_NAME: name,
         schema.TAG_NOTE: comparison_description(
             kind=kind, experiment_id=exp_id, run_id=run_id, candidate=candidate,
-            references=references, verdict=verdict),
+            references=references, verdict=verdict, view_id=view_id),
     }

@@ -32,8 +32,8 @@ from refrun.session import start_run
 from refrun.tracking import existing_store_uri
 
 TAG_PREFIX = "refrun.acceptance."
-TAG_VERDICT = TAG_PREFIX + "verdict"
-TAG_HIGHEST = TAG_PREFIX + "highest_level"
+TAG_VERDICT = schema.TAG_ACCEPTANCE_VERDICT
+TAG_HIGHEST = schema.TAG_ACCEPTANCE_HIGHEST
 TAG_CRITERIA_SHA = TAG_PREFIX + "criteria_sha256"
 TAG_EVIDENCE_SHA = TAG_PREFIX + "evidence_sha256"
 TAG_CRITERIA_FILE = TAG_PREFIX + "criteria_file"
