@@ -158,6 +158,10 @@ def _write(path: Path, text: str) -> Path:
 def test_a_given_comparison_name_is_kept(tmp_path: Path) -> None:
     given = "mine"
     uri, spool = f"sqlite:///{tmp_path}/m.db", tmp_path / "spool"
+    # an experiment already holding the most saved views refrun writes: no new one
+    full = {f"mlflow.sharedViewState.refrun-old{i}": "{}"
+            for i in range(mlflow_ui.MAX_REFRUN_VIEWS)}
+    MlflowClient(uri).create_experiment("ui-test", tags=full)
     refs = [record(uri, spool, "reference", 0, 0.9, backend="torch", hardware="cpu")]
     cand = record(uri, spool, "candidate", 1, 0.9, backend="torch", hardware="cpu")
     cmp = compare(refs, cand, tracking_uri=uri, progress=False)
@@ -165,4 +169,9 @@ def test_a_given_comparison_name_is_kept(tmp_path: Path) -> None:
     assert run_id is not None
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.run_name == given
-    assert "Chart the candidate against its references" in run.data.tags[schema.TAG_NOTE]
+    note = run.data.tags[schema.TAG_NOTE]
+    assert f"[Chart the candidate against its references]" \
+           f"({mlflow_ui.chart_link(run.info.experiment_id, [*refs, cand])})" in note
+    assert "viewStateShareKey" not in note
+    tags = MlflowClient(uri).get_experiment(run.info.experiment_id).tags
+    assert sorted(k for k in tags if "sharedViewState" in k) == sorted(full)
