@@ -12,6 +12,7 @@ test-artifacts/ (docs/img/ holds the ones the docs show).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -93,10 +94,9 @@ def shot(page, name: str) -> None:  # type: ignore[no-untyped-def]
 
 def close_assistant(page) -> None:  # type: ignore[no-untyped-def]
     """Close MLflow's assistant side panel when it is open (it only takes room)."""
-    panel = page.get_by_text("MLflow Assistant", exact=True)
-    if panel.count() and panel.first.is_visible():
-        header = panel.first.locator("xpath=ancestor::div[.//button][1]")
-        header.locator("button").last.click()
+    if page.get_by_role("button", name="New Chat").count():
+        page.get_by_role("button", name="Close", exact=True).first.click()
+        page.get_by_role("button", name="New Chat").wait_for(state="detached")
 
 
 def test_landing_page_to_runs_table_chart_and_report(server: MlflowServer, page) -> None:  # type: ignore[no-untyped-def]
@@ -124,16 +124,39 @@ def test_landing_page_to_runs_table_chart_and_report(server: MlflowServer, page)
         assert t["name"] == expected
         assert table.get_by_text(expected, exact=True).count() == 1
 
-    # 3. the comparison run's page: its description with the verdict and the links
+    # 3. the saved view "refrun: runs by role": identity columns, runs grouped by role
+    page.get_by_test_id("saved-views-trigger").click()
+    page.get_by_text("refrun: runs by role", exact=True).first.click()
+    page.get_by_text("Group: comparison").first.wait_for()
+    for column in ("refrun.role", "refrun.backend", "refrun.acceptance.verdict"):
+        assert page.get_by_role("columnheader", name=column, exact=True).count() >= 1, column
+    shot(page, "1-runs-by-role")
+    page.get_by_text("Exit shared view", exact=True).click()
+
+    # 4. the comparison run's page: its description with the verdict and the links
+    table = page.get_by_role("grid").first
     table.get_by_text(failing["name"], exact=True).click()
     page.wait_for_url(re.compile(rf"/runs/{failing_id}"))
     chart_link = page.get_by_role("link", name="Chart the candidate against its references")
+    page.get_by_role("button", name="Expand description").click()
     chart_link.scroll_into_view_if_needed()
-    page.get_by_text("Verdict: FAIL").wait_for()
+    description = page.get_by_test_id("note-editor-preview-content")
+    description.get_by_text("Verdict: FAIL").wait_for()
+    assessment = json.loads(next(STORE.glob(
+        f"artifacts/*/{failing_id}/artifacts/refrun/assessment.json")).read_text())
+    failed = [r["id"] for r in assessment["results"] if r["outcome"] == "fail"]
+    assert failed
+    text = description.inner_text()
+    assert all(cid in text for cid in failed), (failed, text)
     shot(page, "2-comparison-run")
 
-    # 4. the chart: the candidate against its reference group, from the saved view
-    chart_link.click()
+    # 5. the chart: the candidate against its reference group, from the saved view (the
+    # description's links open in a new tab)
+    run_page = page
+    with page.context.expect_page() as opened:
+        chart_link.click()
+    page = opened.value
+    page.set_viewport_size({"width": 1500, "height": 950})
     page.wait_for_url(re.compile(r"viewStateShareKey=refrun-.*compareRunsMode=CHART"))
     page.get_by_text("Group: candidate").first.wait_for()
     page.get_by_text("Group: reference").first.wait_for()
@@ -146,9 +169,9 @@ def test_landing_page_to_runs_table_chart_and_report(server: MlflowServer, page)
     assert group_rows.count() == 2
     assert page.get_by_text(failing["candidate_name"], exact=True).count() >= 1
 
-    # 5. back to the comparison run -> Artifacts -> the report inside MLflow
-    page.go_back()
-    page.wait_for_url(re.compile(rf"/runs/{failing_id}"))
+    # 6. back to the comparison run -> Artifacts -> the report inside MLflow
+    page.close()
+    page = run_page
     page.get_by_role("tab", name="Artifacts").click()
     page.get_by_text("refrun", exact=True).first.click()
     page.get_by_text("report.html", exact=True).first.click()
