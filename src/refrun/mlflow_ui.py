@@ -60,6 +60,7 @@ VIEW_COLUMNS = (schema.TAG_ROLE, schema.TAG_BACKEND, schema.TAG_HARDWARE, schema
                 schema.TAG_SEED, schema.TAG_ACCEPTANCE_VERDICT, schema.TAG_ACCEPTANCE_HIGHEST)
 OVERVIEW_VIEW_ID = "refrun-runs"
 OVERVIEW_VIEW_NAME = "refrun: runs by role"
+_RUN_NAME_COLUMN = "attributes.`Run Name`"  # the runs table's column ids (ag-grid colId)
 MAX_REFRUN_VIEWS = 30  # of the 40 saved views MLflow's UI allows per experiment
 MAX_TAG_VALUE = 5000  # MLflow's limit on an experiment tag value (characters)
 
@@ -85,11 +86,15 @@ def view_state(search_filter: str = "") -> dict[str, object]:
     ``refrun.role`` (in charts: one line per group, the references aggregated), the
     identity columns shown, every run drawn in charts.  Keys are MLflow 3.17's
     (``searchFilter`` ... facets and ``selectedColumns`` ... UI state)."""
+    columns = [f"tags.`{t}`" for t in VIEW_COLUMNS]
     return {
         "searchFilter": search_filter, "orderByKey": "attributes.start_time",
         "orderByAsc": False, "startTime": "ALL", "lifecycleFilter": "Active",
         "modelVersionFilter": "All Runs", "datasetsFilter": [],
-        "selectedColumns": [f"tags.`{t}`" for t in VIEW_COLUMNS],
+        "selectedColumns": columns,
+        # the run name first and wide enough for "accept <candidate> vs N refs: fail"
+        "columnOrder": [_RUN_NAME_COLUMN, "runDateAndNestInfo", "duration", *columns],
+        "columnWidths": {_RUN_NAME_COLUMN: 340, **{c: 110 for c in columns}},
         "runsHiddenMode": "SHOW_ALL", "useGroupedValuesInCharts": True,
         "groupBy": {"aggregateFunction": "average",
                     "groupByKeys": [{"mode": "tag", "groupByData": schema.TAG_ROLE}]},
