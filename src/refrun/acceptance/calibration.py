@@ -176,8 +176,9 @@ def _quantile_need(z: np.ndarray, q: float) -> float:
 
 # --- per-metric derivations ----------------------------------------------------------------
 def _worst_by_seed(n: int, opts: CalibrationOptions, g: int, need) -> np.ndarray:
-    """Each held-out seed's worst need over its groups (``need(held_out, group)``)."""
-    return np.array([max(need(i, grp) for grp in groups_for(n, i, g, opts.max_groups))
+    """The need of every held-out trial (``need(held_out, group)``), one row per held-out
+    seed (the limit treats the rows, not the trials, as the independent draws)."""
+    return np.array([[need(i, grp) for grp in groups_for(n, i, g, opts.max_groups)]
                      for i in range(n)])
 
 
@@ -219,7 +220,7 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     if not np.all(np.isfinite(needs)):
         return None
     logs = np.log(np.maximum(needs, 1e-6))
-    lim, _ = upper_limit(logs, cov, opts.confidence)
+    lim, _ = upper_limit(logs, cov, opts.confidence, n=len(series))
     stds = [np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, st)]
                                         for s in series]), 0, ddof=1))
             for st in [_all_common(series)]]
@@ -246,7 +247,7 @@ def final_window_tol(series: list[_Series], opts: CalibrationOptions, g: int, co
         return float(abs(x[-k:].mean() - mat.mean(0)[-k:].mean()))
 
     needs = _worst_by_seed(len(series), opts, g, need)
-    lim, worst = upper_limit(needs, cov, opts.confidence)
+    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(series))
     return lim, worst, needs
 
 
@@ -260,7 +261,7 @@ def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: flo
         return float(max(v.min() - values[i], values[i] - v.max()))
 
     needs = _worst_by_seed(len(values), opts, g, need)
-    lim, worst = upper_limit(needs, cov, opts.confidence)
+    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(values))
     return max(0.0, lim), worst, needs
 
 
@@ -282,7 +283,7 @@ def step_time_limit(runs: list[RunData], opts: CalibrationOptions, g: int, cov: 
         return float(np.log(np.median(steady[i]) / np.median(pooled)))
 
     needs = _worst_by_seed(len(runs), opts, g, need)
-    lim, worst = upper_limit(needs, cov, opts.confidence)
+    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(runs))
     return math.exp(lim), math.exp(worst), needs, start
 
 
@@ -370,7 +371,7 @@ def calibrate(references: Sequence[RunData],
         out.append(_one_point(m, values, one_point_tol(values, opts, g, cov), len(runs)))
     if has_time:
         out.append(_step_time(runs, opts, g, cov))
-    out += integrity(runs, opts)
+    out += integrity(runs, opts, cov)
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
                       .replace("+00:00", "Z"))
@@ -457,7 +458,7 @@ def _scope(evidence_key: str, backends: set[str]) -> list[str]:
     return sorted(set(RECORDED_BY[evidence_key]) | backends)
 
 
-def integrity(runs: list[RunData], opts: CalibrationOptions) -> list[Derived]:
+def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list[Derived]:
     """Compilation, host-sync and CPU-fallback criteria: from the references' evidence
     when recorded, else the structural defaults (stated in the file as such)."""
     keep, s = opts.settings.keep, opts.settings
@@ -471,7 +472,7 @@ def integrity(runs: list[RunData], opts: CalibrationOptions) -> list[Derived]:
             start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
                                s.warmup_fraction)
             totals.append(float(x.values[x.steps >= start].sum()))
-            lim, worst = upper_limit(np.array(totals), _cov(opts, 1), opts.confidence)
+            lim, worst = upper_limit(np.array(totals), cov, opts.confidence)
         mx = float(math.ceil(lim))
         src = (f"from the references' own {schema.M_COMPILE_GRAPHS}: worst {worst:g} after "
                f"warm-up, limit {mx:g}")
@@ -497,7 +498,7 @@ def integrity(runs: list[RunData], opts: CalibrationOptions) -> list[Derived]:
             start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
                                s.warmup_fraction)
             means.append(float(x.values[x.steps >= start].mean()))
-            lim, worst = upper_limit(np.array(means), _cov(opts, 1), opts.confidence)
+            lim, worst = upper_limit(np.array(means), cov, opts.confidence)
         mx = _round_up(lim + STRUCTURAL_SYNCS_PER_STEP)
         src = (f"from the references' own {schema.M_HOST_SYNCS}: worst {worst:.3g}/step, "
                f"limit + half a sync per step")
