@@ -1,8 +1,8 @@
 """Every run of the digits pipeline: reference seeds, benign candidates, silent defects.
 
 A :class:`Variant` is one training process (a port, a seed, flags).  ``expect`` names the
-criteria (ids in ``pipelines/criteria/digits.toml``, written by ``refrun calibrate``) that must fail for a defect, and is
-empty for a benign candidate, which must fail none.  The criteria are general (envelopes
+criteria (ids in ``pipelines/criteria/digits.toml``, written by ``refrun calibrate``)
+that must fail for a defect, and is empty for a benign candidate, which must fail none.  The criteria are general (envelopes
 of the reference seeds, compilation and transfer counters, fallback allowlist); nothing
 here or there is keyed on a variant's name.
 """
