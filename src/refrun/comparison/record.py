@@ -13,7 +13,7 @@ import os
 
 from refrun import schema
 from refrun.comparison.engine import Comparison
-from refrun.session import start_run
+from refrun.recording.session import start_run
 
 ARTIFACT_COMPARISON = "refrun/comparison.json"
 

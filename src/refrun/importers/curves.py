@@ -15,7 +15,7 @@ from typing import Any
 
 from refrun import schema
 from refrun.errors import RefrunInputError
-from refrun.session import start_run
+from refrun.recording.session import start_run
 
 BACKEND = "import"
 
