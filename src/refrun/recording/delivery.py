@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from refrun import schema
+from refrun.keys import key_problem, step_problem
 from refrun.recording import view
 from refrun.recording.curves import summary_tags, write_curves
 from refrun.recording.spool import (
     Cursor,
+    Point,
     RunStatus,
     Spool,
     SpoolMeta,
@@ -282,6 +284,26 @@ def _send_points(spool: Spool, client: MlflowClient, run_id: str, points: list) 
     _record_skipped(spool, skipped, refused)
 
 
+def _storable(spool: Spool, batch: list[Point]) -> list[Point]:
+    """``batch`` without points MLflow would refuse for their name or step (a spool written
+    by something other than the session, or by an older refrun); those are skipped."""
+    key_problems: dict[str, str | None] = {}
+    reasons: dict[str, None] = {}  # ordered set
+    good = []
+    for p in batch:
+        if p[0] not in key_problems:
+            key_problems[p[0]] = key_problem(p[0])
+        problem = key_problems[p[0]] or step_problem(p[1])
+        if problem is None:
+            good.append(p)
+        else:
+            reasons[problem] = None
+    if len(good) < len(batch):
+        _record_skipped(spool, len(batch) - len(good),
+                        [f"point skipped at delivery: {r}" for r in reasons])
+    return good
+
+
 def deliver_points(spool: Spool, client: MlflowClient, run_id: str, every: int = 1,
                    max_batches: int | None = None) -> int:
     """Send the MLflow view of undelivered spool lines; returns how many lines were read.
@@ -297,7 +319,7 @@ def deliver_points(spool: Spool, client: MlflowClient, run_id: str, every: int =
     ):
         if max_batches is not None and i >= max_batches:
             break
-        chosen = view.select(batch, state, every)
+        chosen = view.select(_storable(spool, batch), state, every)
         if chosen:
             _send_points(spool, client, run_id, chosen)
         spool.write_cursor(Cursor(lines_after, bytes_after, state))
@@ -346,14 +368,16 @@ def seal(spool: Spool, status: RunStatus | None = None, end_ms: int | None = Non
 
     ``status`` None keeps the recorded one, except that a spool still RUNNING (its process
     died without closing) becomes KILLED.  Writing the artifact may fail (disk full): the
-    status and tags are recorded regardless and the error is raised afterwards.
+    status, end time and tags are recorded regardless (with ``refrun.curves.missing``) and
+    the error is raised afterwards.
     """
-    df = spool.read_all()
-    tags = {**summary_tags(df), **(extra_tags or {})}
-    error: OSError | None = None
+    tags = dict(extra_tags or {})
+    error: Exception | None = None
     try:
+        df = spool.read_all()
+        tags.update(summary_tags(df))
         write_curves(df, spool.artifacts_dir / schema.ARTIFACT_CURVES)
-    except OSError as exc:
+    except Exception as exc:  # the status and end time are recorded regardless
         error = exc
         tags[schema.TAG_CURVES_MISSING] = f"{type(exc).__name__}: {exc}"[:500]
 

@@ -383,6 +383,7 @@ class RunSession:
             self._seal(end_ms, status)
         except Exception as exc:
             self.warn_once("summary", f"end-of-run record not (fully) written: {exc}")
+        _ = self.run_id  # known to the session from here on, even once the spool is gone
         proc = self._process
         if proc is not None and proc.poll() is None:
             ok = self._close_through_process(proc)

@@ -36,6 +36,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from refrun.keys import STEP_MAX, STEP_MIN
+
 Point = tuple[str, int, int, float]  # key, step, timestamp_ms, value
 RunStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]
 META_VERSION = 2
@@ -292,6 +294,9 @@ def read_points_file(path: Path) -> pd.DataFrame:
     data = Path(path).read_bytes()
     end = data.rfind(b"\n") + 1
     rows = [line.split("\t") for line in data[:end].decode("utf-8").splitlines()]
+    # A step outside int64 can only come from another writer; it is not a storable point
+    # (delivery skips and counts it too).
+    rows = [r for r in rows if STEP_MIN <= int(r[1]) <= STEP_MAX]
     if not rows:
         return empty_curves()
     keys, steps, ts, vals = zip(*rows, strict=True)
