@@ -55,7 +55,8 @@ def test_compare_cli_table_json_and_comparison_run(store, tmp_path: Path, capsys
     assert loss["alignment"]["only_in_reference"] == 20
     assert abs(loss["measures"]["mean_abs_diff"] - np.mean(np.abs(c - r))) < 1e-12
     assert doc["reference"][0]["run_id"] == ref and doc["candidate"]["run_id"] == cand
-    assert doc["candidate"]["source"] == "artifact" and doc["candidate"]["points"] == 20  # loss only (--metrics)
+    # points loaded: loss only (--metrics), 20 steps
+    assert doc["candidate"]["source"] == "artifact" and doc["candidate"]["points"] == 20
     assert doc["candidate"]["points_from"].startswith("curves artifact refrun/curves.parquet")
     assert f"candidate: {cand} (FINISHED; points from curves artifact" in out
     comparison_id = out.strip().splitlines()[-1].split()[-1]

@@ -234,7 +234,7 @@ def test_names_and_steps_mlflow_refuses_are_one_line_errors_and_nothing_is_recor
         ("megatron", write(tmp_path, "e.json", '{"trail/": {"values": {"1": 1.0}}}'),
          'key "trail/"'),
         ("megatron", write(tmp_path, "f.json",
-                           '{"lm loss": {"values": {"1": 1.0, "%d": 2.0}}}' % 2**63),
+                           json.dumps({"lm loss": {"values": {"1": 1.0, str(2**63): 2.0}}})),
          f'key "lm loss".values."{2**63}": step {2**63} does not fit'),
         ("torchtitan", write(tmp_path, "g.txt", f"1 2.0\n{-(2**63) - 1} 3.0\n"), ":2: step"),
     ]
