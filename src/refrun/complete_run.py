@@ -47,7 +47,7 @@ try:
 except ImportError:  # pragma: no cover - layout before the move
     from refrun.session import _identity_tags as identity_tags  # type: ignore[no-redef]
 
-__all__ = ["CompleteRun", "curves_table", "identity_tags", "mlflow_view",
+__all__ = ["CompleteRun", "curves_table", "identity_tags", "mlflow_view", "write_curves",
            "write_complete_run"]
 
 # MLflow's documented log_batch limits.
