@@ -35,24 +35,37 @@ from mlflow.tracking import MlflowClient
 
 from refrun import schema
 from refrun.errors import RefrunInputError
+from refrun.recording.config import RunConfig
+from refrun.recording.curves import summary_tags, write_curves
+from refrun.recording.delivery import client_for, ensure_experiment
+from refrun.recording.session import identity_tags as _session_identity_tags
 from refrun.thinning import MLFLOW_MAX_POINTS, bounded_view
 from refrun.tracking import resolve_tracking_uri
 
-try:  # the recording path is moving into refrun.recording (issue 14); either layout
-    from refrun.recording.curves import summary_tags, write_curves
-except ImportError:  # pragma: no cover - layout before the move
-    from refrun.curves import summary_tags, write_curves  # type: ignore[no-redef]
-try:
-    from refrun.recording.session import _identity_tags as identity_tags
-except ImportError:  # pragma: no cover - layout before the move
-    from refrun.session import _identity_tags as identity_tags  # type: ignore[no-redef]
-
-__all__ = ["CompleteRun", "curves_table", "identity_tags", "mlflow_view", "write_curves",
-           "write_complete_run"]
+__all__ = [
+    "CompleteRun",
+    "curves_table",
+    "identity_tags",
+    "mlflow_view",
+    "write_complete_run",
+    "write_curves",
+]
 
 # MLflow's documented log_batch limits.
 _METRICS_PER_BATCH = 1000
 _TAGS_PER_BATCH = 100
+
+
+def identity_tags(workload: str, role: str, *, hardware: str | None, backend: str,
+                  seed: int | None = None, chips: int | None = None) -> dict[str, str]:
+    """The identity tags a recorded run gets (the session's own function, so imported and
+    comparison runs are found and compared like any other), for a run this process did
+    not train.  Raises :class:`RefrunInputError` for a bad workload, role, seed or chips
+    (the session's own validation, :class:`~refrun.recording.config.RunConfig`)."""
+    config = RunConfig(workload=workload, role=role, tracking_uri="unused",
+                       spool_root=Path("unused"), hardware=hardware, backend=backend,
+                       seed=seed, chips=chips, snapshot_environment=False)
+    return _session_identity_tags(config)
 
 
 def now_ms() -> int:
@@ -118,19 +131,6 @@ class CompleteRun:
     """Most points per metric in MLflow's metric history."""
 
 
-def _experiment_id(client: MlflowClient, name: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name)
-    except MlflowException:  # created meanwhile by another process
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
-
-
 def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str:
     """Write ``run`` into the store and return its MLflow run id once it is FINISHED.
 
@@ -140,8 +140,8 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
     uri = resolve_tracking_uri(tracking_uri)
     view = mlflow_view(run.table, run.max_points)
     try:
-        client = MlflowClient(uri)
-        exp_id = _experiment_id(client, run.experiment)
+        client = client_for(uri)  # a new sqlite store is created once, under a file lock
+        exp_id = ensure_experiment(client, run.experiment)
         run_id = client.create_run(exp_id, start_time=now_ms(), tags=run.tags,
                                    run_name=run.run_name).info.run_id
     except (MlflowException, OSError) as exc:
@@ -183,6 +183,7 @@ def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric
     end = {
         **summary_tags(run.table),
         schema.TAG_DROPPED: "0",
+        schema.TAG_REFUSED: "0",
         schema.TAG_WARNINGS: "0",
         schema.TAG_MLFLOW_VIEW: mlflow_view_note(run.max_points, len(view), len(run.table)),
         **run.end_tags,

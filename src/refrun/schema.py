@@ -25,7 +25,10 @@ Tags (all strings, prefix ``refrun.``):
 ``refrun.local_id``       id of the local spool that backs the run
 ``refrun.steps.*``        written at the end: count, first, last, repeated, backwards
 ``refrun.nonfinite``      number of NaN/Inf points recorded
-``refrun.dropped``        points dropped because the in-memory queue was full
+``refrun.dropped``        points not kept: in-memory queue full or spool disk full
+``refrun.refused``        points refused at ``log`` (a name, key or step MLflow refuses)
+``refrun.skipped``        points/tags the store refused at delivery (skipped, see warnings)
+``refrun.curves.missing`` why the curves artifact could not be written (disk full)
 ``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
 ========================  ====================================================
 
@@ -69,6 +72,17 @@ TAG_PLANNED_STEPS = "refrun.planned_steps"
 # Comparison runs link what they compared.
 TAG_COMPARED_REFERENCE = "refrun.compared.reference"  # comma-separated run ids
 TAG_COMPARED_CANDIDATE = "refrun.compared.candidate"
+
+# --- recording path (refrun.recording; issue 14) --------------------------------------
+# Points refused where they entered (bad name/key/step, see refrun.keys); never queued.
+TAG_REFUSED = "refrun.refused"
+# Points or tags the store still refused at delivery; skipped (reasons in warnings.json).
+TAG_SKIPPED = "refrun.skipped"
+# Set when the curves artifact could not be written (e.g. disk full): the reason.
+TAG_CURVES_MISSING = "refrun.curves.missing"
+# MLflow's source tag, set on every recorded run.
+TAG_MLFLOW_SOURCE = "mlflow.source.name"
+SOURCE_NAME = "refrun"
 
 ARTIFACT_DIR = "refrun"
 ARTIFACT_CURVES = "refrun/curves.parquet"

@@ -66,7 +66,7 @@ def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
     cand = comparison.candidate
     ref0 = comparison.reference[0]
     tags = identity_tags(cand.workload or ref0.workload or "comparison", "comparison",
-                         cand.hardware, "comparison", None, None, None, None, False)
+                         hardware=cand.hardware, backend="comparison")
     tags.update(string_tags({
         schema.TAG_COMPARED_REFERENCE: ",".join(comparison.reference_ids),
         schema.TAG_COMPARED_CANDIDATE: cand.run_id,

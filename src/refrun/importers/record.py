@@ -37,17 +37,7 @@ def _sha256(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def _check_identity(workload: str, role: str, hardware: str, seed: int | None,
-                    chips: int | None, tags: dict[str, Any]) -> None:
-    if not workload or not isinstance(workload, str):
-        raise RefrunInputError("workload: a non-empty name is required")
-    if role not in schema.ROLES:
-        raise RefrunInputError(f"role: {role!r} is not one of {', '.join(schema.ROLES)}")
-    if not hardware:
-        raise RefrunInputError("hardware: a non-empty name is required")
-    for name, val in (("seed", seed), ("chips", chips)):
-        if val is not None and (isinstance(val, bool) or not isinstance(val, int)):
-            raise RefrunInputError(f"{name}: expected an integer, got {val!r}")
+def _check_tags(tags: dict[str, Any]) -> None:
     for key in tags:
         problem = key_problem(key, "tag key")
         if problem is not None:
@@ -70,14 +60,16 @@ def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: st
     created before it is marked FAILED and deleted).
     """
     del spool_dir
+    if not hardware:
+        raise RefrunInputError("hardware: a non-empty name is required")
+    all_tags = identity_tags(workload, role, hardware=hardware, backend=BACKEND, seed=seed,
+                             chips=chips)
     user_tags = dict(tags or {})
-    _check_identity(workload, role, hardware, seed, chips, user_tags)
+    _check_tags(user_tags)
     if not len(curves):
         raise RefrunInputError(f"{curves.sources[0]}: no points to import")
     f = curves.frame
     table = curves_table(f["metric"], f["step"].to_numpy(), f["value"].to_numpy(), now_ms())
-    all_tags = identity_tags(workload, role, hardware, BACKEND, seed, chips, None, None,
-                             False)
     all_tags.update({
         # The importing machine is not the one that trained: say where the data came from.
         schema.TAG_DEVICE: f"imported from {curves.format} file",
