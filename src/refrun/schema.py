@@ -125,3 +125,16 @@ TAG_MESH = "refrun.exec.mesh"
 def identity_tag(field: str) -> str:
     """Tag name for an identity field (``workload`` -> ``refrun.workload``)."""
     return PREFIX + field
+
+# --- imports and MLflow views (engineer imp, issue 14) ---------------------
+# Where an imported run's points came from (refrun import megatron|torchtitan|csv).
+TAG_IMPORT_FORMAT = "refrun.import.format"
+TAG_IMPORT_SOURCE = "refrun.import.source"  # file name(s), comma-separated
+TAG_IMPORT_SHA256 = "refrun.import.sha256"  # of the imported file(s), in order
+TAG_IMPORT_NONFINITE = "refrun.import.nonfinite_points"
+# How MLflow's metric history of a run relates to its curves artifact (a bounded view).
+TAG_MLFLOW_VIEW = "refrun.mlflow_view"
+TAG_COMPARED_METRICS = "refrun.compared.metrics"  # comma-separated metric names
+ARTIFACT_COMPARISON = "refrun/comparison.json"
+DIFF_PREFIX = "diff/"  # comparison runs: candidate - reference, metric units
+RELDIFF_PREFIX = "reldiff/"  # comparison runs: |diff| / max(|cand|, |ref|, eps)
