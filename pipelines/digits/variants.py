@@ -2,9 +2,9 @@
 
 A :class:`Variant` is one training process (a port, a seed, flags).  ``expect`` names the
 criteria (ids in ``pipelines/criteria/digits.toml``, written by ``refrun calibrate``)
-that must fail for a defect, and is empty for a benign candidate, which must fail none.  The criteria are general (envelopes
-of the reference seeds, compilation and transfer counters, fallback allowlist); nothing
-here or there is keyed on a variant's name.
+that must fail for a defect, and is empty for a benign candidate, which must fail none.
+The criteria are general (envelopes of the reference seeds, compilation and transfer
+counters, fallback allowlist); nothing here or there is keyed on a variant's name.
 """
 
 from __future__ import annotations
