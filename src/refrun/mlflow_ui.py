@@ -35,8 +35,8 @@ Saved views (MLflow 3.17's "Views" menu, stored as experiment tags
   and people need room for theirs); beyond that the description links to the same runs
   through a URL filter instead.
 
-The pure functions build names, texts and view states; :func:`prepare_experiment` and
-:func:`comparison_ui_tags` are the two that talk to a tracking store.
+The pure functions build names, texts and view states; :func:`prepare_experiment`,
+:func:`comparison_ui_tags` and :func:`describe_comparison` talk to a tracking store.
 """
 
 from __future__ import annotations
@@ -302,3 +302,15 @@ def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
             kind=kind, experiment_id=exp_id, run_id=run_id, candidate=candidate,
             references=references, verdict=verdict, view_id=view_id),
     }
+
+
+def describe_comparison(client: MlflowClient, run_id: str, kind: ComparisonKind,
+                        verdict: Verdict | None = None, keep_name: bool = False) -> None:
+    """Set the name and description of comparison run ``run_id`` (a run written in one
+    pass, :mod:`refrun.complete_run`) as :func:`comparison_ui_tags` makes them; the run
+    keeps its name when ``keep_name`` (one its caller chose)."""
+    tags = comparison_ui_tags(client, run_id, kind, verdict)
+    if keep_name:
+        tags.pop(schema.TAG_RUN_NAME)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
