@@ -62,7 +62,7 @@ OVERVIEW_VIEW_ID = "refrun-runs"
 OVERVIEW_VIEW_NAME = "refrun: runs by role"
 _RUN_NAME_COLUMN = "attributes.`Run Name`"  # the runs table's column ids (ag-grid colId)
 MAX_REFRUN_VIEWS = 30  # of the 40 saved views MLflow's UI allows per experiment
-MAX_TAG_VALUE = 5000  # MLflow's limit on an experiment tag value (characters)
+MAX_TAG_VALUE = 5000  # characters: within every store's tag-value limit (MLflow: 5,000+)
 
 
 @dataclass(frozen=True)
