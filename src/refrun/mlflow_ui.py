@@ -250,6 +250,7 @@ def comparison_description(*, kind: ComparisonKind, experiment_id: str, run_id: 
         lines += [f"**{kind}**: differences of the candidate from its references "
                   "(metrics `diff/<metric>`, `reldiff/<metric>`).", ""]
     cid, cname = candidate
+    lines += ["Runs, chart and report:", ""]  # a paragraph: not one list with the criteria
     lines.append(f"- Candidate: [{_md(cname)}]({run_link(experiment_id, cid)})")
     lines.append("- References: " + ", ".join(
         f"[{_md(n)}]({run_link(experiment_id, r)})" for r, n in references))
