@@ -138,3 +138,12 @@ TAG_COMPARED_METRICS = "refrun.compared.metrics"  # comma-separated metric names
 ARTIFACT_COMPARISON = "refrun/comparison.json"
 DIFF_PREFIX = "diff/"  # comparison runs: candidate - reference, metric units
 RELDIFF_PREFIX = "reldiff/"  # comparison runs: |diff| / max(|cand|, |ref|, eps)
+
+# --- calibration and statistics (acceptance, issue 13: refrun calibrate) ---------------
+# Per-step counters whose movement marks a compilation step: such steps are left out of a
+# step-time median (their time is the compiler's, not the step's).
+STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_OTHER)
+# Evidence fields of the statistical criteria (equivalence, convergence): the interval
+# the decision rests on and the number of reference seeds behind it.
+EV_INTERVAL = "interval"
+EV_N_REFERENCE = "n_reference"

@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("refrun.cli.watch", "evaluate stopping rules on a run in progress"),
     "signoff": ("refrun.cli.signoff", "record a sign-off of a recorded assessment"),
     "verify": ("refrun.cli.signoff", "check that a signed-off assessment is unchanged"),
+    "calibrate": ("refrun.cli.calibrate",
+                  "write a criteria file from reference seeds (held-out validation)"),
 }
 
 # Sub-commands that load recorded runs for a comparison: they get ``--wait SECONDS``.

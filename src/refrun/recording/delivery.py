@@ -139,16 +139,17 @@ def client_for(uri: str) -> MlflowClient:
         return client
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(f"{db}.refrun-init.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            _ = client._tracking_client.store  # creates/migrates the tables once
+            client = MlflowClient(tracking_uri=uri)  # opens the store: creates/migrates it
         finally:
             os.close(fd)
+    else:
+        client = MlflowClient(tracking_uri=uri)
     _clients[uri] = client
     return client
 
