@@ -22,7 +22,7 @@ import contextlib
 import json
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,8 @@ class CompleteRun:
     """Tags set once everything else is written."""
     max_points: int = MLFLOW_MAX_POINTS
     """Most points per metric in MLflow's metric history."""
+    tags_for_run: Callable[[MlflowClient, str], dict[str, str]] | None = None
+    """Tags that need the new run's id (e.g. links to it), set with ``end_tags``."""
 
 
 def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str:
@@ -206,6 +208,7 @@ def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric
         schema.TAG_WARNINGS: "0",
         schema.TAG_MLFLOW_VIEW: mlflow_view_note(run.max_points, len(view), len(run.table)),
         **run.end_tags,
+        **(run.tags_for_run(client, run_id) if run.tags_for_run is not None else {}),
     }
     tags = [RunTag(k, v) for k, v in end.items()]
     for i in range(0, len(tags), _TAGS_PER_BATCH):
