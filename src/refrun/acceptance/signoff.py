@@ -102,8 +102,10 @@ def _stored_criteria(rec: Recorded) -> CriteriaFile:
 def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None) -> dict[str, Any]:
     refs_ids = list(rec.assessment.get("reference", []))
     cand_id = rec.assessment.get("candidate", "")
-    refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri)
-    a = assess(crit, refs, cand, latest)
+    # A cross-workload assessment was allowed explicitly (and says so): re-assess alike.
+    cross = bool(rec.assessment.get("cross_workload"))
+    refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri, cross)
+    a = assess(crit, refs, cand, latest, cross)
     return build_evidence(crit.sha256, a.results, refs, cand, latest)
 
 
