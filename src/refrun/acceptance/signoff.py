@@ -142,8 +142,9 @@ def _readable(assessment: dict[str, Any]) -> dict[str, Any]:
 
 def assessment_changes(recorded: dict[str, Any], current: Assessment) -> list[dict[str, str]]:
     """Every field of the recorded ``refrun/assessment.json`` that differs from the same
-    assessment recomputed now (``change``: recomputed -> recorded) (verdict, highest level, levels, each result and its reason,
-    measurements, warnings ...), as ``{"what": "assessment", "key", "change"}``."""
+    assessment recomputed now (verdict, highest level, levels, each result and its reason,
+    measurements, warnings ...), as ``{"what": "assessment", "key", "change"}`` with
+    ``change`` "recomputed -> recorded"."""
     fresh = json.loads(json.dumps(current.to_dict()))  # the form it is stored in
     # "supported -> recorded": what the data gives, then what the store says now.
     return [{"what": "assessment", "key": f"{ARTIFACT_ASSESSMENT}: " + ".".join(path),
