@@ -68,6 +68,10 @@ def test_verify_names_every_rewritten_piece(store, tmp_path: Path, capsys) -> No
     assert main(["signoff", "--comparison", comp, "--decision", "accept", "--by", "Ada"]) == 0
     capsys.readouterr()
     client = MlflowClient(store.tracking_uri)
+    # A sqlite store authenticates nobody: the name is as typed, and the record says so.
+    tags = client.get_run(comp).data.tags
+    assert tags["refrun.signoff.by"] == "Ada"
+    assert tags["refrun.signoff.authentication"] == "unauthenticated"
     assert _verify(comp, capsys, tmp_path)[0] == 0
 
     def rewrite_json(name: str, edit, expect: list[str]) -> None:
