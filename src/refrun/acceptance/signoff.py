@@ -80,6 +80,9 @@ class SignOff:
     # or typed by hand ("unauthenticated"); by_declared keeps what --by said.
     authentication: str = UNAUTHENTICATED
     by_declared: str = ""
+    # The calibration the thresholds rest on (refrun.acceptance.calibration); None when the
+    # criteria file has no [calibration] table.
+    calibration_sha256: str | None = None
     refrun_version: str = __version__
     record_sha256: str = ""  # digest of every field above
 
@@ -233,6 +236,7 @@ def sign_off(comparison_id: str, decision: str, by: str | None, note: str = "",
         reference_ids=list(rec.assessment.get("reference", [])),
         candidate_id=rec.assessment.get("candidate", ""), evidence_sha256=digest,
         assessment_sha256=sha256_of(rec.assessment),
+        calibration_sha256=current.calibration_sha256,
         acceptance_tags={k: rec.tags.get(k, "") for k in sorted(rec.tags)
                          if k.startswith(TAG_PREFIX)})
     so = SignOff(**{**body.body(), "record_sha256": sha256_of(body.body())})
@@ -306,6 +310,10 @@ def verify(comparison_id: str, tracking_uri: str | None = None,
     except RefrunInputError as exc:
         changes.append({"what": "runs", "key": "loading", "change": str(exc)})
         return Verification(comparison_id, s, changes, None)
+    if "calibration_sha256" in s and s["calibration_sha256"] != assessment.calibration_sha256:
+        changes.append({"what": "calibration", "key": "[calibration] of the criteria",
+                        "change": f"{s['calibration_sha256']} -> "
+                                  f"{assessment.calibration_sha256}"})
     digest = sha256_of(current)
     if digest == s["evidence_sha256"]:
         # The data still gives the signed evidence, so any difference between the recorded
