@@ -35,7 +35,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from refrun import schema
+from refrun import mlflow_ui, schema
 from refrun.errors import RefrunInputError
 from refrun.recording.config import RunConfig
 from refrun.recording.curves import SCHEMA, summary_tags, write_curves
@@ -163,8 +163,11 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
     try:
         client = client_for(uri)  # a new sqlite store is created once, under a file lock
         exp_id = ensure_experiment(client, run.experiment)
-        run_id = client.create_run(exp_id, start_time=now_ms(), tags=run.tags,
-                                   run_name=run.run_name).info.run_id
+        mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
+        run_id = client.create_run(
+            exp_id, start_time=now_ms(),
+            tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **run.tags},
+            run_name=run.run_name or mlflow_ui.default_run_name(run.tags)).info.run_id
     except (MlflowException, OSError) as exc:
         raise RefrunInputError(f"tracking store {uri}: cannot create the run "
                                f"({type(exc).__name__}: {_short(exc)})") from exc

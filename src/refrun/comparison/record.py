@@ -19,8 +19,9 @@ import os
 
 import numpy as np
 import pandas as pd
+from mlflow.tracking import MlflowClient
 
-from refrun import schema
+from refrun import mlflow_ui, schema
 from refrun.comparison.engine import Comparison
 from refrun.complete_run import (
     CompleteRun,
@@ -31,6 +32,7 @@ from refrun.complete_run import (
     write_complete_run,
 )
 from refrun.thinning import MLFLOW_MAX_POINTS
+from refrun.tracking import resolve_tracking_uri
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
 
@@ -76,12 +78,15 @@ def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
         schema.TAG_COMPARED_CANDIDATE: cand.run_id,
         schema.TAG_COMPARED_METRICS: ",".join(comparison.metrics),
     }))
-    name = run_name or f"compare {ref0.hardware or ref0.run_id[:8]} vs " \
-                       f"{cand.hardware or cand.run_id[:8]}"
+    name = run_name or mlflow_ui.comparison_run_name(
+        "compare", cand.tags.get(schema.TAG_RUN_NAME) or cand.run_id[:8], len(comparison.reference))
     table = curves_table(*difference_columns(comparison), now_ms())
     params = string_tags({f"option.{k}": v for k, v in vars(comparison.options).items()})
-    return write_complete_run(CompleteRun(
+    run_id = write_complete_run(CompleteRun(
         experiment=tags[schema.TAG_WORKLOAD], tags=tags, table=table, params=params,
         run_name=name, json_artifacts={ARTIFACT_COMPARISON: comparison.to_dict()},
         max_points=max_points,
     ), tracking_uri)
+    mlflow_ui.describe_comparison(MlflowClient(resolve_tracking_uri(tracking_uri)), run_id,
+                                  "compare", keep_name=run_name is not None)
+    return run_id

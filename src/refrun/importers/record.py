@@ -81,7 +81,7 @@ def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: st
     })
     return write_complete_run(CompleteRun(
         experiment=workload, tags=all_tags, table=table, params=dict(curves.params),
-        run_name=run_name or f"import {curves.sources[0].name}",
+        run_name=run_name,  # default: refrun.mlflow_ui.default_run_name
         end_tags={schema.TAG_IMPORT_NONFINITE: str(curves.nonfinite)},
         max_points=max_points,
     ), tracking_uri)
