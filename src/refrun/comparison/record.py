@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from refrun import mlflow_ui, schema
@@ -36,21 +37,24 @@ from refrun.tracking import resolve_tracking_uri
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
 
 
-def difference_columns(comparison: Comparison) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def difference_columns(comparison: Comparison) -> tuple[pd.Categorical, np.ndarray,
+                                                           np.ndarray]:
     """``(metric names, steps, values)`` of every ``diff/<m>`` and ``reldiff/<m>`` point
     at every aligned step, metric by metric."""
-    names, steps, values = [], [], []
+    names: list[str] = []
+    codes, steps, values = [], [], []
     for metric, mc in comparison.metrics.items():
         f = mc.frame
         s = f["step"].to_numpy(np.int64)
         for prefix, col in ((schema.DIFF_PREFIX, "diff"), (schema.RELDIFF_PREFIX, "reldiff")):
-            names.append(np.full(len(s), prefix + metric, dtype=object))
+            codes.append(np.full(len(s), len(names), dtype=np.int32))
+            names.append(prefix + metric)
             steps.append(s)
             values.append(f[col].to_numpy(np.float64))
     if not names:
-        return (np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64),
-                np.zeros(0, dtype=np.float64))
-    return np.concatenate(names), np.concatenate(steps), np.concatenate(values)
+        return (pd.Categorical([]), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+    return (pd.Categorical.from_codes(np.concatenate(codes), categories=names),
+            np.concatenate(steps), np.concatenate(values))
 
 
 def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
