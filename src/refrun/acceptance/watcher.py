@@ -98,7 +98,7 @@ def watch_run(crit: CriteriaFile, run_id: str, reference_ids: Sequence[str] = ()
     refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
     checks = 0
     while True:
-        run = load_run(run_id, tracking_uri=tracking_uri, progress=False)
+        run = load_run(run_id, tracking_uri=tracking_uri, progress=False, allow_partial=True)
         report = evaluate_stopping(crit, run, refs)
         checks += 1
         if on_report is not None:
