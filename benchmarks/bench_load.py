@@ -58,6 +58,7 @@ METRICS = ("loss", "lr", "gnorm", "tokens", "ppl")
 
 
 def main() -> None:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainers", type=int, default=8)
     ap.add_argument("--rate", type=float, default=2000.0, help="steps/s per trainer")
