@@ -164,7 +164,8 @@ def _assess_one(v: Variant, crit: CriteriaFile, ref_ids: list[str], cand_id: str
     refs, cand, latest = load_for_assessment(crit, ref_ids, cand_id, uri)
     a = assess(crit, refs, cand, latest)
     evidence = build_evidence(crit.sha256, a.results, refs, cand, latest)
-    cmp_run = record_assessment(a, crit, evidence, tracking_uri=uri)
+    cmp_run = record_assessment(a, crit, evidence, tracking_uri=uri,
+                                candidate_hardware=cand.hardware)
     comparison, _ = run_comparison(crit, refs, cand)
     report = None
     if comparison is not None:

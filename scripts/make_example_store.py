@@ -63,8 +63,9 @@ PLOTLY_NAME = "plotly.min.js"
 # From <store>/artifacts/<exp>/<run>/artifacts/refrun/report.html up to <store>/.
 PLOTLY_FROM_REPORT = "../../../../../" + PLOTLY_NAME
 TEXT_SUFFIXES = (".json", ".html", ".toml", ".txt", ".yaml", ".md", ".csv")
-# Never rewritten: the signed-off digest covers this file byte for byte.
-UNTOUCHABLE = ("evidence.json",)
+# Never rewritten: digests cover these files byte for byte (the sign-off's evidence, the
+# criteria file's exact bytes).
+UNTOUCHABLE = ("evidence.json", "criteria.toml")
 
 
 def reduced_plan(names: tuple[str, ...] = CANDIDATES) -> Plan:

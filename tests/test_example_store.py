@@ -154,9 +154,12 @@ def test_example_store_names_no_path_of_the_machine_that_made_it() -> None:
 
     needles = [p.encode() for p in {tempfile.gettempdir() + "/", str(Path.home()) + "/",
                                     sys.prefix, sys.base_prefix, str(ROOT)}]
+    # a file of the clone copied byte for byte (the criteria file, signed by its digest)
+    # is project content: its comments may show example commands with /tmp paths
+    project = {p.read_bytes() for p in (ROOT / "pipelines" / "criteria").glob("*.toml")}
     found = []
     for f in sorted(STORE.rglob("*")):
-        if not f.is_file():
+        if not f.is_file() or f.read_bytes() in project:
             continue
         data = f.read_bytes()
         found += [f"{f.relative_to(STORE)}: {m.group(0)!r}" for m in

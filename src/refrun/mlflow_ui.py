@@ -63,7 +63,7 @@ OVERVIEW_VIEW_ID = "refrun-runs"
 OVERVIEW_VIEW_NAME = "refrun: runs by role"
 _RUN_NAME_COLUMN = "attributes.`Run Name`"  # the runs table's column ids (ag-grid colId)
 MAX_REFRUN_VIEWS = 30  # of the 40 saved views MLflow's UI allows per experiment
-MAX_TAG_VALUE = 5000  # MLflow's limit on an experiment tag value (characters)
+MAX_TAG_VALUE = 5000  # characters: within every store's tag-value limit (MLflow: 5,000+)
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,7 @@ def comparison_description(*, kind: ComparisonKind, experiment_id: str, run_id: 
         lines += [f"**{kind}**: differences of the candidate from its references "
                   "(metrics `diff/<metric>`, `reldiff/<metric>`).", ""]
     cid, cname = candidate
+    lines += ["Runs, chart and report:", ""]  # a paragraph: not one list with the criteria
     lines.append(f"- Candidate: [{_md(cname)}]({run_link(experiment_id, cid)})")
     lines.append("- References: " + ", ".join(
         f"[{_md(n)}]({run_link(experiment_id, r)})" for r, n in references))
