@@ -203,10 +203,14 @@ def _assert_killed_run_complete(client: MlflowClient, run_id: str, tmp: Path) ->
 
 
 def test_sigkilled_trainer_is_finished_by_its_delivery_process(store, tmp_path):
-    run_id, _, _ = _start_and_sigkill(store, tmp_path)
+    run_id, spool, _ = _start_and_sigkill(store, tmp_path)
     client = store.client()
     _wait_for_status(client, run_id, "KILLED")
     _assert_killed_run_complete(client, run_id, tmp_path / "dl")
+    # The delivered spool's bulk is freed by the delivery process (no trainer is left to
+    # remove it); its small metadata goes with the next `refrun sync`.
+    wait_for(lambda: not (spool / "points.tsv").exists(), "the delivered spool to be freed")
+    assert not (spool / "artifacts").exists()
 
 
 def test_sigkill_of_trainer_and_delivery_then_refrun_sync(store, tmp_path):

@@ -364,3 +364,12 @@ def test_view_survives_a_killed_delivery_without_gaps_or_duplicates(store, tmp_p
     got = sorted(m.step for m in store.client().get_metric_history(run.run_id, "loss"))
     assert got == sorted(_expected_view(values))
     assert not Spool(spool.path).path.exists()
+
+
+def test_recording_modules_import_without_mlflow():
+    """The trainer and the delivery process start light: MLflow loads on first store use."""
+    code = ("import sys, refrun, refrun.recording.session, refrun.recording.process, "
+            "refrun.recording.sync; print('mlflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert out.stdout.strip() == "False"

@@ -47,9 +47,10 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from mlflow.tracking import MlflowClient
+if TYPE_CHECKING:  # annotations only: the recording path imports this module, MLflow-free
+    from mlflow.tracking import MlflowClient
 
 from refrun import schema
 

@@ -217,7 +217,11 @@ class Spool:
         return os.open(self.points_path, os.O_WRONLY | os.O_APPEND)
 
     def read_cursor(self) -> Cursor:
-        raw = json.loads((self.path / "cursor.json").read_text(encoding="utf-8"))
+        path = self.path / "cursor.json"
+        if not path.exists() and (self.path / "cursor").exists():  # a version-1 spool
+            lines, nbytes = (self.path / "cursor").read_text().split()
+            return Cursor(int(lines), int(nbytes))
+        raw = json.loads(path.read_text(encoding="utf-8"))
         return Cursor(int(raw["lines"]), int(raw["nbytes"]), raw.get("view", {}))
 
     def write_cursor(self, cursor: Cursor) -> None:
