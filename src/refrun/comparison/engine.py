@@ -30,6 +30,15 @@ from refrun.comparison.alignment import (
     resolve_series,
     to_axis,
 )
+from refrun.comparison.divergence import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    DEFAULT_SUSTAIN,
+    Divergence,
+    DivergenceSummary,
+    divergence_summary,
+    first_divergence,
+)
 from refrun.comparison.group import GroupEnvelope, envelope_position, group_stats, z_scores
 from refrun.comparison.loading import RunData, load_run
 from refrun.comparison.measures import (
@@ -69,6 +78,11 @@ class CompareOptions:
     counter_prefixes: tuple[str, ...] = ("compile/", "xfer/", "fallback/", "exec/", "health/")
     eval_prefix: str = schema.EVAL_PREFIX
     max_eval_points: int = 10_000  # eval metrics with more aligned points: no point list
+    # First divergence (comparison/divergence.py): band = reference envelope +- (rtol *
+    # |reference mean| + atol); sustained = this many consecutive points outside.
+    divergence_rtol: float = DEFAULT_RTOL
+    divergence_atol: float = DEFAULT_ATOL
+    divergence_sustain: int = DEFAULT_SUSTAIN
 
     def __post_init__(self) -> None:
         if self.keep not in ("last", "first"):
@@ -84,6 +98,11 @@ class CompareOptions:
             raise RefrunInputError(f"final_points: {self.final_points} must be >= 1")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise RefrunInputError(f"warmup_steps: {self.warmup_steps} must be >= 0")
+        if self.divergence_rtol < 0 or self.divergence_atol < 0:
+            raise RefrunInputError("divergence_rtol/divergence_atol: must be >= 0")
+        if self.divergence_sustain < 1:
+            raise RefrunInputError(f"divergence_sustain: {self.divergence_sustain} must "
+                                   "be >= 1")
 
     def kind(self, metric: str) -> str:
         """``eval``, ``step_time``, ``counter`` or ``value`` (decides the extra measures)."""
@@ -110,10 +129,12 @@ class MetricComparison:
     counters: CounterTotals | None = None
     group: GroupEnvelope | None = None
     notes: list[str] = field(default_factory=list)
+    divergence: Divergence | None = None  # value and eval metrics (not sys/*, counters)
 
     def to_dict(self) -> dict[str, Any]:
         return _clean({
             "kind": self.kind,
+            "first_divergence": _asdict(self.divergence),
             "notes": self.notes,
             "alignment": dataclasses.asdict(self.alignment),
             "measures": dataclasses.asdict(self.measures),
@@ -137,6 +158,12 @@ class Comparison:
     metrics_only_in_candidate: list[str]
     skipped: dict[str, str]
     created_ms: int
+
+    @property
+    def divergence(self) -> DivergenceSummary:
+        """Which metric (and which parameter's gradient norm) departed first."""
+        return divergence_summary([m.divergence for m in self.metrics.values()
+                                   if m.divergence is not None], self.options.axis)
 
     @property
     def reference_ids(self) -> list[str]:
@@ -167,6 +194,8 @@ class Comparison:
                 "bias": d.bias, "diff_last": d.diff_at_last_step,
                 "final_mean_abs_diff": d.final_window.mean_abs_diff,
             }
+            if m.divergence is not None:
+                row["first_divergence"] = m.divergence.first_step
             if m.group is not None:
                 row["outside_envelope"] = m.group.fraction_outside
                 row["mean_abs_z"] = m.group.mean_abs_z
@@ -185,6 +214,7 @@ class Comparison:
             "metrics_only_in_reference": self.metrics_only_in_reference,
             "metrics_only_in_candidate": self.metrics_only_in_candidate,
             "skipped": self.skipped,
+            "divergence": dataclasses.asdict(self.divergence),
             "metrics": {k: m.to_dict() for k, m in self.metrics.items()},
         })
 
@@ -374,6 +404,11 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
     if len(refs) > 1:
         k = final_window_size(len(aligned.steps), opts.final_fraction, opts.final_points)
         group = envelope_position(aligned.steps, aligned.candidate, aligned.reference, k)
+    div = None
+    if kind in ("value", "eval") and not name.startswith(schema.SYS_PREFIX):
+        div = first_divergence(name, aligned.steps, aligned.reference, aligned.candidate,
+                               axis=opts.axis, rtol=opts.divergence_rtol,
+                               atol=opts.divergence_atol, sustain=opts.divergence_sustain)
     points = None
     notes: list[str] = []
     if kind == "eval":
@@ -385,7 +420,7 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
     return MetricComparison(
         metric=name, kind=kind, alignment=rep, measures=measures, frame=frame,
         eval_points=points, step_time=step_time, counters=counters, group=group,
-        notes=notes,
+        notes=notes, divergence=div,
     ), ""
 
 
