@@ -107,7 +107,7 @@ def test_json_is_strict_and_documented_keys(tmp_path) -> None:
     assert out["metrics_only_in_candidate"] == ["only/cand"]
     loss = out["metrics"]["loss"]
     assert set(loss) == {"kind", "notes", "alignment", "measures", "eval_points", "step_time",
-                         "counters", "group"}
+                         "counters", "group", "first_divergence"}
     assert loss["alignment"]["candidate"]["nan"] == 1
     assert loss["alignment"]["excluded_nonfinite"] == 1
     assert loss["measures"]["n"] == 9
