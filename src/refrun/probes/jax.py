@@ -65,6 +65,7 @@ CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 M_COMPILE_OTHER = schema.M_COMPILE_OTHER
 TRANSFER_LEVELS = ("log", "disallow", "log_explicit", "disallow_explicit")
 H2D_MARKER = b"host-to-device transfer"
+NO_DETAIL = "(repeated transfer: the runtime printed no detail)"
 _JAX_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax,)) + tuple(
     os.path.dirname(sys.modules[n].__file__) + os.sep
     for n in ("jaxlib",) if n in sys.modules and getattr(sys.modules[n], "__file__", None)
@@ -307,6 +308,7 @@ class StderrLineCounter:
             return line
         self.total += 1
         site = line[at + len(self.marker):].strip(b": \r\n").decode("utf-8", "replace")
+        site = site or NO_DETAIL  # the runtime details a transfer site only the first time
         known = self.sites.get(site)
         if known is not None:
             known.count += 1
