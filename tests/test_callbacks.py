@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before Keras is imported anywhere
+# torch_xla is installed (for the XLA probe): keep transformers/accelerate on the CPU device
+os.environ.setdefault("USE_TORCH_XLA", "0")
 
 import numpy as np
 import pytest
