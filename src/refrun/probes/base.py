@@ -1,6 +1,6 @@
 """The probe design shared by the PyTorch, PyTorch/XLA and JAX wrappers.
 
-A probe sits between a training loop and a :class:`refrun.session.RunSession`::
+A probe sits between a training loop and a :class:`refrun.recording.session.RunSession`::
 
     probe = refrun.torch.instrument(run, model=model, optimizer=opt)
     for n, batch in enumerate(loader):
