@@ -28,9 +28,16 @@ def history(store, run_id: str, metric: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in store.client().get_metric_history(run_id, metric))
 
 
-def test_lightning_callback_records_loss_eval_time_progress(store) -> None:
+def test_lightning_callback_records_loss_eval_time_progress(store, monkeypatch) -> None:
     pl = pytest.importorskip("pytorch_lightning")  # an extra: the suite's venv has it
+    from lightning_fabric.accelerators.xla import XLAAccelerator
+
     import refrun.lightning
+
+    # torch_xla is installed (for the XLA probe), so Lightning asks torch_xla for TPU chips
+    # when it logs device info; off a TPU VM that query reads the cloud metadata server and
+    # can raise a TypeError Lightning does not catch.  There is no TPU here: say so.
+    monkeypatch.setattr(XLAAccelerator, "is_available", staticmethod(lambda: False))
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
