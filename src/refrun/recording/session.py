@@ -239,7 +239,7 @@ class RunSession:
                 return
             self._warned.add(key)
             self._warnings.append({"time_ms": _now_ms(), "step": step, "message": message})
-        log.warning("refrun: %s", message)
+        log.warning("%s", message)  # the logger is "refrun": no second prefix
 
     # --- tags, params, artifacts ---------------------------------------------
     def set_tags(self, tags: Mapping[str, Any]) -> None:
