@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from refrun import schema
 from refrun._version import __version__
 from refrun.comparison import Comparison
 from refrun.errors import RefrunInputError
@@ -38,7 +39,7 @@ from refrun.report.html import Raw, esc, join, page, plotlyjs_tag, script_json, 
 from refrun.report.output import check_writable
 from refrun.report.overview import Departure
 
-ARTIFACT_REPORT = "refrun/report.html"
+ARTIFACT_REPORT = schema.ARTIFACT_REPORT
 __all__ = ["ARTIFACT_REPORT", "Candidate", "Report", "build_multi_report", "build_report",
            "check_writable", "log_report", "write_multi_report", "write_report"]
 
