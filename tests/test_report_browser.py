@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from plotly.offline import get_plotlyjs
 from conftest import MlflowServer, free_port
 from mlflow.tracking import MlflowClient
+from plotly.offline import get_plotlyjs
 from report_helpers import (
     CRITERIA,
     XSS_NAME,
@@ -115,7 +115,7 @@ def test_first_screen_answers_and_every_plot_renders_offline(  # type: ignore[no
         # First viewport: the verdict, the ranked departures and the all-metric picture.
         boxes = page.evaluate(FIRST_SCREEN)
         for b in boxes:
-            assert b["height"] > 0 and 0 <= b["top"] and b["bottom"] <= VIEWPORT_H, b
+            assert b["height"] > 0 and b["top"] >= 0 and b["bottom"] <= VIEWPORT_H, b
         assert "no criteria applied" in page.inner_text("#verdict")
         strip = page.evaluate("""() => { const p = document.querySelector('#strip .plot');
             return {traces: p.data.map(t => t.type), rows: p.data[0].y,

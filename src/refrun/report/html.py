@@ -239,7 +239,7 @@ details > summary { cursor: pointer; color: #0b5cad; font-size: 13px; }
 .chip.pass { background: #2e7d32; color: #fff; }
 .chip.fail { background: #c62828; color: #fff; }
 .chip.not_evaluable, .chip.incomplete { background: #f2c94c; color: #333; }
-.ov-grid { display: grid; grid-template-columns: minmax(0, 6fr) minmax(0, 5fr); gap: 18px; }
+.ov-grid { display: grid; grid-template-columns: minmax(0, 7fr) minmax(0, 5fr); gap: 18px; }
 @media (max-width: 1100px) { .ov-grid { grid-template-columns: 1fr; } }
 table.ranking td { padding-top: 2px; padding-bottom: 2px; }
 table.ranking td { white-space: nowrap; }

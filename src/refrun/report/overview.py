@@ -96,11 +96,16 @@ def departure(name: str, metric: Mapping[str, Any]) -> Departure:
 
 
 def rank_departures(comparison: Mapping[str, Any]) -> list[Departure]:
-    """Every compared metric, largest departure first (metrics without a score last, in
-    the comparison's order)."""
+    """Every compared metric, largest departure first; metrics without a score last,
+    by their fraction of steps outside the reference range (stable: ties keep the
+    comparison's order)."""
     deps = [departure(k, m) for k, m in (comparison.get("metrics") or {}).items()]
     scored = sorted((d for d in deps if d.score is not None), key=lambda d: -float(d.score))
-    return scored + [d for d in deps if d.score is None]
+    # No z (the seeds agree exactly, e.g. counters or deterministic evals): by the
+    # fraction of steps outside the seeds' range.
+    rest = sorted((d for d in deps if d.score is None),
+                  key=lambda d: -(d.fraction_outside or 0.0))
+    return scored + rest
 
 
 # --- the all-metric picture ------------------------------------------------------------
@@ -132,7 +137,22 @@ def binned_max(steps: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.n
     return out
 
 
-def strip(cmp: Comparison, order: Sequence[str], bins: int = STRIP_BINS) -> Strip | None:
+def departure_values(frame: Any, col: str, saturate: float) -> np.ndarray:
+    """``|frame[col]|`` per aligned step; where the seeds agree exactly (std 0, so no z)
+    but the candidate differs, ``saturate`` (the picture's darkest colour) instead of a
+    gap: a departure from seeds that never vary is the clearest departure there is."""
+    if col not in frame:
+        return np.full(len(frame), np.nan)
+    v = np.abs(frame[col].to_numpy(dtype=np.float64))
+    if "ref_std" in frame:
+        d = frame["diff"].to_numpy(dtype=np.float64)
+        agree = (frame["ref_std"].to_numpy() == 0) & np.isfinite(d) & (d != 0)
+        v = np.where(np.isnan(v) & agree, saturate, v)
+    return v
+
+
+def strip(cmp: Comparison, order: Sequence[str], bins: int = STRIP_BINS,
+          saturate: float = 6.0) -> Strip | None:
     """The |z| (reference group) or |rel diff| (single reference) of each metric in
     ``order``, binned over the union of the metrics' aligned steps."""
     frames = [(m, cmp.metrics[m].frame) for m in order
@@ -145,7 +165,7 @@ def strip(cmp: Comparison, order: Sequence[str], bins: int = STRIP_BINS) -> Stri
     hi = max(float(f["step"].iloc[-1]) for _, f in frames)
     n = max(1, min(bins, int(hi - lo) + 1))
     edges = np.linspace(lo, hi + 1, n + 1)
-    rows = [binned_max(f["step"].to_numpy(), np.abs(f[col].to_numpy()), edges)
-            if col in f else np.full(n, np.nan) for _, f in frames]
+    rows = [binned_max(f["step"].to_numpy(), departure_values(f, col, saturate), edges)
+            for _, f in frames]
     return Strip([m for m, _ in frames], edges, np.vstack(rows),
                  "|z|" if group else "|rel diff|")

@@ -213,8 +213,8 @@ def ranking_table(cmp: Comparison, deps: list[O.Departure], ns: str) -> Raw:
         rows.append(row)
     head = ["#", "metric", "mean |z|" if group else "mean rel diff"]
     if group:
-        head += ["max |z| @ step", "outside seed range"]
-    head += ["first step out of band", "max |diff| @ step"]
+        head += ["max |z| @ step", "outside seeds"]
+    head += ["first out", "max |diff| @ step"]
     return table(head, rows, "ranking", f"{ns}departures")
 
 
@@ -241,12 +241,13 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
     figs: list[F.FigureSpec] = []
     group = len(cmp.reference) > 1
     how = ("mean |z| = mean over the aligned steps of |candidate − seed mean| / seed σ "
-           f"({len(cmp.reference)} reference runs); first step out of band = first "
-           "aligned step outside the seeds' min–max range" if group else
+           f"({len(cmp.reference)} reference runs); outside seeds = fraction of steps "
+           "outside the seeds' min–max range; first out = the first such step; "
+           "— = no z (the seeds agree exactly)" if group else
            "a single reference run has no seed spread: ranked by the mean relative "
            "difference |c − r| / max(|c|, |r|, eps); record several reference seeds to "
            "measure departures in units of their spread")
-    st = O.strip(cmp, [d.metric for d in deps])
+    st = O.strip(cmp, [d.metric for d in deps], saturate=F.Z_MAX)
     picture: Raw = tag("p", "Nothing to picture: no aligned steps.", "note")
     if st is not None:
         firsts = {d.metric: d.first_step for d in deps}
@@ -254,7 +255,8 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
                              [firsts.get(m) for m in st.metrics])
         picture = _add(figs, ids, "all-metric departure", fig,
                        f"Colour: largest {st.measure} in each of {st.values.shape[1]} step "
-                       "bins (pale: within the seeds' spread; red: beyond 3σ); "
+                       "bins (pale: within the seeds' spread; red: beyond 3σ; darkest also "
+                       "where the seeds agree exactly and the candidate differs); "
                        "×: first step out of band.")
     body = join([
         verdict_banner(assessment, ns),
