@@ -144,8 +144,11 @@ def spans_decades(*arrays: np.ndarray, decades: float = LOG_DECADES) -> bool:
 def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, red: Reduction,
           name: str, fill: str, row: int, line: dict[str, object] | None = None,
           legend: bool = True) -> None:
-    idx = union_indices(reduce_indices(x, lo, red.max_points, red.method),
-                        reduce_indices(x, hi, red.max_points, red.method))
+    # A band's two edges share one x array of their union: half the points each keeps
+    # the band at about max_points (bands are context; spikes survive minmax buckets).
+    half = max(10, red.max_points // 2)
+    idx = union_indices(reduce_indices(x, lo, half, red.method),
+                        reduce_indices(x, hi, half, red.method))
     xs = _steps_array(x[idx])
     edge = line or {"width": 0}
     fig.add_trace(go.Scatter(x=xs, y=_values_array(lo[idx]), mode="lines", line=edge,
@@ -267,6 +270,8 @@ def timeline_figure(cmp: Comparison, primary: str | None, evals: Sequence[str],
     per-step counter families (compilations, transfers, fallback ops)."""
     panels: list[tuple[str, list[go.Scatter], bool]] = []
     refs, cand = run_labels(cmp)
+    # An overview: half the resolution of the per-metric figures below it.
+    red = Reduction(max(10, red.max_points // 2), red.method)
     if primary is not None and primary in cmp.metrics:
         f = cmp.metrics[primary].frame
         x = f["step"].to_numpy()
