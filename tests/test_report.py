@@ -398,3 +398,24 @@ def test_many_candidates_matrix_matches_refrun_accept(runs: Runs, tmp_path: Path
             c["outcome"] == "fail" for c in row["cells"].values())
         assert "refrun/report.html" in {f.path for f in client.list_artifacts(run_id,
                                                                              "refrun")}
+
+
+def test_redacted_paths_leave_no_trace(tmp_path: Path) -> None:
+    steps = np.arange(30)
+    df = pd.DataFrame({"metric": "loss", "step": steps, "value": 1.0 / (steps + 1)})
+    ref = RunData.from_curves(df, "r1", tags={"refrun.role": "reference"})
+    here = tmp_path / "checkout & <co>"
+    cand = RunData.from_curves(df.assign(value=df["value"] + 0.1), "c1",
+                               tags={"refrun.role": "candidate",
+                                     "mlflow.source.name": f"{here}/train.py"})
+    a = {"verdict": "pass", "highest_level": "L1", "results": [],
+         "criteria": {"path": f"{here}/criteria.toml", "sha256": "ab"}}
+    cmp = compare(ref, cand, progress=False)
+    plain = build_report(cmp, assessment=a, plotlyjs="cdn").html
+    assert "checkout &amp; &lt;co&gt;" in plain  # the path is there unless redacted
+    html = build_report(cmp, assessment=a, plotlyjs="cdn", redact_paths=[str(here)]).html
+    for form in ("checkout", str(tmp_path)):
+        assert form not in html
+    assert "…/train.py" in html and "…/criteria.toml" in html
+    assert _data_blob(html, "refrun-data")["assessment"]["criteria"]["path"] == \
+        "…/criteria.toml"

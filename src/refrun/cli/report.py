@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, metavar="OUT",
                    help="also write the candidates x criteria matrix (and ranked "
                         "departures) as JSON")
+    p.add_argument("--redact-path", action="append", default=[], metavar="PREFIX",
+                   help="remove this path prefix from the page and the JSON (repeatable; "
+                        "e.g. the checkout and home directory, for a report that travels)")
     p.add_argument("--criteria", default=None, metavar="FILE",
                    help="workload criteria (TOML): show levels L0-L4 and each criterion")
     p.add_argument("--plotlyjs", default="embed", metavar="embed|cdn|PATH",
@@ -148,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
             run_id = record_comparison(cmp, tracking_uri=uri)
         candidates.append(Candidate(cmp, assessment, run_id))
     path, matrix = write_multi_report(candidates, out, plotlyjs=args.plotlyjs,
-                                      max_points=args.max_points)
+                                      max_points=args.max_points,
+                                      redact_paths=args.redact_path)
     print(f"report written to {path} ({path.stat().st_size / 1e6:.1f} MB)")
     if json_out is not None:
         write_json(json_out, matrix)

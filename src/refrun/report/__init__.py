@@ -18,10 +18,12 @@ alignment did.  See docs/report.md.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,9 +112,26 @@ def _title(cmps: list[Comparison], title: str | None) -> str:
     return f"refrun report: {workload}: {ref_hw} vs {first.candidate.hardware or cand}"
 
 
+REDACTED = "…"
+
+
+def redact(text: str, prefixes: Sequence[str]) -> str:
+    """``text`` with every occurrence of each prefix (e.g. the machine's checkout or home
+    directory; raw, HTML-escaped and JSON-escaped forms) replaced by ``…``: a report
+    that travels (an example store, an email) names no path of the machine that made it.
+    Longest prefixes first, so a parent never leaves a child's tail behind."""
+    for p in sorted((p for p in prefixes if p), key=len, reverse=True):
+        forms = {p, esc(p), json.dumps(p)[1:-1].replace("&", "\\u0026")
+                 .replace("<", "\\u003c").replace(">", "\\u003e")}
+        for f in forms:
+            text = text.replace(f, REDACTED)
+    return text
+
+
 def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
                        max_points: int = DEFAULT_MAX_POINTS, method: str = "minmax",
-                       title: str | None = None) -> Report:
+                       title: str | None = None,
+                       redact_paths: Sequence[str] = ()) -> Report:
     """Render one page for one or several candidates (nothing is written).
 
     With several candidates the page opens with the candidates x criteria matrix
@@ -177,13 +196,16 @@ def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
                 "Every number is computed on full data; plotted traces are reduced for "
                 "display (values drawn as float32). The machine-readable comparison is in "
                 "the element #refrun-data.")
+    if redact_paths:
+        html = redact(html, redact_paths)
+        mtx = json.loads(redact(json.dumps(mtx), redact_paths))
     return Report(html, figs, time.perf_counter() - t0, mtx)
 
 
 def build_report(comparison: Comparison, *, assessment: Any = None,
                  plotlyjs: str = "embed", comparison_run_id: str | None = None,
                  max_points: int = DEFAULT_MAX_POINTS, method: str = "minmax",
-                 title: str | None = None) -> Report:
+                 title: str | None = None, redact_paths: Sequence[str] = ()) -> Report:
     """Render the report page for ``comparison`` (nothing is written).
 
     ``assessment``: an acceptance ``Assessment`` (or its ``to_dict()``), shown in the
@@ -193,7 +215,7 @@ def build_report(comparison: Comparison, *, assessment: Any = None,
     """
     return build_multi_report([Candidate(comparison, assessment, comparison_run_id)],
                               plotlyjs=plotlyjs, max_points=max_points, method=method,
-                              title=title)
+                              title=title, redact_paths=redact_paths)
 
 
 def _write(html: str, path: str | os.PathLike[str]) -> Path:

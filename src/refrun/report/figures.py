@@ -160,11 +160,14 @@ def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, red: Re
 
 
 def add_markers(fig: go.Figure, markers: Sequence[Marker]) -> None:
-    """Vertical lines across every panel of ``fig``, each labelled once above the top."""
-    for mk in markers:
+    """Vertical lines across every panel of ``fig``, each labelled once at the top (labels
+    alternate above and just inside the top edge, so neighbours do not overprint)."""
+    for i, mk in enumerate(sorted(markers, key=lambda m: m.step)):
         fig.add_vline(x=mk.step, line={"color": mk.color, "width": 1.2, "dash": mk.dash})
-        fig.add_annotation(x=mk.step, y=1.0, xref="x", yref="paper", yanchor="bottom",
+        fig.add_annotation(x=mk.step, y=1.0, xref="x", yref="paper",
+                           yanchor="bottom" if i % 2 == 0 else "top", xanchor="left",
                            text=plot_text(mk.label), showarrow=False,
+                           bgcolor="rgba(255,255,255,0.8)",
                            font={"size": 10, "color": mk.color})
 
 
