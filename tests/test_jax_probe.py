@@ -134,7 +134,9 @@ def test_step_adds_no_blocking_and_time_covers_device_work(store) -> None:
         return len(seen)
 
     run = start(store)
-    probe = refrun.jax.instrument(run, step_fns=[heavy_jit])
+    # fresh_caches=False: keep the executable compiled above, so any compilation in the
+    # loop would be the probe's doing
+    probe = refrun.jax.instrument(run, step_fns=[heavy_jit], fresh_caches=False)
     ready_at_exit, body_s = [], []
 
     def loop() -> None:
@@ -246,11 +248,14 @@ def test_bad_input(store) -> None:
 
 
 # --- fresh processes: 4 devices, persistent cache ------------------------------------------
-def run_worker(scenario: str, tmp: Path, env: dict[str, str] | None = None) -> dict:
+def run_worker(scenario: str, tmp: Path, env: dict[str, str] | None = None,
+               stderr_out: list[str] | None = None) -> dict:
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([sys.executable, str(WORKER), scenario, str(tmp)],
                           capture_output=True, text=True, timeout=240, env=full_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if stderr_out is not None:
+        stderr_out.append(proc.stderr)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
@@ -285,3 +290,60 @@ def test_persistent_cache_hits_are_not_compilations(store) -> None:
     by_fn = json.loads(Path(art).read_text())["by_function"]
     assert by_fn["jit(train_step) [graph]"] == 1
     assert by_fn["jit(train_step) [cache_hit]"] == 1
+
+
+@pytest.mark.slow  # a fresh JAX + MLflow process
+def test_eager_helpers_and_process_history_never_count_as_step_compilations(store) -> None:
+    """Issue 13: an evaluation helper between steps (unary minus, jax.nn.log_softmax) and an
+    eager ``-loss`` inside the step are ``compile/other``; the step compiles once, at step 0,
+    in every run of the process (the second identical loop included), with or without
+    ``step_fns``."""
+    out = run_worker("eval_between", store.tmp)
+    for r in out["runs"]:
+        rid = r["run_id"]
+        # one shape, one step function: exactly one compilation, at step 0
+        assert values(store, rid, schema.M_COMPILE_GRAPHS) == [1.0, 0, 0, 0, 0, 0], rid
+        assert values(store, rid, schema.M_COMPILE_RECOMPILES) == [0.0] * 6, rid
+        other = values(store, rid, schema.M_COMPILE_OTHER)
+        assert other[2] >= 2 and other[0] >= 1, other  # helper compiled before step 2
+        art = store.client().download_artifacts(rid, "refrun/jax_compilations.json",
+                                                str(store.tmp / rid))
+        doc = json.loads(Path(art).read_text())
+        kinds = {e["function"]: e["kind"] for e in doc["events"]}
+        assert kinds["jit(log_softmax)"] == "other" and kinds["jit(negative)"] == "other"
+        between = {e["function"] for e in doc["events"] if e["where"] == "between_steps"}
+        assert "jit(log_softmax)" in between
+        assert [k for k in doc["by_function"] if k.endswith(("[graph]", "[recompile]"))] \
+            == ["jit(train_step) [graph]"]
+        assert values(store, rid, "eval/loss") == r["evals"]
+    # counts independent of what ran before: every run records the same per-step counts
+    per_run = [values(store, r["run_id"], schema.M_COMPILE_OTHER) for r in out["runs"]]
+    assert all(p == per_run[0] for p in per_run), per_run
+
+
+@pytest.mark.slow  # a fresh JAX + MLflow process (its stderr is the subject)
+def test_transfer_log_is_summarised_not_flooded(store) -> None:
+    """Issue 15: transfer_guard="log" printed one line per transfer (~12,800 lines for 8
+    small runs); now the first 3 are printed, one summary line says how many were not,
+    every line is counted per step, and the distinct transfers are in the artifact."""
+    err: list[str] = []
+    out = run_worker("transfers", store.tmp, stderr_out=err)
+    steps, per_step = out["steps"], out["per_step"]
+    total = steps * per_step  # two NumPy arrays per step, by construction
+    lines = err[0].splitlines()
+    assert sum("host-to-device transfer:" in ln for ln in lines) == 3
+    summary = [ln for ln in lines if "more JAX host-to-device transfer lines" in ln]
+    assert len(summary) == 1 and f"{total - 3} more" in summary[0]
+    assert "after-close line" in lines  # stderr restored and passed through
+    rid = out["run_id"]
+    assert values(store, rid, schema.M_XFER_H2D) == [float(per_step)] * steps
+    art = store.client().download_artifacts(rid, schema.ARTIFACT_JAX_TRANSFERS, str(store.tmp))
+    doc = json.loads(Path(art).read_text())
+    assert doc["total"] == total and doc["printed"] == 3
+    assert doc["per_step"] == {str(n): per_step for n in range(steps)}
+    # x is float32[8,3], y float32[8]: two distinct transfers, each once per step
+    sites = {s["text"].split(",")[0]: s for s in doc["sites"]}
+    assert sorted(sites) == ["aval=ShapedArray(float32[8,3])", "aval=ShapedArray(float32[8])"]
+    assert all(s["count"] == steps and s["first_step"] == 0 for s in sites.values())
+    tags = store.client().get_run(rid).data.tags
+    assert tags[schema.TAG_JAX_TRANSFERS] == str(total)

@@ -219,7 +219,7 @@ class RunSession:
             self._warned.add(key)
             self._warnings.append({"time_ms": time.time_ns() // 1_000_000, "step": step,
                                    "message": message})
-        log.warning("refrun: %s", message)
+        log.warning("%s", message)  # the logger is "refrun": no second prefix
 
     # --- tags, params, artifacts ---------------------------------------------
     def set_tags(self, tags: Mapping[str, Any]) -> None:

@@ -16,11 +16,16 @@ What it measures, and how, without adding a host sync to the loop:
 * **Compilations** through :mod:`jax.monitoring`: every XLA compilation emits
   ``/jax/core/compile/backend_compile_duration`` with ``fun_name`` (``jit(train_step)``),
   a start scalar before it and ``/jax/compilation_cache/cache_hits`` inside it when the
-  persistent cache served it.  Compilations of the step function(s) count as
-  ``compile/graphs`` (``compile/recompiles`` when that function was compiled before);
-  all others (eager ``jnp`` ops, ``jax.random`` helpers) as ``compile/other``;
-  persistent-cache hits as ``compile/cache_hits`` and never as compilations;
-  ``compile/time_s`` is the backend compile time (including cache retrieval).
+  persistent cache served it.  A compilation started *inside* ``probe.step`` of a step
+  function counts as ``compile/graphs`` (``compile/recompiles`` when that function was
+  compiled before); every other compilation as ``compile/other``: eager ``jnp`` ops,
+  ``jax.random`` helpers and JAX's own jitted library functions (``jax.nn.log_softmax``,
+  the ``-x`` of an array), and *anything* compiled between steps (an evaluation helper),
+  whatever its name.  Persistent-cache hits are ``compile/cache_hits``, never
+  compilations; ``compile/time_s`` is the backend compile time (including cache
+  retrieval).  So that the counts do not depend on what ran earlier in the process, the
+  probe clears JAX's in-memory compilation caches when it starts (``fresh_caches``): the
+  first step compiles as it would in a fresh process.
 * **Transfers**: an optional ``jax.transfer_guard`` level around the step.  With ``log``
   the runtime writes one line per implicit host-to-device transfer to the process's
   stderr; the probe counts those lines (``xfer/h2d``) and passes everything through.
@@ -33,6 +38,7 @@ What it measures, and how, without adding a host sync to the loop:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -51,11 +57,12 @@ import jax
 import numpy as np
 
 from refrun import schema
+from refrun.probes.base import BackendBase
+from refrun.probes.hardware import is_accelerator
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-M_COMPILE_OTHER = "compile/other"  # compilations outside the step function(s)
-TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"
+M_COMPILE_OTHER = schema.M_COMPILE_OTHER
 TRANSFER_LEVELS = ("log", "disallow", "log_explicit", "disallow_explicit")
 H2D_MARKER = b"host-to-device transfer"
 _JAX_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax,)) + tuple(
@@ -80,6 +87,33 @@ def function_name(fun_name: str) -> str:
     """``jit(train_step)`` -> ``train_step`` (the name JAX gives the compiled module)."""
     m = _WRAPPED_NAME.match(fun_name)
     return m.group(1) if m else fun_name
+
+
+def jitted_function(frame: Any) -> Any:
+    """The Python function being compiled: the ``fun`` of the innermost ``cache_miss``
+    frame of ``pjit.py`` (JAX's jit entry point); None when not found."""
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "cache_miss" and code.co_filename.endswith("pjit.py"):
+            return f.f_locals.get("fun")
+        f = f.f_back
+    return None
+
+
+def is_library_function(fun: Any) -> bool:
+    """True when ``fun`` (unwrapped through ``functools.partial`` and ``__wrapped__``) is
+    defined inside JAX itself: ``jax.nn.log_softmax``, ``jnp.negative`` (``-x``) ...
+    Such a compilation is never the user's step, whatever called it."""
+    seen = 0
+    while seen < 16:  # unwrap partials and decorators, bounded
+        seen += 1
+        inner = getattr(fun, "func", None) or getattr(fun, "__wrapped__", None)
+        if inner is None:
+            break
+        fun = inner
+    code = getattr(fun, "__code__", None)
+    return code is not None and code.co_filename.startswith(_JAX_DIRS)
 
 
 def called_from_user_jit(frame: Any) -> bool:
@@ -115,6 +149,7 @@ class CompileTracker:
     """
 
     step_names: frozenset[str] | None = None
+    in_step: bool = False  # set by the backend around probe.step
     graphs: int = 0
     recompiles: int = 0
     cache_hits: int = 0
@@ -147,8 +182,14 @@ class CompileTracker:
                 unregister(cb)
 
     def is_step(self, fun_name: str, frame: Any) -> bool:
+        """A step compilation: started inside ``probe.step``, of a named step function
+        (or, without names, of a user function called through ``jit``/``pmap``)."""
+        if not self.in_step:
+            return False  # between steps: an evaluation helper, data preparation ...
         if self.step_names is not None:
             return function_name(fun_name) in self.step_names
+        if is_library_function(jitted_function(frame)):
+            return False
         return called_from_user_jit(frame)
 
     def _stack(self) -> list[_Compile]:
@@ -191,7 +232,9 @@ class CompileTracker:
             self._seen.add(name)
         self.by_function[f"{name} [{kind}]"] += 1
         if len(self.events) < MAX_COMPILE_EVENTS:
-            self.events.append({"step": self.current_step, "function": name, "kind": kind,
+            where = "step" if self.in_step else "between_steps"
+            self.events.append({"step": self.current_step, "where": where,
+                                "function": name, "kind": kind,
                                 "seconds": round(float(secs), 6)})
 
     def counters(self) -> dict[str, float]:
@@ -202,20 +245,49 @@ class CompileTracker:
                 schema.M_COMPILE_TIME: self.time_s}
 
 
+def forget_compiled() -> None:
+    """Forget every in-memory compiled executable (``jax.clear_caches``), outside any step.
+
+    Executables compiled earlier in this process (a previous run, a notebook cell, an
+    evaluation helper) would make this run compile less than a fresh process does, so its
+    counts would depend on what ran before.  After this, the step function and every
+    helper compile at their first use, as in a fresh process (the persistent compilation
+    cache, when configured, still serves them and is counted as ``compile/cache_hits``)."""
+    jax.clear_caches()
+
+
 # --- host-to-device transfer counting ----------------------------------------------------
+@dataclass
+class TransferSite:
+    """One distinct transfer-guard line (what was transferred, where to), how often."""
+
+    text: str
+    count: int
+    first_step: int | None
+
+
 class StderrLineCounter:
-    """Counts occurrences of ``marker`` in everything written to file descriptor 2 (where
-    the JAX runtime writes transfer-guard lines) and forwards every byte unchanged.
+    """Counts the lines containing ``marker`` written to file descriptor 2 (where the JAX
+    runtime writes transfer-guard lines) and summarises them instead of flooding stderr.
 
     fd 2 is replaced by a pipe for the counter's lifetime; a thread forwards the bytes so
-    the writer can never block on a full pipe, and :meth:`count` first drains what is
-    already in the pipe so a step's lines are attributed to that step.
+    the writer can never block on a full pipe.  Every other line is forwarded unchanged;
+    of the marker lines only the first ``echo_first`` are forwarded, the rest are counted,
+    and the first ``max_sites`` distinct ones are kept (:attr:`sites`) for the
+    ``refrun/jax_transfers.json`` summary.  :meth:`count` first drains what is already in
+    the pipe, so a step's lines are attributed to that step.
     """
 
-    def __init__(self, marker: bytes = H2D_MARKER) -> None:
+    def __init__(self, marker: bytes = H2D_MARKER, echo_first: int = 3,
+                 max_sites: int = 20) -> None:
         self.marker = marker
+        self.echo_first = echo_first
+        self.max_sites = max_sites
         self.total = 0
-        self._tail = b""
+        self.suppressed = 0
+        self.step: int | None = None  # attributed to sites first seen now
+        self.sites: dict[str, TransferSite] = {}
+        self._partial = b""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         sys.stderr.flush()
@@ -228,6 +300,23 @@ class StderrLineCounter:
                                         name="refrun-jax-stderr")
         self._thread.start()
 
+    def _line(self, line: bytes) -> bytes:
+        """What to forward for one complete line (with its newline)."""
+        at = line.find(self.marker)
+        if at < 0:
+            return line
+        self.total += 1
+        site = line[at + len(self.marker):].strip(b": \r\n").decode("utf-8", "replace")
+        known = self.sites.get(site)
+        if known is not None:
+            known.count += 1
+        elif len(self.sites) < self.max_sites:
+            self.sites[site] = TransferSite(site, 1, self.step)
+        if self.total <= self.echo_first:
+            return line
+        self.suppressed += 1
+        return b""
+
     def _read_available(self) -> None:
         while True:
             try:
@@ -236,12 +325,15 @@ class StderrLineCounter:
                 return
             if not chunk:
                 return
-            os.write(self._saved, chunk)
-            data = self._tail + chunk
-            self.total += data.count(self.marker)
-            # keep a partial marker that may continue in the next chunk
-            keep = len(self.marker) - 1
-            self._tail = data[-keep:] if self.marker not in data[-keep:] else b""
+            data = self._partial + chunk
+            lines = data.split(b"\n")
+            self._partial = lines.pop()
+            if len(self._partial) > 65536:  # a huge line without newline: pass it on
+                lines.append(self._partial)
+                self._partial = b""
+            out = b"".join(self._line(ln + b"\n") for ln in lines)
+            if out:
+                os.write(self._saved, out)
 
     def _pump(self) -> None:
         while not self._stop.is_set():
@@ -254,13 +346,14 @@ class StderrLineCounter:
                     self._read_available()
 
     def count(self) -> int:
-        """Occurrences of the marker written so far."""
+        """Marker lines written so far."""
         with self._lock:
             self._read_available()
             return self.total
 
     def close(self) -> None:
-        """Restore fd 2 and forward anything still in the pipe."""
+        """Restore fd 2, forward anything still in the pipe, and say once how many
+        transfer lines were summarised instead of printed."""
         if self._stop.is_set():
             return
         with contextlib.suppress(Exception):
@@ -272,8 +365,17 @@ class StderrLineCounter:
         self._thread.join(timeout=2)
         with self._lock:
             self._read_available()
+            if self._partial:
+                os.write(self._saved, self._line(self._partial))
+                self._partial = b""
             os.close(self._r)
             os.close(self._saved)
+        if self.suppressed:
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"refrun: {self.suppressed} more JAX host-to-device transfer "
+                                 f"lines not printed ({self.total} in all); counts per step "
+                                 f"and the first {len(self.sites)} distinct transfers are in "
+                                 f"{schema.ARTIFACT_JAX_TRANSFERS}\n")
 
 
 # --- step time to readiness ----------------------------------------------------------------
@@ -370,9 +472,7 @@ def placement_summary(tree: Any, max_shardings: int = 8) -> dict[str, Any]:
     }
 
 
-def declares_accelerator(hardware: str | None) -> bool:
-    """A declared hardware name other than ``cpu...`` means an accelerator was intended."""
-    return bool(hardware) and not str(hardware).strip().lower().startswith("cpu")
+declares_accelerator = is_accelerator  # the one rule (refrun.probes.hardware)
 
 
 def placement_problem(declared: str | None, backend: str,
@@ -391,15 +491,20 @@ def placement_problem(declared: str | None, backend: str,
 
 
 # --- the backend ---------------------------------------------------------------------------
-class JaxBackend:
+class JaxBackend(BackendBase):
     """:class:`refrun.probes.base.Backend` for JAX; see the module doc for what it records."""
 
     name = "jax"
 
     def __init__(self, *, step_fns: Iterable[Any] = (), transfer_guard: str | None = None,
-                 hardware: str | None = None, mesh: Any = None) -> None:
+                 hardware: str | None = None, mesh: Any = None,
+                 fresh_caches: bool = True) -> None:
+        super().__init__()
         names = [f if isinstance(f, str) else getattr(f, "__name__", None) for f in step_fns]
         self.compiles = CompileTracker(frozenset(n for n in names if n) or None)
+        self.fresh_caches = fresh_caches
+        if fresh_caches:
+            forget_compiled()
         self.transfer_guard = transfer_guard
         self.declared_hardware = hardware
         self.mesh = mesh
@@ -411,6 +516,9 @@ class JaxBackend:
         self._guard_cm: Any = None
         self._h2d: StderrLineCounter | None = None
         self._h2d_checked = 0
+        self._h2d_last = 0
+        self._h2d_by_step: dict[int, int] = {}
+        self._ended_step: int | None = None
         self._watcher = ReadyWatcher()
         self.compiles.install()
         if transfer_guard in ("log", "log_explicit"):
@@ -419,6 +527,9 @@ class JaxBackend:
     # --- step ---------------------------------------------------------------------------
     def begin_step(self, step: int) -> float:
         self.compiles.current_step = step
+        self.compiles.in_step = True
+        if self._h2d is not None:
+            self._h2d.step = step  # transfer sites first seen from now on
         self._step_arrays = []
         if self.transfer_guard is not None:
             cm = jax.transfer_guard(self.transfer_guard)
@@ -428,7 +539,8 @@ class JaxBackend:
 
     def end_step(self, step: int, token: float) -> PendingStepTime | float:
         now = time.perf_counter()
-        self.compiles.current_step = None  # until the next step: "between steps"
+        self.compiles.in_step = False  # until the next step: "between steps"
+        self._ended_step = step
         if self._guard_cm is not None:
             cm, self._guard_cm = self._guard_cm, None
             cm.__exit__(None, None, None)
@@ -488,7 +600,11 @@ class JaxBackend:
     def counters(self) -> dict[str, float]:
         out = self.compiles.counters()
         if self._h2d is not None:
-            out[schema.M_XFER_H2D] = self._h2d.count()
+            total = self._h2d.count()
+            if self._ended_step is not None and total > self._h2d_last:
+                self._h2d_by_step[self._ended_step] = total - self._h2d_last
+            self._h2d_last = total
+            out[schema.M_XFER_H2D] = total
         elif self.transfer_guard is not None:
             out[schema.M_XFER_H2D] = 0.0
         return out
@@ -521,17 +637,18 @@ class JaxBackend:
             mesh = meshes[0]
         desc: dict[str, Any] = {
             schema.TAG_EXEC_HARDWARE: exec_hardware(devices),
-            "refrun.exec.device_kind": devices[0].device_kind if devices else "",
+            schema.TAG_EXEC_DEVICE_KIND: devices[0].device_kind if devices else "",
             schema.TAG_EXEC_DEVICES: len(used) if used else jax.device_count(),
-            "refrun.exec.visible_devices": jax.device_count(),
+            schema.TAG_EXEC_VISIBLE_DEVICES: jax.device_count(),
             schema.TAG_EXEC_WORLD_SIZE: jax.process_count(),
             schema.TAG_PLACEMENT: json.dumps(
                 {"default_backend": jax.default_backend(), **self.placement},
                 sort_keys=True)[:5000],
-            TAG_STEP_TIME_KIND: self.step_time_kind(),
-            "refrun.perf.step_time_wall_steps": self.wall_steps,
-            "refrun.jax.transfer_guard": self.transfer_guard or "off",
-            "refrun.jax.step_functions": ",".join(sorted(self.compiles.step_names))
+            schema.TAG_STEP_TIME_KIND: self.step_time_kind(),
+            schema.TAG_STEP_TIME_WALL_STEPS: self.wall_steps,
+            schema.TAG_JAX_TRANSFER_GUARD: self.transfer_guard or "off",
+            schema.TAG_JAX_FRESH_CACHES: str(self.fresh_caches).lower(),
+            schema.TAG_JAX_STEP_FUNCTIONS: ",".join(sorted(self.compiles.step_names))
             if self.compiles.step_names else "(called through jit/pmap)",
         }
         if mesh:
@@ -541,7 +658,7 @@ class JaxBackend:
             desc[schema.TAG_PLACEMENT_WARNING] = warning
         peak = memory_peak_bytes()
         if peak is not None:
-            desc["refrun.exec.memory_peak_bytes"] = peak
+            desc[schema.TAG_EXEC_MEMORY_PEAK] = peak
         return desc
 
     def close(self) -> None:
@@ -553,6 +670,30 @@ class JaxBackend:
         if self._h2d is not None:
             self._h2d.close()
         self._watcher.close()
+
+    def summary_tags(self) -> Mapping[str, Any]:
+        if self._h2d is None:
+            return {}
+        return {schema.TAG_JAX_TRANSFERS: self._h2d.total}
+
+    def artifacts(self) -> Mapping[str, Any]:
+        """The compilation log and, with ``transfer_guard="log"``, the transfer summary."""
+        c = self.compiles
+        out: dict[str, Any] = {schema.ARTIFACT_JAX_COMPILATIONS: {
+            "step_functions": sorted(c.step_names) if c.step_names else None,
+            "fresh_caches": self.fresh_caches,
+            "by_function": dict(c.by_function),
+            "events": c.events,
+        }}
+        if self._h2d is not None:
+            out[schema.ARTIFACT_JAX_TRANSFERS] = {
+                "total": self._h2d.total,
+                "printed": self._h2d.total - self._h2d.suppressed,
+                "per_step": {str(k): v for k, v in sorted(self._h2d_by_step.items())},
+                "sites": [dataclasses.asdict(t) for t in self._h2d.sites.values()],
+                "max_sites": self._h2d.max_sites,
+            }
+        return out
 
 
 def exec_hardware(devices: list[Any]) -> str:
