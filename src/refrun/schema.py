@@ -164,3 +164,13 @@ AXES = ("step", "samples", "tokens")  # what comparisons align on
 # Hardware names that mean "no accelerator" (the one classification every backend uses).
 CPU_HARDWARE_NAMES = ("", "cpu", "host", "none")
 # --- end of probe contract block -----------------------------------------------------------
+
+
+# --- calibration and statistics (acceptance, issue 13: refrun calibrate) ---------------
+# Per-step counters whose movement marks a compilation step: such steps are left out of a
+# step-time median (their time is the compiler's, not the step's).
+STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_OTHER)
+# Evidence fields of the statistical criteria (equivalence, convergence): the interval
+# the decision rests on and the number of reference seeds behind it.
+EV_INTERVAL = "interval"
+EV_N_REFERENCE = "n_reference"

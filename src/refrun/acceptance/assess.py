@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from refrun.acceptance import checks, levels
+from refrun.acceptance.calibration import calibration_digest
 from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
 from refrun.acceptance.results import (
@@ -137,7 +138,8 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
         highest_level=levels.highest_level(lvls), verdict=levels.verdict(results),
         measurements=measurements(comparison), created_utc=utc_now())
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
-    return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence))
+    return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
+                               calibration_sha256=calibration_digest(crit))
 
 
 def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,

@@ -69,6 +69,7 @@ class Assessment:
     measurements: list[dict[str, Any]]  # L1: observed differences per metric
     created_utc: str
     evidence_sha256: str = ""
+    calibration_sha256: str | None = None  # refrun.acceptance.calibration.calibration_digest
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +94,7 @@ class Assessment:
             "reference": self.reference_ids, "candidate": self.candidate_id,
             "verdict": self.verdict, "highest_level": self.highest_level,
             "evidence_sha256": self.evidence_sha256,
+            "calibration_sha256": self.calibration_sha256,
             "levels": [asdict(lv) for lv in self.levels],
             "results": [r.to_dict() for r in self.results],
             "measurements": self.measurements,
