@@ -284,15 +284,28 @@ def test_ranking_equals_comparison_json_and_numpy(runs: Runs) -> None:
     loss = next(d for d in deps if d.metric == "loss")
     assert loss.score == pytest.approx(np.abs(z).mean(), rel=1e-9)
     assert loss.max_abs_z == pytest.approx(np.abs(z).max(), rel=1e-9)
-    outside = (cand < refs.min(axis=0)) | (cand > refs.max(axis=0))
-    assert loss.first_step == int(steps[np.argmax(outside)])
-    assert loss.first_step_source == "outside_seed_range"
+    if engine["metrics"]["loss"].get("first_divergence") is None:
+        outside = (cand < refs.min(axis=0)) | (cand > refs.max(axis=0))
+        assert loss.first_step == int(steps[np.argmax(outside)])
+        assert loss.first_step_source == "outside_seed_range"
+    else:
+        # The engine's sustained first divergence (docs/comparison.md): band = seeds'
+        # min/max -+ 0.02 |seed mean|, out for min(5, ceil(n / 10)) consecutive steps.
+        tol = 0.02 * np.abs(refs.mean(axis=0))
+        out = (cand < refs.min(axis=0) - tol) | (cand > refs.max(axis=0) + tol)
+        k = min(5, int(np.ceil(len(out) / 10)))
+        runs_of_k = np.convolve(out.astype(int), np.ones(k, dtype=int), "valid") == k
+        assert loss.first_step == int(steps[np.argmax(runs_of_k)])
+        assert loss.first_step_source == "engine"
 
 
 def test_first_departure_prefers_the_engines_own() -> None:
     group = {"group": {"first_step_outside": 40}}
     assert first_departure(group) == (40, "outside_seed_range")
-    assert first_departure({**group, "first_divergence": {"step": 75}}) == (75, "engine")
+    assert first_departure({**group, "first_divergence": {"first_step": 75}}) == (75, "engine")
+    # The engine found no sustained departure: that is the answer, not the transient one.
+    assert first_departure({**group, "first_divergence": {"first_step": None}}) == (
+        None, "engine")
     assert first_departure({**group, "first_divergence": 90}) == (90, "engine")
     assert first_departure({"group": None}) == (None, "none")
     assert first_departure({"group": {"first_step_outside": None}}) == (None, "none")
@@ -319,9 +332,15 @@ def test_single_reference_ranks_by_relative_difference(tmp_path: Path) -> None:
     cand_df = pd.concat([base.assign(value=base["value"] * 1.1),
                          base.assign(metric="acc", value=0.5 * 1.01)])
     cand = RunData.from_curves(cand_df, "c1", tags={"refrun.role": "candidate"})
-    deps = rank_departures(compare(ref, cand, progress=False).to_dict())
+    engine = compare(ref, cand, progress=False).to_dict()
+    deps = rank_departures(engine)
     assert [d.metric for d in deps] == ["loss", "acc"]
-    assert all(d.measure == "mean_rel_diff" and d.first_step is None for d in deps)
+    assert all(d.measure == "mean_rel_diff" for d in deps)
+    if engine["metrics"]["loss"].get("first_divergence") is None:
+        assert [d.first_step for d in deps] == [None, None]
+    else:  # band = reference -+ 2 %: +10 % leaves it at once, +1 % never does
+        assert [(d.first_step, d.first_step_source) for d in deps] == [(0, "engine"),
+                                                                       (None, "engine")]
     # |c - r| / max(|c|, |r|) = 0.1 / 1.1 for the loss, 0.01 / 1.01 for acc.
     assert deps[0].score == pytest.approx(0.1 / 1.1, rel=1e-9)
     assert deps[1].score == pytest.approx(0.01 / 1.01, rel=1e-9)
@@ -419,3 +438,42 @@ def test_redacted_paths_leave_no_trace(tmp_path: Path) -> None:
     assert "…/train.py" in html and "…/criteria.toml" in html
     assert _data_blob(html, "refrun-data")["assessment"]["criteria"]["path"] == \
         "…/criteria.toml"
+
+
+CALIBRATION = '''
+[calibration]
+method = "held-out seeds (test)"
+runs = ["r-a", "r-b"]
+n = 2
+group_size = 1
+'''
+
+
+def test_calibration_provenance_and_statistical_intervals_are_shown(runs: Runs,
+                                                                   tmp_path: Path) -> None:
+    crit = tmp_path / "criteria.toml"
+    text = CRITERIA.replace('workload = "rep"\n', 'workload = "rep"\n' + CALIBRATION)
+    text = text.replace('description = "loss within 0.03',
+                        'calibration = {worst_held_out = 0.021}\ndescription = "loss within 0.03')
+    crit.write_text(text, encoding="utf-8")
+    out = tmp_path / "cal.html"
+    assert main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+                 "--criteria", str(crit), "--html", str(out), "--no-record",
+                 "--plotlyjs", "cdn", "--tracking-uri", runs.uri]) == 0
+    html = out.read_text(encoding="utf-8")
+    cal = _table_values(html, "calibration")
+    assert cal["n"] == "2" and cal["group_size"] == "1"
+    assert "held-out seeds (test)" in html and "worst_held_out" in html
+    # A statistical criterion's interval and n_reference get their own column.
+    steps = np.arange(20)
+    df = pd.DataFrame({"metric": "loss", "step": steps, "value": 1.0 + 0 * steps})
+    cmp = compare(RunData.from_curves(df, "r"), RunData.from_curves(df, "c"), progress=False)
+    a = {"verdict": "pass", "highest_level": "L3",
+         "results": [{"id": "tost-loss", "level": "L3", "kind": "equivalence",
+                      "outcome": "pass", "metric": "loss", "reason": "inside",
+                      "evidence": {"interval": [-0.25, 0.5], "n_reference": 7}}]}
+    page = build_report(cmp, assessment=a, plotlyjs="cdn").html
+    assert "<th>interval (n reference)</th>" in page
+    assert re.search(r'\[<span class="num" data-value="-0.25">-0.25</span>, '
+                     r'<span class="num" data-value="0.5">0.5</span>\] n=<span class="num" '
+                     r'data-value="7">7</span>', page)

@@ -96,7 +96,20 @@ def _assess(args: argparse.Namespace, candidate: str, metrics: list[str] | None
     refs, cand, latest = load_for_assessment(crit, args.reference, candidate,
                                              args.tracking_uri)
     cmp = compare(refs, cand, metrics=metrics, options=compare_options(crit), progress=False)
-    return cmp, assess(crit, refs, cand, latest)
+    return cmp, with_calibration(assess(crit, refs, cand, latest).to_dict(), crit)
+
+
+def with_calibration(assessment: dict[str, Any], crit: Any) -> dict[str, Any]:
+    """The assessment dict plus the criteria file's ``[calibration]`` table and each
+    criterion's calibration data (the report's calibration provenance table)."""
+    import dataclasses
+
+    cal = getattr(crit, "calibration", None)
+    if cal is None:
+        return assessment
+    table = dataclasses.asdict(cal) if dataclasses.is_dataclass(cal) else dict(cal)
+    per = {c.id: c.calibration for c in crit.criteria if getattr(c, "calibration", None)}
+    return {**assessment, "calibration": {**table, "criteria": per} if per else table}
 
 
 def _check_comparison_run(run_id: str, cmp: Comparison, uri: str) -> None:
@@ -163,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
     for c, row in zip(candidates, matrix["candidates"], strict=True):
         if c.assessment is not None:
             print(f"acceptance {c.comparison.candidate.run_id}: verdict "
-                  f"{c.assessment.verdict}, highest level "
-                  f"{c.assessment.highest_level or 'none'}")
+                  f"{c.assessment['verdict']}, highest level "
+                  f"{c.assessment['highest_level'] or 'none'}")
         if c.comparison_run_id:
             log_report(path, c.comparison_run_id, uri)
             deps = [Departure(**d) for d in row["departures"]]

@@ -59,14 +59,17 @@ def first_departure(metric: Mapping[str, Any]) -> tuple[int | None, FirstSource]
     """The first step at which the candidate left the reference band, from one metric's
     comparison JSON.
 
-    Prefers the engine's own first divergence when the comparison carries one
-    (``first_divergence``: a step, or ``{"step": ...}`` - a sustained departure computed
-    by the comparison engine); otherwise the first aligned step strictly outside the
-    reference runs' min-max range (``group.first_step_outside``).  ``(None, "none")``
-    when neither exists (single reference, or the candidate never left the band)."""
+    Prefers the comparison engine's own first divergence when the comparison carries one
+    (``first_divergence``: ``{"first_step": ...}`` - the first point of a *sustained*
+    departure from the band, :mod:`refrun.comparison.divergence`; ``None`` there means
+    the candidate never left it for long, which is the answer).  Otherwise the first
+    aligned step strictly outside the reference runs' min-max range
+    (``group.first_step_outside``).  ``(None, "none")`` when neither exists (a single
+    reference from an engine without first divergence)."""
     fd = metric.get("first_divergence")
     if isinstance(fd, Mapping):
-        fd = fd.get("step")
+        step = fd.get("first_step", fd.get("step"))
+        return (None if step is None else int(step)), "engine"
     if isinstance(fd, int | float) and not isinstance(fd, bool):
         return int(fd), "engine"
     group = metric.get("group") or {}

@@ -240,13 +240,17 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
     deps = O.rank_departures(cmp.to_dict())
     figs: list[F.FigureSpec] = []
     group = len(cmp.reference) > 1
+    sources = {d.first_step_source for d in deps}
+    first_how = ("the first step of a sustained departure from the reference band "
+                 "(the comparison's first divergence)" if "engine" in sources else
+                 "the first step outside the seeds' min–max range")
     how = ("mean |z| = mean over the aligned steps of |candidate − seed mean| / seed σ "
            f"({len(cmp.reference)} reference runs); outside seeds = fraction of steps "
-           "outside the seeds' min–max range; first out = the first such step; "
+           "outside the seeds' min–max range; first out = " + first_how + "; "
            "— = no z (the seeds agree exactly)" if group else
            "a single reference run has no seed spread: ranked by the mean relative "
            "difference |c − r| / max(|c|, |r|, eps); record several reference seeds to "
-           "measure departures in units of their spread")
+           "measure departures in units of their spread; first out = " + first_how)
     st = O.strip(cmp, [d.metric for d in deps], saturate=F.Z_MAX)
     picture: Raw = tag("p", "Nothing to picture: no aligned steps.", "note")
     if st is not None:
