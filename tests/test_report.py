@@ -461,7 +461,9 @@ def test_calibration_provenance_and_statistical_intervals_are_shown(runs: Runs,
                  "--criteria", str(crit), "--html", str(out), "--no-record",
                  "--plotlyjs", "cdn", "--tracking-uri", runs.uri]) == 0
     html = out.read_text(encoding="utf-8")
-    cal = _table_values(html, "calibration")
+    table = re.search(r'<table class="kv" id="calibration">(.*?)</table>', html, re.S)
+    cal = dict(re.findall(r'<tr><td>([^<]*)</td><td><span class="num" data-value="([^"]*)"',
+                          table.group(1)))
     assert cal["n"] == "2" and cal["group_size"] == "1"
     assert "held-out seeds (test)" in html and "worst_held_out" in html
     # A statistical criterion's interval and n_reference get their own column.
