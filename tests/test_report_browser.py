@@ -182,7 +182,7 @@ def test_hostile_run_strings_show_as_text(browser, comparison: Comparison,  # ty
     path = write_report(comparison, tmp_path / "xss.html")
     page, visit = open_report(browser, path)
     try:
-        page.click("details summary")  # the all-tags table
+        page.click("summary:has-text(\"All tags and params of the runs\")")
         title = page.title()
         assert title == "refrun report: rep: h100 vs tpu-v5e"
         assert "pwned" not in title

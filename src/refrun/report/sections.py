@@ -483,7 +483,7 @@ def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
     figs: list[F.FigureSpec] = []
     add: Callable[..., Raw] = lambda title, fig, cap="": _add(figs, ids, title, fig, cap)  # noqa: E731
     st_metric = schema.M_STEP_TIME
-    parts += [tag("h3", "Step time"), _step_time_table(cmp)]
+    parts.append(tag("h3", "Step time"))
     fig = F.series_figure(cmp, [st_metric], red, "seconds (log)", log_y=True)
     if fig is None:
         parts.append(tag("p", f"No run recorded {st_metric}.", "note"))
@@ -498,8 +498,8 @@ def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
                                                else "") + "; tails clipped into the "
                       "outermost bins."),
                   Raw("</div>")]
-    parts += [tag("h3", "Compilations, transfers and other per-step counters"),
-              _counter_table(cmp)]
+    parts.append(_folded("Step-time medians and ratio (table)", _step_time_table(cmp)))
+    parts.append(tag("h3", "Compilations, transfers and other per-step counters"))
     groups = F.counter_groups(cmp)
     for prefix, metrics in groups:
         label = prefix.replace("/", "/*", 1)
@@ -508,8 +508,11 @@ def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
     if not groups:
         parts.append(tag("p", "No run recorded per-step counters (compile/*, xfer/*, "
                               "fallback/*, exec/*).", "note"))
-    parts += [tag("h3", "CPU-fallback operations by name"), _fallback_table(cmp),
-              add("CPU-fallback ops", F.fallback_figure(cmp))]
+    else:
+        parts.append(_folded("Counter totals (table)", _counter_table(cmp)))
+    parts += [tag("h3", "CPU-fallback operations by name"),
+              add("CPU-fallback ops", F.fallback_figure(cmp)),
+              _folded("Fallback ops by name (table)", _fallback_table(cmp))]
     parts += [tag("h3", "Device truth"),
               tag("p", "Declared hardware next to what the probes observed "
                        "(refrun.exec.*, placement, step-time kind, summaries).", "note"),
