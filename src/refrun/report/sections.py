@@ -228,7 +228,8 @@ def _at(value: Any, step: Any) -> Raw:
 def _first_marks(d: O.Departure | None) -> list[F.Marker]:
     if d is None or d.first_step is None:
         return []
-    return [F.Marker(d.first_step, "first out of band", "#111", "dot")]
+    label = "first divergence" if d.first_step_source == "engine" else "first out of band"
+    return [F.Marker(d.first_step, label, "#111", "dot")]
 
 
 def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
@@ -261,7 +262,7 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
                        f"Colour: largest {st.measure} in each of {st.values.shape[1]} step "
                        "bins (pale: within the seeds' spread; red: beyond 3σ; darkest also "
                        "where the seeds agree exactly and the candidate differs); "
-                       "×: first step out of band.")
+                       "×: first out (as in the ranking).")
     body = join([
         verdict_banner(assessment, ns),
         Raw('<div class="ov-grid"><div>'),
