@@ -119,7 +119,6 @@ TAG_REPORT_HIGHEST_LEVEL = "refrun.report.highest_level"
 TAG_REPORT_TOP_DEPARTURE = "refrun.report.top_departure"  # metric that departs most
 TAG_REPORT_FAILED = "refrun.report.failed"  # comma-separated failing criterion ids
 ARTIFACT_REPORT = "refrun/report.html"
-ARTIFACT_REPORT_MATRIX = "refrun/report_matrix.json"
 M_REPORT_MEAN_ABS_Z = "report/mean_abs_z/"  # + metric: mean |z| over aligned steps (seed σ)
 M_REPORT_MAX_ABS_Z = "report/max_abs_z/"  # + metric
 M_REPORT_OUTSIDE = "report/fraction_outside/"  # + metric: fraction of steps outside seeds
