@@ -329,7 +329,8 @@ def timeline_figure(cmp: Comparison, primary: str | None, evals: Sequence[str],
         for t in traces:
             fig.add_trace(t, row=r, col=1)
         fig.update_yaxes(title_text=plot_text(title), title_font={"size": 11},
-                         type="log" if log else None, row=r, col=1)
+                         type="log" if log else None, nticks=4 if log else None,
+                         row=r, col=1)
     _base_layout(fig, int(150 + 110 * (n + 1)))
     for r in range(1, n):
         fig.update_xaxes(title_text="", row=r, col=1)

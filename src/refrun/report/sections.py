@@ -296,7 +296,7 @@ def timeline_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
     figs: list[F.FigureSpec] = []
     div = _add(figs, ids, "timeline", fig,
                "Linked panels: zoom or pan one and all follow. Runtime panels show the "
-               "first reference run and the candidate; the cross-hair line marks where "
+               "first reference run and the candidate; the dotted line marks where "
                f"{primary or 'the primary metric'} first left the reference band.")
     return Section(ns + "timeline", "Everything on one step axis", div, figs)
 
