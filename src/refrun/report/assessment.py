@@ -58,6 +58,16 @@ def evidence_cell(ev: Any) -> Raw:
     return _value(ev)
 
 
+def folded_evidence(r: dict[str, Any]) -> Raw:
+    """The key number in view, every evidence value folded below it."""
+    ev = r.get("evidence", {})
+    kn = key_number(r)
+    head = join([tag("code", kn[0]), " = ", _value(kn[1])]) if kn else Raw("")
+    n = len(ev) if isinstance(ev, dict) else 1
+    return join([head, Raw(f"<details><summary>all evidence ({n})</summary>"),
+                 evidence_cell(ev), Raw("</details>")])
+
+
 def _levels(a: dict[str, Any]) -> Raw:
     levels = a.get("levels")
     if not isinstance(levels, list):
@@ -224,7 +234,7 @@ def assessment_section(a: dict[str, Any]) -> Raw:
                badge(r.get("outcome")), r.get("reason", "")]
         if with_iv:
             row.append(_interval(r))
-        rows.append((*row, evidence_cell(r.get("evidence", {}))))
+        rows.append((*row, folded_evidence(r)))
     head_cols = ["level", "criterion", "kind", "metric", "outcome", "reason"]
     if with_iv:
         head_cols.append("interval (n reference)")
