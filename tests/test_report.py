@@ -401,6 +401,10 @@ def test_many_candidates_matrix_matches_refrun_accept(runs: Runs, tmp_path: Path
     assert verdicts == {runs.candidate: "fail", good: "pass"}
     html = out.read_text(encoding="utf-8")
     assert html.count('<section class="candidate" id="cand-') == 2
+    # One page, two candidates: every element id unique, every in-page link resolves.
+    ids = re.findall(r' id="([^"]+)"', html)
+    assert len(ids) == len(set(ids))
+    assert set(re.findall(r'href="#([^"]+)"', html)) <= set(ids)
     table = re.search(r'id="candidate-matrix">(.*?)</table>', html, re.S).group(1)
     assert re.findall(r'<a href="#(cand-\d)">', table) == ["cand-0", "cand-1"]
     # Each comparison run carries the report and the summary MLflow compares runs by.

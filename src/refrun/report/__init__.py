@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -128,6 +129,18 @@ def redact(text: str, prefixes: Sequence[str]) -> str:
     return text
 
 
+_ID_ATTR = re.compile(r' id="(?!fig-)([^"]+)"')
+
+
+def namespace_ids(markup: str, ns: str) -> str:
+    """Prefix every element id in ``markup`` (built here: run strings are escaped, so
+    `` id="`` only ever comes from this package) with ``ns`` unless it already has it, so
+    several candidates' sections on one page keep unique ids.  Figure ids (``fig-N``)
+    are unique across the page already and stay as the figures' JSON names them."""
+    return _ID_ATTR.sub(lambda m: m.group(0) if m.group(1).startswith(ns)
+                        else f' id="{ns}{m.group(1)}"', markup)
+
+
 def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
                        max_points: int = DEFAULT_MAX_POINTS, method: str = "minmax",
                        title: str | None = None,
@@ -160,6 +173,7 @@ def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
                         "departures": [d.to_dict() for d in deps]})
         inner = "".join(s.html() for s in secs)
         if multi:
+            inner = namespace_ids(inner, ns)
             body.append(f'<section class="candidate" id="{anchor}"><h2>Candidate {i + 1}: '
                         f"{esc(cand_label)} <code>{esc(c.comparison.candidate.run_id)}</code>"
                         f'</h2>{inner}<p class="note"><a href="#matrix">back to the matrix'

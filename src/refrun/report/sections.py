@@ -202,8 +202,12 @@ def ranking_table(cmp: Comparison, deps: list[O.Departure], ns: str) -> Raw:
         px = 0 if d.score is None else max(2, round(60 * min(1.0, float(d.score) / top)))
         score = join([Raw(f'<span class="bar {_severity(d)}" style="width:{px}px"></span>'),
                       num(d.score)])
-        link = Raw(f'<a href="#{esc(metric_anchor(ns, cmp, d.metric))}"><code>'
-                   f"{esc(d.metric)}</code></a>")
+        m = cmp.metrics[d.metric]
+        # Curves and evaluations have their own figure; counters, step time and sys/*
+        # are drawn in the runtime evidence.
+        target = metric_anchor(ns, cmp, d.metric) if _is_curve(d.metric, m) or \
+            m.kind == "eval" else f"{ns}runtime"
+        link = Raw(f'<a href="#{esc(target)}"><code>{esc(d.metric)}</code></a>')
         row: list[Any] = [i, link, score]
         if group:
             row += [_at(d.max_abs_z, d.step_of_max_abs_z),
