@@ -63,6 +63,10 @@ def record_runs(tmp: Path) -> Runs:
     250, CPU-fallback ops, and a hostile run name, tag and param."""
     uri = f"sqlite:///{tmp}/mlflow.db"
     spool = tmp / "spool"
+    # Artifacts inside the test's directory (not ./mlruns of whoever runs the tests).
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).create_experiment("rep", artifact_location=(tmp / "artifacts").as_uri())
     full = list(range(N_STEPS))
     refs = [_record(uri, spool, "reference", "h100", seed, name=f"ref seed {seed}",
                     tags={}, params={"lr": "3e-4"}, steps=full, loss_shift=0.0,
@@ -74,6 +78,39 @@ def record_runs(tmp: Path) -> Runs:
                    params={"lr": "3e-4", "comment": XSS_PARAM}, steps=restarted,
                    loss_shift=0.02, spike=True, nan=True)
     return Runs(uri, spool, refs, cand)
+
+
+def record_good_candidate(runs: Runs) -> str:
+    """A second candidate that behaves like a third reference seed (no shift, no spike,
+    no NaN, no restart) on hardware ``gpu-x``."""
+    return _record(runs.uri, runs.spool, "candidate", "gpu-x", 2, name="good candidate",
+                   tags={}, params={"lr": "3e-4"}, steps=list(range(N_STEPS)),
+                   loss_shift=0.0, spike=False, nan=False)
+
+
+# Criteria that the shifted candidate (+0.02 on the loss, seed noise 0.01) fails and a
+# third seed passes: |diff| <= 0.03 on 95 % of the steps; eval accuracy within 0.02.
+CRITERIA = """version = 1
+workload = "rep"
+
+[[criteria]]
+id = "loss-close"
+kind = "closeness"
+level = "L2"
+metric = "loss"
+abs_tol = 0.03
+min_fraction = 0.95
+description = "loss within 0.03 of the seed mean on 95 % of the steps"
+
+[[criteria]]
+id = "accuracy-close"
+kind = "closeness"
+level = "L2"
+metric = "eval/accuracy"
+abs_tol = 0.02
+min_fraction = 1.0
+description = "evaluation accuracy within 0.02"
+"""
 
 
 def raw_loss(uri: str, run_id: str) -> dict[int, float]:

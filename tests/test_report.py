@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from report_helpers import (
+    CRITERIA,
     NAN_STEP,
     SPIKE_STEP,
     XSS_NAME,
@@ -19,6 +20,7 @@ from report_helpers import (
     XSS_TAG,
     Runs,
     raw_loss,
+    record_good_candidate,
     record_runs,
 )
 
@@ -26,6 +28,7 @@ from refrun.cli import main
 from refrun.comparison import RunData, compare
 from refrun.report import build_report, write_report
 from refrun.report.downsample import lttb_indices, reduce_indices
+from refrun.report.overview import binned_max, first_departure, rank_departures
 from refrun.thinning import minmax_indices
 
 
@@ -160,8 +163,11 @@ def test_in_memory_single_reference_and_assessment_dict(tmp_path: Path) -> None:
     assert '<span class="badge fail">fail</span>' in html
     assert 'data-value="0.5"' in html
     blob = _data_blob(html, "refrun-figures")
-    # One metric figure: reference, candidate, difference; no runtime figures.
-    assert [len(f["data"]) for f in blob["figures"]] == [3]
+    # The all-metric picture (heatmap + first-departure crosses) and one metric figure
+    # (reference, candidate, difference); no runtime figures.
+    assert [len(f["data"]) for f in blob["figures"]] == [2, 3]
+    # The failing criterion names no step: no marker, but the banner lists it.
+    assert 'data-verdict="fail"' in html and "highest level reached: L1" in html
     no_assessment = build_report(cmp).html
     assert 'id="acceptance-criteria"' not in no_assessment
     assert "No acceptance criteria were applied" in no_assessment
@@ -249,3 +255,231 @@ description = "<script>document.title='pwned'</script> within 0.05"
     assert "<script>document.title" not in html
     for lv in blob["levels"]:
         assert f"<b>{lv['level']}</b>" in html
+
+
+# --- the first screen: ranked departures ---------------------------------------------------
+
+def test_ranking_equals_comparison_json_and_numpy(runs: Runs) -> None:
+    cmp = compare(runs.references, runs.candidate, tracking_uri=runs.uri, progress=False)
+    engine = cmp.to_dict()
+    deps = rank_departures(engine)
+    assert {d.metric for d in deps} == set(engine["metrics"])
+    scored = [d.score for d in deps if d.score is not None]
+    assert scored == sorted(scored, reverse=True) and len(scored) >= 2
+    for d in deps:
+        g = engine["metrics"][d.metric]["group"]
+        assert d.measure == "mean_abs_z"
+        assert (d.score, d.max_abs_z, d.step_of_max_abs_z, d.fraction_outside) == (
+            g["mean_abs_z"], g["max_abs_z"], g["step_of_max_abs_z"], g["fraction_outside"])
+    # Independent: z of the loss from the raw artifacts (last value per step, steps where
+    # every run is finite, sample std over the two seeds).
+    curves = [raw_loss(runs.uri, r) for r in [*runs.references, runs.candidate]]
+    steps = np.array(sorted(set.intersection(*(set(c) for c in curves))))
+    refs = np.array([[c[s] for s in steps] for c in curves[:2]])
+    cand = np.array([curves[2][s] for s in steps])
+    ok = np.isfinite(refs).all(axis=0) & np.isfinite(cand)
+    steps, refs, cand = steps[ok], refs[:, ok], cand[ok]
+    sd = refs.std(axis=0, ddof=1)
+    z = (cand - refs.mean(axis=0))[sd > 0] / sd[sd > 0]
+    loss = next(d for d in deps if d.metric == "loss")
+    assert loss.score == pytest.approx(np.abs(z).mean(), rel=1e-9)
+    assert loss.max_abs_z == pytest.approx(np.abs(z).max(), rel=1e-9)
+    if engine["metrics"]["loss"].get("first_divergence") is None:
+        outside = (cand < refs.min(axis=0)) | (cand > refs.max(axis=0))
+        assert loss.first_step == int(steps[np.argmax(outside)])
+        assert loss.first_step_source == "outside_seed_range"
+    else:
+        # The engine's sustained first divergence (docs/comparison.md): band = seeds'
+        # min/max -+ 0.02 |seed mean|, out for min(5, ceil(n / 10)) consecutive steps.
+        tol = 0.02 * np.abs(refs.mean(axis=0))
+        out = (cand < refs.min(axis=0) - tol) | (cand > refs.max(axis=0) + tol)
+        k = min(5, int(np.ceil(len(out) / 10)))
+        runs_of_k = np.convolve(out.astype(int), np.ones(k, dtype=int), "valid") == k
+        assert loss.first_step == int(steps[np.argmax(runs_of_k)])
+        assert loss.first_step_source == "engine"
+
+
+def test_first_departure_prefers_the_engines_own() -> None:
+    group = {"group": {"first_step_outside": 40}}
+    assert first_departure(group) == (40, "outside_seed_range")
+    assert first_departure({**group, "first_divergence": {"first_step": 75}}) == (75, "engine")
+    # The engine found no sustained departure: that is the answer, not the transient one.
+    assert first_departure({**group, "first_divergence": {"first_step": None}}) == (
+        None, "engine")
+    assert first_departure({**group, "first_divergence": 90}) == (90, "engine")
+    assert first_departure({"group": None}) == (None, "none")
+    assert first_departure({"group": {"first_step_outside": None}}) == (None, "none")
+
+
+def test_binned_max_equals_a_plain_loop() -> None:
+    rng = np.random.default_rng(3)
+    steps = np.sort(rng.choice(10_000, 3000, replace=False))
+    vals = rng.normal(0, 1, 3000)
+    vals[::97] = np.nan
+    edges = np.linspace(0, 10_000, 41)
+    got = binned_max(steps, vals, edges)
+    for j in range(40):
+        sel = (steps >= edges[j]) & (steps < edges[j + 1]) & np.isfinite(vals)
+        want = vals[sel].max() if sel.any() else np.nan
+        assert (np.isnan(got[j]) and np.isnan(want)) or got[j] == want, j
+
+
+def test_single_reference_ranks_by_relative_difference(tmp_path: Path) -> None:
+    steps = np.arange(100)
+    base = pd.DataFrame({"metric": "loss", "step": steps, "value": 1.0 + steps / 100})
+    two = pd.concat([base, base.assign(metric="acc", value=0.5)])
+    ref = RunData.from_curves(two, "r1", tags={"refrun.role": "reference"})
+    cand_df = pd.concat([base.assign(value=base["value"] * 1.1),
+                         base.assign(metric="acc", value=0.5 * 1.01)])
+    cand = RunData.from_curves(cand_df, "c1", tags={"refrun.role": "candidate"})
+    engine = compare(ref, cand, progress=False).to_dict()
+    deps = rank_departures(engine)
+    assert [d.metric for d in deps] == ["loss", "acc"]
+    assert all(d.measure == "mean_rel_diff" for d in deps)
+    if engine["metrics"]["loss"].get("first_divergence") is None:
+        assert [d.first_step for d in deps] == [None, None]
+    else:  # band = reference -+ 2 %: +10 % leaves it at once, +1 % never does
+        assert [(d.first_step, d.first_step_source) for d in deps] == [(0, "engine"),
+                                                                       (None, "engine")]
+    # |c - r| / max(|c|, |r|) = 0.1 / 1.1 for the loss, 0.01 / 1.01 for acc.
+    assert deps[0].score == pytest.approx(0.1 / 1.1, rel=1e-9)
+    assert deps[1].score == pytest.approx(0.01 / 1.01, rel=1e-9)
+
+
+# --- output paths ---------------------------------------------------------------------
+
+def test_cli_unwritable_output_is_one_line_exit_2_before_any_run(
+        runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    client = MlflowClient(runs.uri)
+    exp = client.get_experiment_by_name("rep").experiment_id
+    before = len(client.search_runs([exp]))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    base = ["report", "--reference", *runs.references, "--candidate", runs.candidate,
+            "--tracking-uri", runs.uri]
+    cases = [(["--html", "/proc/r.html"], "/proc/r.html"),
+             (["--html", str(a_file / "r.html")], "is not a directory"),
+             (["--html", str(tmp_path)], "is a directory"),
+             (["--html", str(tmp_path / "ok.html"), "--json", "/proc/m.json"], "--json")]
+    for extra, expected in cases:
+        rc = main([*base, *extra])
+        err = capsys.readouterr().err
+        assert rc == 2, (extra, err)
+        assert len(err.strip().splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "ok.html").exists()
+    assert len(client.search_runs([exp])) == before
+
+
+# --- many candidates ------------------------------------------------------------------
+
+def test_many_candidates_matrix_matches_refrun_accept(runs: Runs, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    good = record_good_candidate(runs)
+    crit = tmp_path / "criteria.toml"
+    crit.write_text(CRITERIA, encoding="utf-8")
+    out, js = tmp_path / "many.html", tmp_path / "many.json"
+    rc = main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+               good, "--criteria", str(crit), "--html", str(out), "--json", str(js),
+               "--tracking-uri", runs.uri])
+    assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    matrix = json.loads(js.read_text(encoding="utf-8"))
+    assert [r["candidate"] for r in matrix["candidates"]] == [runs.candidate, good]
+    assert {"loss-close", "accuracy-close"} <= set(matrix["criteria"])
+    verdicts = {}
+    for row in matrix["candidates"]:
+        acc = tmp_path / f"accept-{row['candidate']}.json"
+        rc = main(["accept", "--criteria", str(crit), "--reference", *runs.references,
+                   "--candidate", row["candidate"], "--json", str(acc), "--no-record",
+                   "--tracking-uri", runs.uri])
+        accepted = json.loads(acc.read_text(encoding="utf-8"))
+        assert {r["id"]: r["outcome"] for r in accepted["results"]} == {
+            cid: c["outcome"] for cid, c in row["cells"].items()}
+        assert row["verdict"] == accepted["verdict"]
+        assert rc == (0 if accepted["verdict"] == "pass" else 1)
+        verdicts[row["candidate"]] = row["cells"]["loss-close"]["outcome"]
+    assert verdicts == {runs.candidate: "fail", good: "pass"}
+    html = out.read_text(encoding="utf-8")
+    assert html.count('<section class="candidate" id="cand-') == 2
+    # One page, two candidates: every element id unique, every in-page link resolves.
+    ids = re.findall(r' id="([^"]+)"', html)
+    assert len(ids) == len(set(ids))
+    assert set(re.findall(r'href="#([^"]+)"', html)) <= set(ids)
+    table = re.search(r'id="candidate-matrix">(.*?)</table>', html, re.S).group(1)
+    assert re.findall(r'<a href="#(cand-\d)">', table) == ["cand-0", "cand-1"]
+    # Each comparison run carries the report and the summary MLflow compares runs by.
+    client = MlflowClient(runs.uri)
+    run_ids = re.findall(r"comparison run: (\w+)", printed)
+    assert len(run_ids) == 2
+    for run_id, row in zip(run_ids, matrix["candidates"], strict=True):
+        run = client.get_run(run_id)
+        assert run.data.tags["refrun.compared.candidate"] == row["candidate"]
+        assert run.data.tags["refrun.report.verdict"] == row["verdict"]
+        loss = next(d for d in row["departures"] if d["metric"] == "loss")
+        assert run.data.metrics["report/mean_abs_z/loss"] == loss["score"]
+        assert run.data.metrics["report/criteria_failed"] == sum(
+            c["outcome"] == "fail" for c in row["cells"].values())
+        assert "refrun/report.html" in {f.path for f in client.list_artifacts(run_id,
+                                                                             "refrun")}
+
+
+def test_redacted_paths_leave_no_trace(tmp_path: Path) -> None:
+    steps = np.arange(30)
+    df = pd.DataFrame({"metric": "loss", "step": steps, "value": 1.0 / (steps + 1)})
+    ref = RunData.from_curves(df, "r1", tags={"refrun.role": "reference"})
+    here = tmp_path / "checkout & <co>"
+    cand = RunData.from_curves(df.assign(value=df["value"] + 0.1), "c1",
+                               tags={"refrun.role": "candidate",
+                                     "mlflow.source.name": f"{here}/train.py"})
+    a = {"verdict": "pass", "highest_level": "L1", "results": [],
+         "criteria": {"path": f"{here}/criteria.toml", "sha256": "ab"}}
+    cmp = compare(ref, cand, progress=False)
+    plain = build_report(cmp, assessment=a, plotlyjs="cdn").html
+    assert "checkout &amp; &lt;co&gt;" in plain  # the path is there unless redacted
+    html = build_report(cmp, assessment=a, plotlyjs="cdn", redact_paths=[str(here)]).html
+    for form in ("checkout", str(tmp_path)):
+        assert form not in html
+    assert "…/train.py" in html and "…/criteria.toml" in html
+    assert _data_blob(html, "refrun-data")["assessment"]["criteria"]["path"] == \
+        "…/criteria.toml"
+
+
+CALIBRATION = '''
+[calibration]
+method = "held-out seeds (test)"
+runs = ["r-a", "r-b"]
+n = 2
+group_size = 1
+'''
+
+
+def test_calibration_provenance_and_statistical_intervals_are_shown(runs: Runs,
+                                                                   tmp_path: Path) -> None:
+    crit = tmp_path / "criteria.toml"
+    text = CRITERIA.replace('workload = "rep"\n', 'workload = "rep"\n' + CALIBRATION)
+    text = text.replace('description = "loss within 0.03',
+                        'calibration = {worst_held_out = 0.021}\ndescription = "loss within 0.03')
+    crit.write_text(text, encoding="utf-8")
+    out = tmp_path / "cal.html"
+    assert main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+                 "--criteria", str(crit), "--html", str(out), "--no-record",
+                 "--plotlyjs", "cdn", "--tracking-uri", runs.uri]) == 0
+    html = out.read_text(encoding="utf-8")
+    table = re.search(r'<table class="kv" id="calibration">(.*?)</table>', html, re.S)
+    cal = dict(re.findall(r'<tr><td>([^<]*)</td><td><span class="num" data-value="([^"]*)"',
+                          table.group(1)))
+    assert cal["n"] == "2" and cal["group_size"] == "1"
+    assert "held-out seeds (test)" in html and "worst_held_out" in html
+    # A statistical criterion's interval and n_reference get their own column.
+    steps = np.arange(20)
+    df = pd.DataFrame({"metric": "loss", "step": steps, "value": 1.0 + 0 * steps})
+    cmp = compare(RunData.from_curves(df, "r"), RunData.from_curves(df, "c"), progress=False)
+    a = {"verdict": "pass", "highest_level": "L3",
+         "results": [{"id": "tost-loss", "level": "L3", "kind": "equivalence",
+                      "outcome": "pass", "metric": "loss", "reason": "inside",
+                      "evidence": {"interval": [-0.25, 0.5], "n_reference": 7}}]}
+    page = build_report(cmp, assessment=a, plotlyjs="cdn").html
+    assert "<th>interval (n reference)</th>" in page
+    assert re.search(r'\[<span class="num" data-value="-0.25">-0.25</span>, '
+                     r'<span class="num" data-value="0.5">0.5</span>\] n=<span class="num" '
+                     r'data-value="7">7</span>', page)

@@ -1,20 +1,35 @@
 """The report in a real browser: Debian's headless Chromium driven by Playwright.
 
 Needs /usr/bin/chromium (scripts/bootstrap.sh --with-test-deps installs it; CI runs that).
-Screenshots go to $REFRUN_TEST_ARTIFACTS, else test-artifacts/ (gitignored).
+Screenshots go to $REFRUN_TEST_ARTIFACTS, else test-artifacts/ (gitignored); the first
+screen is also written to the test's tmp dir.  Kept few: one page load per test.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import MlflowServer, free_port
+from mlflow.tracking import MlflowClient
 from plotly.offline import get_plotlyjs
-from report_helpers import XSS_NAME, XSS_PARAM, XSS_TAG, Runs, record_runs
+from report_helpers import (
+    CRITERIA,
+    XSS_NAME,
+    XSS_PARAM,
+    XSS_TAG,
+    Runs,
+    record_good_candidate,
+    record_runs,
+)
 
+from refrun.cli import main
 from refrun.comparison import Comparison, compare
 from refrun.report import write_report
 
@@ -74,14 +89,63 @@ def open_report(browser, path: Path, block_network: bool = True):  # type: ignor
     return page, visit
 
 
-def test_report_renders_offline_with_every_plot(browser, comparison: Comparison,  # type: ignore[no-untyped-def]
-                                                tmp_path: Path) -> None:
+VIEWPORT_H = 1000
+
+# The first screen must show these, entirely within the first viewport.
+FIRST_SCREEN = """() => ['verdict', 'departures', 'strip'].map(id => {
+    const e = document.getElementById(id);
+    const r = e.getBoundingClientRect();
+    return {id: id, top: r.top, bottom: r.bottom, height: r.height,
+            svg: e.querySelectorAll('svg.main-svg .heatmaplayer image, svg .hm').length};
+  })"""
+
+RANKING = """() => Array.from(document.querySelectorAll('#departures tbody tr')).map(tr => {
+    const nums = Array.from(tr.querySelectorAll('.num')).map(n => n.dataset.value);
+    return {metric: tr.querySelector('code').textContent, nums: nums}; })"""
+
+
+def test_first_screen_answers_and_every_plot_renders_offline(  # type: ignore[no-untyped-def]
+        browser, comparison: Comparison, tmp_path: Path) -> None:
     path = write_report(comparison, tmp_path / "report.html")
     page, visit = open_report(browser, path)
     try:
         assert page.get_attribute("body", "data-rendered") == "true"
         assert visit.console_errors == []
         assert visit.requests == [path.resolve().as_uri()]
+        # First viewport: the verdict, the ranked departures and the all-metric picture.
+        boxes = page.evaluate(FIRST_SCREEN)
+        for b in boxes:
+            assert b["height"] > 0 and b["top"] >= 0 and b["bottom"] <= VIEWPORT_H, b
+        assert "no criteria applied" in page.inner_text("#verdict")
+        strip = page.evaluate("""() => { const p = document.querySelector('#strip .plot');
+            return {traces: p.data.map(t => t.type), rows: p.data[0].y,
+                    drawn: p.querySelectorAll('svg.main-svg').length}; }""")
+        assert strip["traces"] == ["heatmap", "scatter"] and strip["drawn"] >= 1
+        # The ranking's numbers are the comparison JSON's (exact, via data-value).
+        engine = page.evaluate(
+            "JSON.parse(document.getElementById('refrun-data').textContent).comparison")
+        assert engine == comparison.to_dict()
+        rows = page.evaluate(RANKING)
+        assert [r["metric"] for r in rows] == strip["rows"]
+        assert {r["metric"] for r in rows} == set(engine["metrics"])
+        scores = []
+        for r in rows:
+            m = engine["metrics"][r["metric"]]
+            g, d = m["group"], m["measures"]
+            fd = m.get("first_divergence")  # the engine's sustained departure, if any
+            first = fd["first_step"] if isinstance(fd, dict) else g["first_step_outside"]
+            want = [g["mean_abs_z"], g["max_abs_z"], g["step_of_max_abs_z"],
+                    g["fraction_outside"], first, d["max_abs_diff"],
+                    d["step_of_max_abs_diff"]]
+            got = [None if v == "null" else float(v) for v in r["nums"][1:]]  # after "#"
+            if g["max_abs_z"] is None:  # "—" stands for max |z| and its step
+                want = [want[0], None, *want[3:]]
+            assert got == want, r
+            scores.append(g["mean_abs_z"])
+        ranked = [v for v in scores if v is not None]
+        assert ranked == sorted(ranked, reverse=True)
+        assert scores[len(ranked):] == [None] * (len(scores) - len(ranked))
+        # Every plot drawn with the traces it was given.
         plots = page.evaluate("""() => Array.from(document.querySelectorAll('.plot')).map(
             e => ({title: e.dataset.title, expected: Number(e.dataset.traces),
                    svg: e.querySelectorAll('svg.main-svg').length,
@@ -89,20 +153,26 @@ def test_report_renders_offline_with_every_plot(browser, comparison: Comparison,
                    data: e.data ? e.data.length : -1}))""")
         by_title = {p["title"]: p for p in plots}
         # Independent expectations for this comparison (2 reference seeds + candidate):
-        # band low/high + reference mean + candidate + difference = 5 traces.
-        expected = {"loss": 5, "eval/accuracy": 5, "step time over steps": 3,
+        # seed range (2) + mean ± kσ (2) + reference mean + candidate + difference + z = 8;
+        # timeline: loss band (2) + mean + candidate, then reference 1 and candidate for
+        # eval/accuracy, step time, compile/*, xfer/* = 12.
+        expected = {"loss": 8, "eval/accuracy": 8, "timeline": 12,
+                    "all-metric departure": 2, "step time over steps": 3,
                     "step time distribution": 3, "compile/* per step": 3,
                     "xfer/* per step": 3, "CPU-fallback ops": 1, "sys/cpu_pct": 3}
         assert set(expected) <= set(by_title), sorted(by_title)
-        for title, n in expected.items():
-            assert by_title[title]["traces"] == n, title
         for p in plots:
-            assert p["svg"] >= 1 and p["traces"] == p["expected"] == p["data"], p
+            assert p["svg"] >= 1 and p["expected"] == p["data"], p
+            if p["title"] not in ("all-metric departure",):  # heatmaps draw no g.trace
+                assert p["traces"] == p["expected"], p
+        for title, n in expected.items():
+            assert by_title[title]["data"] == n, title
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "report.png"
-        page.screenshot(path=str(shot), full_page=True)
-        print(f"screenshot: {shot}")
-        assert shot.stat().st_size > 50_000
+        for shot in (tmp_path / "first-screen.png", ARTIFACTS / "report-first-screen.png"):
+            page.screenshot(path=str(shot))
+            assert shot.stat().st_size > 50_000
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        print(f"screenshots: {tmp_path / 'first-screen.png'}, {ARTIFACTS}")
     finally:
         page.close()
 
@@ -112,7 +182,7 @@ def test_hostile_run_strings_show_as_text(browser, comparison: Comparison,  # ty
     path = write_report(comparison, tmp_path / "xss.html")
     page, visit = open_report(browser, path)
     try:
-        page.click("details summary")  # the all-tags table
+        page.click("summary:has-text(\"All tags and params of the runs\")")
         title = page.title()
         assert title == "refrun report: rep: h100 vs tpu-v5e"
         assert "pwned" not in title
@@ -193,3 +263,103 @@ def test_plotlyjs_from_local_path_and_cdn_variant(browser, comparison: Compariso
         assert [u for u in visit.requests if u.startswith("https://cdn.plot.ly/")]
     finally:
         page.close()
+
+
+def _accept_outcomes(runs: Runs, crit: Path, candidate: str, out: Path) -> dict[str, str]:
+    main(["accept", "--criteria", str(crit), "--reference", *runs.references,
+          "--candidate", candidate, "--json", str(out), "--no-record",
+          "--tracking-uri", runs.uri])
+    got = json.loads(out.read_text(encoding="utf-8"))
+    return {r["id"]: r["outcome"] for r in got["results"]} | {"verdict": got["verdict"]}
+
+
+def test_many_candidates_page_matches_refrun_accept(browser, runs: Runs,  # type: ignore[no-untyped-def]
+                                                   tmp_path: Path) -> None:
+    good = record_good_candidate(runs)
+    crit = tmp_path / "criteria.toml"
+    crit.write_text(CRITERIA, encoding="utf-8")
+    out = tmp_path / "many.html"
+    rc = main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+               good, "--criteria", str(crit), "--html", str(out), "--no-record",
+               "--tracking-uri", runs.uri])
+    assert rc == 0
+    expected = {c: _accept_outcomes(runs, crit, c, tmp_path / f"{c}.json")
+                for c in (runs.candidate, good)}
+    page, visit = open_report(browser, out)
+    try:
+        assert page.get_attribute("body", "data-rendered") == "true"
+        assert visit.console_errors == [] and visit.requests == [out.resolve().as_uri()]
+        rows = page.evaluate("""() => Array.from(document.querySelectorAll(
+            '#candidate-matrix tbody tr')).map(tr => ({
+              href: tr.querySelector('a').getAttribute('href'),
+              id: tr.querySelector('td code').textContent,
+              verdict: tr.querySelector('td:nth-child(2)').textContent,
+              cells: Object.fromEntries(Array.from(tr.querySelectorAll('.cell')).map(
+                c => [c.dataset.criterion, c.dataset.outcome]))}))""")
+        assert [r["id"] for r in rows] == [runs.candidate, good]
+        for r in rows:
+            want = dict(expected[r["id"]])
+            assert r["verdict"] == want.pop("verdict")
+            assert r["cells"] == want
+            # The row links to that candidate's own section, which names it.
+            section = page.locator(r["href"])
+            assert r["id"] in section.locator("h2").first.inner_text()
+        assert expected[runs.candidate]["loss-close"] == "fail"
+        assert expected[good]["loss-close"] == "pass"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(tmp_path / "matrix.png"))
+        page.screenshot(path=str(ARTIFACTS / "report-matrix.png"))
+        page.click(f"#candidate-matrix a[href='{rows[1]['href']}']")
+        page.wait_for_function(f"location.hash === '{rows[1]['href']}'")
+    finally:
+        page.close()
+
+
+def test_report_renders_in_mlflow_artifacts_tab(browser, runs: Runs,  # type: ignore[no-untyped-def]
+                                                tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    rc = main(["report", "--reference", *runs.references, "--candidate", runs.candidate,
+               "--html", str(out), "--tracking-uri", runs.uri])
+    assert rc == 0
+    client = MlflowClient(runs.uri)
+    exp = client.get_experiment_by_name("rep").experiment_id
+    run = client.search_runs([exp], "tags.`refrun.role` = 'comparison'",
+                             order_by=["attributes.start_time DESC"])[0]
+    root = tmp_path / "server"
+    root.mkdir()
+    port = free_port()
+    server = MlflowServer(root, port, command=[
+        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", runs.uri,
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1"])
+    server.start(timeout=180)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    outside: list[str] = []
+
+    def only_local(route) -> None:  # type: ignore[no-untyped-def]
+        url = route.request.url
+        if re.match(r"^(http://127\.0\.0\.1:\d+/|blob:|data:|about:)", url):
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    page.route("**/*", only_local)
+    try:
+        page.goto(f"{server.url}/#/experiments/{exp}/runs/{run.info.run_id}/artifactPath/"
+                  "refrun/report.html")
+        frame_el = page.wait_for_selector("iframe.mlflow-html-iframe", timeout=120_000)
+        frame = frame_el.content_frame()
+        assert frame is not None
+        frame.wait_for_selector("body[data-rendered]", state="attached", timeout=120_000)
+        assert frame.get_attribute("body", "data-rendered") == "true"
+        drawn = frame.evaluate("""() => Array.from(document.querySelectorAll('.plot')).map(
+            e => e.querySelectorAll('svg.main-svg').length)""")
+        assert drawn and all(n >= 1 for n in drawn)
+        assert "Which signals depart, ranked" in frame.inner_text("#overview")
+        assert outside == []
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(tmp_path / "mlflow-artifacts.png"))
+        page.screenshot(path=str(ARTIFACTS / "report-in-mlflow.png"))
+    finally:
+        page.close()
+        server.kill()

@@ -166,6 +166,23 @@ STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_O
 EV_INTERVAL = "interval"
 EV_N_REFERENCE = "n_reference"
 
+# --- report (issue 16): what `refrun report` adds to a comparison run so that MLflow's own
+# run comparison is useful (select comparison runs, chart these per compared metric).
+TAG_REPORT_VERDICT = "refrun.report.verdict"  # pass | fail | incomplete | none (no criteria)
+TAG_REPORT_HIGHEST_LEVEL = "refrun.report.highest_level"
+TAG_REPORT_TOP_DEPARTURE = "refrun.report.top_departure"  # metric that departs most
+TAG_REPORT_FAILED = "refrun.report.failed"  # comma-separated failing criterion ids
+ARTIFACT_REPORT = "refrun/report.html"
+M_REPORT_MEAN_ABS_Z = "report/mean_abs_z/"  # + metric: mean |z| over aligned steps (seed σ)
+M_REPORT_MAX_ABS_Z = "report/max_abs_z/"  # + metric
+M_REPORT_OUTSIDE = "report/fraction_outside/"  # + metric: fraction of steps outside seeds
+M_REPORT_FIRST_OUT = "report/first_step_out/"  # + metric: first step out of band
+M_REPORT_MEAN_REL_DIFF = "report/mean_rel_diff/"  # + metric (single reference)
+M_REPORT_CRITERIA_PASSED = "report/criteria_passed"
+M_REPORT_CRITERIA_FAILED = "report/criteria_failed"
+M_REPORT_CRITERIA_NOT_EVALUABLE = "report/criteria_not_evaluable"
+
+
 # --- probe contract (integ, issue 15): tags and artifacts the probes write ----------------
 # Every backend (torch, torch_xla, jax) and every trainer callback writes these names; the
 # acceptance checks and the report read them.  Values are strings, as every MLflow tag.

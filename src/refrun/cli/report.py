@@ -1,14 +1,19 @@
-"""``refrun report``: the self-contained HTML comparison report of a candidate run.
+"""``refrun report``: the self-contained HTML comparison report of one or more candidates.
 
-Compares the candidate with the reference run(s), assesses it when ``--criteria`` is
-given, writes one HTML file (plotly.js embedded unless ``--plotlyjs cdn|PATH``), records
-the comparison as an MLflow run (or reuses ``--comparison-run``) and logs the report as
-that run's artifact ``refrun/report.html``.
+Compares each candidate with the reference run(s), assesses it when ``--criteria`` is
+given, writes one HTML file (plotly.js embedded unless ``--plotlyjs cdn|PATH``; with
+several candidates it opens with the candidates x criteria matrix, also written as JSON
+with ``--json``), records each comparison as an MLflow run (or reuses
+``--comparison-run``), tags it with the report's summary and logs the page as that run's
+artifact ``refrun/report.html``.  Output paths are checked before anything is compared
+or recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,8 +23,12 @@ from refrun.cli import add_tracking_uri
 from refrun.comparison import CompareOptions, Comparison, compare, record_comparison
 from refrun.errors import RefrunInputError
 from refrun.identity import check_workloads
-from refrun.report import ARTIFACT_REPORT, log_report, write_report
+from refrun.report import ARTIFACT_REPORT, Candidate, log_report, write_multi_report
+from refrun.report.assessment import assessment_dict
 from refrun.report.downsample import DEFAULT_MAX_POINTS
+from refrun.report.mlflow_summary import log_summary
+from refrun.report.output import check_writable
+from refrun.report.overview import Departure
 from refrun.tracking import existing_store_uri
 
 
@@ -27,8 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write the HTML comparison report of a candidate run")
     p.add_argument("--reference", nargs="+", action="extend", required=True,
                    metavar="RUN_ID", help="reference run id(s); several = a group of seeds")
-    p.add_argument("--candidate", required=True, metavar="RUN_ID", help="candidate run id")
+    p.add_argument("--candidate", required=True, nargs="+", action="extend",
+                   metavar="RUN_ID", help="candidate run id(s); several = one page with a "
+                                          "candidates x criteria matrix")
     p.add_argument("--html", required=True, metavar="OUT", help="HTML file to write")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="also write the candidates x criteria matrix (and ranked "
+                        "departures) as JSON")
+    p.add_argument("--redact-path", action="append", default=[], metavar="PREFIX",
+                   help="remove this path prefix from the page and the JSON (repeatable; "
+                        "e.g. the checkout and home directory, for a report that travels)")
     p.add_argument("--criteria", default=None, metavar="FILE",
                    help="workload criteria (TOML): show levels L0-L4 and each criterion")
     p.add_argument("--plotlyjs", default="embed", metavar="embed|cdn|PATH",
@@ -67,7 +84,7 @@ def _metrics(arg: str | None) -> list[str] | None:
     return names
 
 
-def _assess(args: argparse.Namespace, metrics: list[str] | None
+def _assess(args: argparse.Namespace, candidate: str, metrics: list[str] | None
             ) -> tuple[Comparison, Any]:
     """Compare with the criteria file's settings and assess (refrun.acceptance)."""
     if args.keep is not None or args.interpolate is not None or args.axis is not None:
@@ -80,10 +97,24 @@ def _assess(args: argparse.Namespace, metrics: list[str] | None
         raise RefrunInputError(f"--criteria {args.criteria}: refrun.acceptance is not "
                                f"available ({exc})") from exc
     crit = load_criteria(args.criteria)
-    refs, cand, latest = load_for_assessment(crit, args.reference, args.candidate,
+    refs, cand, latest = load_for_assessment(crit, args.reference, candidate,
                                              args.tracking_uri, args.allow_cross_workload)
     cmp = compare(refs, cand, metrics=metrics, options=compare_options(crit), progress=False)
-    return cmp, assess(crit, refs, cand, latest, args.allow_cross_workload)
+    assessment = assess(crit, refs, cand, latest, args.allow_cross_workload)
+    return cmp, with_calibration(assessment.to_dict(), crit)
+
+
+def with_calibration(assessment: dict[str, Any], crit: Any) -> dict[str, Any]:
+    """The assessment dict plus the criteria file's ``[calibration]`` table and each
+    criterion's calibration data (the report's calibration provenance table)."""
+    import dataclasses
+
+    cal = getattr(crit, "calibration", None)
+    if cal is None:
+        return assessment
+    table = dataclasses.asdict(cal) if dataclasses.is_dataclass(cal) else dict(cal)
+    per = {c.id: c.calibration for c in crit.criteria if getattr(c, "calibration", None)}
+    return {**assessment, "calibration": {**table, "criteria": per} if per else table}
 
 
 def _check_comparison_run(run_id: str, cmp: Comparison, uri: str) -> None:
@@ -103,45 +134,76 @@ def _check_comparison_run(run_id: str, cmp: Comparison, uri: str) -> None:
                                    f"{tags.get(tag)!r}, expected {value!r}")
 
 
+def _compare(args: argparse.Namespace, candidate: str, metrics: list[str] | None
+             ) -> tuple[Comparison, Any]:
+    if args.criteria:
+        return _assess(args, candidate, metrics)
+    options = CompareOptions(keep=args.keep or "last", interpolate=args.interpolate or "none",
+                             axis=args.axis or "step")
+    cmp = compare(args.reference, candidate, metrics=metrics, options=options,
+                  tracking_uri=args.tracking_uri, progress=sys.stderr.isatty())
+    if note := check_workloads(cmp.candidate, cmp.reference, allow=args.allow_cross_workload):
+        print(f"WARNING: {note}")
+    return cmp, None
+
+
 def run(args: argparse.Namespace) -> int:
-    uri = existing_store_uri(args.tracking_uri)
-    out = Path(args.html)
-    if out.is_dir():
-        raise RefrunInputError(f"--html {out}: is a directory")
+    # Every output is checked before anything is compared or recorded: a report that
+    # cannot be written must not leave a comparison run behind.
+    out = check_writable(args.html, "--html")
+    json_out = check_writable(args.json, "--json") if args.json else None
+    if json_out is not None and json_out == out:
+        raise RefrunInputError(f"--json {args.json}: the same file as --html")
     if args.max_points < 10:
         raise RefrunInputError(f"--max-points {args.max_points}: at least 10")
+    if args.comparison_run and len(args.candidate) > 1:
+        raise RefrunInputError("--comparison-run: only with a single --candidate")
+    if len(set(args.candidate)) != len(args.candidate):
+        raise RefrunInputError("--candidate: a run id is given twice")
+    uri = existing_store_uri(args.tracking_uri)
     metrics = _metrics(args.metrics)
     args.tracking_uri = uri
-    assessment = None
-    if args.criteria:
-        cmp, assessment = _assess(args, metrics)
-    else:
-        options = CompareOptions(keep=args.keep or "last",
-                                 interpolate=args.interpolate or "none",
-                                 axis=args.axis or "step")
-        cmp = compare(args.reference, args.candidate, metrics=metrics, options=options,
-                      tracking_uri=uri, progress=sys.stderr.isatty())
-        if note := check_workloads(cmp.candidate, cmp.reference,
-                                   allow=args.allow_cross_workload):
-            print(f"WARNING: {note}")
-    run_id = None
-    if args.comparison_run:
-        _check_comparison_run(args.comparison_run, cmp, uri)
-        run_id = args.comparison_run
-    elif not args.no_record:
-        run_id = record_comparison(cmp, tracking_uri=uri)
-    path = write_report(cmp, out, assessment=assessment, plotlyjs=args.plotlyjs,
-                        comparison_run_id=run_id, max_points=args.max_points)
+    compared = [_compare(args, c, metrics) for c in args.candidate]
+    candidates = []
+    for cmp, assessment in compared:
+        run_id = None
+        if args.comparison_run:
+            _check_comparison_run(args.comparison_run, cmp, uri)
+            run_id = args.comparison_run
+        elif not args.no_record:
+            run_id = record_comparison(cmp, tracking_uri=uri)
+        candidates.append(Candidate(cmp, assessment, run_id))
+    path, matrix = write_multi_report(candidates, out, plotlyjs=args.plotlyjs,
+                                      max_points=args.max_points,
+                                      redact_paths=args.redact_path)
     print(f"report written to {path} ({path.stat().st_size / 1e6:.1f} MB)")
-    if assessment is not None:
-        print(f"acceptance: verdict {assessment.verdict}, highest level "
-              f"{assessment.highest_level or 'none'}")
-        for warning in assessment.warnings:  # e.g. cross-workload, unused backend scope
-            print(f"WARNING: {warning}")
-    if run_id:
-        log_report(path, run_id, uri)
-        print(f"comparison run: {run_id} (artifact {ARTIFACT_REPORT})")
-    elif not args.no_record:
-        print("comparison run: store unreachable, spooled for `refrun sync`; "
-              "report not logged", file=sys.stderr)
+    if json_out is not None:
+        write_json(json_out, matrix)
+        print(f"matrix written to {json_out}")
+    for c, row in zip(candidates, matrix["candidates"], strict=True):
+        if c.assessment is not None:
+            print(f"acceptance {c.comparison.candidate.run_id}: verdict "
+                  f"{c.assessment['verdict']}, highest level "
+                  f"{c.assessment['highest_level'] or 'none'}")
+            for warning in c.assessment.get("warnings", []):  # cross-workload, unused scope
+                print(f"WARNING: {warning}")
+        if c.comparison_run_id:
+            log_report(path, c.comparison_run_id, uri)
+            deps = [Departure(**d) for d in row["departures"]]
+            log_summary(c.comparison_run_id, uri, deps, assessment_dict(c.assessment))
+            print(f"comparison run: {c.comparison_run_id} (artifact {ARTIFACT_REPORT})")
+        elif not args.no_record:
+            print("comparison run: store unreachable, spooled for `refrun sync`; "
+                  "report not logged", file=sys.stderr)
     return 0
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Strict JSON (non-finite numbers as null), written atomically."""
+    from refrun.jsonsafe import json_safe
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps(json_safe(data), indent=1, allow_nan=False) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)

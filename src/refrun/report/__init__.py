@@ -18,25 +18,33 @@ alignment did.  See docs/report.md.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
+import re
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from refrun import schema
 from refrun._version import __version__
 from refrun.comparison import Comparison
 from refrun.errors import RefrunInputError
+from refrun.report import matrix as M
 from refrun.report import sections as S
 from refrun.report.assessment import assessment_dict
 from refrun.report.downsample import DEFAULT_MAX_POINTS
 from refrun.report.figures import FigureSpec, Reduction, run_labels
-from refrun.report.html import page, plotlyjs_tag, script_json
+from refrun.report.html import Raw, esc, join, page, plotlyjs_tag, script_json, tag
+from refrun.report.output import check_writable
+from refrun.report.overview import Departure
 
-ARTIFACT_REPORT = "refrun/report.html"
-__all__ = ["ARTIFACT_REPORT", "Report", "build_report", "log_report", "write_report"]
+ARTIFACT_REPORT = schema.ARTIFACT_REPORT
+__all__ = ["ARTIFACT_REPORT", "Candidate", "Report", "build_multi_report", "build_report",
+           "check_writable", "log_report", "write_multi_report", "write_report"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +54,7 @@ class Report:
     html: str
     figures: list[FigureSpec] = field(repr=False)
     build_s: float = 0.0
+    matrix: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def _template() -> dict[str, Any]:
@@ -61,10 +70,156 @@ def _figure_json(spec: FigureSpec) -> dict[str, Any]:
     return {"id": spec.id, "data": d["data"], "layout": layout}
 
 
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """One candidate of a report: its comparison, assessment (optional) and the MLflow
+    comparison run that records it (optional)."""
+
+    comparison: Comparison
+    assessment: Any = None
+    comparison_run_id: str | None = None
+
+
+def _check(max_points: int, method: str) -> None:
+    if max_points < 10:
+        raise RefrunInputError(f"max_points: {max_points} is too small (at least 10)")
+    if method not in ("minmax", "lttb"):
+        raise RefrunInputError(f"method: {method!r} is not 'minmax' or 'lttb'")
+
+
+def _candidate_sections(c: Candidate, a: dict[str, Any] | None, ids: S.FigureIds,
+                        red: Reduction, ns: str) -> tuple[list[S.Section], list[Departure]]:
+    cmp = c.comparison
+    overview, deps = S.overview_section(cmp, a, ids, ns)
+    secs = [overview, S.timeline_section(cmp, ids, red, deps, ns),
+            S.metrics_section(cmp, ids, red, deps, a, ns),
+            S.eval_section(cmp, ids, red, deps, a, ns),
+            S.acceptance_section(a, ns),
+            S.runtime_section(cmp, ids, red, ns),
+            S.runs_section(cmp, c.comparison_run_id, ns),
+            S.alignment_section(cmp, ns)]
+    return [s for s in secs if s is not None], deps
+
+
+def _title(cmps: list[Comparison], title: str | None) -> str:
+    first = cmps[0]
+    refs, cand = run_labels(first)
+    workload = first.candidate.workload or first.reference[0].workload or "runs"
+    ref_hw = first.reference[0].hardware or refs[0]
+    if title:
+        return title
+    if len(cmps) > 1:
+        return f"refrun report: {workload}: {len(cmps)} candidates vs {ref_hw}"
+    return f"refrun report: {workload}: {ref_hw} vs {first.candidate.hardware or cand}"
+
+
+REDACTED = "…"
+
+
+def redact(text: str, prefixes: Sequence[str]) -> str:
+    """``text`` with every occurrence of each prefix (e.g. the machine's checkout or home
+    directory; raw, HTML-escaped and JSON-escaped forms) replaced by ``…``: a report
+    that travels (an example store, an email) names no path of the machine that made it.
+    Longest prefixes first, so a parent never leaves a child's tail behind."""
+    for p in sorted((p for p in prefixes if p), key=len, reverse=True):
+        forms = {p, esc(p), json.dumps(p)[1:-1].replace("&", "\\u0026")
+                 .replace("<", "\\u003c").replace(">", "\\u003e")}
+        for f in forms:
+            text = text.replace(f, REDACTED)
+    return text
+
+
+_ID_ATTR = re.compile(r' id="(?!fig-)([^"]+)"')
+
+
+def namespace_ids(markup: str, ns: str) -> str:
+    """Prefix every element id in ``markup`` (built here: run strings are escaped, so
+    `` id="`` only ever comes from this package) with ``ns`` unless it already has it, so
+    several candidates' sections on one page keep unique ids.  Figure ids (``fig-N``)
+    are unique across the page already and stay as the figures' JSON names them."""
+    return _ID_ATTR.sub(lambda m: m.group(0) if m.group(1).startswith(ns)
+                        else f' id="{ns}{m.group(1)}"', markup)
+
+
+def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
+                       max_points: int = DEFAULT_MAX_POINTS, method: str = "minmax",
+                       title: str | None = None,
+                       redact_paths: Sequence[str] = ()) -> Report:
+    """Render one page for one or several candidates (nothing is written).
+
+    With several candidates the page opens with the candidates x criteria matrix
+    (:mod:`refrun.report.matrix`), each row linking to that candidate's own section (its
+    overview, plots and evidence); with one it is the single-candidate report.
+    """
+    if not candidates:
+        raise RefrunInputError("report: no candidate given")
+    _check(max_points, method)
+    t0 = time.perf_counter()
+    red = Reduction(max_points, method)
+    ids = S.FigureIds()
+    multi = len(candidates) > 1
+    body, nav, figs, rows, records = [], [], [], [], []
+    for i, c in enumerate(candidates):
+        a = assessment_dict(c.assessment)
+        ns = f"c{i}-" if multi else ""
+        secs, deps = _candidate_sections(c, a, ids, red, ns)
+        figs += [f for s in secs for f in s.figures]
+        _, cand_label = run_labels(c.comparison)
+        anchor = f"cand-{i}" if multi else "overview"
+        rows.append(M.row(c.comparison.candidate.run_id, cand_label, anchor, a,
+                          c.comparison_run_id, deps))
+        records.append({"comparison": c.comparison.to_dict(), "assessment": a,
+                        "comparison_run_id": c.comparison_run_id,
+                        "departures": [d.to_dict() for d in deps]})
+        inner = "".join(s.html() for s in secs)
+        if multi:
+            inner = namespace_ids(inner, ns)
+            body.append(f'<section class="candidate" id="{anchor}"><h2>Candidate {i + 1}: '
+                        f"{esc(cand_label)} <code>{esc(c.comparison.candidate.run_id)}</code>"
+                        f'</h2>{inner}<p class="note"><a href="#matrix">back to the matrix'
+                        "</a></p></section>")
+            nav.append((anchor, f"{i + 1}: {cand_label}"))
+        else:
+            body.append(inner)
+            nav += [(s.id, s.heading) for s in secs]
+    mtx = M.matrix(rows)
+    if multi:
+        head = S.Section("matrix", "Candidates × criteria", join([
+            tag("p", "One row per candidate: verdict, highest level, the metric that "
+                     "departs most (mean |z|, or mean rel diff with one reference) and each "
+                     "criterion's outcome with its key number. Click a candidate for its "
+                     "section.", "note"),
+            Raw('<div class="scroll">'), M.matrix_table(rows), Raw("</div>")]))
+        body.insert(0, head.html())
+        nav.insert(0, ("matrix", "matrix"))
+    data = script_json({"template": _template(), "figures": [_figure_json(f) for f in figs]},
+                       "refrun-figures")
+    first = candidates[0]
+    blob: dict[str, Any] = dict(records[0]) if not multi else {"candidates": records}
+    blob.update(matrix=mtx, refrun_version=__version__)
+    record = script_json(blob, "refrun-data")
+    cmps = [c.comparison for c in candidates]
+    page_title = _title(cmps, title)
+    created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    what = (f"candidate {first.comparison.candidate.run_id}" if not multi
+            else f"{len(candidates)} candidates")
+    sub = (f"{len(first.comparison.reference)} reference run(s) vs {what} · "
+           f"{len(first.comparison.metrics)} metrics compared · generated {created} by "
+           f"refrun {__version__}")
+    html = page(page_title, sub, nav, "".join(body) + record, data, plotlyjs_tag(plotlyjs),
+                "Every number is computed on full data; plotted traces are reduced for "
+                "display (values drawn as float32). The machine-readable comparison is in "
+                "the element #refrun-data.")
+    if redact_paths:
+        html = redact(html, redact_paths)
+        mtx = json.loads(redact(json.dumps(mtx), redact_paths))
+    return Report(html, figs, time.perf_counter() - t0, mtx)
+
+
 def build_report(comparison: Comparison, *, assessment: Any = None,
                  plotlyjs: str = "embed", comparison_run_id: str | None = None,
                  max_points: int = DEFAULT_MAX_POINTS, method: str = "minmax",
-                 title: str | None = None) -> Report:
+                 title: str | None = None, redact_paths: Sequence[str] = ()) -> Report:
     """Render the report page for ``comparison`` (nothing is written).
 
     ``assessment``: an acceptance ``Assessment`` (or its ``to_dict()``), shown in the
@@ -72,42 +227,22 @@ def build_report(comparison: Comparison, *, assessment: Any = None,
     ``max_points``: the most points drawn per trace (``method`` ``"minmax"`` or
     ``"lttb"``); numbers are always computed on all points.
     """
-    if max_points < 10:
-        raise RefrunInputError(f"max_points: {max_points} is too small (at least 10)")
-    if method not in ("minmax", "lttb"):
-        raise RefrunInputError(f"method: {method!r} is not 'minmax' or 'lttb'")
-    t0 = time.perf_counter()
-    a = assessment_dict(assessment)
-    red = Reduction(max_points, method)
-    ids = S.FigureIds()
-    secs = [S.summary_section(comparison, a, comparison_run_id),
-            S.metrics_section(comparison, ids, red),
-            S.eval_section(comparison, ids, red),
-            S.runtime_section(comparison, ids, red),
-            S.alignment_section(comparison)]
-    present = [s for s in secs if s is not None]
-    figs = [f for s in present for f in s.figures]
-    data = script_json({"template": _template(), "figures": [_figure_json(f) for f in figs]},
-                       "refrun-figures")
-    record = script_json({"comparison": comparison.to_dict(), "assessment": a,
-                          "comparison_run_id": comparison_run_id,
-                          "refrun_version": __version__}, "refrun-data")
-    refs, cand = run_labels(comparison)
-    workload = comparison.candidate.workload or comparison.reference[0].workload or "runs"
-    ref_hw = comparison.reference[0].hardware or refs[0]
-    page_title = title or f"refrun report: {workload}: {ref_hw} vs " \
-                          f"{comparison.candidate.hardware or cand}"
-    created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    sub = (f"{len(comparison.reference)} reference run(s) vs candidate "
-           f"{comparison.candidate.run_id} · {len(comparison.metrics)} metrics compared · "
-           f"generated {created} by refrun {__version__}")
-    body = "".join(s.html() for s in present) + record
-    html = page(page_title, sub, [(s.id, s.heading) for s in present], body, data,
-                plotlyjs_tag(plotlyjs),
-                "Every number is computed on full data; plotted traces are reduced for "
-                "display (values drawn as float32). The machine-readable comparison is in "
-                "the element #refrun-data.")
-    return Report(html, figs, time.perf_counter() - t0)
+    return build_multi_report([Candidate(comparison, assessment, comparison_run_id)],
+                              plotlyjs=plotlyjs, max_points=max_points, method=method,
+                              title=title, redact_paths=redact_paths)
+
+
+def _write(html: str, path: str | os.PathLike[str]) -> Path:
+    out = check_writable(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RefrunInputError(f"--html {path}: cannot write ({exc.strerror or exc})") from exc
+    return out
 
 
 def write_report(comparison: Comparison, path: str | os.PathLike[str], **kwargs: Any) -> Path:
@@ -116,15 +251,17 @@ def write_report(comparison: Comparison, path: str | os.PathLike[str], **kwargs:
     Keyword arguments are those of :func:`build_report`.  The file is written to a
     temporary name first and renamed, so a failure never leaves a half-written report.
     """
-    out = Path(path)
-    if out.is_dir():
-        raise RefrunInputError(f"--html {out}: is a directory")
-    rep = build_report(comparison, **kwargs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(rep.html, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    check_writable(path)
+    return _write(build_report(comparison, **kwargs).html, path)
+
+
+def write_multi_report(candidates: list[Candidate], path: str | os.PathLike[str],
+                       **kwargs: Any) -> tuple[Path, dict[str, Any]]:
+    """Write the page of :func:`build_multi_report` to ``path``; return the path and the
+    candidates x criteria matrix (the ``--json`` data)."""
+    check_writable(path)
+    rep = build_multi_report(candidates, **kwargs)
+    return _write(rep.html, path), rep.matrix
 
 
 def log_report(path: str | os.PathLike[str], run_id: str,

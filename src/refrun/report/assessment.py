@@ -58,6 +58,16 @@ def evidence_cell(ev: Any) -> Raw:
     return _value(ev)
 
 
+def folded_evidence(r: dict[str, Any]) -> Raw:
+    """The key number in view, every evidence value folded below it."""
+    ev = r.get("evidence", {})
+    kn = key_number(r)
+    head = join([tag("code", kn[0]), " = ", _value(kn[1])]) if kn else Raw("")
+    n = len(ev) if isinstance(ev, dict) else 1
+    return join([head, Raw(f"<details><summary>all evidence ({n})</summary>"),
+                 evidence_cell(ev), Raw("</details>")])
+
+
 def _levels(a: dict[str, Any]) -> Raw:
     levels = a.get("levels")
     if not isinstance(levels, list):
@@ -77,6 +87,133 @@ def _levels(a: dict[str, Any]) -> Raw:
     return join([Raw('<div class="levels" id="acceptance-levels">'), *boxes, Raw("</div>")])
 
 
+STEP_KEYS = ("first_divergence_step", "first_step_outside", "first_bad_step",
+             "step_of_max_abs_z", "step_of_max_abs_diff", "step")
+# Evidence that describes the check rather than its result: never the "key number".
+SETTING_KEYS = frozenset({"over", "abs_tol", "rel_tol", "k", "n_steps", "first_step",
+                          "last_step", "n_references", "n_reference", "min_fraction",
+                          "band", "warmup_steps", "alpha", "interval"})
+KEY_NUMBER_PREFERENCE = ("fraction_within", "fraction_inside", "fraction_outside",
+                         "max_abs_z", "ratio", "p_value", "statistic", "max_abs_diff",
+                         "mean_abs_diff", "total", "value", "candidate")
+
+
+def results(a: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The criterion results of an assessment dict (tolerant of older shapes)."""
+    if not a:
+        return []
+    got = a.get("results") or a.get("criteria_results") or []
+    return [r for r in got if isinstance(r, dict)] if isinstance(got, list) else []
+
+
+def key_number(r: dict[str, Any]) -> tuple[str, Any] | None:
+    """The one evidence value that best summarises a criterion's result (a matrix cell):
+    the first of :data:`KEY_NUMBER_PREFERENCE` present, else the first numeric evidence
+    value that is not a setting; None when there is none."""
+    ev = r.get("evidence")
+    if not isinstance(ev, dict):
+        return None
+    for k in KEY_NUMBER_PREFERENCE:
+        if is_number(ev.get(k)):
+            return k, ev[k]
+    for k, v in ev.items():
+        if is_number(v) and k not in SETTING_KEYS and not k.endswith("step"):
+            return str(k), v
+    return None
+
+
+def failing_marks(a: dict[str, Any] | None, metric: str) -> list[tuple[str, int]]:
+    """``(criterion id, step)`` of each failing criterion on ``metric`` whose evidence
+    names a step (the first of :data:`STEP_KEYS`)."""
+    out = []
+    for r in results(a):
+        if r.get("outcome") != "fail" or r.get("metric") != metric:
+            continue
+        ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
+        step = next((ev[k] for k in STEP_KEYS if is_number(ev.get(k))), None)
+        if step is not None:
+            out.append((str(r.get("id", "")), int(step)))
+    return out
+
+
+def envelope_k(a: dict[str, Any] | None, metric: str, default: float = 3.0) -> float:
+    """Band width (in seed σ) of the envelope criterion on ``metric``, else ``default``."""
+    for r in results(a):
+        ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
+        if r.get("metric") == metric and r.get("kind") == "envelope" and is_number(ev.get("k")):
+            return float(ev["k"])
+    return default
+
+
+def verdict_banner(a: dict[str, Any] | None, ns: str = "") -> Raw:
+    """The answer first: verdict, highest level, a chip per level, the failing
+    criteria (links into the acceptance section)."""
+    if a is None:
+        return Raw(f'<div class="banner none" id="{esc(ns)}verdict"><div class="big">'
+                   'no criteria applied</div><div>The ranking below is descriptive; '
+                   "<code>refrun report --criteria FILE</code> adds the verdict and "
+                   "levels L0–L4.</div></div>")
+    verdict = str(a.get("verdict") or "—")
+    chips = []
+    for lv in a.get("levels") or []:
+        if isinstance(lv, dict):
+            st = str(lv.get("status") or "")
+            chips.append(Raw(f'<span class="chip {esc(st)}" title="{esc(st)}">'
+                             f"{esc(lv.get('level', '?'))}</span>"))
+    rs = results(a)
+    counts = {o: sum(1 for r in rs if r.get("outcome") == o)
+              for o in ("pass", "fail", "not_evaluable")}
+    failing = [r for r in rs if r.get("outcome") in ("fail", "not_evaluable")][:4]
+    fails = join(join([badge(r.get("outcome")), " ", tag("code", str(r.get("id", ""))),
+                       " ", tag("span", str(r.get("reason") or ""), "caption"), Raw("<br>")])
+                 for r in failing)
+    return join([
+        Raw(f'<div class="banner {esc(verdict.lower())}" id="{esc(ns)}verdict">'),
+        Raw('<div class="big">'), tag("span", verdict.upper(), "verdict",
+                                      data_verdict=verdict), Raw("</div>"),
+        Raw("<div>"), tag("div", f"highest level reached: {a.get('highest_level') or 'none'}",
+                          "hl"),
+        Raw('<div class="chips">'), *chips, Raw("</div>"),
+        tag("div", f"{counts['pass']} passed · {counts['fail']} failed · "
+                   f"{counts['not_evaluable']} not evaluable", "caption"),
+        Raw("</div>"), Raw('<div class="fails">'), fails, Raw("</div></div>")])
+
+
+def _interval(r: dict[str, Any]) -> Raw:
+    ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
+    iv, n = ev.get("interval"), ev.get("n_reference", ev.get("n_references"))
+    parts: list[str] = []
+    if isinstance(iv, list | tuple) and len(iv) == 2:
+        parts += ["[", num(iv[0]), ", ", num(iv[1]), "]"]
+    elif iv is not None:
+        parts.append(_value(iv))
+    if n is not None:
+        parts += [" n=" if parts else "n=", num(n)]
+    return join(parts)
+
+
+def calibration_table(a: dict[str, Any]) -> Raw:
+    """Where the thresholds came from: the criteria's ``[calibration]`` (flattened)."""
+    cal = a.get("calibration")
+    crit = a.get("criteria")
+    if cal is None and isinstance(crit, dict):
+        cal = crit.get("calibration")
+    if not isinstance(cal, dict) or not cal:
+        return Raw("")
+    rows: list[tuple[str, Any]] = []
+    for k, v in cal.items():
+        if isinstance(v, dict):
+            rows += [(f"{k}.{kk}", vv if is_number(vv) or isinstance(vv, str)
+                      else json.dumps(vv, default=str)) for kk, vv in v.items()]
+        else:
+            rows.append((str(k), v if is_number(v) or isinstance(v, str)
+                         else json.dumps(v, default=str)))
+    return join([tag("h3", "Calibration provenance"),
+                 tag("p", "How the statistical thresholds were derived ([calibration] in "
+                          "the criteria file).", "note"),
+                 kv_table(rows, table_id="calibration")])
+
+
 def assessment_section(a: dict[str, Any]) -> Raw:
     """Verdict, highest level, the level boxes and the criteria table."""
     head = kv_table([
@@ -86,20 +223,25 @@ def assessment_section(a: dict[str, Any]) -> Raw:
         ("assessed", a.get("created_utc") or ""),
         ("evidence sha256", a.get("evidence_sha256") or ""),
     ], table_id="acceptance-summary")
-    results = a.get("results") or a.get("criteria_results") or []
+    rs = results(a)
+    with_iv = any(isinstance(r.get("evidence"), dict) and ("interval" in r["evidence"]
+                  or "n_reference" in r["evidence"]) for r in rs)
     rows = []
-    for r in results if isinstance(results, list) else []:
-        if not isinstance(r, dict):
-            continue
+    for r in rs:
         name = join([tag("code", str(r.get("id", ""))), Raw("<br>"),
                      tag("span", str(r.get("description") or ""), "caption")])
-        rows.append((r.get("level", ""), name, r.get("kind", ""), r.get("metric") or "",
-                     badge(r.get("outcome")), r.get("reason", ""),
-                     evidence_cell(r.get("evidence", {}))))
-    crit = table(("level", "criterion", "kind", "metric", "outcome", "reason", "evidence"),
-                 rows, "criteria", "acceptance-criteria") if rows else Raw(
-        '<p class="note">The assessment lists no criterion results.</p>')
-    return join([head, _levels(a), Raw('<div class="scroll">'), crit, Raw("</div>")])
+        row = [r.get("level", ""), name, r.get("kind", ""), r.get("metric") or "",
+               badge(r.get("outcome")), r.get("reason", "")]
+        if with_iv:
+            row.append(_interval(r))
+        rows.append((*row, folded_evidence(r)))
+    head_cols = ["level", "criterion", "kind", "metric", "outcome", "reason"]
+    if with_iv:
+        head_cols.append("interval (n reference)")
+    crit = table((*head_cols, "evidence"), rows, "criteria", "acceptance-criteria") \
+        if rows else Raw('<p class="note">The assessment lists no criterion results.</p>')
+    return join([head, _levels(a), Raw('<div class="scroll">'), crit, Raw("</div>"),
+                 calibration_table(a)])
 
 
 def _criteria_file(c: Any) -> str:

@@ -118,27 +118,83 @@ def _base_layout(fig: go.Figure, height: int, ytitle: str = "", xtitle: str = "s
         fig.update_yaxes(title_text=plot_text(ytitle))
 
 
+DEFAULT_K = 3.0  # the envelope criterion's default band width (acceptance.criteria)
+LOG_DECADES = 2.0  # a positive curve spanning at least this many decades gets a log axis
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A vertical marker on a step axis: the first departure or a failing criterion."""
+
+    step: float
+    label: str
+    color: str = "#b2182b"
+    dash: str = "dash"
+
+
+def spans_decades(*arrays: np.ndarray, decades: float = LOG_DECADES) -> bool:
+    """True when every finite value is positive and max / min >= 10**decades."""
+    vals = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+    vals = vals[np.isfinite(vals)]
+    if not len(vals) or vals.min() <= 0:
+        return False
+    return bool(np.log10(vals.max() / vals.min()) >= decades)
+
+
+def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, red: Reduction,
+          name: str, fill: str, row: int, line: dict[str, object] | None = None,
+          legend: bool = True) -> None:
+    # A band's two edges share one x array of their union: half the points each keeps
+    # the band at about max_points (bands are context; spikes survive minmax buckets).
+    half = max(10, red.max_points // 2)
+    idx = union_indices(reduce_indices(x, lo, half, red.method),
+                        reduce_indices(x, hi, half, red.method))
+    xs = _steps_array(x[idx])
+    edge = line or {"width": 0}
+    fig.add_trace(go.Scatter(x=xs, y=_values_array(lo[idx]), mode="lines", line=edge,
+                             name=plot_text(name), showlegend=False, hoverinfo="skip",
+                             legendgroup=name), row=row, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=_values_array(hi[idx]), mode="lines", line=edge,
+                             fill="tonexty", fillcolor=fill, name=plot_text(name),
+                             legendgroup=name, showlegend=legend), row=row, col=1)
+
+
+def add_markers(fig: go.Figure, markers: Sequence[Marker]) -> None:
+    """Vertical lines across every panel of ``fig``, each labelled once at the top (labels
+    alternate above and just inside the top edge, so neighbours do not overprint)."""
+    for i, mk in enumerate(sorted(markers, key=lambda m: m.step)):
+        fig.add_vline(x=mk.step, line={"color": mk.color, "width": 1.2, "dash": mk.dash})
+        fig.add_annotation(x=mk.step, y=1.0, xref="x", yref="paper",
+                           yanchor="bottom" if i % 2 == 0 else "top", xanchor="left",
+                           text=plot_text(mk.label), showarrow=False,
+                           bgcolor="rgba(255,255,255,0.8)",
+                           font={"size": 10, "color": mk.color})
+
+
 def metric_figure(mc: MetricComparison, ref_names: Sequence[str], cand_name: str,
-                  red: Reduction, markers: bool = False) -> go.Figure:
-    """Curves over each other (top; the reference group as a min-max band around its
-    mean) and the difference candidate - reference (bottom), on the aligned steps."""
+                  red: Reduction, markers: bool = False, k: float = DEFAULT_K,
+                  marks: Sequence[Marker] = ()) -> go.Figure:
+    """Linked panels on the aligned steps (zooming one zooms all): the curves (the
+    reference group as its min-max range and its mean +/- ``k`` standard deviations, the
+    candidate on top), the difference candidate - reference and, for a group, ``z`` =
+    (candidate - mean) / std with lines at +/- ``k``.  ``marks``: vertical markers (first
+    departure, failing criteria).  The curve panel is logarithmic when the values span
+    two decades or more."""
     f = mc.frame
     x = f["step"].to_numpy()
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[0.64, 0.36])
+    group = "ref_min" in f
+    rows = 3 if group else 2
+    heights = [0.56, 0.22, 0.22] if group else [0.66, 0.34]
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                        row_heights=heights)
     mode = "lines+markers" if markers else "lines"
-    if "ref_min" in f:
-        lo, hi = f["ref_min"].to_numpy(), f["ref_max"].to_numpy()
-        idx = union_indices(reduce_indices(x, lo, red.max_points, red.method),
-                            reduce_indices(x, hi, red.max_points, red.method))
-        xs = _steps_array(x[idx])
-        fig.add_trace(go.Scatter(x=xs, y=_values_array(lo[idx]), mode="lines",
-                                 line={"width": 0}, name=f"reference min ({len(ref_names)} runs)",
-                                 showlegend=False, hoverinfo="skip"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=xs, y=_values_array(hi[idx]), mode="lines",
-                                 line={"width": 0}, fill="tonexty", fillcolor=BAND_COLOR,
-                                 name=f"reference min-max ({len(ref_names)} runs)"),
-                      row=1, col=1)
+    if group:
+        _band(fig, x, f["ref_min"].to_numpy(), f["ref_max"].to_numpy(), red,
+              f"seed range ({len(ref_names)} runs)", BAND_COLOR, 1)
+        mean, std = f["ref_mean"].to_numpy(), f["ref_std"].to_numpy()
+        _band(fig, x, mean - k * std, mean + k * std, red, f"mean ± {k:g}σ",
+              "rgba(31,119,180,0.07)", 1,
+              {"width": 0.8, "dash": "dot", "color": "rgba(31,119,180,0.6)"})
         ref_name = f"reference mean ({len(ref_names)} runs)"
     else:
         ref_name = ref_names[0]
@@ -148,11 +204,137 @@ def metric_figure(mc: MetricComparison, ref_names: Sequence[str], cand_name: str
                   row=1, col=1)
     fig.add_trace(_line(x, f["diff"].to_numpy(), "difference (candidate - reference)",
                         DIFF_COLOR, red, mode=mode), row=2, col=1)
-    _base_layout(fig, 460)
-    fig.update_xaxes(title_text="", row=1, col=1)
+    if group:
+        fig.add_trace(_line(x, f["z"].to_numpy(), "z (in seed σ)", "#e6550d", red, mode=mode),
+                      row=3, col=1)
+        for y in (-k, k):
+            fig.add_hline(y=y, line={"color": "#e6550d", "width": 1, "dash": "dot"},
+                          row=3, col=1)
+        fig.update_yaxes(title_text="z (σ)", row=3, col=1)
+    _base_layout(fig, 560 if group else 460)
+    for r in range(1, rows):
+        fig.update_xaxes(title_text="", row=r, col=1)
     fig.update_yaxes(title_text=plot_text(mc.metric), row=1, col=1)
+    if spans_decades(f["reference"].to_numpy(), f["candidate"].to_numpy()):
+        fig.update_yaxes(type="log", row=1, col=1)
     fig.update_yaxes(title_text="difference", row=2, col=1)
     fig.add_hline(y=0, line={"color": "#999", "width": 1, "dash": "dot"}, row=2, col=1)
+    add_markers(fig, marks)
+    return fig
+
+
+# Colours of |z| in the all-metric picture: within the seeds' spread pale, beyond 3σ red.
+Z_COLORSCALE = [[0.0, "#f7f7f7"], [1 / 6, "#fde0c5"], [2 / 6, "#fdb366"],
+                [3 / 6, "#f4663f"], [4 / 6, "#d7301f"], [1.0, "#7f0000"]]
+Z_MAX = 6.0
+
+
+def strip_figure(values: np.ndarray, edges: np.ndarray, metrics: Sequence[str],
+                 measure: str, first_steps: Sequence[int | None]) -> go.Figure:
+    """The all-metric picture: one row per metric (ranked, largest departure on top),
+    colour = the largest ``measure`` in each step bin; a black cross marks the first step
+    each metric left the reference band."""
+    centres = (edges[:-1] + edges[1:]) / 2
+    names = [plot_text(m) for m in metrics]
+    zmax = Z_MAX if measure == "|z|" else max(1e-12, float(np.nanmax(values))
+                                               if np.isfinite(values).any() else 1.0)
+    text = np.char.add(np.char.add(np.floor(edges[:-1]).astype(np.int64).astype(str), "–"),
+                       (np.ceil(edges[1:]) - 1).astype(np.int64).astype(str))
+    fig = go.Figure(go.Heatmap(
+        z=values.astype(np.float32), x=_steps_array(np.round(centres)) if
+        np.all(np.diff(np.round(centres)) > 0) else centres, y=names,
+        zmin=0, zmax=zmax, colorscale=Z_COLORSCALE if measure == "|z|" else "Oranges",
+        colorbar={"title": {"text": measure, "side": "right"}, "thickness": 10, "len": 1,
+                  "outlinewidth": 0},
+        customdata=np.broadcast_to(text, values.shape),
+        hovertemplate="%{y}<br>steps %{customdata}<br>max " + measure
+                      + " = %{z:.3g}<extra></extra>",
+        xgap=0, ygap=2, name="departure"))
+    fx = [s for s in first_steps if s is not None]
+    fy = [n for n, s in zip(names, first_steps, strict=True) if s is not None]
+    fig.add_trace(go.Scatter(x=fx, y=fy, mode="markers", name="first step out of band",
+                             marker={"symbol": "x-thin", "size": 11, "color": "#111",
+                                     "line": {"width": 2, "color": "#111"}},
+                             hovertemplate="%{y}: first out of band at step %{x}"
+                                           "<extra></extra>"))
+    fig.update_layout(height=int(70 + 26 * len(metrics)),
+                      margin={"l": 10, "r": 10, "t": 10, "b": 40}, showlegend=False,
+                      plot_bgcolor="#ffffff")
+    fig.update_yaxes(autorange="reversed", automargin=True, type="category")
+    fig.update_xaxes(title_text="step", showgrid=False)
+    return fig
+
+
+def timeline_figure(cmp: Comparison, primary: str | None, evals: Sequence[str],
+                    step_time: str | None, counters: Sequence[tuple[str, list[str]]],
+                    red: Reduction, marks: Sequence[Marker] = ()) -> go.Figure | None:
+    """Everything on the loss's step axis, one linked panel each: the primary metric
+    (reference band and candidate), the evaluation metrics, step time (log) and the
+    per-step counter families (compilations, transfers, fallback ops)."""
+    panels: list[tuple[str, list[go.Scatter], bool]] = []
+    refs, cand = run_labels(cmp)
+    # An overview: half the resolution of the per-metric figures below it.
+    red = Reduction(max(10, red.max_points // 2), red.method)
+    if primary is not None and primary in cmp.metrics:
+        f = cmp.metrics[primary].frame
+        x = f["step"].to_numpy()
+        tr = []
+        if "ref_min" in f:
+            idx = union_indices(reduce_indices(x, f["ref_min"].to_numpy(), red.max_points,
+                                               red.method),
+                                reduce_indices(x, f["ref_max"].to_numpy(), red.max_points,
+                                               red.method))
+            xs = _steps_array(x[idx])
+            tr.append(go.Scatter(x=xs, y=_values_array(f["ref_min"].to_numpy()[idx]),
+                                 mode="lines", line={"width": 0}, hoverinfo="skip",
+                                 showlegend=False, name="seed range"))
+            tr.append(go.Scatter(x=xs, y=_values_array(f["ref_max"].to_numpy()[idx]),
+                                 mode="lines", line={"width": 0}, fill="tonexty",
+                                 fillcolor=BAND_COLOR, name="reference seed range"))
+        tr.append(_line(x, f["reference"].to_numpy(), "reference" + (" mean" if len(refs) > 1
+                                                                    else ""),
+                        REF_COLORS[0], red))
+        tr.append(_line(x, f["candidate"].to_numpy(), cand, CAND_COLOR, red))
+        panels.append((primary, tr, spans_decades(f["reference"].to_numpy(),
+                                                  f["candidate"].to_numpy())))
+    for name in evals:
+        f = cmp.metrics[name].frame
+        x = f["step"].to_numpy()
+        panels.append((name, [
+            _line(x, f["reference"].to_numpy(), f"{name} reference", REF_COLORS[0], red,
+                  mode="lines+markers", showlegend=False),
+            _line(x, f["candidate"].to_numpy(), f"{name} candidate", CAND_COLOR, red,
+                  mode="lines+markers", showlegend=False)], False))
+    families = ([(step_time, [step_time])] if step_time else []) + list(counters)
+    for label, metrics in families:
+        tr = []
+        for metric in metrics:
+            for i, (lab, run, color) in enumerate(runs_of(cmp)):
+                if run is not cmp.candidate and i > 0:
+                    continue  # one reference run is enough to show the pattern
+                got = resolved(run, metric, cmp.options.keep)
+                if got is not None:
+                    tr.append(_line(got[0], got[1], f"{metric} · {lab}", color, red,
+                                    showlegend=False))
+        if tr:
+            log = label == step_time and spans_decades(*[t.y for t in tr], decades=0.5)
+            panels.append((label.replace("/", "/*", 1) if label != step_time else label,
+                           tr, log))
+    if len(panels) < 2:
+        return None
+    n = len(panels)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.025,
+                        row_heights=[2.0] + [1.0] * (n - 1))
+    for r, (title, traces, log) in enumerate(panels, start=1):
+        for t in traces:
+            fig.add_trace(t, row=r, col=1)
+        fig.update_yaxes(title_text=plot_text(title), title_font={"size": 11},
+                         type="log" if log else None, nticks=4 if log else None,
+                         row=r, col=1)
+    _base_layout(fig, int(150 + 110 * (n + 1)))
+    for r in range(1, n):
+        fig.update_xaxes(title_text="", row=r, col=1)
+    add_markers(fig, marks)
     return fig
 
 

@@ -217,6 +217,40 @@ table.runs td:nth-child(9) { font-size: 12px; color: var(--muted); min-width: 24
 ul.notes { margin: 4px 0 10px; padding-left: 20px; color: #333; }
 .warn { color: #a01818; font-weight: 600; }
 footer { color: var(--muted); font-size: 12px; padding: 0 28px 30px; }
+details { margin: 6px 0 10px; }
+details > summary { cursor: pointer; color: #0b5cad; font-size: 13px; }
+.banner { display: flex; gap: 26px; align-items: center; border-radius: 8px;
+          padding: 10px 20px; margin: 10px 0 6px; border: 1px solid var(--line);
+          background: #fff; }
+.banner .big { font-size: 28px; font-weight: 700; letter-spacing: 0.04em; min-width: 150px; }
+.banner.pass { background: #e9f7ec; border-color: #9fd5a9; }
+.banner.pass .big { color: #1b5e20; }
+.banner.fail { background: #fdecec; border-color: #eba3a3; }
+.banner.fail .big { color: #a01818; }
+.banner.incomplete { background: #fff6d6; border-color: #e6cd73; }
+.banner.incomplete .big { color: #6b4e00; }
+.banner.none .big { font-size: 18px; color: var(--muted); }
+.banner .hl { font-size: 15px; font-weight: 600; }
+.banner .fails { font-size: 13px; flex: 1; }
+.chips { margin: 4px 0; }
+.chip { display: inline-block; min-width: 30px; text-align: center; border-radius: 4px;
+        margin-right: 4px; padding: 1px 6px; font-size: 12px; font-weight: 600;
+        background: #e8ecf0; color: #333; }
+.chip.pass { background: #2e7d32; color: #fff; }
+.chip.fail { background: #c62828; color: #fff; }
+.chip.not_evaluable, .chip.incomplete { background: #f2c94c; color: #333; }
+.ov-grid { display: grid; grid-template-columns: minmax(0, 7fr) minmax(0, 5fr); gap: 18px; }
+@media (max-width: 1100px) { .ov-grid { grid-template-columns: 1fr; } }
+table.ranking td { padding-top: 2px; padding-bottom: 2px; }
+table.ranking td { white-space: nowrap; }
+table.ranking .at { color: var(--muted); font-size: 12px; }
+.bar { display: inline-block; height: 9px; border-radius: 2px; margin-right: 6px;
+       max-width: 60px; vertical-align: middle; }
+.bar.low { background: #9fd5a9; } .bar.mid { background: #f2b84b; }
+.bar.high { background: #d7301f; } .bar.none { background: transparent; }
+table.matrix td { vertical-align: middle; }
+section.candidate { border: 2px solid #c5d0dc; }
+section.candidate > section { border: none; padding: 0; }
 """
 
 

@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from refrun import schema
 from refrun.comparison import Comparison, MetricComparison, RunData
 from refrun.report import figures as F
+from refrun.report import overview as O
 from refrun.report.html import Raw, esc, join, kv_table, num, table, tag
 
 DEVICE_TAG_PREFIXES = ("refrun.exec.", "refrun.device", "refrun.placement", "refrun.perf.",
@@ -146,28 +147,14 @@ def _other(m: MetricComparison) -> Raw:
     return Raw("")
 
 
-def summary_section(cmp: Comparison, assessment: dict[str, Any] | None,
-                    comparison_run_id: str | None) -> Section:
-    from refrun.report.assessment import assessment_section
-
-    parts: list[str] = [tag("h3", "Runs"), Raw('<div class="scroll">'), runs_table(cmp),
-                        Raw("</div>")]
-    parts.append(all_tags_details(cmp))
+def runs_section(cmp: Comparison, comparison_run_id: str | None, ns: str = "") -> Section:
+    """The runs compared (identity, versions, where the points came from), every tag and
+    param folded, and the metrics that were not compared."""
+    parts: list[str] = [Raw('<div class="scroll">'), runs_table(cmp), Raw("</div>"),
+                        all_tags_details(cmp)]
     if comparison_run_id:
         parts.append(join([Raw('<p class="note">Comparison run (MLflow): '),
                            tag("code", comparison_run_id), Raw("</p>")]))
-    parts.append(tag("h3", "Acceptance (levels L0–L4)"))
-    if assessment is not None:
-        parts.append(assessment_section(assessment))
-    else:
-        parts.append(tag("p", "No acceptance criteria were applied to this report "
-                              "(refrun report --criteria FILE adds them).", "note"))
-    parts += [tag("h3", "Headline differences"),
-              tag("p", "diff = candidate − reference in the metric's units; rel diff = "
-                       "|diff| / max(|candidate|, |reference|, eps). Every number is "
-                       "computed on all aligned steps; plots are reduced for display.",
-                  "note"),
-              Raw('<div class="scroll">'), headline_table(cmp), Raw("</div>")]
     lists = []
     if cmp.metrics_only_in_reference:
         lists.append(("only in the reference", ", ".join(cmp.metrics_only_in_reference)))
@@ -177,7 +164,145 @@ def summary_section(cmp: Comparison, assessment: dict[str, Any] | None,
         lists.append((f"skipped: {k}", why))
     if lists:
         parts += [tag("h3", "Metrics not compared"), kv_table(lists, table_id="not-compared")]
-    return Section("summary", "Summary", join(parts))
+    return Section(ns + "runs", "Runs", join(parts))
+
+
+def acceptance_section(assessment: dict[str, Any] | None, ns: str = "") -> Section:
+    """Every criterion with its outcome, reason and evidence (and the calibration it
+    was derived from, when the criteria carry one)."""
+    from refrun.report.assessment import assessment_section
+
+    if assessment is None:
+        body = tag("p", "No acceptance criteria were applied to this report "
+                        "(refrun report --criteria FILE adds them).", "note")
+    else:
+        body = assessment_section(assessment)
+    return Section(ns + "acceptance", "Acceptance (levels L0–L4)", body)
+
+
+def metric_anchor(ns: str, cmp: Comparison, name: str) -> str:
+    """DOM id of a metric's heading (by position, never derived from the run's strings)."""
+    return f"{ns}metric-{list(cmp.metrics).index(name)}"
+
+
+def _severity(d: O.Departure) -> str:
+    if d.score is None:
+        return "none"
+    if d.measure == "mean_abs_z":
+        return "high" if d.score >= 3 else "mid" if d.score >= 1 else "low"
+    return "high" if d.score >= 0.1 else "mid" if d.score >= 0.01 else "low"
+
+
+def ranking_table(cmp: Comparison, deps: list[O.Departure], ns: str) -> Raw:
+    """The ranked departures: one row per metric, numbers exactly those of the JSON."""
+    group = any(d.measure == "mean_abs_z" for d in deps)
+    top = max((float(d.score) for d in deps if d.score is not None), default=0.0) or 1.0
+    rows = []
+    for i, d in enumerate(deps, start=1):
+        px = 0 if d.score is None else max(2, round(60 * min(1.0, float(d.score) / top)))
+        score = join([Raw(f'<span class="bar {_severity(d)}" style="width:{px}px"></span>'),
+                      num(d.score)])
+        m = cmp.metrics[d.metric]
+        # Curves and evaluations have their own figure; counters, step time and sys/*
+        # are drawn in the runtime evidence.
+        target = metric_anchor(ns, cmp, d.metric) if _is_curve(d.metric, m) or \
+            m.kind == "eval" else f"{ns}runtime"
+        link = Raw(f'<a href="#{esc(target)}"><code>{esc(d.metric)}</code></a>')
+        row: list[Any] = [i, link, score]
+        if group:
+            row += [_at(d.max_abs_z, d.step_of_max_abs_z),
+                    num(d.fraction_outside, pct=True) if d.fraction_outside is not None
+                    else None]
+        row += [d.first_step, _at(d.max_abs_diff, d.step_of_max_abs_diff)]
+        rows.append(row)
+    head = ["#", "metric", "mean |z|" if group else "mean rel diff"]
+    if group:
+        head += ["max |z| @ step", "outside seeds"]
+    head += ["first out", "max |diff| @ step"]
+    return table(head, rows, "ranking", f"{ns}departures")
+
+
+def _at(value: Any, step: Any) -> Raw:
+    """``value @ step`` (both exact in their data-value attributes)."""
+    if value is None:
+        return num(None)
+    return join([num(value), Raw('<span class="at"> @ '), num(step), Raw("</span>")])
+
+
+def _first_marks(d: O.Departure | None) -> list[F.Marker]:
+    if d is None or d.first_step is None:
+        return []
+    label = "first divergence" if d.first_step_source == "engine" else "first out of band"
+    return [F.Marker(d.first_step, label, "#111", "dot")]
+
+
+def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
+                     ids: FigureIds, ns: str = "") -> tuple[Section, list[O.Departure]]:
+    """The first screen: verdict and highest level, the metrics ranked by departure
+    relative to the seeds' spread, and the all-metric picture."""
+    from refrun.report.assessment import verdict_banner
+
+    deps = O.rank_departures(cmp.to_dict())
+    figs: list[F.FigureSpec] = []
+    group = len(cmp.reference) > 1
+    sources = {d.first_step_source for d in deps}
+    first_how = ("the first step of a sustained departure from the reference band "
+                 "(the comparison's first divergence)" if "engine" in sources else
+                 "the first step outside the seeds' min–max range")
+    how = ("mean |z| = mean over the aligned steps of |candidate − seed mean| / seed σ "
+           f"({len(cmp.reference)} reference runs); outside seeds = fraction of steps "
+           "outside the seeds' min–max range; first out = " + first_how + "; "
+           "— = no z (the seeds agree exactly)" if group else
+           "a single reference run has no seed spread: ranked by the mean relative "
+           "difference |c − r| / max(|c|, |r|, eps); record several reference seeds to "
+           "measure departures in units of their spread; first out = " + first_how)
+    st = O.strip(cmp, [d.metric for d in deps], saturate=F.Z_MAX)
+    picture: Raw = tag("p", "Nothing to picture: no aligned steps.", "note")
+    if st is not None:
+        firsts = {d.metric: d.first_step for d in deps}
+        fig = F.strip_figure(st.values, st.edges, st.metrics, st.measure,
+                             [firsts.get(m) for m in st.metrics])
+        picture = _add(figs, ids, "all-metric departure", fig,
+                       f"Colour: largest {st.measure} in each of {st.values.shape[1]} step "
+                       "bins (pale: within the seeds' spread; red: beyond 3σ; darkest also "
+                       "where the seeds agree exactly and the candidate differs); "
+                       "×: first out (as in the ranking).")
+    body = join([
+        verdict_banner(assessment, ns),
+        Raw('<div class="ov-grid"><div>'),
+        tag("h3", "Which signals depart, ranked"),
+        Raw('<div class="scroll">'), ranking_table(cmp, deps, ns), Raw("</div>"),
+        tag("p", how, "note"),
+        Raw("</div><div>"),
+        tag("h3", "Where and when: every metric over the steps"),
+        Raw(f'<div id="{esc(ns)}strip">'), picture, Raw("</div>"),
+        Raw("</div></div>"),
+        Raw("<details><summary>All headline differences (table)</summary>"
+            '<div class="scroll">'), headline_table(cmp), Raw("</div></details>"),
+    ])
+    return Section(ns + "overview", "Overview", body, figs), deps
+
+
+def timeline_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
+                     deps: list[O.Departure], ns: str = "") -> Section | None:
+    """The primary metric, evaluation metrics and runtime evidence on one step axis."""
+    ranked = [d.metric for d in deps if _is_curve(d.metric, cmp.metrics[d.metric])]
+    primary = "loss" if "loss" in cmp.metrics and _is_curve("loss", cmp.metrics["loss"]) \
+        else (ranked[0] if ranked else None)
+    evals = [k for k, m in cmp.metrics.items() if m.kind == "eval"][:4]
+    st = schema.M_STEP_TIME if any(schema.M_STEP_TIME in r.metric_names
+                                   for r in [*cmp.reference, cmp.candidate]) else None
+    groups = [(p, ms[:4]) for p, ms in F.counter_groups(cmp) if not p.endswith("(seconds)")]
+    dep = next((d for d in deps if d.metric == primary), None)
+    fig = F.timeline_figure(cmp, primary, evals, st, groups, red, _first_marks(dep))
+    if fig is None:
+        return None
+    figs: list[F.FigureSpec] = []
+    div = _add(figs, ids, "timeline", fig,
+               "Linked panels: zoom or pan one and all follow. Runtime panels show the "
+               "first reference run and the candidate; the dotted line marks where "
+               f"{primary or 'the primary metric'} first left the reference band.")
+    return Section(ns + "timeline", "Everything on one step axis", div, figs)
 
 
 # --- per metric ------------------------------------------------------------------------
@@ -202,24 +327,50 @@ def _is_curve(name: str, m: MetricComparison) -> bool:
     return m.kind == "value" and not name.startswith(schema.SYS_PREFIX)
 
 
-def metrics_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Section:
+def metric_marks(name: str, deps: list[O.Departure],
+                 assessment: dict[str, Any] | None) -> list[F.Marker]:
+    """Markers of one metric's figure: its first departure and each failing criterion
+    on it (at the step its evidence names)."""
+    from refrun.report.assessment import failing_marks
+
+    dep = next((d for d in deps if d.metric == name), None)
+    return _first_marks(dep) + [F.Marker(step, f"✗ {cid}")
+                                for cid, step in failing_marks(assessment, name)]
+
+
+def _folded(title: str, content: Raw) -> Raw:
+    return join([Raw(f"<details><summary>{esc(title)}</summary>"), content,
+                 Raw("</details>")])
+
+
+def metrics_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
+                    deps: list[O.Departure] | None = None,
+                    assessment: dict[str, Any] | None = None, ns: str = "") -> Section:
+    from refrun.report.assessment import envelope_k
+
     refs, cand = F.run_labels(cmp)
+    deps = deps or []
     parts: list[str] = []
     figs: list[F.FigureSpec] = []
-    for name, m in cmp.metrics.items():
+    order = [d.metric for d in deps if d.metric in cmp.metrics] or list(cmp.metrics)
+    for name in order:
+        m = cmp.metrics[name]
         if not _is_curve(name, m):
             continue
-        fig = F.metric_figure(m, refs, cand, red)
+        k = envelope_k(assessment, name)
+        fig = F.metric_figure(m, refs, cand, red, k=k,
+                              marks=metric_marks(name, deps, assessment))
         a = m.alignment
         cap = (f"{a.aligned_steps} aligned steps ({a.first_aligned_step}..."
                f"{a.last_aligned_step}); plotted traces reduced to at most about "
                f"{red.max_points} points each ({red.method} per bucket, spikes kept).")
-        parts += [tag("h3", Raw(f"<code>{esc(name)}</code>")), Raw('<div class="grid">'),
-                  _add(figs, ids, name, fig, cap), Raw("<div>"), measures_table(m),
-                  Raw("</div></div>")]
+        parts += [Raw(f'<h3 id="{esc(metric_anchor(ns, cmp, name))}"><code>{esc(name)}'
+                      "</code></h3>"),
+                  _add(figs, ids, name, fig, cap),
+                  _folded("Statistics of " + name, measures_table(m))]
     if not parts:
         parts.append(tag("p", "No per-step value metric was compared.", "note"))
-    return Section("metrics", "Metrics", join(parts), figs)
+    return Section(ns + "metrics", "Metrics (largest departure first)", join(parts), figs)
 
 
 def _eval_rows(m: MetricComparison) -> tuple[list[tuple[Any, ...]], int]:
@@ -231,7 +382,9 @@ def _eval_rows(m: MetricComparison) -> tuple[list[tuple[Any, ...]], int]:
     return rows[:half] + rows[-half:], len(rows) - 2 * half
 
 
-def eval_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Section | None:
+def eval_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
+                 deps: list[O.Departure] | None = None,
+                 assessment: dict[str, Any] | None = None, ns: str = "") -> Section | None:
     evals = {k: m for k, m in cmp.metrics.items() if m.kind == "eval"}
     if not evals:
         return None
@@ -239,17 +392,20 @@ def eval_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Section |
     parts: list[str] = []
     figs: list[F.FigureSpec] = []
     for name, m in evals.items():
-        fig = F.metric_figure(m, refs, cand, red, markers=True)
+        fig = F.metric_figure(m, refs, cand, red, markers=True,
+                              marks=metric_marks(name, deps or [], assessment))
         rows, hidden = _eval_rows(m)
         note = (tag("p", f"{hidden} evaluation points in the middle are not listed "
                          "(all are in the measures).", "note") if hidden else "")
-        parts += [tag("h3", Raw(f"<code>{esc(name)}</code>")), Raw('<div class="grid">'),
+        stats = join([Raw('<div class="scroll">'),
+                      table(("step", "reference", "candidate", "diff", "rel diff"), rows,
+                            "evalpoints", f"{ns}eval-{list(evals).index(name)}"), note,
+                      measures_table(m), Raw("</div>")])
+        parts += [Raw(f'<h3 id="{esc(metric_anchor(ns, cmp, name))}"><code>{esc(name)}'
+                      "</code></h3>"),
                   _add(figs, ids, name, fig, f"{len(m.eval_points or [])} evaluation points"),
-                  Raw('<div class="scroll">'),
-                  table(("step", "reference", "candidate", "diff", "rel diff"), rows,
-                        "evalpoints", f"eval-{name}"), note,
-                  measures_table(m), Raw("</div></div>")]
-    return Section("eval", "Evaluation metrics", join(parts), figs)
+                  _folded("Evaluation points and statistics of " + name, stats)]
+    return Section(ns + "eval", "Evaluation metrics", join(parts), figs)
 
 
 # --- runtime evidence ------------------------------------------------------------------
@@ -326,12 +482,13 @@ def device_table(cmp: Comparison) -> Raw:
     return table(("tag", *[label for label, _, _ in runs]), rows, "", "device-table")
 
 
-def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Section:
+def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
+                    ns: str = "") -> Section:
     parts: list[str] = []
     figs: list[F.FigureSpec] = []
     add: Callable[..., Raw] = lambda title, fig, cap="": _add(figs, ids, title, fig, cap)  # noqa: E731
     st_metric = schema.M_STEP_TIME
-    parts += [tag("h3", "Step time"), _step_time_table(cmp)]
+    parts.append(tag("h3", "Step time"))
     fig = F.series_figure(cmp, [st_metric], red, "seconds (log)", log_y=True)
     if fig is None:
         parts.append(tag("p", f"No run recorded {st_metric}.", "note"))
@@ -346,8 +503,8 @@ def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Sectio
                                                else "") + "; tails clipped into the "
                       "outermost bins."),
                   Raw("</div>")]
-    parts += [tag("h3", "Compilations, transfers and other per-step counters"),
-              _counter_table(cmp)]
+    parts.append(_folded("Step-time medians and ratio (table)", _step_time_table(cmp)))
+    parts.append(tag("h3", "Compilations, transfers and other per-step counters"))
     groups = F.counter_groups(cmp)
     for prefix, metrics in groups:
         label = prefix.replace("/", "/*", 1)
@@ -356,8 +513,11 @@ def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Sectio
     if not groups:
         parts.append(tag("p", "No run recorded per-step counters (compile/*, xfer/*, "
                               "fallback/*, exec/*).", "note"))
-    parts += [tag("h3", "CPU-fallback operations by name"), _fallback_table(cmp),
-              add("CPU-fallback ops", F.fallback_figure(cmp))]
+    else:
+        parts.append(_folded("Counter totals (table)", _counter_table(cmp)))
+    parts += [tag("h3", "CPU-fallback operations by name"),
+              add("CPU-fallback ops", F.fallback_figure(cmp)),
+              _folded("Fallback ops by name (table)", _fallback_table(cmp))]
     parts += [tag("h3", "Device truth"),
               tag("p", "Declared hardware next to what the probes observed "
                        "(refrun.exec.*, placement, step-time kind, summaries).", "note"),
@@ -368,7 +528,7 @@ def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction) -> Sectio
         parts.append(add(name, F.series_figure(cmp, [name], red, name, 260)))
     if not sys_names:
         parts.append(tag("p", "No run recorded utilization (sys/*).", "note"))
-    return Section("runtime", "Runtime evidence", join(parts), figs)
+    return Section(ns + "runtime", "Runtime evidence", join(parts), figs)
 
 
 # --- alignment -------------------------------------------------------------------------
@@ -399,7 +559,7 @@ def _notable(m: MetricComparison) -> bool:
                 or a.cadence_differs or a.group_incomplete_steps or a.interpolated)
 
 
-def alignment_section(cmp: Comparison) -> Section:
+def alignment_section(cmp: Comparison, ns: str = "") -> Section:
     refs, cand = F.run_labels(cmp)
     o = cmp.options
     parts: list[str] = [tag("p", f"Repeated steps keep the {o.keep} value written; "
@@ -448,4 +608,4 @@ def alignment_section(cmp: Comparison) -> Section:
     opts = kv_table([(k, ", ".join(v) if isinstance(v, tuple) else v)
                      for k, v in dataclasses.asdict(o).items()], table_id="options-table")
     parts += [tag("h3", "Comparison options"), opts]
-    return Section("alignment", "What alignment did", join(parts))
+    return Section(ns + "alignment", "What alignment did", join(parts))
