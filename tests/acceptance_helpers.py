@@ -71,3 +71,10 @@ def write_criteria(tmp: Path, body: str, name: str = "criteria.toml") -> Path:
     p = tmp / name
     p.write_text(body, encoding="utf-8")
     return p
+
+
+def error_line(err: str) -> str:
+    """The CLI's one-line error (MLflow's own INFO log lines on stderr are not refrun's)."""
+    mine = [line for line in err.splitlines() if line.startswith("refrun ")]
+    assert len(mine) == 1, err
+    return mine[0]

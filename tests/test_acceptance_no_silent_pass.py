@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from acceptance_helpers import STEPS, N, base_loss, record, write_criteria
+from acceptance_helpers import STEPS, N, base_loss, error_line, record, write_criteria
 from mlflow.tracking import MlflowClient
 
 import refrun
@@ -121,8 +121,7 @@ def test_criteria_backend_alias_normalised_and_unknown_refused(tmp_path: Path, s
     cand = record(store.tracking_uri, store.spool_dir, "candidate", {"loss": _loss(1)})
     assert main(["accept", "--criteria", str(bad), "--reference", ref.run_id,
                  "--candidate", cand.run_id]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0
+    err = error_line(capsys.readouterr().err)
     line = 1 + CRITERIA.splitlines().index('backends = ["torch_xla"]')
     assert f"bad.toml:{line}: criteria[1].backends[0] (id 'host-syncs'): 'tpu_xla' is not " \
            "a known backend (valid: torch, torch_xla" in err
@@ -194,8 +193,8 @@ def test_accept_refuses_another_workload(store, tmp_path: Path, capsys) -> None:
     crit = write_criteria(tmp_path, CRITERIA)
     args = ["accept", "--criteria", str(crit), "--reference", ref.run_id, "--candidate", cand]
     assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"candidate {cand} is workload 'other-workload' but " \
+    err = error_line(capsys.readouterr().err)
+    assert f"candidate {cand} is workload 'other-workload' but " \
         f"reference {ref.run_id} is 'accept-test'" in err and "--allow-cross-workload" in err
     assert _comparison_runs(store.tracking_uri) == 0
     out = tmp_path / "a.json"

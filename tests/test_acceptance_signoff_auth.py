@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from acceptance_helpers import N, base_loss, record, write_criteria
+from acceptance_helpers import N, base_loss, error_line, record, write_criteria
 from conftest import MlflowServer, free_port
 from mlflow.server import get_app_client
 from mlflow.tracking import MlflowClient
@@ -87,8 +87,7 @@ def test_signoff_records_the_authenticated_user(auth_server, tmp_path: Path,
     _as(monkeypatch, BOB, BOB_PW)
     assert main(["signoff", "--comparison", comp, "--decision", "accept", "--by", "Alice",
                  "--tracking-uri", uri]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err
+    err = error_line(capsys.readouterr().err)
     assert f"user 'bob' may not sign off comparison {comp}: permission READ on experiment " \
            f"{experiment} (needs EDIT or MANAGE)" in err
     _as(monkeypatch, ADMIN, ADMIN_PW)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from acceptance_helpers import N, base_loss, record, write_criteria
+from acceptance_helpers import N, base_loss, error_line, record, write_criteria
 from mlflow.tracking import MlflowClient
 
 from refrun.cli import main
@@ -144,8 +144,7 @@ def test_signoff_refuses_an_edited_verdict(store, tmp_path: Path, capsys) -> Non
     _put(client, comp, "refrun/assessment.json", json.dumps(doc).encode(), tmp_path)
     client.set_tag(comp, "refrun.acceptance.verdict", "pass")
     assert main(["signoff", "--comparison", comp, "--decision", "accept", "--by", "Ada"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err
+    err = error_line(capsys.readouterr().err)
     assert "the recorded assessment differs from its evidence" in err
     assert "refrun/assessment.json: verdict: fail -> pass" in err
     assert "refrun.signoff.decision" not in client.get_run(comp).data.tags
