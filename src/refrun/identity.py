@@ -1,4 +1,5 @@
-"""What a run records about where and how it ran: framework versions, device, git, environment.
+"""What a run records about where and how it ran: framework versions, device, git, environment,
+and the vocabulary of its identity names (backend, role, hardware) with their normalisers.
 
 Everything here is collected once at run start, off the training step, and never
 imports a framework that the process has not imported itself (importing torch or jax
@@ -10,11 +11,16 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
+
+from refrun import schema
+from refrun.errors import RefrunInputError
 
 FRAMEWORKS = ("torch", "torch_xla", "jax", "jaxlib", "mlflow", "numpy", "pandas")
 
@@ -97,3 +103,122 @@ def environment_snapshot() -> dict[str, Any]:
         "env": {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "PJRT_", "JAX_",
                                                                      "CUDA_", "TPU_"))},
     }
+
+
+# --- identity names: backend, role, hardware (area: trust, no silent pass) ------------------
+# A free-text name is a silent way to a wrong verdict: a candidate tagged ``torch-xla`` made
+# every criterion scoped to ``torch_xla`` "not applicable", so its host syncs passed.  Every
+# place a name enters (run start, criteria files) goes through the normalisers below: a
+# known alias becomes the canonical name, anything else is a one-line RefrunInputError.
+
+Backend = Literal["torch", "torch_xla", "jax", "tensorflow", "import", "comparison",
+                  "acceptance"]
+#: Canonical ``refrun.backend`` values: the framework that executed the step, or what made
+#: the run (``import``: converted from a file; ``comparison``/``acceptance``: refrun's own).
+BACKENDS: tuple[Backend, ...] = typing.get_args(Backend)
+#: Spellings seen in the wild -> canonical name (looked up after lower-casing and turning
+#: ``-``, ``.`` and spaces into ``_``).  ``xla`` alone is deliberately absent: JAX runs on
+#: XLA too.
+BACKEND_ALIASES: dict[str, Backend] = {
+    "pytorch": "torch", "pt": "torch",
+    "pytorch_xla": "torch_xla", "ptxla": "torch_xla", "torchxla": "torch_xla",
+    "pt_xla": "torch_xla", "torch/xla": "torch_xla",
+    "flax": "jax", "jax_numpy": "jax",
+    "tf": "tensorflow", "keras_tensorflow": "tensorflow",
+    "imported": "import",
+}
+#: ``refrun.role`` aliases (roles themselves: :data:`refrun.schema.ROLES`).
+ROLE_ALIASES: dict[str, str] = {"ref": "reference", "baseline": "reference",
+                                "cand": "candidate", "compare": "comparison"}
+#: Hardware kinds refrun knows by name.  Hardware is open-ended (new chips appear every
+#: year), so any name of the :data:`HARDWARE_PATTERN` form is accepted too; these are the
+#: names a message suggests and the aliases below map onto.
+HARDWARE_KINDS = ("cpu", "host", "gpu", "cuda", "rocm", "mps", "tpu", "neuron",
+                  "a100", "h100", "h200", "b200", "l4", "nvidia-l4", "t4", "v100", "a10g",
+                  "mi250x", "mi300x", "mi350x", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
+HARDWARE_ALIASES = {"x86_64": "cpu", "amd64": "cpu", "aarch64": "cpu", "arm64": "cpu"}
+#: A hardware name after normalisation (lower case; spaces and ``_`` become ``-``):
+#: lower-case letters and digits in groups joined by single ``-`` or ``.``, at most 64
+#: characters, e.g. ``a100``, ``a100-80gb``, ``tpu-v5e``, ``v5e``, ``nvidia-l4``.
+HARDWARE_PATTERN = re.compile(r"[a-z0-9]+(?:[.-][a-z0-9]+)*")
+_HARDWARE_MAX = 64
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s.\-]+", "_", name.strip().lower())
+
+
+def canonical_backend(name: str | None) -> Backend | None:
+    """The canonical backend for ``name`` (alias-aware, case-insensitive), None when it
+    is absent or not a known backend.  For reading stored tags, which may predate
+    validation."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    k = _key(name)
+    if k in BACKENDS:
+        return k  # type: ignore[return-value]
+    return BACKEND_ALIASES.get(k) or BACKEND_ALIASES.get(name.strip().lower())
+
+
+def normalize_backend(name: str, what: str = "backend") -> Backend:
+    """The canonical backend for ``name``; raises :class:`RefrunInputError` (one line,
+    naming ``what`` and every valid name) when it is not a known backend or alias."""
+    canonical = canonical_backend(name)
+    if canonical is None:
+        raise RefrunInputError(
+            f"{what}: {name!r} is not a known backend (valid: {', '.join(BACKENDS)}; "
+            f"aliases: {', '.join(sorted(BACKEND_ALIASES))})")
+    return canonical
+
+
+def normalize_role(name: str, what: str = "role") -> str:
+    """The canonical role for ``name`` (:data:`refrun.schema.ROLES` or an alias of
+    :data:`ROLE_ALIASES`, case-insensitive); raises :class:`RefrunInputError` otherwise."""
+    k = name.strip().lower() if isinstance(name, str) else ""
+    if k in schema.ROLES:
+        return k
+    if k in ROLE_ALIASES:
+        return ROLE_ALIASES[k]
+    raise RefrunInputError(f"{what}: {name!r} is not a known role (valid: "
+                           f"{', '.join(schema.ROLES)}; aliases: {', '.join(ROLE_ALIASES)})")
+
+
+def canonical_hardware(name: str | None) -> str | None:
+    """``name`` in canonical form (lower case, spaces and ``_`` as ``-``, aliases mapped),
+    None when absent or not of the :data:`HARDWARE_PATTERN` form."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    k = re.sub(r"[\s_]+", "-", name.strip().lower())
+    k = HARDWARE_ALIASES.get(k.replace("-", "_"), k)
+    if len(k) > _HARDWARE_MAX or not HARDWARE_PATTERN.fullmatch(k):
+        return None
+    return k
+
+
+def normalize_hardware(name: str, what: str = "hardware") -> str:
+    """The canonical hardware name (see :data:`HARDWARE_PATTERN`); raises
+    :class:`RefrunInputError` naming the rule and the known kinds otherwise."""
+    canonical = canonical_hardware(name)
+    if canonical is None:
+        raise RefrunInputError(
+            f"{what}: {name!r} is not a hardware name (lower-case letters and digits joined "
+            f"by '-' or '.', at most {_HARDWARE_MAX} characters; known kinds: "
+            f"{', '.join(HARDWARE_KINDS)})")
+    return canonical
+
+
+class IdentityNames(NamedTuple):
+    """The validated, canonical names of a run's identity (unpacks as a tuple)."""
+
+    role: str
+    backend: Backend | None
+    hardware: str | None
+
+
+def validate_identity(role: str, backend: str | None, hardware: str | None
+                      ) -> IdentityNames:
+    """Validate and normalise the names a run starts with (one call from ``start_run``):
+    ``role`` is required; ``backend`` and ``hardware`` are optional (None: not declared)."""
+    return IdentityNames(normalize_role(role),
+                         None if backend is None else normalize_backend(backend),
+                         None if hardware is None else normalize_hardware(hardware))

@@ -424,8 +424,7 @@ def start_run(
     """
     if not workload or not isinstance(workload, str):
         raise RefrunInputError("workload: a non-empty name is required")
-    if role not in schema.ROLES:
-        raise RefrunInputError(f"role: {role!r} is not one of {', '.join(schema.ROLES)}")
+    role, backend, hardware = identity.validate_identity(role, backend, hardware)
     for name, val in (("seed", seed), ("chips", chips), ("global_batch", global_batch),
                       ("planned_steps", planned_steps), ("mlflow_every", mlflow_every)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, numbers.Integral)):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from refrun import schema
+from refrun import identity, schema
 from refrun.errors import RefrunInputError
 
 FORMAT_VERSION = 1
@@ -32,10 +32,12 @@ MISSING = dataclasses.MISSING
 
 def key(doc: str, default: Any = MISSING, *, enum: tuple[str, ...] | None = None,
         ge: float | None = None, gt: float | None = None, le: float | None = None,
-        min_items: int | None = None) -> Any:
+        min_items: int | None = None, names: str | None = None) -> Any:
     """A documented, constrained field of the criteria model (metadata drives validation
-    and the JSON Schema)."""
-    meta = {"doc": doc, "enum": enum, "ge": ge, "gt": gt, "le": le, "min_items": min_items}
+    and the JSON Schema).  ``names``: "backend" or "hardware": the strings (list items,
+    table keys) are identity names, normalised by :mod:`refrun.identity`."""
+    meta = {"doc": doc, "enum": enum, "ge": ge, "gt": gt, "le": le, "min_items": min_items,
+            "names": names}
     if isinstance(default, list | dict | tuple):
         frozen = default
         return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
@@ -72,7 +74,7 @@ class Prices:
                    enum=("machine", "chip"))
     hourly: dict[str, float] = key("price per hour by hardware kind: the run's "  # noqa: RUF009
                                    "refrun.hardware tag, else refrun.exec.hardware "
-                                   "(case-insensitive)", {}, ge=0)
+                                   "(case-insensitive)", {}, ge=0, names="hardware")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +106,7 @@ class Criterion:
         "apply only to candidates whose refrun.backend tag is one of these "
         "(case-insensitive), e.g. ['torch_xla'] for evidence only one probe records; for "
         "any other backend the outcome is not_applicable. Default: every backend",
-        None, min_items=1)
+        None, min_items=1, names="backend")
 
     def used_metrics(self) -> tuple[str, ...]:
         """Metrics this criterion names (for the 'no run has it' check)."""
@@ -119,7 +121,8 @@ class Criterion:
             return True
         if not backend or not backend.strip():
             return None
-        return backend.strip().lower() in {b.strip().lower() for b in self.backends}
+        mine = identity.canonical_backend(backend) or backend.strip().lower()
+        return mine in {identity.canonical_backend(b) or b for b in self.backends}
 
 
 SELECT_OVER = ("all", "final_window", "last", "eval_points")
@@ -547,17 +550,29 @@ class _Validator:
                 self.fail(kp, f"expected an array of strings, got {_show(val)}", ident)
             if meta.get("min_items") and len(val) < meta["min_items"]:
                 self.fail(kp, f"needs at least {meta['min_items']} item(s)", ident)
-            return list(val)
+            return [self.name(x, meta, (*kp, j), ident) for j, x in enumerate(val)]
         if origin is dict:
             if not isinstance(val, dict):
                 self.fail(kp, f"expected a table of numbers, got {_tname(val)}", ident)
             out = {}
             for k, x in val.items():
-                out[k] = self._scalar(x, float, meta, (*kp, k), ident)
+                out[self.name(k, meta, (*kp, k), ident)] = self._scalar(x, float, meta,
+                                                                       (*kp, k), ident)
             return out
         if dataclasses.is_dataclass(inner):
             return self.table(val, inner, kp)  # type: ignore[arg-type]
         return self._scalar(val, inner, meta, kp, ident)
+
+    def name(self, val: str, meta: Any, kp: tuple[Any, ...], ident: str | None) -> str:
+        """An identity name (meta ``names``) normalised, or a located error."""
+        normalize = {"backend": identity.normalize_backend,
+                     "hardware": identity.normalize_hardware}.get(meta.get("names") or "")
+        try:
+            # An empty name is reported by ``semantic`` (with what the key is for).
+            return normalize(val, format_path(kp)) if normalize and val.strip() else val
+        except RefrunInputError as exc:
+            self.fail(kp, str(exc).split(": ", 1)[1], ident)
+            raise  # unreachable: fail raises
 
     def _scalar(self, val: Any, tp: Any, meta: Any, kp: tuple[Any, ...],
                 ident: str | None) -> Any:
