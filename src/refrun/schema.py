@@ -111,3 +111,13 @@ TAG_MESH = "refrun.exec.mesh"
 def identity_tag(field: str) -> str:
     """Tag name for an identity field (``workload`` -> ``refrun.workload``)."""
     return PREFIX + field
+
+
+# --- calibration and statistics (acceptance, issue 13: refrun calibrate) ---------------
+# Per-step counters whose movement marks a compilation step: such steps are left out of a
+# step-time median (their time is the compiler's, not the step's).
+STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_OTHER)
+# Evidence fields of the statistical criteria (equivalence, convergence): the interval
+# the decision rests on and the number of reference seeds behind it.
+EV_INTERVAL = "interval"
+EV_N_REFERENCE = "n_reference"

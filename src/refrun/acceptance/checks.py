@@ -14,13 +14,16 @@ import numpy as np
 
 from refrun import schema
 from refrun.acceptance import runview as rv
+from refrun.acceptance import statistics as stats
 from refrun.acceptance.criteria import (
     Claim,
     Closeness,
     Compilation,
+    Convergence,
     CriteriaFile,
     Criterion,
     Envelope,
+    Equivalence,
     Fallback,
     Hardware,
     HostTransfers,
@@ -405,33 +408,81 @@ def utilization(c: Utilization, ctx: Context) -> CriterionResult:
 
 
 # --- L4: performance and cost ------------------------------------------------------------
+def _backend_key(run: RunData) -> str | None:
+    b = run.backend
+    return b.strip().lower() if b and b.strip() else None
+
+
+def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:
+    """Steps at which one of the per-step compilation counters ``metrics`` is > 0."""
+    hit = [r.steps[r.values > 0] for r in (rv.resolved(run, m, keep) for m in metrics)
+           if r is not None]
+    return np.unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
+
+
+def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], keep: str,
+                      start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(steps, seconds, compilation steps left out)``: the run's finite step times at
+    steps >= ``start`` (warm-up end) that are no compilation step (a step where a
+    ``compile_metrics`` counter moved)."""
+    r = rv.resolved(run, metric, keep)
+    if r is None:
+        return np.empty(0, dtype=np.int64), np.empty(0), 0
+    f = rv.finite(r)
+    keep_mask = f.steps >= start
+    comp = compile_steps(run, compile_metrics, keep) if compile_metrics else np.empty(0)
+    is_comp = np.isin(f.steps, comp)
+    dropped = int((keep_mask & is_comp).sum())
+    keep_mask &= ~is_comp
+    return f.steps[keep_mask], f.values[keep_mask], dropped
+
+
 def step_time(c: StepTime, ctx: Context) -> CriterionResult:
-    """Median step time over steps >= warm-up end, candidate / reference (reference points
-    of all reference runs pooled) <= ``max_ratio``."""
+    """Steady-state median step time, candidate / reference (reference points of all
+    reference runs pooled) <= ``max_ratio``.  Steady: steps >= warm-up end that are no
+    compilation step (``compile_metrics`` moved).  Same backend only unless
+    ``across_backends``: a ratio between frameworks is ``not_applicable``."""
     missing = _missing_in(ctx, c.metric)
     if missing:
         return _result(c, NOT_EVALUABLE, missing)
-    refs = [rv.finite(rv.resolved(r, c.metric, ctx.keep)) for r in ctx.references]  # type: ignore[arg-type]
-    cand = rv.finite(rv.resolved(ctx.candidate, c.metric, ctx.keep))  # type: ignore[arg-type]
-    all_steps = np.concatenate([s.steps for s in [*refs, cand]])
+    cand_b = _backend_key(ctx.candidate)
+    ref_b = sorted({_backend_key(r) or "?" for r in ctx.references})
+    scope = {"candidate_backend": ctx.candidate.backend, "reference_backends": ref_b,
+             "across_backends": c.across_backends}
+    if not c.across_backends:
+        if cand_b is None or "?" in ref_b:
+            return _result(c, NOT_EVALUABLE, f"cannot tell whether the candidate and the "
+                           f"references share a backend (a run has no {schema.TAG_BACKEND} "
+                           "tag); set across_backends = true to compare anyway", scope)
+        if ref_b != [cand_b]:
+            return _result(c, NOT_APPLICABLE, f"candidate backend {ctx.candidate.backend!r} "
+                           f"differs from the references' ({', '.join(ref_b)}): a step-time "
+                           "ratio between frameworks says nothing about the migration "
+                           "(across_backends = true to judge it anyway)", scope)
+    spans = [rv.resolved(r, c.metric, ctx.keep) for r in [*ctx.references, ctx.candidate]]
+    all_steps = np.concatenate([rv.finite(s).steps for s in spans if s is not None])
     if not len(all_steps):
         return _result(c, NOT_EVALUABLE, f"no finite {c.metric!r} values")
-    span = np.array([all_steps.min(), all_steps.max()])
-    start = ctx.warmup(span, c.warmup_steps)
-    m = step_time_ratio(np.concatenate([s.steps for s in refs]),
-                        np.concatenate([s.values for s in refs]),
-                        cand.steps, cand.values, start)
-    ev = {"warmup_end_step": start, "reference_median_s": m.reference_median,
+    start = ctx.warmup(np.array([all_steps.min(), all_steps.max()]), c.warmup_steps)
+    refs = [steady_step_times(r, c.metric, c.compile_metrics, ctx.keep, start)
+            for r in ctx.references]
+    cand = steady_step_times(ctx.candidate, c.metric, c.compile_metrics, ctx.keep, start)
+    m = step_time_ratio(np.concatenate([s[0] for s in refs]),
+                        np.concatenate([s[1] for s in refs]), cand[0], cand[1], start)
+    ev = {**scope, "warmup_end_step": start, "reference_median_s": m.reference_median,
           "candidate_median_s": m.candidate_median, "reference_n": m.reference_n,
-          "candidate_n": m.candidate_n, "ratio": m.ratio, "max_ratio": c.max_ratio}
+          "candidate_n": m.candidate_n, "ratio": m.ratio, "max_ratio": c.max_ratio,
+          "compile_steps_excluded": {"candidate": cand[2],
+                                     "references": int(sum(s[2] for s in refs))}}
     if m.ratio is None:
         return _result(c, NOT_EVALUABLE, f"no steady {c.metric!r} value after step {start} "
                        f"(reference n={m.reference_n}, candidate n={m.candidate_n})", ev)
     ok = m.ratio <= c.max_ratio
     return _result(c, PASS if ok else FAIL,
-                   f"median step time {rv.fnum(m.candidate_median)} s vs "
+                   f"steady median step time {rv.fnum(m.candidate_median)} s vs "
                    f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
-                   f"{'<=' if ok else '>'} {c.max_ratio:g}", ev)
+                   f"{'<=' if ok else '>'} {c.max_ratio:g} ({cand[2]} compilation step(s) "
+                   "of the candidate left out)", ev)
 
 
 def cost(c: CostCriterion, ctx: Context) -> CriterionResult:
@@ -475,10 +526,120 @@ def cost(c: CostCriterion, ctx: Context) -> CriterionResult:
     return _result(c, PASS, summary, ev, metric=None)
 
 
+# --- statistical criteria ----------------------------------------------------------------
+def _one_point(run: RunData, metric: str, statistic: str, window: int, keep: str
+               ) -> float | None:
+    r = rv.resolved(run, metric, keep)
+    if r is None:
+        return None
+    v = rv.finite(r).values
+    if not len(v):
+        return None
+    if statistic == "max":
+        return float(v.max())
+    if statistic == "min":
+        return float(v.min())
+    if statistic == "final_mean":
+        return float(v[-window:].mean())
+    return float(v[-1])
+
+
+def equivalence(c: Equivalence, ctx: Context) -> CriterionResult:
+    """TOST (:func:`refrun.acceptance.statistics.tost`): pass when the (1 - 2 alpha)
+    confidence interval of candidate - mean(reference seeds) lies inside +-margin
+    (margin = ``margin``, or ``rel_margin`` x |reference mean|, the smaller when both)."""
+    refs = [_one_point(r, c.metric, c.statistic, c.window_points, ctx.keep)
+            for r in ctx.references]
+    vals = [x for x in refs if x is not None]
+    cand = _one_point(ctx.candidate, c.metric, c.statistic, c.window_points, ctx.keep)
+    if cand is None:
+        return _result(c, NOT_EVALUABLE, f"candidate run {ctx.candidate.run_id} has no "
+                       f"finite {c.metric!r} value")
+    if len(vals) < 2:
+        return _result(c, NOT_EVALUABLE, f"equivalence needs a finite {c.metric!r} value "
+                       f"in at least 2 reference runs, got {len(vals)}",
+                       {schema.EV_N_REFERENCE: len(vals)})
+    ref_mean = float(np.mean(vals))
+    margins = [m for m in (c.margin, None if c.rel_margin is None
+                           else c.rel_margin * abs(ref_mean)) if m is not None]
+    margin = min(margins)
+    t = stats.tost(np.array(vals), np.array([cand]), -margin, margin, c.alpha)
+    ev = {"statistic": c.statistic, "candidate_value": cand, "reference_values": vals,
+          "reference_mean": ref_mean, "diff": t.diff, "se": t.se, "df": t.df,
+          "margin": margin, "alpha": c.alpha, "p_lower": t.p_lower, "p_upper": t.p_upper,
+          "p": t.p, "confidence": 1 - 2 * c.alpha,
+          schema.EV_INTERVAL: list(t.interval), schema.EV_N_REFERENCE: t.n_reference,
+          "n_candidate": t.n_candidate}
+    lo, hi = t.interval
+    head = (f"diff {rv.fnum(t.diff)}, {1 - 2 * c.alpha:.0%} CI [{rv.fnum(lo)}, "
+            f"{rv.fnum(hi)}] (n_reference={t.n_reference})")
+    if t.equivalent:
+        return _result(c, PASS, f"{head} inside +-{rv.fnum(margin)}: equivalent "
+                       f"(TOST p={t.p:.3g} < {c.alpha:g})", ev)
+    return _result(c, FAIL, f"{head} not inside +-{rv.fnum(margin)}: equivalence not "
+                   f"shown (TOST p={t.p:.3g} >= {c.alpha:g})", ev)
+
+
+def convergence(c: Convergence, ctx: Context) -> CriterionResult:
+    """Steps to reach ``target`` with MLPerf's reference-convergence-point rule
+    (:func:`refrun.acceptance.statistics.mlperf_limits`, one candidate run): fail when
+    the candidate is significantly faster (below the minimum acceptable mean) or, with
+    ``side = both``, significantly slower (above the maximum); a candidate that never
+    reaches the target fails."""
+    if len(ctx.references) < 3:
+        return _result(c, NOT_EVALUABLE, f"convergence needs at least 3 reference runs "
+                       f"(olympic scoring drops the min and max), got {len(ctx.references)}",
+                       {schema.EV_N_REFERENCE: len(ctx.references)})
+    scale = c.samples_per_step or 1.0
+    unit = "samples" if c.samples_per_step else "steps"
+
+    def reach(run: RunData) -> float | None:
+        r = rv.resolved(run, c.metric, ctx.keep)
+        if r is None:
+            return None
+        s = stats.steps_to_target(r.steps, r.values, c.target, c.direction)
+        return None if s is None else s * scale
+
+    refs = [reach(r) for r in ctx.references]
+    never = [r.run_id for r, x in zip(ctx.references, refs, strict=True) if x is None]
+    if never:
+        return _result(c, NOT_EVALUABLE, f"reference run(s) {', '.join(never)} never reach "
+                       f"{c.metric} {'<=' if c.direction == 'at_most' else '>='} "
+                       f"{c.target:g}: the target is not a reference convergence point",
+                       {"reference_values": refs})
+    lim = stats.mlperf_limits(np.array(refs, dtype=float), 1, c.alpha)
+    cand = reach(ctx.candidate)
+    ev = {"unit": unit, "target": c.target, "direction": c.direction, "side": c.side,
+          "reference_values": refs, "candidate_value": cand, "rcp_mean": lim.rcp_mean,
+          "rcp_std": lim.rcp_std, "alpha": c.alpha,
+          "min_acceptable": lim.min_acceptable_mean,
+          "max_acceptable": lim.max_acceptable_mean if c.side == "both" else None,
+          "max_speedup": lim.max_speedup, schema.EV_INTERVAL: list(lim.interval)
+          if c.side == "both" else [lim.min_acceptable_mean, None],
+          schema.EV_N_REFERENCE: lim.n_reference, "n_reference_runs": len(refs)}
+    op = "<=" if c.direction == "at_most" else ">="
+    if cand is None:
+        return _result(c, FAIL, f"candidate never reaches {c.metric} {op} {c.target:g} "
+                       f"(reference olympic mean {rv.fnum(lim.rcp_mean)} {unit})", ev)
+    hi = lim.max_acceptable_mean if c.side == "both" else math.inf
+    ok = lim.min_acceptable_mean <= cand <= hi
+    rng = (f"[{rv.fnum(lim.min_acceptable_mean)}, {rv.fnum(hi)}]" if c.side == "both"
+           else f">= {rv.fnum(lim.min_acceptable_mean)}")
+    verdict = "within" if ok else ("significantly faster than" if
+                                   cand < lim.min_acceptable_mean else
+                                   "significantly slower than")
+    return _result(c, PASS if ok else FAIL,
+                   f"candidate reaches {c.metric} {op} {c.target:g} in {cand:g} {unit}: "
+                   f"{verdict} the reference (olympic mean {rv.fnum(lim.rcp_mean)}, "
+                   f"acceptable {rng}, n_reference={lim.n_reference}, "
+                   f"one-sided t-test alpha={c.alpha:g})", ev)
+
+
 CHECKS: dict[str, Callable[[Any, Context], CriterionResult]] = {
     "closeness": closeness, "envelope": envelope, "claim": claim, "hardware": hardware,
     "fallback": fallback, "compilation": compilation, "host_transfers": host_transfers,
     "utilization": utilization, "step_time": step_time, "cost": cost,
+    "equivalence": equivalence, "convergence": convergence,
 }
 
 

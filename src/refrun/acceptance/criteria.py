@@ -87,6 +87,24 @@ class L0Options:
                                     "step", None, ge=1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Provenance of thresholds written by ``refrun calibrate`` (reported and hashed into
+    the assessment; never changes a check)."""
+
+    method: str = key("how the thresholds were derived", "")
+    runs: list[str] = key("reference run ids the thresholds rest on", [])  # noqa: RUF009
+    n: int = key("number of reference runs (seeds)", 0, ge=0)
+    group_size: int = key("reference runs per held-out group (use as many references "
+                          "with refrun accept)", 0, ge=0)
+    backend: str = key("refrun.backend of the reference runs", "")
+    false_alarm_rate: float = key("target probability that a benign candidate fails one "
+                                  "criterion", 0.05, gt=0, le=0.5)
+    confidence: float = key("confidence of the tolerance limits", 0.9, gt=0, le=0.999)
+    date: str = key("UTC time of the calibration", "")
+    refrun_version: str = key("refrun version that calibrated", "")
+
+
 # --- criteria -------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Criterion:
@@ -107,6 +125,19 @@ class Criterion:
         "(case-insensitive), e.g. ['torch_xla'] for evidence only one probe records; for "
         "any other backend the outcome is not_applicable. Default: every backend",
         None, min_items=1, names="backend")
+
+    calibration: dict[str, float] | None = key(  # noqa: RUF009
+        "provenance written by refrun calibrate (reported, never used by the check): "
+        "worst held-out value, margin, held-out seeds, detectable shift ...", None)
+
+    def __post_init__(self) -> None:
+        # A kind without a check cannot exist: the registry of checks is consulted when a
+        # criterion is built (lazily: refrun.acceptance.checks imports this module).
+        from refrun.acceptance.checks import CHECKS
+
+        if self.KIND not in CHECKS:
+            raise TypeError(f"criterion kind {self.KIND!r} has no check in "
+                            "refrun.acceptance.checks.CHECKS")
 
     def used_metrics(self) -> tuple[str, ...]:
         """Metrics this criterion names (for the 'no run has it' check)."""
@@ -260,6 +291,14 @@ class StepTime(Criterion):
     max_ratio: float = key("largest allowed ratio (> 1: the candidate is slower)", gt=0)
     metric: str = key("step-time metric, seconds", schema.M_STEP_TIME)
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
+    compile_metrics: list[str] = key(  # noqa: RUF009
+        "per-step compilation counters: a step where one of them is > 0 is a compilation "
+        "step, left out of the median of every run ([] keeps every step)",
+        list(schema.STEP_TIME_COMPILE_METRICS))
+    across_backends: bool = key(
+        "also judge a candidate whose refrun.backend differs from the references' (default "
+        "false: not_applicable, a time ratio between frameworks says nothing about a "
+        "migration)", False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,9 +316,52 @@ class Cost(Criterion):
                            enum=("run_wall", "step_time_sum"))
 
 
+# --- statistical criteria (refrun.acceptance.statistics) --------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Equivalence(Criterion):
+    KIND: ClassVar[str] = "equivalence"
+    DOC: ClassVar[str] = ("two one-sided t-tests (TOST) on a one-point metric: the candidate "
+                          "minus the mean of the reference seeds lies within +-margin (and/or "
+                          "+-rel_margin * |reference mean|) at level alpha; reports the "
+                          "(1 - 2 alpha) confidence interval; needs at least two reference runs")
+    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("margin", "rel_margin"),)
+
+    metric: str = key("metric compared, e.g. 'eval/test_accuracy'")
+    margin: float | None = key("equivalence margin in the metric's units (declared, not "
+                               "estimated)", None, gt=0)
+    rel_margin: float | None = key("equivalence margin relative to |mean of the reference "
+                                   "values|", None, gt=0)
+    alpha: float = key("level of each one-sided test", 0.05, gt=0, le=0.5)
+    statistic: str = key("value of a run: its last finite value, max, min, or mean of its "
+                         "last window_points values", "last",
+                         enum=("last", "max", "min", "final_mean"))
+    window_points: int = key("points averaged by statistic = final_mean", 1, ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Convergence(Criterion):
+    KIND: ClassVar[str] = "convergence"
+    DOC: ClassVar[str] = ("steps to reach a target value, judged with MLPerf Training's "
+                          "reference-convergence-point rule: olympic mean of the reference runs "
+                          "(min and max dropped), one-sided Student t-test at alpha; needs at "
+                          "least three reference runs")
+
+    metric: str = key("metric that reaches the target, e.g. 'eval/val_loss'")
+    target: float = key("target value of the metric")
+    direction: str = key("'at_most': reached when value <= target (a loss); 'at_least': "
+                         "value >= target (an accuracy)", "at_most",
+                         enum=("at_most", "at_least"))
+    side: str = key("'both': fail when significantly faster or slower than the reference; "
+                    "'faster': only significantly faster (MLPerf's check)", "both",
+                    enum=("both", "faster"))
+    alpha: float = key("level of the one-sided t-test (MLPerf: 0.05)", 0.05, gt=0, le=0.5)
+    samples_per_step: float | None = key("report samples instead of steps (steps x this); "
+                                         "the test is the same", None, gt=0)
+
+
 CRITERION_KINDS: dict[str, type[Criterion]] = {
     c.KIND: c for c in (Closeness, Envelope, Claim, Hardware, Fallback, Compilation,
-                        HostTransfers, Utilization, StepTime, Cost)
+                        HostTransfers, Utilization, StepTime, Cost, Equivalence, Convergence)
 }
 
 
@@ -364,6 +446,8 @@ class CriteriaFile:
     settings: Settings = key("alignment and measuring options", Settings())  # noqa: RUF009
     prices: Prices = key("price table for cost criteria and budgets", Prices())  # noqa: RUF009
     l0: L0Options = key("options of the built-in L0 checks", L0Options())  # noqa: RUF009
+    calibration: Calibration | None = key(  # noqa: RUF009
+        "provenance of calibrated thresholds (refrun calibrate)", None)
     criteria: list[Criterion] = key("the criteria ([[criteria]] tables)", [])  # noqa: RUF009
     stopping: list[StopRule] = key("stopping rules for runs in progress ([[stopping]])", [])  # noqa: RUF009
     path: str = field(default="", metadata={"internal": True})
@@ -377,7 +461,8 @@ class CriteriaFile:
         raise KeyError(cid)
 
 
-SECTIONS: dict[str, type] = {"settings": Settings, "prices": Prices, "l0": L0Options}
+SECTIONS: dict[str, type] = {"settings": Settings, "prices": Prices, "l0": L0Options,
+                             "calibration": Calibration}
 
 
 # --- loading --------------------------------------------------------------------------

@@ -28,6 +28,7 @@ COMMANDS = (
     "accept",
     "watch",
     "signoff",
+    "calibrate",
 )
 
 

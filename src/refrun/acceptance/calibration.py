@@ -1,0 +1,741 @@
+"""Calibration: a criteria file derived from N >= 3 reference seeds by held-out validation.
+
+Every reference seed is held out in turn and judged against groups of ``group_size`` of
+the others, as a benign candidate would be judged against the reference group; for every
+criterion we record what the held-out seed *needed* (the smallest threshold that accepts
+it), take each seed's worst need over its groups, and set the threshold to an upper
+tolerance limit of those N worst needs (:func:`refrun.acceptance.statistics.upper_limit`:
+``max(worst, mean + k s)``, ``k`` the one-sided normal tolerance factor for N values,
+``coverage = 1 - false_alarm_rate / n_criteria`` (Bonferroni over the file) at
+``confidence``).  So the margin above the worst held-out value grows when N is small or
+the seeds disagree, and no constant of any one workload enters.
+
+What is calibrated, for every metric all references share (any cadence):
+
+* per-step metrics (``loss``, ``grad_norm/...``, ``eval/val_loss`` ...): an ``envelope``
+  (std band, ``k`` calibrated on a log scale for ``min_fraction`` of the steps) and a
+  final-window ``closeness`` of the window means (``abs_tol``);
+* one-point metrics (one value per run, e.g. ``eval/test_accuracy``): a min-max
+  ``envelope`` whose ``abs_tol`` is the limit of the signed distance outside the group's
+  range (negative inside, so a limit exists even when every seed fell inside);
+* ``perf/step_time_s``: ``step_time`` (steady median, compilation steps left out, same
+  backend only), ``max_ratio`` from the log ratios of held-out seeds;
+* integrity counters (compilations, host syncs, CPU fallbacks): from the references'
+  own evidence when their backend records it, else a structural default stated as such.
+
+``check_file`` re-measures any criteria file with the real checks on held-out seeds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from refrun import schema
+from refrun._version import __version__
+from refrun.acceptance import checks
+from refrun.acceptance import runview as rv
+from refrun.acceptance.criteria import CriteriaFile, Settings, parse_criteria
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
+from refrun.acceptance.statistics import upper_limit
+from refrun.comparison import RunData, compare, warmup_end
+from refrun.comparison.measures import final_window_size
+from refrun.errors import RefrunInputError
+
+METHOD = ("held-out seeds: each reference seed judged against groups of the others; "
+          "threshold = max(worst, mean + k s) of the per-seed worst needs, k the one-sided "
+          "normal tolerance factor (coverage 1 - false_alarm_rate / criteria, confidence)")
+MIN_RUNS = 3
+# Backends whose refrun probe records each integrity counter (docs/{jax,xla}.md): a
+# criterion on evidence only these record is scoped to them.
+RECORDED_BY: dict[str, tuple[str, ...]] = {
+    schema.M_COMPILE_GRAPHS: ("jax", "torch_xla"),
+    schema.M_HOST_SYNCS: ("torch_xla",),
+    checks.TAG_FALLBACK_OPS: ("torch_xla",),
+}
+# Structural defaults (no reference evidence): a steady loop compiles nothing new, but a
+# program run for the first time after warm-up (validation and test evaluation, a
+# checkpoint copy, a final evaluation) compiles once; a recompilation per step exceeds
+# this within a few steps.  A host sync inside the step adds 1 per step: half a sync per
+# step separates "none" from "one per step" whatever the step count.
+STRUCTURAL_MAX_COMPILATIONS = 4
+STRUCTURAL_SYNCS_PER_STEP = 0.5
+SKIP_PREFIXES = ("sys/", "perf/", "compile/", "xfer/", "fallback/", "exec/", "health/")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationOptions:
+    """How ``refrun calibrate`` derives thresholds."""
+
+    false_alarm_rate: float = 0.05  # target P(a benign candidate fails any criterion)
+    confidence: float = 0.9  # confidence of each tolerance limit
+    group_size: int | None = None  # references per group (default N - 1)
+    min_fraction: float = 0.9  # steps that must stay inside a per-step envelope
+    max_groups: int = 20  # groups per held-out seed (a deterministic sample)
+    min_steps: int = 3  # fewer common points: a one-point metric
+    metrics: tuple[str, ...] | None = None  # only these metrics (default: all shared)
+    settings: Settings = field(default_factory=Settings)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.false_alarm_rate <= 0.5:
+            raise RefrunInputError(f"--false-alarm-rate: {self.false_alarm_rate} not in (0, 0.5]")
+        if not 0 < self.confidence < 1:
+            raise RefrunInputError(f"--confidence: {self.confidence} not in (0, 1)")
+        if not 0 < self.min_fraction <= 1:
+            raise RefrunInputError(f"--min-fraction: {self.min_fraction} not in (0, 1]")
+        if self.max_groups < 1:
+            raise RefrunInputError(f"--max-groups: {self.max_groups} must be >= 1")
+
+
+@dataclass(frozen=True)
+class Derived:
+    """One calibrated (or structural) criterion, ready to be written."""
+
+    table: dict[str, Any]  # the [[criteria]] keys
+    worst: float | None  # worst held-out need (None: structural)
+    margin: float | None  # threshold - worst
+    detectable: str  # the power statement
+    comment: list[str]
+    n_seeds: int = 0
+
+    @property
+    def id(self) -> str:
+        return str(self.table["id"])
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """The result of a calibration: the criteria and how they were derived."""
+
+    run_ids: list[str]
+    workload: str
+    backend: str
+    group_size: int
+    options: CalibrationOptions
+    criteria: list[Derived]
+    skipped: dict[str, str]
+    created_utc: str
+
+    def text(self) -> str:
+        """The criteria file (TOML)."""
+        return render(self)
+
+    def power(self) -> list[str]:
+        """One line per criterion: the smallest shift it detects."""
+        return [f"{d.id}: {d.detectable}" for d in self.criteria]
+
+
+# --- trials ------------------------------------------------------------------------------
+def groups_for(n: int, held_out: int, size: int, max_groups: int) -> list[tuple[int, ...]]:
+    """Groups of ``size`` run indices without ``held_out``: all combinations when there are
+    at most ``max_groups``, else a deterministic sample (numpy seed 0)."""
+    others = [i for i in range(n) if i != held_out]
+    combos = list(itertools.combinations(others, size))
+    if len(combos) <= max_groups:
+        return combos
+    pick = np.random.default_rng(held_out).choice(len(combos), max_groups, replace=False)
+    return [combos[i] for i in sorted(pick)]
+
+
+@dataclass(frozen=True)
+class _Series:
+    steps: np.ndarray
+    values: np.ndarray
+
+
+def _series(run: RunData, metric: str, keep: str) -> _Series:
+    r = rv.resolved(run, metric, keep)
+    assert r is not None
+    f = rv.finite(r)
+    return _Series(f.steps, f.values)
+
+
+def _common(group: list[_Series], cand: _Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, group matrix, candidate values) at the steps every series has."""
+    steps = cand.steps
+    for g in group:
+        steps = np.intersect1d(steps, g.steps)
+    mat = np.vstack([g.values[np.searchsorted(g.steps, steps)] for g in group])
+    return steps, mat, cand.values[np.searchsorted(cand.steps, steps)]
+
+
+def _quantile_need(z: np.ndarray, q: float) -> float:
+    """Smallest k with fraction(z <= k) >= q."""
+    zs = np.sort(z)
+    idx = max(0, math.ceil(q * len(zs) - 1e-9) - 1)
+    return float(zs[idx])
+
+
+# --- per-metric derivations ----------------------------------------------------------------
+def _worst_by_seed(n: int, opts: CalibrationOptions, g: int, need) -> np.ndarray:
+    """Each held-out seed's worst need over its groups (``need(held_out, group)``)."""
+    return np.array([max(need(i, grp) for grp in groups_for(n, i, g, opts.max_groups))
+                     for i in range(n)])
+
+
+def _cov(opts: CalibrationOptions, n_criteria: int) -> float:
+    return 1.0 - opts.false_alarm_rate / max(1, n_criteria)
+
+
+def _slug(metric: str) -> str:
+    return metric.removeprefix(schema.EVAL_PREFIX).replace("/", "-")
+
+
+def _round_up(x: float, sig: int = 4) -> float:
+    if x <= 0 or not math.isfinite(x):
+        return x
+    e = math.floor(math.log10(x)) - sig + 1
+    return math.ceil(x / 10 ** e - 1e-9) * 10 ** e if e < 0 else float(
+        math.ceil(x / 10 ** e) * 10 ** e)
+
+
+def _clean_float(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
+               ) -> tuple[float, float, float, np.ndarray] | None:
+    """``(k, worst, median std, needs)`` of a per-step std envelope: each held-out seed
+    needs the ``min_fraction`` quantile of |x - mean| / std over the common steps (std of
+    the group, ddof=1); the limit is taken on log k (k is a scale factor)."""
+    def need(i: int, grp: tuple[int, ...]) -> float:
+        steps, mat, x = _common([series[j] for j in grp], series[i])
+        if len(steps) == 0:
+            return math.nan
+        mean, std = mat.mean(0), mat.std(0, ddof=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.where(std > 0, np.abs(x - mean) / std, np.where(x == mean, 0.0, np.inf))
+        return _quantile_need(z, opts.min_fraction)
+
+    needs = _worst_by_seed(len(series), opts, g, need)
+    if not np.all(np.isfinite(needs)):
+        return None
+    logs = np.log(np.maximum(needs, 1e-6))
+    lim, _ = upper_limit(logs, cov, opts.confidence)
+    stds = [np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, st)]
+                                        for s in series]), 0, ddof=1))
+            for st in [_all_common(series)]]
+    return math.exp(lim), float(needs.max()), float(stds[0]), needs
+
+
+def _all_common(series: list[_Series]) -> np.ndarray:
+    steps = series[0].steps
+    for s in series[1:]:
+        steps = np.intersect1d(steps, s.steps)
+    return steps
+
+
+def final_window_tol(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
+                     ) -> tuple[float, float, np.ndarray]:
+    """``(abs_tol, worst, needs)`` of a final-window closeness of means: the need is
+    |mean of the held-out seed's window - mean of the group mean's window| over the last
+    ceil(final_fraction n) common steps."""
+    s = opts.settings
+
+    def need(i: int, grp: tuple[int, ...]) -> float:
+        steps, mat, x = _common([series[j] for j in grp], series[i])
+        k = final_window_size(len(steps), s.final_fraction, s.final_points)
+        return float(abs(x[-k:].mean() - mat.mean(0)[-k:].mean()))
+
+    needs = _worst_by_seed(len(series), opts, g, need)
+    lim, worst = upper_limit(needs, cov, opts.confidence)
+    return lim, worst, needs
+
+
+def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float
+                  ) -> tuple[float, float, np.ndarray]:
+    """``(abs_tol, worst, needs)`` of a min-max envelope of one value per run: the need is
+    the signed distance of the held-out value outside the group's range (negative
+    inside)."""
+    def need(i: int, grp: tuple[int, ...]) -> float:
+        v = values[list(grp)]
+        return float(max(v.min() - values[i], values[i] - v.max()))
+
+    needs = _worst_by_seed(len(values), opts, g, need)
+    lim, worst = upper_limit(needs, cov, opts.confidence)
+    return max(0.0, lim), worst, needs
+
+
+def step_time_limit(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float,
+                    metric: str = schema.M_STEP_TIME
+                    ) -> tuple[float, float, np.ndarray, int]:
+    """``(max_ratio, worst ratio, needs, warm-up end)``: each held-out seed's steady median
+    over the group's pooled steady median (compilation steps left out, as the check
+    does); the limit is taken on the log ratio."""
+    keep = opts.settings.keep
+    comp = list(schema.STEP_TIME_COMPILE_METRICS)
+    spans = [_series(r, metric, keep).steps for r in runs]
+    first, last = min(int(s[0]) for s in spans), max(int(s[-1]) for s in spans)
+    start = warmup_end(first, last, opts.settings.warmup_steps, opts.settings.warmup_fraction)
+    steady = [checks.steady_step_times(r, metric, comp, keep, start)[1] for r in runs]
+
+    def need(i: int, grp: tuple[int, ...]) -> float:
+        pooled = np.concatenate([steady[j] for j in grp])
+        return float(np.log(np.median(steady[i]) / np.median(pooled)))
+
+    needs = _worst_by_seed(len(runs), opts, g, need)
+    lim, worst = upper_limit(needs, cov, opts.confidence)
+    return math.exp(lim), math.exp(worst), needs, start
+
+
+# --- the whole file ------------------------------------------------------------------------
+def shared_metrics(runs: Sequence[RunData]) -> list[str]:
+    """Metrics with at least one finite point in every run, sorted."""
+    names = set(runs[0].metric_names)
+    for r in runs[1:]:
+        names &= set(r.metric_names)
+    return sorted(m for m in names
+                  if all(len(rv.finite(rv.resolved(r, m)).values) for r in runs))  # type: ignore[arg-type]
+
+
+def _check_runs(runs: Sequence[RunData], opts: CalibrationOptions) -> tuple[int, str, str]:
+    if len(runs) < MIN_RUNS:
+        raise RefrunInputError(f"calibration needs at least {MIN_RUNS} reference runs "
+                               f"(seeds), got {len(runs)}")
+    ids = [r.run_id for r in runs]
+    if len(set(ids)) != len(ids):
+        raise RefrunInputError(f"reference runs given twice: {', '.join(ids)}")
+    g = opts.group_size or len(runs) - 1
+    if not 2 <= g <= len(runs) - 1:
+        raise RefrunInputError(f"--group-size: {g} must be between 2 and N - 1 = "
+                               f"{len(runs) - 1}")
+    workloads = {r.workload or "" for r in runs}
+    if len(workloads) > 1:
+        raise RefrunInputError(f"reference runs of different workloads: "
+                               f"{', '.join(sorted(workloads))}")
+    backends = {(r.backend or "").strip().lower() for r in runs}
+    return g, workloads.pop(), ",".join(sorted(backends))
+
+
+def calibrate(references: Sequence[RunData],
+              options: CalibrationOptions | None = None) -> Calibrated:
+    """Derive a criteria file from ``references`` (N >= 3 seeds of one workload).
+
+    Returns a :class:`Calibrated` (``.text()`` is the TOML file, ``.power()`` the
+    smallest detectable shifts).  Raises :class:`RefrunInputError` for fewer than 3 runs,
+    mixed workloads, or a group size outside 2..N-1.
+    """
+    opts = options or CalibrationOptions()
+    runs = list(references)
+    g, workload, backend = _check_runs(runs, opts)
+    keep = opts.settings.keep
+    metrics = shared_metrics(runs)
+    if opts.metrics is not None:
+        missing = [m for m in opts.metrics if m not in metrics]
+        if missing:
+            raise RefrunInputError(f"--metric: {', '.join(missing)} not recorded (with a "
+                                   f"finite value) in every reference run")
+        metrics = [m for m in metrics if m in opts.metrics]
+    skipped: dict[str, str] = {}
+    per_step, one_point = [], []
+    for m in metrics:
+        if m.startswith(SKIP_PREFIXES):
+            if m != schema.M_STEP_TIME:
+                skipped[m] = "counter or system metric (integrity criteria cover counters)"
+            continue
+        series = [_series(r, m, keep) for r in runs]
+        n_common = len(_all_common(series))
+        if all(len(s.steps) == 1 for s in series):
+            one_point.append(m)
+        elif n_common >= opts.min_steps:
+            per_step.append(m)
+        else:
+            skipped[m] = f"only {n_common} step(s) common to every reference run"
+    has_time = schema.M_STEP_TIME in metrics and (backend and "," not in backend)
+    if schema.M_STEP_TIME in metrics and not has_time:
+        skipped[schema.M_STEP_TIME] = "references of different backends"
+    n_crit = 2 * len(per_step) + len(one_point) + int(bool(has_time))
+    cov = _cov(opts, n_crit)
+    out: list[Derived] = []
+    for m in per_step:
+        series = [_series(r, m, keep) for r in runs]
+        env = envelope_k(series, opts, g, cov)
+        if env is None:
+            skipped[m] = "a held-out seed differs from a zero-spread group (no finite k)"
+        else:
+            out.append(_envelope(m, env, opts, len(runs), g))
+        if not m.startswith(schema.EVAL_PREFIX):
+            out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
+                                     len(runs)))
+    for m in one_point:
+        values = np.array([_series(r, m, keep).values[-1] for r in runs])
+        out.append(_one_point(m, values, one_point_tol(values, opts, g, cov), len(runs)))
+    if has_time:
+        out.append(_step_time(runs, opts, g, cov))
+    out += integrity(runs, opts)
+    return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
+                      dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+                      .replace("+00:00", "Z"))
+
+
+def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
+    return (f"held-out worst {what} {worst:.4g} over {n} seeds; threshold adds margin "
+            f"{margin:.4g} (tolerance limit)")
+
+
+def _envelope(m: str, env: tuple[float, float, float, np.ndarray], opts: CalibrationOptions,
+              n: int, g: int) -> Derived:
+    k, worst, std, _ = env
+    k = _round_up(k)
+    shift = k * std
+    level = "L1"
+    det = (f"a shift of about {shift:.3g} ({k:.3g} x the median seed std {std:.3g}) on more "
+           f"than {1 - opts.min_fraction:.0%} of the steps")
+    table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": level, "metric": m,
+             "band": "std", "k": k, "min_fraction": opts.min_fraction,
+             "description": f"{m} inside mean +- k std of the reference group at "
+                            f">= {opts.min_fraction:.0%} of the steps (calibrated)",
+             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(k - worst),
+                             "seeds": n, "group_size": g,
+                             "detectable_shift": _clean_float(shift)}}
+    return Derived(table, worst, k - worst, det,
+                   [_held_out_line(worst, k - worst, n, f"k needed for {opts.min_fraction:.0%}"
+                                   " of the steps"), f"detects: {det}"], n)
+
+
+def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: CalibrationOptions,
+                  n: int) -> Derived:
+    tol, worst, _ = fw
+    tol = _round_up(max(tol, 1e-12))
+    s = opts.settings
+    det = f"a shift of the final-window mean by more than {tol:.3g}"
+    table = {"id": f"{_slug(m)}-final-window", "kind": "closeness", "level": "L1",
+             "metric": m, "over": "final_window", "aggregate": "mean", "abs_tol": tol,
+             "description": f"mean of {m} over the final window (last "
+                            f"{s.final_points or f'{s.final_fraction:.0%}'} of the aligned "
+                            "steps) close to the reference group's (calibrated)",
+             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(tol - worst),
+                             "seeds": n, "detectable_shift": _clean_float(tol)}}
+    return Derived(table, worst, tol - worst, det,
+                   [_held_out_line(worst, tol - worst, n, "|window mean difference|"),
+                    f"detects: {det}"], n)
+
+
+def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], n: int
+               ) -> Derived:
+    tol, worst, _ = op
+    tol = _round_up(tol) if tol > 0 else 0.0
+    spread = float(values.max() - values.min())
+    det = (f"a value more than {tol:.3g} outside the reference group's range (seeds span "
+           f"{spread:.3g})")
+    table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": "L3", "metric": m,
+             "band": "minmax", "abs_tol": tol,
+             "description": f"{m} (one value per run) within the reference group's range "
+                            "+- abs_tol (calibrated)",
+             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(tol - worst),
+                             "seeds": n, "detectable_shift": _clean_float(tol)}}
+    return Derived(table, worst, tol - worst, det,
+                   [_held_out_line(worst, tol - worst, n, "distance outside the range "
+                                   "(negative: inside)"), f"detects: {det}"], n)
+
+
+def _step_time(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float) -> Derived:
+    ratio, worst, _, start = step_time_limit(runs, opts, g, cov)
+    ratio = _round_up(ratio)
+    det = f"a steady median step time more than {ratio:.3g} x the reference group's"
+    table = {"id": "step-time", "kind": "step_time", "level": "L4", "max_ratio": ratio,
+             "description": "steady median step time (warm-up and compilation steps left "
+                            "out) against the references on the same backend (calibrated; "
+                            "not applicable across backends)",
+             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(ratio - worst),
+                             "seeds": len(runs), "warmup_end_step": start}}
+    return Derived(table, worst, ratio - worst, det,
+                   [_held_out_line(worst, ratio - worst, len(runs), "ratio"),
+                    f"detects: {det}"], len(runs))
+
+
+# --- integrity counters ------------------------------------------------------------------------
+def _scope(evidence_key: str, backends: set[str]) -> list[str]:
+    return sorted(set(RECORDED_BY[evidence_key]) | backends)
+
+
+def integrity(runs: list[RunData], opts: CalibrationOptions) -> list[Derived]:
+    """Compilation, host-sync and CPU-fallback criteria: from the references' evidence
+    when recorded, else the structural defaults (stated in the file as such)."""
+    keep, s = opts.settings.keep, opts.settings
+    own = {(r.backend or "").strip().lower() for r in runs} - {""}
+    out = []
+    # Compilations after warm-up.
+    if all(schema.M_COMPILE_GRAPHS in r.metric_names for r in runs):
+        totals = []
+        for r in runs:
+            x = _series(r, schema.M_COMPILE_GRAPHS, keep)
+            start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
+                               s.warmup_fraction)
+            totals.append(float(x.values[x.steps >= start].sum()))
+            lim, worst = upper_limit(np.array(totals), _cov(opts, 1), opts.confidence)
+        mx = float(math.ceil(lim))
+        src = (f"from the references' own {schema.M_COMPILE_GRAPHS}: worst {worst:g} after "
+               f"warm-up, limit {mx:g}")
+        cal = {"worst": worst, "margin": mx - worst, "seeds": len(runs)}
+    else:
+        mx = float(STRUCTURAL_MAX_COMPILATIONS)
+        src = ("structural default (the references record no compilation counter): a "
+               "program run first after warm-up (evaluation, checkpoint copy) compiles "
+               "once; a recompilation per step exceeds this within a few steps")
+        cal = {"structural": 1.0}
+    out.append(Derived({"id": "compilations-after-warmup", "kind": "compilation",
+                        "level": "L2", "max": mx, "metrics": [schema.M_COMPILE_GRAPHS],
+                        "backends": _scope(schema.M_COMPILE_GRAPHS, own if cal.get("seeds")
+                                           else set()),
+                        "description": "no recompilation in the steady state; " + src,
+                        "calibration": cal}, cal.get("worst"), cal.get("margin"),
+                       f"more than {mx:g} compilations after warm-up", [src], len(runs)))
+    # Host syncs per step.
+    if all(schema.M_HOST_SYNCS in r.metric_names for r in runs):
+        means = []
+        for r in runs:
+            x = _series(r, schema.M_HOST_SYNCS, keep)
+            start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
+                               s.warmup_fraction)
+            means.append(float(x.values[x.steps >= start].mean()))
+            lim, worst = upper_limit(np.array(means), _cov(opts, 1), opts.confidence)
+        mx = _round_up(lim + STRUCTURAL_SYNCS_PER_STEP)
+        src = (f"from the references' own {schema.M_HOST_SYNCS}: worst {worst:.3g}/step, "
+               f"limit + half a sync per step")
+        cal = {"worst": worst, "margin": mx - worst, "seeds": len(runs)}
+    else:
+        mx = STRUCTURAL_SYNCS_PER_STEP
+        src = ("structural default (the references record no host-sync counter): a sync "
+               "inside the step adds one per step; half a sync per step separates none from "
+               "one per step")
+        cal = {"structural": 1.0}
+    out.append(Derived({"id": "host-syncs-per-step", "kind": "host_transfers", "level": "L2",
+                        "metrics": [schema.M_HOST_SYNCS], "statistic": "mean", "max": mx,
+                        "backends": _scope(schema.M_HOST_SYNCS, own if cal.get("seeds")
+                                           else set()),
+                        "description": "no host synchronisation inside the training step; "
+                                       + src, "calibration": cal},
+                       cal.get("worst"), cal.get("margin"),
+                       f"a mean above {mx:g} host syncs per step", [src], len(runs)))
+    # CPU fallbacks.
+    ops = [rv.tag_json(r, checks.TAG_FALLBACK_OPS) for r in runs]
+    if all(isinstance(o, dict) for o in ops):
+        allow = sorted({k for o in ops for k, v in o.items() if v})  # type: ignore[union-attr]
+        src = "allowlist: the operations the references themselves fell back on"
+        cal = {"seeds": len(runs)}
+    else:
+        allow = []
+        src = ("structural default (the references record no fallback evidence): every "
+               "operation runs on the device")
+        cal = {"structural": 1.0}
+    out.append(Derived({"id": "no-cpu-fallback", "kind": "fallback", "level": "L2",
+                        "allow": allow,
+                        "backends": _scope(checks.TAG_FALLBACK_OPS, own if cal.get("seeds")
+                                           else set()),
+                        "description": "no CPU fallback outside the allowlist; " + src,
+                        "calibration": cal}, None, None,
+                       "any CPU-fallback operation outside the allowlist", [src], len(runs)))
+    return out
+
+
+# --- TOML ----------------------------------------------------------------------------------
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"not a finite number: {v}")
+        return repr(_clean_float(v))
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
+    raise TypeError(type(v))
+
+
+def _comment(text: str) -> list[str]:
+    import textwrap
+
+    return [f"# {ln}" for ln in textwrap.wrap(text, 88)] or ["#"]
+
+
+def render(c: Calibrated) -> str:
+    """The criteria file of a calibration: a header, ``[calibration]``, ``[settings]`` and
+    one commented ``[[criteria]]`` table per criterion."""
+    o = c.options
+    lines = [f"# Criteria of workload {c.workload!r} written by `refrun calibrate` "
+             f"(refrun {__version__}, {c.created_utc}).", "#"]
+    lines += _comment(f"Every threshold comes from held-out validation over {len(c.run_ids)} "
+                      f"reference seeds: each seed judged against groups of {c.group_size} "
+                      f"of the others (use {c.group_size} references with `refrun accept`). "
+                      f"Target false-alarm rate {o.false_alarm_rate:g} for the whole file "
+                      f"(coverage 1 - {o.false_alarm_rate:g}/{len(c.criteria)} per "
+                      f"criterion), tolerance limits at confidence {o.confidence:g}.")
+    lines += ["#", "# Power (the smallest shift each criterion detects with these seeds):"]
+    for d in c.criteria:
+        lines += _comment(f"  {d.id}: {d.detectable}")
+    if c.skipped:
+        lines += ["#", "# Metrics without a criterion:"]
+        for m, why in c.skipped.items():
+            lines += _comment(f"  {m}: {why}")
+    lines += ["#", "# Re-measure with: refrun calibrate --check THIS_FILE --reference "
+              + " ".join(c.run_ids[:3]) + (" ..." if len(c.run_ids) > 3 else ""),
+              "version = 1", f"workload = {_toml(c.workload)}",
+              f"description = {_toml(f'calibrated from {len(c.run_ids)} reference seeds')}",
+              "", "[calibration]", f"method = {_toml(METHOD)}", f"runs = {_toml(c.run_ids)}",
+              f"n = {len(c.run_ids)}", f"group_size = {c.group_size}",
+              f"backend = {_toml(c.backend)}",
+              f"false_alarm_rate = {_toml(float(o.false_alarm_rate))}",
+              f"confidence = {_toml(float(o.confidence))}", f"date = {_toml(c.created_utc)}",
+              f"refrun_version = {_toml(__version__)}", ""]
+    settings = {k: v for k, v in asdict(o.settings).items()
+                if v != getattr(Settings(), k)}
+    lines += ["[settings]"] + [f"{k} = {_toml(v)}" for k, v in settings.items()] + [""]
+    for d in c.criteria:
+        lines += _comment(f"{d.id}: " + "; ".join(d.comment))
+        lines.append("[[criteria]]")
+        lines += [f"{k} = {_toml(v)}" for k, v in d.table.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def calibrate_ids(run_ids: Sequence[str], tracking_uri: str | None = None,
+                  options: CalibrationOptions | None = None) -> Calibrated:
+    """Load the reference runs by id and :func:`calibrate`."""
+    from refrun.comparison import load_run
+
+    return calibrate([load_run(i, tracking_uri=tracking_uri, progress=False)
+                      for i in run_ids], options)
+
+
+def reference_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
+    """Finished runs of ``workload`` with role reference, oldest first."""
+    from mlflow.tracking import MlflowClient
+
+    from refrun.comparison import find_run_ids
+
+    ids = find_run_ids(workload, schema.ROLES[0], tracking_uri=tracking_uri)
+    client = MlflowClient(tracking_uri)
+    done = [i for i in ids if client.get_run(i).info.status == "FINISHED"]
+    return list(reversed(done))
+
+
+def write_file(c: Calibrated, path: str) -> str:
+    """Write the calibrated file atomically after checking it loads (nothing half-written)."""
+    import os
+    from pathlib import Path
+
+    text = c.text()
+    parse_criteria(text, path)  # the file must load with the ordinary loader
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, p)
+    return text
+
+
+# --- calibration digest ------------------------------------------------------------------------
+def calibration_digest(criteria: CriteriaFile) -> str | None:
+    """SHA-256 of the calibration a criteria file rests on: canonical JSON (sorted keys, no
+    spaces) of its ``[calibration]`` table and every criterion's ``calibration`` data (by
+    id); None for a file without ``[calibration]``."""
+    if criteria.calibration is None:
+        return None
+    doc = {"calibration": asdict(criteria.calibration),
+           "criteria": {c.id: c.calibration for c in criteria.criteria}}
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# --- re-measuring a file ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rejection:
+    """A criterion that rejected (or could not judge) a held-out reference seed."""
+
+    criterion: str
+    held_out: str
+    group: list[str]
+    outcome: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """``refrun calibrate --check``: every criterion judged on held-out seeds."""
+
+    path: str
+    run_ids: list[str]
+    group_size: int
+    trials: int
+    judged: dict[str, int]  # criterion id -> trials in which it was evaluated
+    rejections: list[Rejection]
+    not_evaluable: list[Rejection]
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejections
+
+    def rejecting(self) -> list[str]:
+        return sorted({r.criterion for r in self.rejections})
+
+    def text(self) -> str:
+        lines = [f"{self.path}: {self.trials} held-out trials ({len(self.run_ids)} seeds, "
+                 f"groups of {self.group_size})"]
+        for cid, n in self.judged.items():
+            rej = [r for r in self.rejections if r.criterion == cid]
+            lines.append(f"  {cid:<36} {'REJECTS' if rej else 'ok':<8} "
+                         f"{len(rej)}/{n} held-out seeds rejected")
+            for r in rej[:3]:
+                lines.append(f"      seed run {r.held_out}: {r.reason}")
+        for r in self.not_evaluable[:5]:
+            lines.append(f"  note: {r.criterion} not evaluable for {r.held_out}: {r.reason}")
+        lines.append("every criterion accepts every held-out seed" if self.ok else
+                     f"criteria that reject a held-out seed: {', '.join(self.rejecting())}")
+        return "\n".join(lines)
+
+
+def check_file(crit: CriteriaFile, references: Sequence[RunData], group_size: int | None = None,
+               max_groups: int = 5) -> CheckReport:
+    """Judge every criterion of ``crit`` with the real checks on each reference seed held
+    out against groups of the others (group size: the file's ``[calibration]
+    group_size``, else N - 1); lists every criterion that rejects a held-out seed."""
+    from refrun.acceptance.assess import compare_options
+
+    runs = list(references)
+    g = group_size or (crit.calibration.group_size if crit.calibration and
+                       crit.calibration.group_size else len(runs) - 1)
+    _check_runs(runs, CalibrationOptions(group_size=min(g, len(runs) - 1)))
+    g = min(g, len(runs) - 1)
+    judged = {c.id: 0 for c in crit.criteria}
+    rejections, gaps = [], []
+    trials = 0
+    for i, cand in enumerate(runs):
+        for grp in groups_for(len(runs), i, g, max_groups):
+            trials += 1
+            refs = [runs[j] for j in grp]
+            try:
+                comparison, why = compare(refs, cand, options=compare_options(crit),
+                                          progress=False), ""
+            except RefrunInputError as exc:
+                comparison, why = None, str(exc)
+            ctx = checks.Context(crit, refs, cand, comparison, why)
+            for c in crit.criteria:
+                r: CriterionResult = checks.evaluate(c, ctx)
+                if r.outcome == FAIL:
+                    rejections.append(Rejection(c.id, cand.run_id, [x.run_id for x in refs],
+                                                r.outcome, r.reason))
+                elif r.outcome == NOT_EVALUABLE:
+                    gaps.append(Rejection(c.id, cand.run_id, [x.run_id for x in refs],
+                                          r.outcome, r.reason))
+                if r.outcome in (FAIL, PASS):
+                    judged[c.id] += 1
+    return CheckReport(crit.path, [r.run_id for r in runs], g, trials, judged, rejections,
+                       gaps)
+
+
+__all__ = ["Calibrated", "CalibrationOptions", "CheckReport", "Derived", "Rejection",
+           "calibrate", "calibrate_ids", "calibration_digest", "check_file", "reference_ids",
+           "render", "write_file"]

@@ -1,0 +1,182 @@
+"""Statistical tests of the acceptance criteria, as pure functions on arrays (scipy).
+
+* :func:`tost`: equivalence of a one-point metric by two one-sided t-tests (Schuirmann
+  1987), with the (1 - 2 alpha) confidence interval of the difference;
+* :func:`mlperf_limits`: MLPerf Training's rule for reference convergence points
+  (olympic mean of the reference runs, one-sided Student t-test at alpha = 0.05);
+* :func:`tolerance_factor`: the one-sided normal tolerance factor (noncentral t) that
+  inflates small-N held-out spreads in :mod:`refrun.acceptance.calibration`.
+
+No function here reads a run; the checks and the calibration pass arrays in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Tost:
+    """Two one-sided tests of ``low < mean(candidate) - mean(reference) < high``."""
+
+    diff: float  # mean(candidate) - mean(reference)
+    se: float  # standard error of diff
+    df: float  # degrees of freedom of the t distribution
+    low: float  # equivalence margin, lower bound of the difference
+    high: float  # equivalence margin, upper bound
+    p_lower: float  # H0: diff <= low
+    p_upper: float  # H0: diff >= high
+    p: float  # max(p_lower, p_upper): equivalence when p < alpha
+    alpha: float
+    interval: tuple[float, float]  # (1 - 2 alpha) confidence interval of diff
+    n_reference: int
+    n_candidate: int
+
+    @property
+    def equivalent(self) -> bool:
+        return self.p < self.alpha
+
+
+def tost(reference: np.ndarray, candidate: np.ndarray, low: float, high: float,
+         alpha: float = 0.05) -> Tost:
+    """Two one-sided t-tests (TOST) for ``low < mean(cand) - mean(ref) < high``.
+
+    Args:
+        reference: values of the reference seeds (at least 2).
+        candidate: values of the candidate run(s) (at least 1).
+        low, high: the declared equivalence margins of the difference (``low < high``).
+        alpha: level of each one-sided test.
+
+    Returns:
+        :class:`Tost`.  With n_c >= 2 candidates: pooled-variance two-sample t (Student),
+        ``se = s_p sqrt(1/n_r + 1/n_c)``, ``df = n_r + n_c - 2``.  With one candidate its
+        variance is taken as the reference seeds' (the candidate is one more draw):
+        ``se = s_r sqrt(1/n_r + 1)``, ``df = n_r - 1``.  ``t_L = (d - low)/se``,
+        ``p_L = 1 - F_t(t_L)``; ``t_U = (d - high)/se``, ``p_U = F_t(t_U)``; equivalence
+        iff ``max(p_L, p_U) < alpha``, i.e. iff the (1 - 2 alpha) interval
+        ``d +- t_{1-alpha,df} se`` lies inside (low, high) (Schuirmann, J. Pharmacokin.
+        Biopharm. 15:657, 1987).
+    """
+    r = np.asarray(reference, dtype=float)
+    c = np.asarray(candidate, dtype=float)
+    nr, nc = len(r), len(c)
+    if nr < 2 or nc < 1:
+        raise ValueError(f"tost needs >= 2 reference and >= 1 candidate values, got {nr}, {nc}")
+    d = float(c.mean() - r.mean())
+    if nc >= 2:
+        df = nr + nc - 2
+        sp2 = ((nr - 1) * r.var(ddof=1) + (nc - 1) * c.var(ddof=1)) / df
+        se = math.sqrt(sp2 * (1 / nr + 1 / nc))
+    else:
+        df = nr - 1
+        se = float(r.std(ddof=1)) * math.sqrt(1 / nr + 1)
+    if se == 0:
+        inside = low < d < high
+        p_l = p_u = 0.0 if inside else 1.0
+        return Tost(d, 0.0, df, low, high, p_l, p_u, max(p_l, p_u), alpha, (d, d), nr, nc)
+    t_l, t_u = (d - low) / se, (d - high) / se
+    p_l, p_u = float(stats.t.sf(t_l, df)), float(stats.t.cdf(t_u, df))
+    half = float(stats.t.ppf(1 - alpha, df)) * se
+    return Tost(d, se, df, low, high, p_l, p_u, max(p_l, p_u), alpha, (d - half, d + half),
+                nr, nc)
+
+
+def olympic(values: np.ndarray) -> np.ndarray:
+    """The values without one minimum and one maximum (MLPerf's olympic scoring);
+    needs at least 3 values."""
+    v = np.sort(np.asarray(values, dtype=float))
+    if len(v) < 3:
+        raise ValueError(f"olympic scoring needs >= 3 values, got {len(v)}")
+    return v[1:-1]
+
+
+@dataclass(frozen=True)
+class ConvergenceLimits:
+    """Reference convergence point (RCP) statistics and the acceptable candidate means."""
+
+    rcp_mean: float  # olympic mean of the reference runs' steps-to-target
+    rcp_std: float  # population std (ddof=0) of the olympic values, as MLPerf
+    n_reference: int  # reference values after olympic scoring
+    n_candidate: int  # candidate values the mean rests on
+    alpha: float
+    min_acceptable_mean: float  # faster than this: significantly faster than the RCP
+    max_acceptable_mean: float  # slower than this: significantly slower
+    max_speedup: float  # rcp_mean / min_acceptable_mean (MLPerf's "max speedup")
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return self.min_acceptable_mean, self.max_acceptable_mean
+
+
+def mlperf_limits(reference: np.ndarray, n_candidate: int = 1,
+                  alpha: float = 0.05) -> ConvergenceLimits:
+    """MLPerf Training's reference-convergence-point rule.
+
+    Args:
+        reference: steps (or samples, epochs) to reach the target of each reference run
+            (at least 3; the smallest and largest are dropped: olympic scoring).
+        n_candidate: how many candidate values the candidate's mean will rest on.
+        alpha: level of the one-sided Student t-test (MLPerf: 0.05).
+
+    Returns:
+        :class:`ConvergenceLimits`.  With the olympic values' mean ``m`` and population
+        std ``s`` (``numpy.std``, as the MLPerf RCP checker), the smallest candidate mean
+        a one-sided pooled two-sample t-test (equal variances, ``df = n_r + n_c - 2``) does
+        not find significantly smaller than ``m`` is
+        ``m - t_{1-alpha,df} s sqrt(1/n_r + 1/n_c)`` (the value MLPerf's checker finds by
+        bisection); the upper limit is its mirror image.  MLPerf Training rules, section
+        "Reference Convergence Points": points [16,14,16,17,16,16,15,16,15,16] with 5
+        submission runs (3 after olympic scoring) give mean 15.75, std 0.43, minimum
+        acceptable mean 15.21, maximum speed-up 3.53 %.
+    """
+    o = olympic(reference)
+    n_r = len(o)
+    m, s = float(o.mean()), float(o.std())
+    if s == 0:
+        lo = hi = m
+    else:
+        half = float(stats.t.ppf(1 - alpha, n_r + n_candidate - 2)) * s * \
+            math.sqrt(1 / n_r + 1 / n_candidate)
+        lo, hi = m - half, m + half
+    return ConvergenceLimits(m, s, n_r, n_candidate, alpha, lo, hi,
+                             m / lo if lo > 0 else math.inf)
+
+
+def steps_to_target(steps: np.ndarray, values: np.ndarray, target: float,
+                    direction: str) -> int | None:
+    """First step at which ``values`` reaches ``target`` (``direction`` 'at_least':
+    value >= target, 'at_most': value <= target); None when never reached."""
+    v = np.asarray(values, dtype=float)
+    hit = v >= target if direction == "at_least" else v <= target
+    hit &= np.isfinite(v)
+    idx = np.flatnonzero(hit)
+    return int(np.asarray(steps)[idx[0]]) if len(idx) else None
+
+
+def tolerance_factor(n: int, coverage: float, confidence: float) -> float:
+    """One-sided normal tolerance factor k: with n draws of mean ``x`` and std ``s``
+    (ddof=1), ``x + k s`` exceeds the ``coverage`` quantile of the population with
+    probability ``confidence``.  ``k = t'_{confidence}(n-1, z_coverage sqrt(n)) / sqrt(n)``
+    (noncentral t; Natrella, NBS Handbook 91, 1963, section 2-5; NIST/SEMATECH
+    e-Handbook 7.2.6.3).  n >= 2."""
+    if n < 2:
+        raise ValueError(f"a tolerance factor needs n >= 2, got {n}")
+    nc = float(stats.norm.ppf(coverage)) * math.sqrt(n)
+    return float(stats.nct.ppf(confidence, n - 1, nc)) / math.sqrt(n)
+
+
+def upper_limit(values: np.ndarray, coverage: float, confidence: float
+                ) -> tuple[float, float]:
+    """``(limit, worst)``: an upper limit for one more draw of ``values`` (one per held-out
+    seed): ``max(worst, mean + k s)`` with k from :func:`tolerance_factor`; never below the
+    worst observed value."""
+    v = np.asarray(values, dtype=float)
+    worst = float(v.max())
+    if len(v) < 2 or float(v.std(ddof=1)) == 0.0:
+        return worst, worst
+    k = tolerance_factor(len(v), coverage, confidence)
+    return max(worst, float(v.mean() + k * v.std(ddof=1))), worst

@@ -1,0 +1,113 @@
+"""``refrun calibrate``: write a criteria file from N >= 3 reference seeds, or re-measure
+one (``--check``).
+
+Exit codes: 0 written / every criterion accepts every held-out seed, 1 (``--check``) a
+criterion rejects a held-out seed, 2 bad usage or input (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+
+from refrun.cli import add_tracking_uri
+
+EPILOG = textwrap.dedent("""\
+    how it works:
+      Each reference seed is held out in turn and judged against groups of --group-size
+      of the others, as a benign candidate would be; every threshold is the upper
+      tolerance limit of what the held-out seeds needed, so it grows when seeds are few
+      or disagree.  The file states, per criterion, the worst held-out value, the margin
+      and the smallest shift it detects, plus a [calibration] table (runs, N, method,
+      date, refrun version).  Use as many references with `refrun accept` as the group
+      size.
+
+    examples:
+      refrun calibrate --workload digits-mlp -o criteria.toml
+      refrun calibrate --reference ID1 ID2 ID3 ID4 --group-size 3 -o criteria.toml
+      refrun calibrate --check criteria.toml --workload digits-mlp
+      refrun accept --criteria criteria.toml --reference ID1 ID2 ID3 --candidate CAND
+    """)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate", help="write a criteria file from reference seeds (held-out validation)",
+        description="Derive every threshold of a criteria file from N >= 3 reference runs "
+                    "(seeds) by held-out validation, or re-measure a file with --check.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--reference", nargs="+", action="extend", metavar="ID",
+                     help="reference run ids (N >= 3 seeds of one workload)")
+    src.add_argument("--workload", metavar="W",
+                     help="take every finished run of workload W with role reference")
+    p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
+                   help="write the criteria file here (default: print it)")
+    p.add_argument("--check", type=Path, default=None, metavar="FILE",
+                   help="re-measure FILE against the references: name every criterion "
+                        "that rejects a held-out seed (exit 1 if any)")
+    p.add_argument("--false-alarm-rate", type=float, default=0.05, metavar="P",
+                   help="target probability that a benign candidate fails any criterion "
+                        "of the file (default 0.05)")
+    p.add_argument("--confidence", type=float, default=0.9, metavar="C",
+                   help="confidence of the tolerance limits (default 0.9)")
+    p.add_argument("--group-size", type=int, default=None, metavar="G",
+                   help="references per held-out group = references you will pass to "
+                        "accept (default N - 1)")
+    p.add_argument("--min-fraction", type=float, default=0.9, metavar="F",
+                   help="fraction of steps a per-step envelope requires inside "
+                        "(k is calibrated for it; default 0.9)")
+    p.add_argument("--max-groups", type=int, default=20, metavar="K",
+                   help="groups per held-out seed (default 20; --check: 5)")
+    p.add_argument("--metric", nargs="+", action="extend", default=None, metavar="M",
+                   help="calibrate only these metrics (default: every shared metric)")
+    p.add_argument("--warmup-steps", type=int, default=None, metavar="S",
+                   help="warm-up steps for step time and counters (default: 10%% of the run)")
+    add_tracking_uri(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from refrun.acceptance.calibration import (
+        CalibrationOptions,
+        calibrate,
+        check_file,
+        reference_ids,
+        write_file,
+    )
+    from refrun.acceptance.criteria import Settings, load_criteria
+    from refrun.comparison import load_run
+    from refrun.errors import RefrunInputError
+    from refrun.tracking import existing_store_uri
+
+    uri = existing_store_uri(args.tracking_uri)
+    ids = list(args.reference or reference_ids(args.workload, uri))
+    if args.workload and not ids:
+        raise RefrunInputError(f"--workload {args.workload}: no finished reference run in {uri}")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        raise RefrunInputError(f"--warmup-steps: {args.warmup_steps} must be >= 0")
+    runs = [load_run(i, tracking_uri=uri, progress=False) for i in ids]
+    if args.check is not None:
+        crit = load_criteria(args.check)
+        report = check_file(crit, runs, args.group_size,
+                            max_groups=args.max_groups if args.max_groups != 20 else 5)
+        print(report.text())
+        return 0 if report.ok else 1
+    opts = CalibrationOptions(
+        false_alarm_rate=args.false_alarm_rate, confidence=args.confidence,
+        group_size=args.group_size, min_fraction=args.min_fraction,
+        max_groups=args.max_groups,
+        metrics=tuple(args.metric) if args.metric else None,
+        settings=Settings(warmup_steps=args.warmup_steps))
+    result = calibrate(runs, opts)
+    if args.output is None:
+        print(result.text())
+        return 0
+    write_file(result, str(args.output))
+    print(f"wrote {args.output}: {len(result.criteria)} criteria from {len(ids)} reference "
+          f"seeds (groups of {result.group_size})")
+    print("power (smallest shift each criterion detects):")
+    for line in result.power():
+        print(f"  {line}")
+    return 0
