@@ -2,7 +2,8 @@
 highest level reached, and the rule that L4 is judged only after L3 passed.
 
 * **L0** executability (built in): the candidate finished, reached its planned step
-  count, and logged no non-finite loss.
+  count on its step axis (the last step recorded on any metric), and logged no
+  non-finite loss.
 * **L1** numerical agreement: reported as measurements; criteria are optional.
 * **L2** execution integrity, **L3** project-goal preservation: the workload's criteria.
 * **L4** performance and cost: evaluated only when L3 passed (faster cannot make up for a
@@ -45,40 +46,58 @@ def _l0(cid: str, outcome: str, reason: str, evidence: dict, metric: str | None 
                            description="built-in executability check")
 
 
+def last_recorded_step(run: RunData) -> int | None:
+    """The run's step axis: the highest step it recorded on any metric, or its recorded
+    step counter (tag ``refrun.steps.last``, written when the run is sealed), whichever is
+    larger; None when it recorded no step.  Logging cadence never matters: a run logging
+    its loss every 5 steps but its step time every step ends at its last step."""
+    last = rv.tag_int(run, schema.TAG_STEPS_LAST)
+    for m in run.metric_names:
+        steps, _, _ = run.series(m)
+        if len(steps):
+            top = int(np.max(steps))
+            last = top if last is None else max(last, top)
+    return last
+
+
 def builtin_l0(candidate: RunData, references: list[RunData], opts: L0Options,
                keep: str = "last") -> list[CriterionResult]:
-    """The three built-in L0 checks on the candidate run."""
+    """The three built-in L0 checks on the candidate run: finished; reached its planned
+    step count on its step axis (:func:`last_recorded_step`; steps counted from 0 or 1, so
+    ``last >= planned - 1``; without a planned count, the references' last step); no
+    non-finite loss."""
     out = [_l0("L0.finished", PASS if candidate.status == "FINISHED" else FAIL,
                f"run status {candidate.status}", {"status": candidate.status})]
     loss = rv.resolved(candidate, opts.loss_metric, keep)
     planned = opts.planned_steps or rv.tag_int(candidate, schema.TAG_PLANNED_STEPS)
-    if loss is None:
+    last = last_recorded_step(candidate)
+    if last is None:
         out.append(_l0("L0.planned_steps", NOT_EVALUABLE,
-                       f"candidate has no {opts.loss_metric!r} metric", {}, opts.loss_metric))
+                       "candidate recorded no step on any metric", {}, None))
     else:
-        last = int(loss.steps[-1])
-        ev = {"last_step": last, "planned_steps": planned, "steps_logged": len(loss.steps)}
+        ev = {"last_step": last, "planned_steps": planned, "step_axis": "any metric",
+              "last_loss_step": None if loss is None else int(loss.steps[-1])}
         if planned is not None:
             # Steps may count from 0 (last = planned - 1) or from 1 (last = planned).
             ok = last >= planned - 1
             ev["source"] = "criteria l0.planned_steps" if opts.planned_steps else \
                 schema.TAG_PLANNED_STEPS
             out.append(_l0("L0.planned_steps", PASS if ok else FAIL,
-                           f"last step {last} of {planned} planned", ev, opts.loss_metric))
+                           f"last step {last} of {planned} planned", ev))
         else:
-            ref_last = [int(r.steps[-1]) for r in (rv.resolved(x, opts.loss_metric, keep)
-                                                   for x in references) if r is not None]
+            ref_last = [s for s in (last_recorded_step(r) for r in references)
+                        if s is not None]
             if not ref_last:
                 out.append(_l0("L0.planned_steps", NOT_EVALUABLE, "no planned step count "
-                               f"(tag {schema.TAG_PLANNED_STEPS}) and no reference "
-                               f"{opts.loss_metric!r} to compare with", ev, opts.loss_metric))
+                               f"(tag {schema.TAG_PLANNED_STEPS}) and no reference step "
+                               "to compare with", ev))
             else:
                 target = max(ref_last)
                 ev.update(source="reference last step", reference_last_step=target)
                 ok = last >= target
                 out.append(_l0("L0.planned_steps", PASS if ok else FAIL,
                                f"last step {last}; reference ran to {target} (no planned "
-                               "step count recorded)", ev, opts.loss_metric))
+                               "step count recorded)", ev))
     if loss is None:
         out.append(_l0("L0.finite_loss", NOT_EVALUABLE,
                        f"candidate has no {opts.loss_metric!r} metric", {}, opts.loss_metric))
