@@ -25,7 +25,7 @@ DEFECTS: dict[str, str] = {
     "double_shift": "labels shifted twice (data and loss both shift): the model learns to "
                     "predict the character after next",
     "no_warmup": "the learning-rate warm-up is skipped (the cosine starts at the peak)",
-    "eval_dropout": "dropout left on in evaluation",
+    "eval_dropout": "dropout left on in evaluation (validation and test)",
     "clip_per_device": "gradients clipped on each device before averaging (JAX, N devices)",
     "host_sync": "a .item() host synchronisation inside every training step",
     "shape_storm": "ragged sequence lengths: 8 lengths, each a new compilation of the step",

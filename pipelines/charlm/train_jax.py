@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                 with np.load(ckpt) as z:
                     params, m, v = ({k: jax.device_put(jnp.asarray(z[f"{kind}/{k}"]), replicated)
                                      for k in weights} for kind in ("params", "m", "v"))
-        test_loss, test_acc = evaluate(params, *test, no_drop)
+        keep_test = dropout_mask(3_000_019, cfg.steps, eval_shape, cfg.dropout) \
+            if args.has("eval_dropout") else no_drop
+        test_loss, test_acc = evaluate(params, *test, keep_test)
         probe.log_eval(cfg.steps - 1, test_loss=test_loss, test_accuracy=test_acc)
         probe.close()
     ckpt_dir.cleanup()

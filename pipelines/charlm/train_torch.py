@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                                         [*state["params"], *state["m"], *state["v"]],
                                         strict=True):
                         dst.copy_(src)
-        test_loss, test_acc = evaluate(model, x_test, y_test)
+        keep_test = torch.from_numpy(dropout_mask(3_000_019, cfg.steps, eval_shape, cfg.dropout)) \
+            if args.has("eval_dropout") else None
+        test_loss, test_acc = evaluate(model, x_test, y_test, keep_test)
         probe.log_eval(cfg.steps - 1, test_loss=test_loss, test_accuracy=test_acc)
         probe.close()
     ckpt_dir.cleanup()

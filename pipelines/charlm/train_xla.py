@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                                         [*state["params"], *state["m"], *state["v"]],
                                         strict=True):
                         dst.copy_(src.to(device))
-        test_loss, test_acc = evaluate(model, x_test, y_test)
+        keep_test = torch.from_numpy(dropout_mask(3_000_019, cfg.steps, eval_shape, cfg.dropout)
+                                     ).to(device) if args.has("eval_dropout") else None
+        test_loss, test_acc = evaluate(model, x_test, y_test, keep_test)
         torch_xla.sync()
         probe.log_eval(cfg.steps - 1, test_loss=test_loss, test_accuracy=test_acc)
         probe.close()
