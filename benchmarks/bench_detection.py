@@ -179,17 +179,18 @@ def group_size(crit_path: Path, n_refs: int) -> int:
 
 
 def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
-                 assess_only: bool) -> Result:
+                 assess_only: bool, reuse: bool = False) -> Result:
     from pipelines.demo import init_store, train_all
 
     t0 = time.perf_counter()
     uri = f"sqlite:///{store / (w.name + '.db')}"
     init_store(uri, w.name)
-    if assess_only:
-        ids = ids_from_store(w, uri)
-    else:
-        ids = train_all(w, quick=quick, uri=uri,  # type: ignore[arg-type]
-                        spool_dir=str(store / "spool"), jobs=jobs)
+    ids = ids_from_store(w, uri, missing_ok=reuse)
+    if not assess_only:
+        todo = Workload(w.name, *([v for v in vs if v.name not in ids] for vs in
+                                  (w.references, w.candidates, w.held_out)), w.intent)
+        ids |= train_all(todo, quick=quick, uri=uri,  # type: ignore[arg-type]
+                         spool_dir=str(store / "spool"), jobs=jobs)
     ref_ids = [ids[v.name] for v in w.references]
     crit_path = store / f"{w.name}.toml"
     calibrate(ref_ids, uri, crit_path)
@@ -201,13 +202,16 @@ def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
     return Result(w, crit_path, cands, held, time.perf_counter() - t0)
 
 
-def ids_from_store(w: Workload, uri: str) -> dict[str, str]:
-    """The newest finished run of each variant (tag ``pipeline.variant``)."""
+def ids_from_store(w: Workload, uri: str, missing_ok: bool = False) -> dict[str, str]:
+    """The newest finished run of each variant (tag ``pipeline.variant``); with
+    ``missing_ok`` the variants found (none when the store is new)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(w.name)
     if exp is None:
+        if missing_ok:
+            return {}
         raise SystemExit(f"{uri}: no experiment {w.name}; run without --assess-only")
     ids = {}
     for v in w.all:
@@ -215,9 +219,10 @@ def ids_from_store(w: Workload, uri: str) -> dict[str, str]:
                                   f"tags.`pipeline.variant` = '{v.name}' and "
                                   "attributes.status = 'FINISHED'",
                                   order_by=["attributes.start_time DESC"], max_results=1)
-        if not runs:
+        if runs:
+            ids[v.name] = runs[0].info.run_id
+        elif not missing_ok:
             raise SystemExit(f"{uri}: no finished run of variant {v.name}")
-        ids[v.name] = runs[0].info.run_id
     return ids
 
 
@@ -278,10 +283,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="directory of the sqlite stores and criteria files (default: temporary)")
     ap.add_argument("--assess-only", action="store_true",
                     help="train nothing: calibrate and assess the runs already in --store")
+    ap.add_argument("--reuse", action="store_true",
+                    help="train only the variants --store has no finished run of")
     ap.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
     args = ap.parse_args(argv)
-    if args.assess_only and not args.store:
-        ap.error("--assess-only needs --store")
+    if (args.assess_only or args.reuse) and not args.store:
+        ap.error("--assess-only and --reuse need --store")
     names = list(WORKLOADS) if args.workload == "both" else [args.workload]
     tmp = None if args.store else tempfile.TemporaryDirectory(prefix="refrun-detect-")
     store = Path(args.store or tmp.name).absolute()  # type: ignore[union-attr]
@@ -293,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
               f"candidates, {len(w.held_out)} held-out seeds ({'quick' if args.quick else 'full'})",
               flush=True)
         results.append(run_workload(w, quick=args.quick, store=store, jobs=args.jobs,
-                                    assess_only=args.assess_only))
+                                    assess_only=args.assess_only, reuse=args.reuse))
     md = []
     for r in results:
         print(f"\n== {r.workload.name} ({r.seconds:.0f} s; criteria: {r.criteria})")
