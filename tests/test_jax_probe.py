@@ -134,7 +134,9 @@ def test_step_adds_no_blocking_and_time_covers_device_work(store) -> None:
         return len(seen)
 
     run = start(store)
-    probe = refrun.jax.instrument(run, step_fns=[heavy_jit])
+    # fresh_caches=False: keep the executable compiled above, so any compilation in the
+    # loop would be the probe's doing
+    probe = refrun.jax.instrument(run, step_fns=[heavy_jit], fresh_caches=False)
     ready_at_exit, body_s = [], []
 
     def loop() -> None:
@@ -285,3 +287,32 @@ def test_persistent_cache_hits_are_not_compilations(store) -> None:
     by_fn = json.loads(Path(art).read_text())["by_function"]
     assert by_fn["jit(train_step) [graph]"] == 1
     assert by_fn["jit(train_step) [cache_hit]"] == 1
+
+
+@pytest.mark.slow  # a fresh JAX + MLflow process
+def test_eager_helpers_and_process_history_never_count_as_step_compilations(store) -> None:
+    """Issue 13: an evaluation helper between steps (unary minus, jax.nn.log_softmax) and an
+    eager ``-loss`` inside the step are ``compile/other``; the step compiles once, at step 0,
+    in every run of the process (the second identical loop included), with or without
+    ``step_fns``."""
+    out = run_worker("eval_between", store.tmp)
+    for r in out["runs"]:
+        rid = r["run_id"]
+        # one shape, one step function: exactly one compilation, at step 0
+        assert values(store, rid, schema.M_COMPILE_GRAPHS) == [1.0, 0, 0, 0, 0, 0], rid
+        assert values(store, rid, schema.M_COMPILE_RECOMPILES) == [0.0] * 6, rid
+        other = values(store, rid, schema.M_COMPILE_OTHER)
+        assert other[2] >= 2 and other[0] >= 1, other  # helper compiled before step 2
+        art = store.client().download_artifacts(rid, "refrun/jax_compilations.json",
+                                                str(store.tmp / rid))
+        doc = json.loads(Path(art).read_text())
+        kinds = {e["function"]: e["kind"] for e in doc["events"]}
+        assert kinds["jit(log_softmax)"] == "other" and kinds["jit(negative)"] == "other"
+        between = {e["function"] for e in doc["events"] if e["where"] == "between_steps"}
+        assert "jit(log_softmax)" in between
+        assert [k for k in doc["by_function"] if k.endswith(("[graph]", "[recompile]"))] \
+            == ["jit(train_step) [graph]"]
+        assert values(store, rid, "eval/loss") == r["evals"]
+    # counts independent of what ran before: every run records the same per-step counts
+    per_run = [values(store, r["run_id"], schema.M_COMPILE_OTHER) for r in out["runs"]]
+    assert all(p == per_run[0] for p in per_run), per_run

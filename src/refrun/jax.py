@@ -102,6 +102,7 @@ def instrument(
     monitors: Sequence[Monitor] = (),
     sample_interval_s: float = 1.0,
     memory: bool = True,
+    fresh_caches: bool = True,
 ) -> JaxProbe:
     """Wrap a JAX training loop's recording in a :class:`JaxProbe`.
 
@@ -116,6 +117,9 @@ def instrument(
     ``jax.sharding.Mesh`` or ``{axis: size}`` (e.g. the pmap axis) for ``refrun.exec.mesh``;
     otherwise taken from NamedShardings of ``params``/``batch``.  ``memory``: sample
     ``device.memory_stats()`` where the devices report it (not on CPU).
+    ``fresh_caches``: clear JAX's in-memory compilation caches at start (outside any step)
+    so the compilation counts do not depend on what ran earlier in the process; False
+    keeps them (counts then start from whatever the process has already compiled).
 
     Raises :class:`RefrunInputError` for an unknown ``transfer_guard`` level or a
     ``step_fns`` entry that is neither a function nor a name.
@@ -130,7 +134,7 @@ def instrument(
     if hardware is None:
         hardware = _declared_hardware(run)
     backend = JaxBackend(step_fns=fns, transfer_guard=transfer_guard, hardware=hardware,
-                         mesh=mesh)
+                         mesh=mesh, fresh_caches=fresh_caches)
     backend.observe(params=params, batch=batch)
     mons = list(monitors)
     if memory:

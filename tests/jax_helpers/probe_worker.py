@@ -90,7 +90,43 @@ def cache_run(tmp: Path) -> dict:
     return {"run_id": run.run_id, "losses": losses, "cache_files": files}
 
 
+def evaluate(w, x):
+    """An evaluation helper run eagerly between steps: unary minus and jax.nn.log_softmax
+    are JAX's own jitted functions, each compiled on first use in a process."""
+    logits = jnp.stack([x @ w, -(x @ w)], axis=-1)
+    return -jnp.mean(jax.nn.log_softmax(logits)[:, 0])
+
+
+def eval_loop(tmp: Path, workload: str, named: bool) -> dict:
+    """Six steps of one shape; the eval helper runs between steps 1-2, 3-4 and after 5,
+    and an eager ``-loss`` runs inside every step."""
+    run = start(tmp, workload)
+    w = jnp.zeros(3)
+    probe = refrun.jax.instrument(run, params=w, step_fns=[train_step] if named else ())
+    evals = []
+    for n in range(6):
+        x, y = (jnp.asarray(a) for a in data(n))
+        with probe.step(n):
+            w, loss = train_step(w, x, y)
+            probe.log(loss=loss, neg_loss=-loss)
+        if n % 2 == 1:
+            ev = evaluate(w, x)
+            probe.log_eval(n, loss=ev)
+            evals.append(float(ev))
+    probe.close()
+    run.close()
+    return {"run_id": run.run_id, "evals": evals}
+
+
+def eval_between(tmp: Path) -> dict:
+    """The same loop twice in one process, with step_fns and by call site: every run must
+    record the same compilation counts as the first run of a fresh process."""
+    return {"runs": [eval_loop(tmp, f"jax-eval-{i}", named)
+                     for i, named in enumerate((True, True, False, False))]}
+
+
 if __name__ == "__main__":
     scenario, tmpdir = sys.argv[1], Path(sys.argv[2])
-    result = {"mesh": mesh_run, "cache": cache_run}[scenario](tmpdir)
+    result = {"mesh": mesh_run, "cache": cache_run,
+              "eval_between": eval_between}[scenario](tmpdir)
     print("RESULT " + json.dumps(result))

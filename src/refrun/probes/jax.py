@@ -16,11 +16,16 @@ What it measures, and how, without adding a host sync to the loop:
 * **Compilations** through :mod:`jax.monitoring`: every XLA compilation emits
   ``/jax/core/compile/backend_compile_duration`` with ``fun_name`` (``jit(train_step)``),
   a start scalar before it and ``/jax/compilation_cache/cache_hits`` inside it when the
-  persistent cache served it.  Compilations of the step function(s) count as
-  ``compile/graphs`` (``compile/recompiles`` when that function was compiled before);
-  all others (eager ``jnp`` ops, ``jax.random`` helpers) as ``compile/other``;
-  persistent-cache hits as ``compile/cache_hits`` and never as compilations;
-  ``compile/time_s`` is the backend compile time (including cache retrieval).
+  persistent cache served it.  A compilation started *inside* ``probe.step`` of a step
+  function counts as ``compile/graphs`` (``compile/recompiles`` when that function was
+  compiled before); every other compilation as ``compile/other``: eager ``jnp`` ops,
+  ``jax.random`` helpers and JAX's own jitted library functions (``jax.nn.log_softmax``,
+  the ``-x`` of an array), and *anything* compiled between steps (an evaluation helper),
+  whatever its name.  Persistent-cache hits are ``compile/cache_hits``, never
+  compilations; ``compile/time_s`` is the backend compile time (including cache
+  retrieval).  So that the counts do not depend on what ran earlier in the process, the
+  probe clears JAX's in-memory compilation caches when it starts (``fresh_caches``): the
+  first step compiles as it would in a fresh process.
 * **Transfers**: an optional ``jax.transfer_guard`` level around the step.  With ``log``
   the runtime writes one line per implicit host-to-device transfer to the process's
   stderr; the probe counts those lines (``xfer/h2d``) and passes everything through.
@@ -82,6 +87,33 @@ def function_name(fun_name: str) -> str:
     return m.group(1) if m else fun_name
 
 
+def jitted_function(frame: Any) -> Any:
+    """The Python function being compiled: the ``fun`` of the innermost ``cache_miss``
+    frame of ``pjit.py`` (JAX's jit entry point); None when not found."""
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "cache_miss" and code.co_filename.endswith("pjit.py"):
+            return f.f_locals.get("fun")
+        f = f.f_back
+    return None
+
+
+def is_library_function(fun: Any) -> bool:
+    """True when ``fun`` (unwrapped through ``functools.partial`` and ``__wrapped__``) is
+    defined inside JAX itself: ``jax.nn.log_softmax``, ``jnp.negative`` (``-x``) ...
+    Such a compilation is never the user's step, whatever called it."""
+    seen = 0
+    while seen < 16:  # unwrap partials and decorators, bounded
+        seen += 1
+        inner = getattr(fun, "func", None) or getattr(fun, "__wrapped__", None)
+        if inner is None:
+            break
+        fun = inner
+    code = getattr(fun, "__code__", None)
+    return code is not None and code.co_filename.startswith(_JAX_DIRS)
+
+
 def called_from_user_jit(frame: Any) -> bool:
     """True when the compilation was started by user code calling a jitted/pmapped
     function, False when a JAX library function (eager ``jnp`` op, ``jax.random`` ...)
@@ -115,6 +147,7 @@ class CompileTracker:
     """
 
     step_names: frozenset[str] | None = None
+    in_step: bool = False  # set by the backend around probe.step
     graphs: int = 0
     recompiles: int = 0
     cache_hits: int = 0
@@ -147,8 +180,14 @@ class CompileTracker:
                 unregister(cb)
 
     def is_step(self, fun_name: str, frame: Any) -> bool:
+        """A step compilation: started inside ``probe.step``, of a named step function
+        (or, without names, of a user function called through ``jit``/``pmap``)."""
+        if not self.in_step:
+            return False  # between steps: an evaluation helper, data preparation ...
         if self.step_names is not None:
             return function_name(fun_name) in self.step_names
+        if is_library_function(jitted_function(frame)):
+            return False
         return called_from_user_jit(frame)
 
     def _stack(self) -> list[_Compile]:
@@ -191,7 +230,9 @@ class CompileTracker:
             self._seen.add(name)
         self.by_function[f"{name} [{kind}]"] += 1
         if len(self.events) < MAX_COMPILE_EVENTS:
-            self.events.append({"step": self.current_step, "function": name, "kind": kind,
+            where = "step" if self.in_step else "between_steps"
+            self.events.append({"step": self.current_step, "where": where,
+                                "function": name, "kind": kind,
                                 "seconds": round(float(secs), 6)})
 
     def counters(self) -> dict[str, float]:
@@ -200,6 +241,17 @@ class CompileTracker:
                 schema.M_COMPILE_CACHE_HITS: self.cache_hits,
                 M_COMPILE_OTHER: self.other,
                 schema.M_COMPILE_TIME: self.time_s}
+
+
+def forget_compiled() -> None:
+    """Forget every in-memory compiled executable (``jax.clear_caches``), outside any step.
+
+    Executables compiled earlier in this process (a previous run, a notebook cell, an
+    evaluation helper) would make this run compile less than a fresh process does, so its
+    counts would depend on what ran before.  After this, the step function and every
+    helper compile at their first use, as in a fresh process (the persistent compilation
+    cache, when configured, still serves them and is counted as ``compile/cache_hits``)."""
+    jax.clear_caches()
 
 
 # --- host-to-device transfer counting ----------------------------------------------------
@@ -397,9 +449,13 @@ class JaxBackend:
     name = "jax"
 
     def __init__(self, *, step_fns: Iterable[Any] = (), transfer_guard: str | None = None,
-                 hardware: str | None = None, mesh: Any = None) -> None:
+                 hardware: str | None = None, mesh: Any = None,
+                 fresh_caches: bool = True) -> None:
         names = [f if isinstance(f, str) else getattr(f, "__name__", None) for f in step_fns]
         self.compiles = CompileTracker(frozenset(n for n in names if n) or None)
+        self.fresh_caches = fresh_caches
+        if fresh_caches:
+            forget_compiled()
         self.transfer_guard = transfer_guard
         self.declared_hardware = hardware
         self.mesh = mesh
@@ -419,6 +475,7 @@ class JaxBackend:
     # --- step ---------------------------------------------------------------------------
     def begin_step(self, step: int) -> float:
         self.compiles.current_step = step
+        self.compiles.in_step = True
         self._step_arrays = []
         if self.transfer_guard is not None:
             cm = jax.transfer_guard(self.transfer_guard)
@@ -428,7 +485,7 @@ class JaxBackend:
 
     def end_step(self, step: int, token: float) -> PendingStepTime | float:
         now = time.perf_counter()
-        self.compiles.current_step = None  # until the next step: "between steps"
+        self.compiles.in_step = False  # until the next step: "between steps"
         if self._guard_cm is not None:
             cm, self._guard_cm = self._guard_cm, None
             cm.__exit__(None, None, None)
@@ -531,6 +588,7 @@ class JaxBackend:
             TAG_STEP_TIME_KIND: self.step_time_kind(),
             "refrun.perf.step_time_wall_steps": self.wall_steps,
             "refrun.jax.transfer_guard": self.transfer_guard or "off",
+            "refrun.jax.fresh_caches": str(self.fresh_caches).lower(),
             "refrun.jax.step_functions": ",".join(sorted(self.compiles.step_names))
             if self.compiles.step_names else "(called through jit/pmap)",
         }
