@@ -16,8 +16,9 @@ import socket
 import subprocess
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 from refrun import schema
 from refrun.errors import RefrunInputError
@@ -222,3 +223,45 @@ def validate_identity(role: str, backend: str | None, hardware: str | None
     return IdentityNames(normalize_role(role),
                          None if backend is None else normalize_backend(backend),
                          None if hardware is None else normalize_hardware(hardware))
+
+
+# --- one workload per verdict (area: trust) -------------------------------------------------
+class Identified(Protocol):
+    """A run as the workload check sees it (``refrun.comparison.RunData`` is one)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def workload(self) -> str | None: ...
+
+
+def check_workloads(candidate: Identified, references: Sequence[Identified],
+                    criteria_workload: str = "", criteria_path: str = "",
+                    allow: bool = False) -> str:
+    """Refuse to judge a candidate of another workload than its criteria file's and its
+    references' (a criteria file for workload A says nothing about workload B, so "pass"
+    would be silent nonsense).
+
+    Compared by exact ``refrun.workload`` tag; a run without the tag counts as different
+    (its workload is unknown).  The criteria file's ``workload`` key is compared when set.
+
+    Returns:
+        "" when every workload agrees; otherwise, with ``allow``, a one-line note saying
+        which differ (for the verdict and the JSON).
+    Raises:
+        RefrunInputError: they differ and ``allow`` is False.
+    """
+    want = candidate.workload
+    odd = [f"reference {r.run_id} is {r.workload!r}" for r in references
+           if r.workload != want]
+    if criteria_workload and criteria_workload != want:
+        odd.insert(0, f"criteria file {criteria_path or '<criteria>'} is for "
+                      f"{criteria_workload!r}")
+    if not odd:
+        return ""
+    note = f"candidate {candidate.run_id} is workload {want!r} but " + "; ".join(odd)
+    if not allow:
+        raise RefrunInputError(f"{note}: refusing to compare across workloads "
+                               "(--allow-cross-workload to do it anyway, said in the verdict)")
+    return f"cross-workload ({note}), allowed by --allow-cross-workload"

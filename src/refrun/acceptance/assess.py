@@ -15,6 +15,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from refrun import identity, schema
 from refrun.acceptance import checks, levels
 from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
@@ -98,8 +99,49 @@ def measurements(comparison: Comparison | None) -> list[dict[str, Any]]:
     return [row for row in table.to_dict("records") if row["kind"] in _MEASURED_KINDS]
 
 
+def backend_scope(crit: CriteriaFile, runs: Sequence[RunData], candidate: RunData,
+                  results: list[CriterionResult]) -> tuple[list[CriterionResult], list[str]]:
+    """Make every backend-scoped skip visible: ``(results, warnings)``.
+
+    * The candidate's ``refrun.backend`` tag is not a known backend (a typo recorded before
+      names were validated): whether a scoped criterion applies is unknown, so its
+      not_applicable becomes not_evaluable (never a pass).
+    * A criterion scoped to backends that no compared run has keeps not_applicable, with
+      the reason saying so and a top-level warning (a misspelt scope would otherwise
+      silently skip the criterion on every run).
+    """
+    have = sorted({identity.canonical_backend(r.backend) or r.backend.strip().lower()
+                   for r in runs if r.backend and r.backend.strip()})
+    cand = candidate.backend
+    unknown = bool(cand and cand.strip()) and identity.canonical_backend(cand) is None
+    out, warnings = [], []
+    for r in results:
+        c = next((c for c in crit.criteria if c.id == r.id), None)
+        if r.outcome != NOT_APPLICABLE or c is None or not c.backends:
+            out.append(r)
+            continue
+        scope = ", ".join(c.backends)
+        if unknown:
+            out.append(dataclasses.replace(r, outcome=NOT_EVALUABLE, reason=(
+                f"candidate's {schema.TAG_BACKEND} {cand!r} is not a known backend (valid: "
+                f"{', '.join(identity.BACKENDS)}): whether this criterion (scoped to "
+                f"{scope}) applies is unknown")))
+            warnings.append(f"candidate backend {cand!r} is not a known backend name; "
+                            f"criterion {r.id!r} (scoped to {scope}) not evaluable")
+            continue
+        if not set(c.backends) & set(have):
+            why = f"scoped to {scope}; no compared run has that backend (runs: " \
+                  f"{', '.join(have) or 'none tagged'})"
+            out.append(dataclasses.replace(r, reason=f"{r.reason}; {why}"))
+            warnings.append(f"criterion {r.id!r} not applied: {why}")
+            continue
+        out.append(r)
+    return out, warnings
+
+
 def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData,
-           latest: dict[str, dict] | None = None) -> Assessment:
+           latest: dict[str, dict] | None = None,
+           allow_cross_workload: bool = False) -> Assessment:
     """Assess ``candidate`` against ``references`` with the criteria ``crit``.
 
     Every criterion yields pass, fail, not_evaluable or not_applicable (scoped by
@@ -110,6 +152,8 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     refs = list(references)
     if not refs:
         raise RefrunInputError("reference: at least one reference run is required")
+    cross = identity.check_workloads(candidate, refs, crit.workload, crit.path,
+                                     allow=allow_cross_workload)
     comparison, why = run_comparison(crit, refs, candidate)
     ctx = checks.Context(crit, refs, candidate, comparison, why)
     results: list[CriterionResult] = levels.builtin_l0(candidate, refs, crit.l0, crit.settings.keep)
@@ -129,36 +173,44 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
                        f"({levels.L4_GATE} status: {gate})",
                 metric=getattr(c, "metric", None), description=c.description,
                 evaluated=False))
+    results, warnings = backend_scope(crit, [*refs, candidate], candidate, results)
+    if cross:
+        warnings.insert(0, cross)
     lvls = levels.summarize(results)
     assessment = Assessment(
         criteria_path=crit.path, criteria_sha256=crit.sha256,
         workload=crit.workload or candidate.workload or "", reference_ids=[r.run_id for r in refs],
         candidate_id=candidate.run_id, results=results, levels=lvls,
         highest_level=levels.highest_level(lvls), verdict=levels.verdict(results),
-        measurements=measurements(comparison), created_utc=utc_now())
+        measurements=measurements(comparison), created_utc=utc_now(), warnings=warnings,
+        cross_workload=cross)
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence))
 
 
 def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
-                        tracking_uri: str | None = None
+                        tracking_uri: str | None = None, allow_cross_workload: bool = False
                         ) -> tuple[list[RunData], RunData, dict[str, dict]]:
-    """Load the runs, check the criteria's metrics against them, and read MLflow's latest
-    metric values (for the evidence)."""
+    """Load the runs, refuse a candidate of another workload (unless
+    ``allow_cross_workload``), check the criteria's metrics against them, and read MLflow's
+    latest metric values (for the evidence)."""
     if not reference_ids:
         raise RefrunInputError("--reference: at least one reference run id is required")
     if candidate_id in reference_ids:
         raise RefrunInputError(f"--candidate {candidate_id}: also given as a reference")
     refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
     cand = load_run(candidate_id, tracking_uri=tracking_uri, progress=False)
+    identity.check_workloads(cand, refs, crit.workload, crit.path, allow=allow_cross_workload)
     check_metrics_exist(crit, [*refs, cand], cand)
     latest = latest_metrics([*reference_ids, candidate_id], tracking_uri)
     return refs, cand, latest
 
 
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
-               tracking_uri: str | None = None) -> tuple[Assessment, dict[str, Any]]:
+               tracking_uri: str | None = None, allow_cross_workload: bool = False
+               ) -> tuple[Assessment, dict[str, Any]]:
     """Load the runs by id and assess; returns the assessment and its evidence document."""
-    refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri)
-    a = assess(crit, refs, cand, latest)
+    refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri,
+                                             allow_cross_workload)
+    a = assess(crit, refs, cand, latest, allow_cross_workload)
     return a, build_evidence(crit.sha256, a.results, refs, cand, latest)

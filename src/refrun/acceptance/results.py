@@ -69,6 +69,10 @@ class Assessment:
     measurements: list[dict[str, Any]]  # L1: observed differences per metric
     created_utc: str
     evidence_sha256: str = ""
+    # Things a reader must see beside the verdict: criteria scoped to a backend no compared
+    # run has, a candidate backend refrun does not know, a cross-workload assessment.
+    warnings: list[str] = field(default_factory=list)
+    cross_workload: str = ""  # the note when --allow-cross-workload let workloads differ
 
     @property
     def exit_code(self) -> int:
@@ -96,6 +100,7 @@ class Assessment:
             "levels": [asdict(lv) for lv in self.levels],
             "results": [r.to_dict() for r in self.results],
             "measurements": self.measurements,
+            "warnings": self.warnings, "cross_workload": self.cross_workload,
         })
 
     def write_json(self, path: str | Path) -> Path:
@@ -116,7 +121,9 @@ class Assessment:
         lines.append("")
         lines.append("levels: " + ", ".join(f"{lv.level} {lv.status}" for lv in self.levels))
         lines.append(f"highest level reached: {self.highest_level or 'none'}; "
-                     f"verdict: {self.verdict}")
+                     f"verdict: {self.verdict}"
+                     + (f" ({self.cross_workload})" if self.cross_workload else ""))
+        lines += [f"WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 

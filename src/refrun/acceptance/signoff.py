@@ -27,15 +27,27 @@ from typing import Any
 from refrun._version import __version__
 from refrun.acceptance.assess import assess, load_for_assessment
 from refrun.acceptance.criteria import CriteriaFile, parse_criteria
-from refrun.acceptance.evidence import build_evidence, diff_evidence, sha256_of
+from refrun.acceptance.evidence import (
+    _change,
+    _leaf_diffs,
+    build_evidence,
+    diff_evidence,
+    sha256_of,
+)
 from refrun.acceptance.record import (
+    ARTIFACT_ASSESSMENT,
+    ARTIFACT_EVIDENCE,
     ARTIFACT_SIGNOFF,
+    TAG_CRITERIA_SHA,
+    TAG_EVIDENCE_SHA,
+    TAG_HIGHEST,
     TAG_PREFIX,
+    TAG_VERDICT,
     Recorded,
     client_for,
     load_recorded,
 )
-from refrun.acceptance.results import PASS
+from refrun.acceptance.results import PASS, Assessment
 from refrun.errors import RefrunInputError
 
 TAG_SIGNOFF_PREFIX = "refrun.signoff."
@@ -59,6 +71,10 @@ class SignOff:
     reference_ids: list[str]
     candidate_id: str
     evidence_sha256: str
+    # Canonical-JSON digest of refrun/assessment.json and the refrun.acceptance.* tags as
+    # signed: verify names an edit of either (empty in sign-offs of older versions).
+    assessment_sha256: str = ""
+    acceptance_tags: dict[str, str] = field(default_factory=dict)
     refrun_version: str = __version__
     record_sha256: str = ""  # digest of every field above
 
@@ -99,12 +115,64 @@ def _stored_criteria(rec: Recorded) -> CriteriaFile:
                           sha256=hashlib.sha256(rec.criteria_bytes).hexdigest())
 
 
-def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None) -> dict[str, Any]:
+def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None
+              ) -> tuple[Assessment, dict[str, Any]]:
     refs_ids = list(rec.assessment.get("reference", []))
     cand_id = rec.assessment.get("candidate", "")
-    refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri)
-    a = assess(crit, refs, cand, latest)
-    return build_evidence(crit.sha256, a.results, refs, cand, latest)
+    # A cross-workload assessment was allowed explicitly (and says so): re-assess alike.
+    cross = bool(rec.assessment.get("cross_workload"))
+    refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri, cross)
+    a = assess(crit, refs, cand, latest, cross)
+    return a, build_evidence(crit.sha256, a.results, refs, cand, latest)
+
+
+# What a reader of the verdict sees, compared field by field.  ``created_utc`` is when the
+# assessment ran (a re-assessment runs now); the criteria path is where the file was read.
+_NOT_COMPARED = ("created_utc",)
+
+
+def _readable(assessment: dict[str, Any]) -> dict[str, Any]:
+    """The recorded assessment keyed for a readable diff (results by id, levels by name)."""
+    d = {k: v for k, v in assessment.items() if k not in _NOT_COMPARED}
+    d["results"] = {r.get("id"): r for r in d.get("results") or []}
+    d["levels"] = {lv.get("level"): lv for lv in d.get("levels") or []}
+    d["measurements"] = {m.get("metric"): m for m in d.get("measurements") or []}
+    return d
+
+
+def assessment_changes(recorded: dict[str, Any], current: Assessment) -> list[dict[str, str]]:
+    """Every field of the recorded ``refrun/assessment.json`` that differs from the same
+    assessment recomputed now (``change``: recomputed -> recorded) (verdict, highest level, levels, each result and its reason,
+    measurements, warnings ...), as ``{"what": "assessment", "key", "change"}``."""
+    fresh = json.loads(json.dumps(current.to_dict()))  # the form it is stored in
+    # "supported -> recorded": what the data gives, then what the store says now.
+    return [{"what": "assessment", "key": f"{ARTIFACT_ASSESSMENT}: " + ".".join(path),
+             "change": _change(x, y)}
+            for path, x, y in _leaf_diffs(_readable(fresh), _readable(recorded), ())]
+
+
+def expected_tags(assessment: dict[str, Any]) -> dict[str, str]:
+    """The ``refrun.acceptance.*`` tags the recorded assessment implies."""
+    tags = {TAG_VERDICT: str(assessment.get("verdict")),
+            TAG_HIGHEST: assessment.get("highest_level") or "none",
+            TAG_CRITERIA_SHA: str(assessment.get("criteria", {}).get("sha256")),
+            TAG_EVIDENCE_SHA: str(assessment.get("evidence_sha256"))}
+    tags.update({TAG_PREFIX + lv["level"]: lv["status"]
+                 for lv in assessment.get("levels", []) if "level" in lv})
+    return tags
+
+
+def tag_changes(tags: dict[str, str], expected: dict[str, str]) -> list[dict[str, str]]:
+    """Acceptance tags of the comparison run that differ from ``expected`` (what the
+    MLflow UI shows beside the run: a rewritten verdict or highest level is named)."""
+    return [{"what": "tags", "key": f"tag {k}", "change": f"{v} -> {tags.get(k)}"}
+            for k, v in sorted(expected.items()) if tags.get(k) != v]
+
+
+def _recorded_changes(rec: Recorded, current: Assessment) -> list[dict[str, str]]:
+    """What the recorded assessment and its tags say that the data no longer supports."""
+    return [*assessment_changes(rec.assessment, current),
+            *tag_changes(rec.tags, expected_tags(json.loads(json.dumps(current.to_dict()))))]
 
 
 def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
@@ -124,14 +192,22 @@ def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
     if crit.sha256 != recorded_sha:
         raise RefrunInputError(f"comparison {comparison_id}: the stored criteria copy changed "
                                f"since the assessment ({recorded_sha} -> {crit.sha256})")
-    evidence = _reassess(rec, crit, tracking_uri)
+    current, evidence = _reassess(rec, crit, tracking_uri)
     digest = sha256_of(evidence)
     if digest != rec.assessment.get("evidence_sha256"):
         changes = diff_evidence(rec.evidence, evidence)
         listed = "; ".join(f"{c['key']}: {c['change']}" for c in changes[:5])
         raise RefrunInputError(f"comparison {comparison_id}: the evidence changed since the "
                                f"assessment ({listed}); run `refrun accept` again")
-    verdict = rec.assessment.get("verdict", "")
+    # The verdict signed is the one the data supports: an edited assessment.json or an
+    # edited verdict tag is refused, never signed.
+    edited = _recorded_changes(rec, current)
+    if edited:
+        listed = "; ".join(f"{c['key']}: {c['change']}" for c in edited[:5])
+        raise RefrunInputError(f"comparison {comparison_id}: the recorded assessment "
+                               f"differs from its evidence ({listed}); run `refrun accept` "
+                               "again")
+    verdict = current.verdict
     if decision == "accept" and verdict != PASS and not override:
         raise RefrunInputError(f"comparison {comparison_id}: the assessment verdict is "
                                f"{verdict!r}; accepting it needs --override (recorded)")
@@ -142,7 +218,10 @@ def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
         highest_level=rec.assessment.get("highest_level"), criteria_sha256=crit.sha256,
         criteria_file=rec.assessment.get("criteria", {}).get("path", ""),
         reference_ids=list(rec.assessment.get("reference", [])),
-        candidate_id=rec.assessment.get("candidate", ""), evidence_sha256=digest)
+        candidate_id=rec.assessment.get("candidate", ""), evidence_sha256=digest,
+        assessment_sha256=sha256_of(rec.assessment),
+        acceptance_tags={k: rec.tags.get(k, "") for k in sorted(rec.tags)
+                         if k.startswith(TAG_PREFIX)})
     so = SignOff(**{**body.body(), "record_sha256": sha256_of(body.body())})
     _store(so, tracking_uri)
     return so
@@ -197,16 +276,31 @@ def verify(comparison_id: str, tracking_uri: str | None = None,
                             "change": f"sha256 {s['criteria_sha256']} -> {cur} (the file "
                                       "differs from the signed criteria)"})
     if sha256_of(rec.evidence) != s["evidence_sha256"]:
-        changes.append({"what": "evidence", "key": "stored refrun/evidence.json",
+        changes.append({"what": "evidence", "key": f"stored {ARTIFACT_EVIDENCE}",
                         "change": "differs from the signed evidence digest"})
+    if s.get("assessment_sha256") and sha256_of(rec.assessment) != s["assessment_sha256"]:
+        changes.append({"what": "assessment", "key": f"stored {ARTIFACT_ASSESSMENT}",
+                        "change": "differs from the signed assessment digest"})
+    signed_tags = s.get("acceptance_tags") or {}
+    now_tags = {k: v for k, v in rec.tags.items() if k.startswith(TAG_PREFIX)}
+    changes += [{"what": "tags", "key": f"tag {k}",
+                 "change": f"{signed_tags.get(k)} -> {now_tags.get(k)}"}
+                for k in sorted(set(signed_tags) | set(now_tags))
+                if signed_tags and signed_tags.get(k) != now_tags.get(k)]
     try:
-        current = _reassess(rec, crit, tracking_uri)
+        assessment, current = _reassess(rec, crit, tracking_uri)
     except RefrunInputError as exc:
         changes.append({"what": "runs", "key": "loading", "change": str(exc)})
         return Verification(comparison_id, s, changes, None)
-    # A changed stored criteria copy is reported once (above); runs and evidence below.
     digest = sha256_of(current)
-    if digest != s["evidence_sha256"]:
+    if digest == s["evidence_sha256"]:
+        # The data still gives the signed evidence, so any difference between the recorded
+        # assessment (or its tags) and the one recomputed now is an edit: named field by
+        # field (the verdict, a level, a result); tags already listed are not repeated.
+        seen = {c["key"] for c in changes}
+        changes += [c for c in _recorded_changes(rec, assessment) if c["key"] not in seen]
+    else:
+        # A changed stored criteria copy is reported once (above); runs and evidence here.
         changes += [c for c in diff_evidence(rec.evidence, current)
                     if c["what"] != "criteria"]
         if not any(c["what"] in ("runs", "evidence") for c in changes):

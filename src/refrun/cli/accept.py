@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also write the full assessment as JSON to OUT")
     p.add_argument("--no-record", action="store_true",
                    help="do not record the assessment as a comparison run")
+    p.add_argument("--allow-cross-workload", action="store_true",
+                   help="assess a candidate of another workload than the criteria file's "
+                        "or the references' (refused otherwise; the verdict says so)")
     add_tracking_uri(p)
     p.set_defaults(func=run)
 
@@ -34,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     crit = load_criteria(args.criteria)
     uri = existing_store_uri(args.tracking_uri)
-    assessment, evidence = assess_ids(crit, args.reference, args.candidate, uri)
+    assessment, evidence = assess_ids(crit, args.reference, args.candidate, uri,
+                                      args.allow_cross_workload)
     print(assessment.table())
     if args.json is not None:
         assessment.write_json(args.json)

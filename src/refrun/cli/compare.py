@@ -8,6 +8,7 @@ documented JSON with ``--json OUT`` and records the comparison as an MLflow run 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import pandas as pd
@@ -16,6 +17,7 @@ from refrun.cli import add_tracking_uri
 from refrun.comparison.engine import CompareOptions, Comparison, compare
 from refrun.comparison.record import record_comparison
 from refrun.errors import RefrunInputError
+from refrun.identity import check_workloads
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="steps skipped for step time and counters (default: first 10%%)")
     p.add_argument("--no-record", action="store_true",
                    help="do not record the comparison as an MLflow run")
+    p.add_argument("--allow-cross-workload", action="store_true",
+                   help="compare a candidate of another workload than the references' "
+                        "(refused otherwise; the table and JSON say so)")
     add_tracking_uri(p)
     p.set_defaults(func=run)
 
@@ -52,9 +57,14 @@ def run(args: argparse.Namespace) -> int:
                              warmup_steps=args.warmup_steps)
     cmp = compare(args.reference, args.candidate, metrics=metrics, options=options,
                   tracking_uri=args.tracking_uri, progress=sys.stderr.isatty())
-    print(format_table(cmp))
+    note = check_workloads(cmp.candidate, cmp.reference, allow=args.allow_cross_workload)
+    print(format_table(cmp) + (f"\nWARNING: {note}" if note else ""))
     if args.json:
-        print(f"\nJSON written to {cmp.write_json(args.json)}")
+        out = cmp.write_json(args.json)
+        if note:  # the JSON says so too
+            out.write_text(json.dumps({**json.loads(out.read_text()), "cross_workload": note},
+                                      indent=1) + "\n", encoding="utf-8")
+        print(f"\nJSON written to {out}")
     if not args.no_record:
         run_id = record_comparison(cmp, tracking_uri=args.tracking_uri)
         print(f"comparison run: {run_id}")

@@ -17,6 +17,7 @@ from refrun import schema
 from refrun.cli import add_tracking_uri
 from refrun.comparison import CompareOptions, Comparison, compare, record_comparison
 from refrun.errors import RefrunInputError
+from refrun.identity import check_workloads
 from refrun.report import ARTIFACT_REPORT, log_report, write_report
 from refrun.report.downsample import DEFAULT_MAX_POINTS
 from refrun.tracking import existing_store_uri
@@ -48,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="log the report into this existing comparison run")
     rec.add_argument("--no-record", action="store_true",
                      help="record no comparison run and log no artifact")
+    p.add_argument("--allow-cross-workload", action="store_true",
+                   help="report on a candidate of another workload than the references' "
+                        "(or the criteria file's); refused otherwise")
     add_tracking_uri(p)
     p.set_defaults(func=run)
 
@@ -75,9 +79,9 @@ def _assess(args: argparse.Namespace, metrics: list[str] | None
                                f"available ({exc})") from exc
     crit = load_criteria(args.criteria)
     refs, cand, latest = load_for_assessment(crit, args.reference, args.candidate,
-                                             args.tracking_uri)
+                                             args.tracking_uri, args.allow_cross_workload)
     cmp = compare(refs, cand, metrics=metrics, options=compare_options(crit), progress=False)
-    return cmp, assess(crit, refs, cand, latest)
+    return cmp, assess(crit, refs, cand, latest, args.allow_cross_workload)
 
 
 def _check_comparison_run(run_id: str, cmp: Comparison, uri: str) -> None:
@@ -114,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
                                  interpolate=args.interpolate or "none")
         cmp = compare(args.reference, args.candidate, metrics=metrics, options=options,
                       tracking_uri=uri, progress=sys.stderr.isatty())
+        if note := check_workloads(cmp.candidate, cmp.reference,
+                                   allow=args.allow_cross_workload):
+            print(f"WARNING: {note}")
     run_id = None
     if args.comparison_run:
         _check_comparison_run(args.comparison_run, cmp, uri)
@@ -126,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if assessment is not None:
         print(f"acceptance: verdict {assessment.verdict}, highest level "
               f"{assessment.highest_level or 'none'}")
+        for warning in assessment.warnings:  # e.g. cross-workload, unused backend scope
+            print(f"WARNING: {warning}")
     if run_id:
         log_report(path, run_id, uri)
         print(f"comparison run: {run_id} (artifact {ARTIFACT_REPORT})")
