@@ -179,13 +179,16 @@ def group_size(crit_path: Path, n_refs: int) -> int:
 
 
 def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
-                 assess_only: bool, reuse: bool = False) -> Result:
+                 assess_only: bool, reuse: bool = False, partial: bool = False) -> Result:
     from pipelines.demo import init_store, train_all
 
     t0 = time.perf_counter()
     uri = f"sqlite:///{store / (w.name + '.db')}"
     init_store(uri, w.name)
-    ids = ids_from_store(w, uri, missing_ok=reuse)
+    ids = ids_from_store(w, uri, missing_ok=reuse or partial)
+    if partial:  # judge what was trained; the table says what is missing
+        w = Workload(w.name, w.references, *([v for v in vs if v.name in ids] for vs in
+                                             (w.candidates, w.held_out)), w.intent)
     if not assess_only:
         todo = Workload(w.name, *([v for v in vs if v.name not in ids] for vs in
                                   (w.references, w.candidates, w.held_out)), w.intent)
@@ -285,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="train nothing: calibrate and assess the runs already in --store")
     ap.add_argument("--reuse", action="store_true",
                     help="train only the variants --store has no finished run of")
+    ap.add_argument("--partial", action="store_true",
+                    help="with --assess-only: judge the candidates and held-out seeds that "
+                         "have a run, leave out the others (the counts say how many)")
     ap.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
     args = ap.parse_args(argv)
     if (args.assess_only or args.reuse) and not args.store:
@@ -300,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
               f"candidates, {len(w.held_out)} held-out seeds ({'quick' if args.quick else 'full'})",
               flush=True)
         results.append(run_workload(w, quick=args.quick, store=store, jobs=args.jobs,
-                                    assess_only=args.assess_only, reuse=args.reuse))
+                                    assess_only=args.assess_only, reuse=args.reuse,
+                                    partial=args.partial))
     md = []
     for r in results:
         print(f"\n== {r.workload.name} ({r.seconds:.0f} s; criteria: {r.criteria})")
