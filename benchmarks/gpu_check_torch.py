@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import refrun
 import refrun.torch
 from refrun import schema
-from refrun.curves import read_curves
 from refrun.probes.monitors import NvmlMonitor
+from refrun.recording.curves import read_curves
 
 RESULTS: list[tuple[str, bool, str]] = []
 

@@ -20,6 +20,11 @@ import pytest
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 # Keep tests away from the user's own store and spool.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# On a busy CI machine a run's delivery can pause for longer than close()'s default wait
+# (a few seconds without progress); tests that check a run right after close() need it done.
+# Likewise start_run's wait for a server. Tests of the bounded waits pass them explicitly.
+os.environ.setdefault("REFRUN_CLOSE_TIMEOUT_S", "300")
+os.environ.setdefault("REFRUN_START_WAIT_S", "120")
 
 
 @dataclass

@@ -80,7 +80,8 @@ def partial(store):
 def test_budget_projection_on_partial_run(store, partial, tmp_path) -> None:
     run, ref, times = partial
     crit = load_criteria(write_criteria(tmp_path, RULES))
-    rd = load_run(run.run_id, tracking_uri=store.tracking_uri, progress=False)
+    rd = load_run(run.run_id, tracking_uri=store.tracking_uri, progress=False,
+                  allow_partial=True)
     assert rd.status == "RUNNING"
     start = MlflowClient(store.tracking_uri).get_run(run.run_id).info.start_time
     now = start + 90_000  # 90 s after the start

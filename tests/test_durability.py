@@ -18,10 +18,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import refrun
-from refrun import delivery, schema
-from refrun.forwarder import forwarder_alive
-from refrun.spool import Spool, list_spools
-from refrun.sync import sync_all
+from refrun import schema
+from refrun.recording import delivery
+from refrun.recording.curves import read_curves
+from refrun.recording.spool import Cursor, Spool, list_spools
+from refrun.recording.sync import sync_all
 from tests.conftest import MlflowServer, free_port
 
 pytestmark = pytest.mark.server
@@ -134,13 +135,9 @@ def test_close_with_server_down_delivery_process_finishes_later(tmp_path):
         server.kill()
 
 
-def _wait_for_status(client: MlflowClient, run_id: str, status: str, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.get_run(run_id).info.status == status:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"run {run_id} never reached {status}")
+def _wait_for_status(client: MlflowClient, run_id: str, status: str, timeout: float = 300):
+    wait_for(lambda: client.get_run(run_id).info.status == status,
+             f"run {run_id} to reach {status}", timeout, every=0.5)
 
 
 SIGKILL_SCRIPT = textwrap.dedent("""
@@ -154,6 +151,23 @@ SIGKILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+def wait_for(condition, what: str, timeout: float = 180.0, every: float = 0.1):
+    """Poll ``condition`` until it returns a true value; generous deadline, no fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _spooled_lines(spool: Path) -> int:
+    with contextlib.suppress(OSError):
+        return (spool / "points.tsv").read_bytes().count(b"\n")
+    return 0
+
+
 def _start_and_sigkill(store, tmp_path) -> tuple[str, Path, dict]:
     script = tmp_path / "train.py"
     script.write_text(SIGKILL_SCRIPT)
@@ -163,45 +177,52 @@ def _start_and_sigkill(store, tmp_path) -> tuple[str, Path, dict]:
                             text=True, env=env, cwd=tmp_path)
     run_id, spool = proc.stdout.readline().split()
     assert proc.stdout.readline().strip() == "LOGGED"
-    time.sleep(1.0)  # > flush interval: everything accepted is in the spool now
+    # Everything accepted is in the spool (2 metrics x 3000 steps) before the kill.
+    wait_for(lambda: _spooled_lines(Path(spool)) == 6000, "the spool to hold every point")
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=60)
     return run_id, Path(spool), env
 
 
-def _assert_killed_run_complete(client: MlflowClient, run_id: str) -> None:
-    _assert_exactly_once(client, run_id, 3000)
+def _assert_killed_run_complete(client: MlflowClient, run_id: str, tmp: Path) -> None:
     run = client.get_run(run_id)
     assert run.info.status == "KILLED"
     assert run.data.tags[schema.TAG_STEPS_COUNT] == "3000"
-    arts = {a.path for a in client.list_artifacts(run_id, schema.ARTIFACT_DIR)}
-    assert schema.ARTIFACT_CURVES in arts
+    # The curves artifact holds every point, exactly once.
+    path = client.download_artifacts(run_id, schema.ARTIFACT_CURVES, str(tmp))
+    curves = read_curves(Path(path))
+    for key in ("loss", "lr"):
+        assert sorted(curves.loc[curves.metric == key, "step"]) == list(range(3000))
+    # MLflow holds the bounded view: no duplicate, the first 1000 steps, the last step.
+    for key in ("loss", "lr"):
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key}: duplicates"
+        assert set(range(1000)) <= set(steps) and 2999 in steps
+    # The end time is the last point's, not the time of the delivery after the kill.
+    assert run.info.end_time <= int(curves["timestamp_ms"].max()) + 1
 
 
 def test_sigkilled_trainer_is_finished_by_its_delivery_process(store, tmp_path):
     run_id, _, _ = _start_and_sigkill(store, tmp_path)
     client = store.client()
     _wait_for_status(client, run_id, "KILLED")
-    _assert_killed_run_complete(client, run_id)
+    _assert_killed_run_complete(client, run_id, tmp_path / "dl")
 
 
 def test_sigkill_of_trainer_and_delivery_then_refrun_sync(store, tmp_path):
     run_id, spool, env = _start_and_sigkill(store, tmp_path)
-    # Lose the delivery process too (a node or container going away).
-    pid = json.loads((spool / "meta.json").read_text()).get("forwarder_pid")
-    if pid:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while forwarder_alive(Spool(spool)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    client = store.client()
-    if client.get_run(run_id).info.status == "RUNNING":
-        out = subprocess.run([sys.executable, "-m", "refrun", "sync"], capture_output=True,
-                             text=True, env=env, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr
-        assert "delivered" in out.stdout
-    _assert_killed_run_complete(client, run_id)
+    # Lose the delivery process too (a node or container going away).  Its pid is in the
+    # spool before start_run returns: the session starts it and records it.
+    pid = json.loads((spool / "meta.json").read_text())["delivery_pid"]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: delivery.owner(Spool(spool)) is None, "the spool to have no owner")
+    out = subprocess.run([sys.executable, "-m", "refrun", "sync"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    # Delivered by sync, or (when it won the race with the kill) by the delivery process.
+    assert "delivered" in out.stdout or "complete" in out.stdout, out.stdout
+    _assert_killed_run_complete(store.client(), run_id, tmp_path / "dl")
     assert not spool.exists()
 
 
@@ -213,13 +234,16 @@ def test_redelivery_after_crash_between_send_and_cursor_is_not_duplicated(store)
     run._writer.stop()  # everything is in the spool and (partly) delivered
     spool = list_spools(store.spool_dir)[0]
     client = store.client()
-    run_id = delivery.ensure_run(spool, client)
+    run_id = delivery.ensure_run(spool)
     delivery.deliver_points(spool, client, run_id)
-    assert spool.read_cursor()[0] == 2500
+    assert spool.read_cursor().lines == 2500
+    first = sorted(m.step for m in client.get_metric_history(run_id, "loss"))
+    assert set(range(1000)) <= set(first)  # the view: all of the first 1000, then buckets
     # A crash after log_batch but before the cursor was written: send it all again.
-    spool.write_cursor(0, 0)
+    spool.write_cursor(Cursor())
     delivery.deliver_points(spool, client, run_id)
-    history = client.get_metric_history(run_id, "loss")
-    assert sorted(m.step for m in history) == list(range(2500))
+    again = sorted(m.step for m in client.get_metric_history(run_id, "loss"))
+    assert again == first  # nothing twice
     assert run.close() is True
-    assert sorted(m.step for m in client.get_metric_history(run_id, "loss")) == list(range(2500))
+    final = sorted(m.step for m in client.get_metric_history(run_id, "loss"))
+    assert len(final) == len(set(final)) and 2499 in final

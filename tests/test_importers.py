@@ -150,3 +150,109 @@ def test_bad_files_write_nothing_and_cli_exits_2(store, tmp_path: Path, capsys) 
     new_id = capsys.readouterr().out.strip()
     assert rc == 0 and _count_runs(store.tracking_uri) == before + 1
     assert load_run(new_id, tracking_uri=store.tracking_uri).metric_names == ["acc"]
+
+
+def _megatron_doc(tmp_path: Path, steps: int) -> tuple[Path, dict[str, np.ndarray]]:
+    """A valid golden-values file: 3 metrics over steps 1..steps, with a one-step spike in
+    the loss, a NaN ("nan" string) and a negative spike in the step time."""
+    rng = np.random.default_rng(7)
+    s = np.arange(1, steps + 1)
+    series = {
+        "lm loss": 10.0 * np.exp(-s / (steps / 3)) + 0.01 * rng.standard_normal(steps),
+        "iteration-time": 0.5 + 0.001 * rng.standard_normal(steps),
+        "num-zeros": rng.integers(0, 1000, steps).astype(float),
+    }
+    series["lm loss"][12_345] = 99.0  # a one-step spike, far from any bucket edge
+    series["iteration-time"][777] = -5.0
+    series["num-zeros"][4_321] = np.nan
+    doc = {name: {"start_step": 1, "end_step": steps, "step_interval": 1,
+                  "values": {str(k): ("nan" if np.isnan(v) else float(v))
+                             for k, v in zip(s.tolist(), vals.tolist(), strict=True)}}
+           for name, vals in series.items()}
+    path = tmp_path / "golden_values_big.json"
+    path.write_text(json.dumps(doc))
+    return path, series
+
+
+def test_big_import_is_finished_with_every_point_and_a_bounded_spiky_history(
+        store, tmp_path: Path, capsys) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from refrun.thinning import MLFLOW_MAX_POINTS
+
+    steps = 20_000
+    path, series = _megatron_doc(tmp_path, steps)
+    capsys.readouterr()
+    rc = main(["import", "megatron", str(path), "--workload", "big", "--role", "reference",
+               "--hardware", "h100", "--tracking-uri", store.tracking_uri])
+    run_id = capsys.readouterr().out.strip()
+    assert rc == 0
+    client = MlflowClient(store.tracking_uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.end_time is not None  # on return
+    assert run.data.tags["refrun.workload"] == "big"
+    assert run.data.tags["refrun.backend"] == "import"
+    assert run.data.tags["refrun.schema"] == "1"
+    assert run.data.tags["refrun.steps.count"] == str(steps)
+    assert run.data.tags["refrun.nonfinite"] == "1"
+    data = load_run(run_id, tracking_uri=store.tracking_uri)
+    assert data.source == "artifact" and data.points == 3 * steps
+    assert "every point" in data.points_from
+    names = {"lm loss": "loss", "iteration-time": "perf/step_time_s", "num-zeros": "num-zeros"}
+    for raw, name in names.items():
+        s, v, _ = data.series(name)
+        order = np.argsort(s, kind="stable")
+        np.testing.assert_array_equal(s[order], np.arange(1, steps + 1))
+        np.testing.assert_array_equal(v[order], series[raw])  # NaN == NaN here
+        hist = client.get_metric_history(run_id, name)
+        hs = np.array([h.step for h in hist])
+        hv = {h.step: h.value for h in hist}
+        # bounded: at most 3 points per bucket plus the last and one non-finite
+        assert len(hist) <= MLFLOW_MAX_POINTS + MLFLOW_MAX_POINTS // 3 + 1
+        assert len(hist) < steps / 4
+        assert hs.min() == 1 and hs.max() == steps  # first and last step always
+        finite = np.where(np.isfinite(series[raw]), series[raw], np.nan)
+        assert int(np.nanargmax(finite)) + 1 in hv  # the largest and smallest points
+        assert int(np.nanargmin(finite)) + 1 in hv
+    assert client.get_metric_history(run_id, "loss") and \
+        {h.step: h.value for h in client.get_metric_history(run_id, "loss")}[12_346] == 99.0
+    st = {h.step: h.value for h in client.get_metric_history(run_id, "perf/step_time_s")}
+    assert st[778] == -5.0
+    nz = {h.step: h.value for h in client.get_metric_history(run_id, "num-zeros")}
+    assert math.isnan(nz[4_322])  # the NaN is kept in the view, not dropped
+
+
+def test_names_and_steps_mlflow_refuses_are_one_line_errors_and_nothing_is_recorded(
+        store, tmp_path: Path, capsys) -> None:
+    long_name = "m" * 251
+    cases = [
+        ("csv", write(tmp_path, "a.csv", "step,a//b\n0,1.0\n"), ":1: column 'a//b'"),
+        ("csv", write(tmp_path, "b.csv", "step,/abs\n0,1.0\n"), "'/abs' would resolve"),
+        ("csv", write(tmp_path, "c.csv", f"step,{long_name}\n0,1.0\n"), "250"),
+        ("csv", write(tmp_path, "d.csv", f"step,loss\n0,1.0\n{2**63},2.0\n"),
+         ":3: column 'step': step 9223372036854775808 does not fit"),
+        ("megatron", write(tmp_path, "e.json", '{"trail/": {"values": {"1": 1.0}}}'),
+         'key "trail/"'),
+        ("megatron", write(tmp_path, "f.json",
+                           json.dumps({"lm loss": {"values": {"1": 1.0, str(2**63): 2.0}}})),
+         f'key "lm loss".values."{2**63}": step {2**63} does not fit'),
+        ("torchtitan", write(tmp_path, "g.txt", f"1 2.0\n{-(2**63) - 1} 3.0\n"), ":2: step"),
+    ]
+    capsys.readouterr()
+    for fmt, path, needle in cases:
+        rc = main(["import", fmt, str(path), "--workload", "names", "--role", "reference",
+                   "--hardware", "cpu", "--tracking-uri", store.tracking_uri])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and needle in err and str(path) in err, err
+        assert len(err.splitlines()) == 1, err
+    rc = main(["import", "torchtitan", str(write(tmp_path, "h.txt", "1 2.0\n")),
+               "--metric", "./dot", "--workload", "names", "--role", "reference",
+               "--hardware", "cpu", "--tracking-uri", store.tracking_uri])
+    assert rc == 2 and "'./dot'" in capsys.readouterr().err
+    assert _count_runs(store.tracking_uri) == 0
+    # MLflow accepts non-ASCII names and names up to 250 characters: so does the import.
+    ok = write(tmp_path, "ok.csv", f"step,perte/époque,{'m' * 250}\n0,1.0,2.0\n1,0.5,1.0\n")
+    run_id = import_csv(ok, workload="names", role="reference", hardware="cpu",
+                        tracking_uri=store.tracking_uri)
+    assert load_run(run_id, tracking_uri=store.tracking_uri).metric_names == \
+        sorted(["perte/époque", "m" * 250])

@@ -68,14 +68,15 @@ def test_reduced_pipeline_catches_every_defect_and_passes_benign(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from pipelines.demo import assess_all, init_store, table, train_all
+    from pipelines.demo import CRITERIA_QUICK, assess_all, init_store, table, train_all
 
     monkeypatch.chdir(tmp_path)  # nothing may land in the repository's working tree
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     p = plan()
     init_store(uri)
     ids = train_all(p, quick=True, uri=uri, spool_dir=str(tmp_path / "spool"), jobs=2)
-    outcomes = assess_all(p, ids, uri=uri, reports=tmp_path / "reports")
+    outcomes = assess_all(p, ids, uri=uri, reports=tmp_path / "reports",
+                          criteria=CRITERIA_QUICK)
     by_name = {o.variant.name: o for o in outcomes}
     assert len(outcomes) == len(p.candidates)
     for o in outcomes:

@@ -15,8 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import refrun
-from refrun import delivery
-from refrun.spool import list_spools
+from refrun.recording import delivery
+from refrun.recording.spool import Cursor, list_spools
 from tests.conftest import MlflowServer, free_port
 from tests.test_durability import _assert_exactly_once, _loop
 
@@ -32,9 +32,9 @@ def test_redelivery_on_postgres_store_is_not_duplicated(postgres, tmp_path):
     run._writer.stop()
     spool = list_spools(tmp_path / "spool")[0]
     client = MlflowClient(postgres.uri)
-    run_id = delivery.ensure_run(spool, client)
+    run_id = delivery.ensure_run(spool)
     delivery.deliver_points(spool, client, run_id)
-    spool.write_cursor(0, 0)  # a crash after log_batch, before the cursor: send all again
+    spool.write_cursor(Cursor())  # a crash after log_batch, before the cursor: send all again
     delivery.deliver_points(spool, client, run_id)
     assert run.close() is True
     history = client.get_metric_history(run_id, "loss")

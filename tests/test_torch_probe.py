@@ -16,10 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import refrun
 import refrun.torch
 from refrun import schema
-from refrun.curves import read_curves
 from refrun.errors import RefrunInputError
 from refrun.probes.monitors import NvmlMonitor, PsutilMonitor, default_monitors
 from refrun.probes.torch import frame_compile_index
+from refrun.recording.curves import read_curves
 
 SYS_KEYS = {"sys/cpu_pct", "sys/mem_used_bytes", "sys/mem_pct", "sys/proc_cpu_pct",
             "sys/rss_bytes"}

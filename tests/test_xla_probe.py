@@ -322,7 +322,7 @@ def test_bad_arguments_raise_input_errors(store) -> None:
 
 def test_refrun_never_imports_torch_xla_itself() -> None:
     code = ("import sys, refrun, refrun.xla, refrun.probes.base, refrun.probes.xla, "
-            "refrun.probes.tpu_monitor, refrun.session; "
+            "refrun.probes.tpu_monitor, refrun.recording.session; "
             "print('torch_xla' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)

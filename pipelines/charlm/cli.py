@@ -14,7 +14,7 @@ from typing import Any
 
 import refrun
 from pipelines.charlm.config import Config, load_config
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 # Silent defects a port can switch on.  Each runs without any error; the study behind
 # the project (shared/seeds/004) found half of all failed migrations to be of this kind.

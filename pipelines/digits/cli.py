@@ -13,7 +13,7 @@ from typing import Any
 
 import refrun
 from pipelines.digits.config import Config, load_config
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 # Silent defects a port can switch on.  Each mirrors a failure of ../shared/seeds/004 and
 # runs without any error; see docs/pipelines.md for what each does and what catches it.

@@ -1,10 +1,10 @@
 """Every run of the digits pipeline: reference seeds, benign candidates, silent defects.
 
 A :class:`Variant` is one training process (a port, a seed, flags).  ``expect`` names the
-criteria (ids in ``pipelines/criteria/digits.toml``) that must fail for a defect, and is
-empty for a benign candidate, which must fail none.  The criteria are general (envelopes
-of the reference seeds, compilation and transfer counters, fallback allowlist); nothing
-here or there is keyed on a variant's name.
+criteria (ids in ``pipelines/criteria/digits.toml``, written by ``refrun calibrate``)
+that must fail for a defect, and is empty for a benign candidate, which must fail none.
+The criteria are general (envelopes of the reference seeds, compilation and transfer
+counters, fallback allowlist); nothing here or there is keyed on a variant's name.
 """
 
 from __future__ import annotations
@@ -105,13 +105,13 @@ BENIGN = [
 
 DEFECTS = [
     Variant("jax-4dev-clip-per-device", "jax", 0, devices=4, defects=("clip_per_device",),
-            expect=("loss-envelope", "grad-norm-fc1-envelope"),
+            expect=("loss-envelope", "grad_norm-fc1.weight-envelope"),
             mirrors="four-chip run: gradients clipped per chip before averaging (§IV-B)"),
     Variant("xla-stale-eval-copy", "torch_xla", 0, defects=("stale_eval_copy",),
-            expect=("val-loss-envelope", "final-val-loss-envelope", "test-accuracy"),
+            expect=("val_loss-envelope", "final_val_loss-envelope", "test_accuracy-envelope"),
             mirrors="CoFi: a stale parameter copy (§IV-A RQ2)"),
     Variant("jax-no-best-reload", "jax", 0, defects=("no_best_reload",),
-            expect=("final-val-loss-envelope",),
+            expect=("final_val_loss-envelope",),
             mirrors="MELoRA: best checkpoint not reloaded (§IV-A RQ2)"),
     Variant("xla-shape-storm", "torch_xla", 0, defects=("shape_storm",),
             expect=("compilations-after-warmup",),
@@ -123,7 +123,7 @@ DEFECTS = [
             expect=("no-cpu-fallback",),
             mirrors="an operator without an XLA lowering falls back to the CPU (§II)"),
     Variant("jax-blocked-grad", "jax", 0, defects=("blocked_grad",),
-            expect=("grad-norm-fc1-envelope",),
+            expect=("grad_norm-fc1.weight-envelope",),
             mirrors="a blocked gradient (stop_gradient on one layer; seeds 000-003)"),
     Variant("jax-sum-loss", "jax", 0, defects=("sum_loss",),
             expect=("loss-envelope",),

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 from refrun._version import __version__
 
 if TYPE_CHECKING:
-    from refrun.session import RunSession, start_run
+    from refrun.recording.session import RunSession, start_run
 
 __all__ = ["RunSession", "__version__", "start_run"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("start_run", "RunSession"):
-        from refrun import session
+        from refrun.recording import session
 
         return getattr(session, name)
     raise AttributeError(f"module 'refrun' has no attribute {name!r}")

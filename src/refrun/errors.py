@@ -5,3 +5,7 @@ from __future__ import annotations
 
 class RefrunInputError(ValueError):
     """Bad usage or input: a message naming the file, line or key; never a traceback."""
+
+
+class RefrunResourceError(RefrunInputError):
+    """A resource ran out (e.g. the disk is full): one line naming the path, exit code 2."""

@@ -24,7 +24,7 @@ from refrun import schema
 from refrun.errors import RefrunInputError
 from refrun.probes.base import Monitor, Probe
 from refrun.probes.jax import TRANSFER_LEVELS, JaxBackend, JaxMemoryMonitor, LostValue
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 
 @dataclass

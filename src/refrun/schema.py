@@ -25,7 +25,10 @@ Tags (all strings, prefix ``refrun.``):
 ``refrun.local_id``       id of the local spool that backs the run
 ``refrun.steps.*``        written at the end: count, first, last, repeated, backwards
 ``refrun.nonfinite``      number of NaN/Inf points recorded
-``refrun.dropped``        points dropped because the in-memory queue was full
+``refrun.dropped``        points not kept: in-memory queue full or spool disk full
+``refrun.refused``        points refused at ``log`` (a name, key or step MLflow refuses)
+``refrun.skipped``        points/tags the store refused at delivery (skipped, see warnings)
+``refrun.curves.missing`` why the curves artifact could not be written (disk full)
 ``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
 ========================  ====================================================
 
@@ -70,6 +73,17 @@ TAG_PLANNED_STEPS = "refrun.planned_steps"
 TAG_COMPARED_REFERENCE = "refrun.compared.reference"  # comma-separated run ids
 TAG_COMPARED_CANDIDATE = "refrun.compared.candidate"
 
+# --- recording path (refrun.recording; issue 14) --------------------------------------
+# Points refused where they entered (bad name/key/step, see refrun.keys); never queued.
+TAG_REFUSED = "refrun.refused"
+# Points or tags the store still refused at delivery; skipped (reasons in warnings.json).
+TAG_SKIPPED = "refrun.skipped"
+# Set when the curves artifact could not be written (e.g. disk full): the reason.
+TAG_CURVES_MISSING = "refrun.curves.missing"
+# MLflow's source tag, set on every recorded run.
+TAG_MLFLOW_SOURCE = "mlflow.source.name"
+SOURCE_NAME = "refrun"
+
 ARTIFACT_DIR = "refrun"
 ARTIFACT_CURVES = "refrun/curves.parquet"
 ARTIFACT_ENVIRONMENT = "refrun/environment.json"
@@ -112,6 +126,18 @@ def identity_tag(field: str) -> str:
     """Tag name for an identity field (``workload`` -> ``refrun.workload``)."""
     return PREFIX + field
 
+# --- imports and MLflow views (engineer imp, issue 14) ---------------------
+# Where an imported run's points came from (refrun import megatron|torchtitan|csv).
+TAG_IMPORT_FORMAT = "refrun.import.format"
+TAG_IMPORT_SOURCE = "refrun.import.source"  # file name(s), comma-separated
+TAG_IMPORT_SHA256 = "refrun.import.sha256"  # of the imported file(s), in order
+TAG_IMPORT_NONFINITE = "refrun.import.nonfinite_points"
+# How MLflow's metric history of a run relates to its curves artifact (a bounded view).
+TAG_MLFLOW_VIEW = "refrun.mlflow_view"
+TAG_COMPARED_METRICS = "refrun.compared.metrics"  # comma-separated metric names
+ARTIFACT_COMPARISON = "refrun/comparison.json"
+DIFF_PREFIX = "diff/"  # comparison runs: candidate - reference, metric units
+RELDIFF_PREFIX = "reldiff/"  # comparison runs: |diff| / max(|cand|, |ref|, eps)
 
 # --- calibration and statistics (acceptance, issue 13: refrun calibrate) ---------------
 # Per-step counters whose movement marks a compilation step: such steps are left out of a

@@ -67,3 +67,10 @@ def bounded_view(values: np.ndarray, max_points: int) -> np.ndarray:
     if n <= max_points:
         return np.arange(n, dtype=np.int64)
     return minmax_indices(np.asarray(values, dtype=np.float64), max(1, max_points // 3))
+
+
+# Most points per metric refrun sends to MLflow's metric history when the whole curve is
+# known before it is written (imports, comparison runs' diff/* and reldiff/*).  MLflow's
+# charts draw about a thousand points per line, and its store takes ~0.1 ms a point, so
+# more would only cost time; the curves artifact / comparison frames keep every point.
+MLFLOW_MAX_POINTS = 1000

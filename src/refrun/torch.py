@@ -30,7 +30,7 @@ from refrun.errors import RefrunInputError
 from refrun.probes.base import Monitor, Probe
 from refrun.probes.monitors import default_monitors
 from refrun.probes.torch import TorchBackend, model_device, normalise_expected
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 __all__ = ["instrument"]
 

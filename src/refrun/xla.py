@@ -23,7 +23,7 @@ from typing import Any
 
 from refrun.errors import RefrunInputError
 from refrun.probes.base import Monitor, Probe
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 
 def instrument(

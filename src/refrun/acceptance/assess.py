@@ -17,6 +17,7 @@ from typing import Any
 
 from refrun import identity, schema
 from refrun.acceptance import checks, levels
+from refrun.acceptance.calibration import calibration_digest
 from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
 from refrun.acceptance.results import (
@@ -185,7 +186,8 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
         measurements=measurements(comparison), created_utc=utc_now(), warnings=warnings,
         cross_workload=cross)
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
-    return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence))
+    return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
+                               calibration_sha256=calibration_digest(crit))
 
 
 def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,

@@ -51,8 +51,9 @@ from refrun.comparison.measures import final_window_size
 from refrun.errors import RefrunInputError
 
 METHOD = ("held-out seeds: each reference seed judged against groups of the others; "
-          "threshold = max(worst, mean + k s) of the per-seed worst needs, k the one-sided "
-          "normal tolerance factor (coverage 1 - false_alarm_rate / criteria, confidence)")
+          "threshold = max(worst trial, mean + k s) of what the held-out trials needed, k the "
+          "one-sided normal tolerance factor for N seeds (coverage 1 - false_alarm_rate / "
+          "criteria, confidence)")
 MIN_RUNS = 3
 # Backends whose refrun probe records each integrity counter (docs/{jax,xla}.md): a
 # criterion on evidence only these record is scoped to them.
@@ -82,6 +83,7 @@ class CalibrationOptions:
     max_groups: int = 20  # groups per held-out seed (a deterministic sample)
     min_steps: int = 3  # fewer common points: a one-point metric
     metrics: tuple[str, ...] | None = None  # only these metrics (default: all shared)
+    exclude_kinds: tuple[str, ...] = ()  # leave out criteria of these kinds
     settings: Settings = field(default_factory=Settings)
 
     def __post_init__(self) -> None:
@@ -176,8 +178,9 @@ def _quantile_need(z: np.ndarray, q: float) -> float:
 
 # --- per-metric derivations ----------------------------------------------------------------
 def _worst_by_seed(n: int, opts: CalibrationOptions, g: int, need) -> np.ndarray:
-    """Each held-out seed's worst need over its groups (``need(held_out, group)``)."""
-    return np.array([max(need(i, grp) for grp in groups_for(n, i, g, opts.max_groups))
+    """The need of every held-out trial (``need(held_out, group)``), one row per held-out
+    seed (the limit treats the rows, not the trials, as the independent draws)."""
+    return np.array([[need(i, grp) for grp in groups_for(n, i, g, opts.max_groups)]
                      for i in range(n)])
 
 
@@ -219,7 +222,7 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     if not np.all(np.isfinite(needs)):
         return None
     logs = np.log(np.maximum(needs, 1e-6))
-    lim, _ = upper_limit(logs, cov, opts.confidence)
+    lim, _ = upper_limit(logs, cov, opts.confidence, n=len(series))
     stds = [np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, st)]
                                         for s in series]), 0, ddof=1))
             for st in [_all_common(series)]]
@@ -235,18 +238,20 @@ def _all_common(series: list[_Series]) -> np.ndarray:
 
 def final_window_tol(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
                      ) -> tuple[float, float, np.ndarray]:
-    """``(abs_tol, worst, needs)`` of a final-window closeness of means: the need is
-    |mean of the held-out seed's window - mean of the group mean's window| over the last
-    ceil(final_fraction n) common steps."""
+    """``(rel_tol, worst, needs)`` of a final-window closeness of means: the need is
+    |window mean of the held-out seed - window mean of the group mean| / |the latter|
+    over the last ceil(final_fraction n) common steps (relative, so that it holds for a
+    longer or shorter run of the same workload as well)."""
     s = opts.settings
 
     def need(i: int, grp: tuple[int, ...]) -> float:
         steps, mat, x = _common([series[j] for j in grp], series[i])
         k = final_window_size(len(steps), s.final_fraction, s.final_points)
-        return float(abs(x[-k:].mean() - mat.mean(0)[-k:].mean()))
+        ref = float(mat.mean(0)[-k:].mean())
+        return float(abs(x[-k:].mean() - ref) / max(abs(ref), s.eps))
 
     needs = _worst_by_seed(len(series), opts, g, need)
-    lim, worst = upper_limit(needs, cov, opts.confidence)
+    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(series))
     return lim, worst, needs
 
 
@@ -260,7 +265,7 @@ def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: flo
         return float(max(v.min() - values[i], values[i] - v.max()))
 
     needs = _worst_by_seed(len(values), opts, g, need)
-    lim, worst = upper_limit(needs, cov, opts.confidence)
+    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(values))
     return max(0.0, lim), worst, needs
 
 
@@ -282,7 +287,7 @@ def step_time_limit(runs: list[RunData], opts: CalibrationOptions, g: int, cov: 
         return float(np.log(np.median(steady[i]) / np.median(pooled)))
 
     needs = _worst_by_seed(len(runs), opts, g, need)
-    lim, worst = upper_limit(needs, cov, opts.confidence)
+    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(runs))
     return math.exp(lim), math.exp(worst), needs, start
 
 
@@ -349,9 +354,12 @@ def calibrate(references: Sequence[RunData],
             per_step.append(m)
         else:
             skipped[m] = f"only {n_common} step(s) common to every reference run"
-    has_time = schema.M_STEP_TIME in metrics and (backend and "," not in backend)
+    has_time = schema.M_STEP_TIME in metrics and bool(backend and "," not in backend) \
+        and "step_time" not in opts.exclude_kinds
     if schema.M_STEP_TIME in metrics and not has_time:
-        skipped[schema.M_STEP_TIME] = "references of different backends"
+        skipped[schema.M_STEP_TIME] = ("left out (--exclude step_time)"
+                                       if "step_time" in opts.exclude_kinds
+                                       else "references of different backends")
     n_crit = 2 * len(per_step) + len(one_point) + int(bool(has_time))
     cov = _cov(opts, n_crit)
     out: list[Derived] = []
@@ -370,7 +378,8 @@ def calibrate(references: Sequence[RunData],
         out.append(_one_point(m, values, one_point_tol(values, opts, g, cov), len(runs)))
     if has_time:
         out.append(_step_time(runs, opts, g, cov))
-    out += integrity(runs, opts)
+    out += integrity(runs, opts, cov)
+    out = [d for d in out if d.table["kind"] not in opts.exclude_kinds]
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
                       .replace("+00:00", "Z"))
@@ -406,16 +415,16 @@ def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: Calibration
     tol, worst, _ = fw
     tol = _round_up(max(tol, 1e-12))
     s = opts.settings
-    det = f"a shift of the final-window mean by more than {tol:.3g}"
+    det = f"a change of the final-window mean by more than {tol:.3g} x the reference's"
     table = {"id": f"{_slug(m)}-final-window", "kind": "closeness", "level": "L1",
-             "metric": m, "over": "final_window", "aggregate": "mean", "abs_tol": tol,
+             "metric": m, "over": "final_window", "aggregate": "mean", "rel_tol": tol,
              "description": f"mean of {m} over the final window (last "
                             f"{s.final_points or f'{s.final_fraction:.0%}'} of the aligned "
                             "steps) close to the reference group's (calibrated)",
              "calibration": {"worst": _clean_float(worst), "margin": _clean_float(tol - worst),
                              "seeds": n, "detectable_shift": _clean_float(tol)}}
     return Derived(table, worst, tol - worst, det,
-                   [_held_out_line(worst, tol - worst, n, "|window mean difference|"),
+                   [_held_out_line(worst, tol - worst, n, "relative window mean difference"),
                     f"detects: {det}"], n)
 
 
@@ -457,7 +466,7 @@ def _scope(evidence_key: str, backends: set[str]) -> list[str]:
     return sorted(set(RECORDED_BY[evidence_key]) | backends)
 
 
-def integrity(runs: list[RunData], opts: CalibrationOptions) -> list[Derived]:
+def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list[Derived]:
     """Compilation, host-sync and CPU-fallback criteria: from the references' evidence
     when recorded, else the structural defaults (stated in the file as such)."""
     keep, s = opts.settings.keep, opts.settings
@@ -471,7 +480,7 @@ def integrity(runs: list[RunData], opts: CalibrationOptions) -> list[Derived]:
             start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
                                s.warmup_fraction)
             totals.append(float(x.values[x.steps >= start].sum()))
-            lim, worst = upper_limit(np.array(totals), _cov(opts, 1), opts.confidence)
+            lim, worst = upper_limit(np.array(totals), cov, opts.confidence)
         mx = float(math.ceil(lim))
         src = (f"from the references' own {schema.M_COMPILE_GRAPHS}: worst {worst:g} after "
                f"warm-up, limit {mx:g}")
@@ -497,7 +506,7 @@ def integrity(runs: list[RunData], opts: CalibrationOptions) -> list[Derived]:
             start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
                                s.warmup_fraction)
             means.append(float(x.values[x.steps >= start].mean()))
-            lim, worst = upper_limit(np.array(means), _cov(opts, 1), opts.confidence)
+            lim, worst = upper_limit(np.array(means), cov, opts.confidence)
         mx = _round_up(lim + STRUCTURAL_SYNCS_PER_STEP)
         src = (f"from the references' own {schema.M_HOST_SYNCS}: worst {worst:.3g}/step, "
                f"limit + half a sync per step")

@@ -28,7 +28,7 @@ from refrun import schema
 from refrun.acceptance.criteria import CriteriaFile
 from refrun.acceptance.results import Assessment
 from refrun.errors import RefrunInputError
-from refrun.session import start_run
+from refrun.recording.session import start_run
 from refrun.tracking import existing_store_uri
 
 TAG_PREFIX = "refrun.acceptance."

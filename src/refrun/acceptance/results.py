@@ -73,6 +73,7 @@ class Assessment:
     # run has, a candidate backend refrun does not know, a cross-workload assessment.
     warnings: list[str] = field(default_factory=list)
     cross_workload: str = ""  # the note when --allow-cross-workload let workloads differ
+    calibration_sha256: str | None = None  # refrun.acceptance.calibration.calibration_digest
 
     @property
     def exit_code(self) -> int:
@@ -97,6 +98,7 @@ class Assessment:
             "reference": self.reference_ids, "candidate": self.candidate_id,
             "verdict": self.verdict, "highest_level": self.highest_level,
             "evidence_sha256": self.evidence_sha256,
+            "calibration_sha256": self.calibration_sha256,
             "levels": [asdict(lv) for lv in self.levels],
             "results": [r.to_dict() for r in self.results],
             "measurements": self.measurements,

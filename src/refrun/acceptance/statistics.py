@@ -169,14 +169,15 @@ def tolerance_factor(n: int, coverage: float, confidence: float) -> float:
     return float(stats.nct.ppf(confidence, n - 1, nc)) / math.sqrt(n)
 
 
-def upper_limit(values: np.ndarray, coverage: float, confidence: float
-                ) -> tuple[float, float]:
-    """``(limit, worst)``: an upper limit for one more draw of ``values`` (one per held-out
-    seed): ``max(worst, mean + k s)`` with k from :func:`tolerance_factor`; never below the
-    worst observed value."""
-    v = np.asarray(values, dtype=float)
+def upper_limit(values: np.ndarray, coverage: float, confidence: float,
+                n: int | None = None) -> tuple[float, float]:
+    """``(limit, worst)``: an upper limit for one more draw of ``values``:
+    ``max(worst, mean + k s)`` (s with ddof=1) with k from :func:`tolerance_factor` for
+    ``n`` independent draws (default ``len(values)``; held-out trials that share seeds
+    count as the number of seeds); never below the worst observed value."""
+    v = np.asarray(values, dtype=float).ravel()
     worst = float(v.max())
     if len(v) < 2 or float(v.std(ddof=1)) == 0.0:
         return worst, worst
-    k = tolerance_factor(len(v), coverage, confidence)
+    k = tolerance_factor(min(n or len(v), len(v)), coverage, confidence)
     return max(worst, float(v.mean() + k * v.std(ddof=1))), worst

@@ -17,17 +17,16 @@ from pathlib import Path
 from refrun.acceptance.criteria import CriteriaFile, load_criteria
 from refrun.acceptance.stopping import StopReport, evaluate_stopping
 from refrun.comparison import RunData, load_run
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 
 def session_snapshot(session: RunSession) -> RunData:
     """The points a live session has written to its spool so far, as a RUNNING run."""
     meta = session.spool.read_meta()
-    rd = RunData.from_curves(session.spool.read_all(), run_id=meta.get("run_id")
-                             or session.local_id, tags=meta.get("tags", {}),
-                             params=meta.get("params", {}))
+    rd = RunData.from_curves(session.spool.read_all(), run_id=meta.run_id
+                             or session.local_id, tags=meta.tags, params=meta.params)
     return RunData(run_id=rd.run_id, tags=rd.tags, params=rd.params, status="RUNNING",
-                   start_time_ms=meta.get("start_ms"), end_time_ms=None, curves=rd.curves,
+                   start_time_ms=meta.start_ms, end_time_ms=None, curves=rd.curves,
                    source="spool")
 
 
@@ -99,7 +98,7 @@ def watch_run(crit: CriteriaFile, run_id: str, reference_ids: Sequence[str] = ()
     refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
     checks = 0
     while True:
-        run = load_run(run_id, tracking_uri=tracking_uri, progress=False)
+        run = load_run(run_id, tracking_uri=tracking_uri, progress=False, allow_partial=True)
         report = evaluate_stopping(crit, run, refs)
         checks += 1
         if on_report is not None:

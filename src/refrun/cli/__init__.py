@@ -1,9 +1,18 @@
 """The ``refrun`` command line.
 
-Each sub-command lives in its own module of this package with ``register(subparsers)``;
-:data:`COMMANDS` lists them in the order ``refrun --help`` shows.  Exit codes: 0 success,
-1 a negative result (e.g. an acceptance criterion failed), 2 bad usage or input (one line
-on stderr, no traceback).
+Each sub-command lives in its own module of this package with ``register(subparsers)``.
+:data:`COMMANDS` maps every sub-command name to that module and its one-line help, in the
+order ``refrun --help`` shows them.  Only the module of the command being run is imported:
+``refrun --help`` and ``refrun --version`` never import MLflow, pandas or a framework, so
+they answer in a fraction of a second (benchmarks/bench_import.py measures it).
+
+Adding a sub-command is one line in :data:`COMMANDS` (a module may register several
+names, e.g. ``signoff`` and ``verify``).  Commands listed in :data:`READS_RUNS` get the
+``--wait SECONDS`` option: how long to wait for a run that is still being recorded
+before refusing it (see :mod:`refrun.comparison.loading`).
+
+Exit codes: 0 success, 1 a negative result (e.g. an acceptance criterion failed), 2 bad
+usage or input (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -18,29 +27,48 @@ from collections.abc import Sequence
 from refrun._version import __version__
 from refrun.errors import RefrunInputError
 
-COMMANDS = (
-    "runs",
-    "sync",
-    "compare",
-    "imports",
-    "gradcheck",
-    "report",
-    "accept",
-    "watch",
-    "signoff",
-    "calibrate",
-)
+# name -> (module, help).  One line per sub-command; keep the help in step with the
+# module's own ``add_parser(..., help=...)`` (tests/test_comparison_cli.py checks both).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "runs": ("refrun.cli.runs", "list the runs of a workload"),
+    "sync": ("refrun.cli.sync", "deliver spooled points to the tracking store"),
+    "compare": ("refrun.cli.compare", "compare a candidate run with reference run(s)"),
+    "import": ("refrun.cli.imports", "import reference curves (Megatron, torchtitan, CSV)"),
+    "gradcheck": ("refrun.cli.gradcheck",
+                  "gradient checks: prove the gate rejects its defects"),
+    "report": ("refrun.cli.report", "write the HTML comparison report of a candidate run"),
+    "accept": ("refrun.cli.accept",
+               "assess a candidate run against a criteria file (L0-L4)"),
+    "watch": ("refrun.cli.watch", "evaluate stopping rules on a run in progress"),
+    "signoff": ("refrun.cli.signoff", "record a sign-off of a recorded assessment"),
+    "verify": ("refrun.cli.signoff", "check that a signed-off assessment is unchanged"),
+    "calibrate": ("refrun.cli.calibrate",
+                  "write a criteria file from reference seeds (held-out validation)"),
+}
+
+# Sub-commands that load recorded runs for a comparison: they get ``--wait SECONDS``.
+READS_RUNS = ("compare", "report", "accept")
+DEFAULT_WAIT_S = 60.0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``refrun`` parser.  Only ``command``'s module is imported and registered in
+    full; every other sub-command is a placeholder carrying its help line."""
     parser = argparse.ArgumentParser(
         prog="refrun",
         description="Record, compare and accept ML training runs moved to other hardware.",
     )
     parser.add_argument("--version", action="version", version=f"refrun {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"refrun.cli.{name.replace('-', '_')}").register(sub)
+    module = COMMANDS[command][0] if command in COMMANDS else None
+    for name, (mod, help_) in COMMANDS.items():
+        if mod == module:
+            if name not in sub.choices:  # the module registers all of its names at once
+                importlib.import_module(mod).register(sub)
+                if name in READS_RUNS:
+                    add_wait(sub.choices[name])
+        else:
+            sub.add_parser(name, help=help_, add_help=False)
     return parser
 
 
@@ -52,16 +80,37 @@ def add_tracking_uri(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_wait(p: argparse.ArgumentParser) -> None:
+    """``--wait SECONDS``: how long to wait for a run still being recorded."""
+    if "--wait" in p._option_string_actions:
+        return
+    p.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="SECONDS",
+                   help="wait at most this long for a run that is still RUNNING or not "
+                        f"fully delivered, then refuse it (default {DEFAULT_WAIT_S:g})")
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    # The top-level parser has only options without values, so the first argument that
+    # is not an option names the sub-command.
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # MLflow announces database migrations on INFO; a CLI's stderr is for its own errors.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
+        if getattr(args, "wait", None) is not None:
+            from refrun.comparison.loading import wait_for_runs
+
+            with wait_for_runs(args.wait):
+                return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except RefrunInputError as exc:
         print(f"refrun {args.command}: error: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from refrun import schema
 from refrun.acceptance.assess import assess_ids
 from refrun.acceptance.criteria import load_criteria
 from refrun.acceptance.record import record_assessment
@@ -40,6 +41,13 @@ def run(args: argparse.Namespace) -> int:
     assessment, evidence = assess_ids(crit, args.reference, args.candidate, uri,
                                       args.allow_cross_workload)
     print(assessment.table())
+    for r in assessment.results:  # statistical criteria: the interval and its seeds
+        if schema.EV_INTERVAL in r.evidence:
+            lo, hi = r.evidence[schema.EV_INTERVAL]
+            print(f"{r.id}: interval [{lo}, {hi}] from "
+                  f"{r.evidence.get(schema.EV_N_REFERENCE)} reference seed(s)")
+    if assessment.calibration_sha256:
+        print(f"calibration sha256 {assessment.calibration_sha256}")
     if args.json is not None:
         assessment.write_json(args.json)
     if not args.no_record:

@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="groups per held-out seed (default 20; --check: 5)")
     p.add_argument("--metric", nargs="+", action="extend", default=None, metavar="M",
                    help="calibrate only these metrics (default: every shared metric)")
+    p.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="KIND",
+                   help="leave out criteria of these kinds, e.g. step_time when the "
+                        "references ran on other machines than the candidates will")
     p.add_argument("--warmup-steps", type=int, default=None, metavar="S",
                    help="warm-up steps for step time and counters (default: 10%% of the run)")
     add_tracking_uri(p)
@@ -85,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
     ids = list(args.reference or reference_ids(args.workload, uri))
     if args.workload and not ids:
         raise RefrunInputError(f"--workload {args.workload}: no finished reference run in {uri}")
+    from refrun.acceptance.criteria import CRITERION_KINDS
+
+    bad = [k for k in args.exclude if k not in CRITERION_KINDS]
+    if bad:
+        raise RefrunInputError(f"--exclude: {', '.join(bad)} not a criterion kind "
+                               f"({', '.join(CRITERION_KINDS)})")
     if args.warmup_steps is not None and args.warmup_steps < 0:
         raise RefrunInputError(f"--warmup-steps: {args.warmup_steps} must be >= 0")
     runs = [load_run(i, tracking_uri=uri, progress=False) for i in ids]
@@ -99,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         group_size=args.group_size, min_fraction=args.min_fraction,
         max_groups=args.max_groups,
         metrics=tuple(args.metric) if args.metric else None,
+        exclude_kinds=tuple(args.exclude),
         settings=Settings(warmup_steps=args.warmup_steps))
     result = calibrate(runs, opts)
     if args.output is None:

@@ -73,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(cmp: Comparison) -> str:
     """The terminal table: runs, per-metric measures, then step time / counters / notes."""
-    lines = [f"reference: {', '.join(cmp.reference_ids)}",
-             f"candidate: {cmp.candidate.run_id}", ""]
+    lines = [f"reference: {r.run_id} ({r.status}; points from {r.points_from})"
+             for r in cmp.reference]
+    c = cmp.candidate
+    lines += [f"candidate: {c.run_id} ({c.status}; points from {c.points_from})", ""]
     with pd.option_context("display.width", 200, "display.max_columns", 50,
                            "display.float_format", "{:.6g}".format):
         lines.append(cmp.summary().to_string(index=False))

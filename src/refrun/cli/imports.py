@@ -1,6 +1,8 @@
 """``refrun import {megatron,torchtitan,csv} PATH``: existing curves as a new refrun run.
 
-The whole file is validated before the run is created; prints the new run id.
+The whole file is validated before the run is created (a bad metric name, step or value
+is a one-line error naming the file and line or key, exit 2, nothing recorded); prints
+the new run id once the run is complete and FINISHED.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from refrun import schema
 from refrun.cli import add_tracking_uri
 from refrun.errors import RefrunInputError
 from refrun.importers.csv import parse_csv
-from refrun.importers.curves import ImportedCurves, create_run
+from refrun.importers.curves import ImportedCurves
 from refrun.importers.megatron import parse_megatron
+from refrun.importers.record import create_run
 from refrun.importers.torchtitan import parse_torchtitan
 
 FORMATS = ("megatron", "torchtitan", "csv")

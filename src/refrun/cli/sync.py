@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from refrun.spool import default_root
-from refrun.sync import sync_all
+from refrun.recording.settings import settings
+from refrun.recording.sync import sync_all
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = args.spool_dir or default_root()
+    root = args.spool_dir or settings().spool_root
     results = sync_all(root, prune=not args.keep)
     if not results:
         print(f"nothing to sync in {root}")

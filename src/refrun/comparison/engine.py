@@ -189,7 +189,8 @@ def _asdict(obj: Any) -> dict[str, Any] | None:
 def _run_info(r: RunData) -> dict[str, Any]:
     return {"run_id": r.run_id, "workload": r.workload, "role": r.role,
             "hardware": r.hardware, "backend": r.backend, "seed": r.seed,
-            "status": r.status, "source": r.source}
+            "status": r.status, "source": r.source, "points": r.points,
+            "points_from": r.points_from}
 
 
 def _as_rundata(x: str | RunData, metrics: Sequence[str] | None,

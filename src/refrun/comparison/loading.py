@@ -1,16 +1,32 @@
 """Loading recorded runs from the MLflow store into pandas (:class:`RunData`).
 
 Fast path: the run's full-resolution ``refrun/curves.parquet`` artifact.  Fallback for runs
-without it: MLflow metric history, one request per metric, with a progress bar (it may be
-thinned by ``mlflow_every`` and is slow for long histories).
+without it: MLflow metric history, one request per metric, with a progress bar (for runs
+recorded by refrun it is a bounded view, not every point, and it is slow for long
+histories).  :attr:`RunData.points_from` always says which of the two was read.
+
+Never compare partial data silently: a run that is still RUNNING (or not finished and
+without its curves artifact) is waited for, at most :func:`wait_for_runs` seconds (the
+CLI's ``--wait``), with progress on stderr, and then refused with a one-line
+:class:`RefrunInputError`.  Only a reader that watches a run in progress passes
+``allow_partial=True``.
+
+MLflow stores +-inf as +-1.7976931348623157e308 (the largest float); values read from the
+metric history are mapped back to +-inf, so a genuine value of exactly +-float max reads
+as infinite (indistinguishable in MLflow's store; the curves artifact keeps it exact).
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -18,6 +34,7 @@ import mlflow.artifacts
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -27,6 +44,19 @@ from refrun.runs import list_runs
 from refrun.tracking import resolve_tracking_uri
 
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
+
+# Where a run's points came from: its curves artifact (every point), MLflow's metric
+# history (for refrun runs a bounded view), memory (tests, notebooks), a live spool.
+Source = Literal["artifact", "history", "memory", "spool"]
+
+DEFAULT_WAIT_S = 60.0
+_WAIT_S: ContextVar[float] = ContextVar("refrun_wait_s", default=DEFAULT_WAIT_S)
+_POLL_S = 1.0  # how often an incomplete run is looked at again while waiting
+_PROGRESS_EVERY_S = 10.0
+# Statuses of a run still being recorded; FINISHED/FAILED/KILLED are terminal.
+_ACTIVE = ("RUNNING", "SCHEDULED")
+# MLflow stores +-inf as +-float max (sqlalchemy store, mlflow 2.x/3.x).
+_FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,8 +75,26 @@ class RunData:
     start_time_ms: int | None
     end_time_ms: int | None
     curves: pd.DataFrame = field(repr=False)
-    source: str = "artifact"
+    source: Source = "artifact"
     experiment_id: str = ""
+
+    @property
+    def points(self) -> int:
+        """Number of points loaded (rows of ``curves``)."""
+        return len(self.curves)
+
+    @property
+    def points_from(self) -> str:
+        """One sentence saying where the points came from and how many there are."""
+        n = f"{self.points:,} point{'s' if self.points != 1 else ''}"
+        if self.source == "artifact":
+            return f"curves artifact {schema.ARTIFACT_CURVES}: {n} (every point)"
+        if self.source == "history":
+            return (f"MLflow metric history: {n} (no curves artifact {schema.ARTIFACT_CURVES}; "
+                    "for a run recorded by refrun this is a bounded view, not every point)")
+        if self.source == "spool":
+            return f"live spool of a run in progress: {n}"
+        return f"in memory: {n}"
 
     @classmethod
     def from_curves(cls, curves: pd.DataFrame, run_id: str = "local",
@@ -124,19 +172,52 @@ def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
     return MlflowClient(uri), uri
 
 
+@contextlib.contextmanager
+def wait_for_runs(seconds: float) -> Iterator[None]:
+    """Within the block, :func:`load_run` waits at most ``seconds`` for an incomplete run
+    (default :data:`DEFAULT_WAIT_S`; 0 refuses at once).  Used by the CLI's ``--wait``."""
+    if not seconds >= 0:
+        raise RefrunInputError(f"--wait {seconds}: must be a number of seconds >= 0")
+    token = _WAIT_S.set(float(seconds))
+    try:
+        yield
+    finally:
+        _WAIT_S.reset(token)
+
+
+def incomplete_reason(status: str, has_artifact: bool) -> str | None:
+    """Why a run with this status cannot be compared yet, or None when it can.
+
+    Incomplete: RUNNING/SCHEDULED (still being recorded or delivered), or ended without
+    FINISHED and without its curves artifact (its points may be partly delivered).
+    """
+    if status in _ACTIVE:
+        return f"is {status} (still being recorded or delivered)"
+    if status != "FINISHED" and not has_artifact:
+        return f"is {status} and has no curves artifact {schema.ARTIFACT_CURVES}"
+    return None
+
+
 def load_run(run_id: str, metrics: Sequence[str] | None = None,
-             tracking_uri: str | None = None, progress: bool = True) -> RunData:
+             tracking_uri: str | None = None, progress: bool = True, *,
+             wait_s: float | None = None, allow_partial: bool = False) -> RunData:
     """Load one run by MLflow run id (curves artifact, else metric history).
 
-    Raises :class:`RefrunInputError` naming the run id when the store does not know it.
+    A run that is incomplete (:func:`incomplete_reason`) is waited for at most ``wait_s``
+    seconds (None: the :func:`wait_for_runs` setting, default 60 s), polling every second
+    with a progress line on stderr every 10 s, then refused.  ``allow_partial=True``
+    loads whatever is there now (for watching a run in progress).
+
+    Raises :class:`RefrunInputError` naming the run id when the store does not know it or
+    it stays incomplete.
     """
     client, uri = _client(tracking_uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as exc:
-        raise RefrunInputError(f"run {run_id!r}: not found in {uri}") from exc
+    run = _get_run(client, uri, run_id)
     curves = _read_artifact(client, uri, run_id, run.info.artifact_uri, metrics)
-    source = "artifact"
+    if not allow_partial:
+        run, curves = _wait_until_complete(client, uri, run, curves, metrics,
+                                           _WAIT_S.get() if wait_s is None else wait_s)
+    source: Source = "artifact"
     if curves is None:
         source = "history"
         curves = _read_history(client, run_id, list(run.data.metrics), metrics, progress)
@@ -175,6 +256,39 @@ def load_query(workload: str, role: str | None = None, *, hardware: str | None =
                  if v is not None}
         raise RefrunInputError(f"no runs match {query}")
     return load_runs(ids, metrics, tracking_uri, progress)
+
+
+def _get_run(client: MlflowClient, uri: str, run_id: str) -> Run:
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        raise RefrunInputError(f"run {run_id!r}: not found in {uri}") from exc
+
+
+def _wait_until_complete(client: MlflowClient, uri: str, run: Run,
+                         curves: pd.DataFrame | None, metrics: Sequence[str] | None,
+                         wait_s: float) -> tuple[Run, pd.DataFrame | None]:
+    """``(run, curves)`` once the run is complete; refuses it after ``wait_s`` seconds."""
+    run_id = run.info.run_id
+    start = time.monotonic()
+    shown = None
+    while True:
+        why = incomplete_reason(run.info.status, curves is not None)
+        if why is None:
+            return run, curves
+        waited = time.monotonic() - start
+        if waited >= wait_s:
+            raise RefrunInputError(
+                f"run {run_id} {why}; refused after waiting {wait_s:g} s: refrun never "
+                "compares partial data (wait longer with --wait SECONDS, or deliver a "
+                "stopped run with `refrun sync`)")
+        if shown is None or waited - shown >= _PROGRESS_EVERY_S:
+            shown = waited
+            print(f"refrun: waiting for run {run_id}: it {why} ({waited:.0f} s of at most "
+                  f"{wait_s:g} s)", file=sys.stderr, flush=True)
+        time.sleep(min(_POLL_S, max(0.0, wait_s - waited)))
+        run = _get_run(client, uri, run_id)
+        curves = _read_artifact(client, uri, run_id, run.info.artifact_uri, metrics)
 
 
 def _local_artifact_dir(artifact_uri: str | None) -> Path | None:
@@ -218,6 +332,17 @@ def read_curves_fast(path: Path, metrics: Sequence[str] | None = None) -> pd.Dat
     return df
 
 
+def history_values(values: np.ndarray) -> np.ndarray:
+    """Values as logged, from values as MLflow's store returns them: +-float max
+    (1.7976931348623157e308, how MLflow stores +-inf) becomes +-inf again, so a
+    non-finite loss never reads as a finite number.  A value that really was float max
+    reads as inf (MLflow keeps no difference)."""
+    out = np.array(values, dtype=np.float64)
+    out[out == _FLOAT_MAX] = np.inf
+    out[out == -_FLOAT_MAX] = -np.inf
+    return out
+
+
 def _read_history(client: MlflowClient, run_id: str, keys: list[str],
                   metrics: Sequence[str] | None, progress: bool) -> pd.DataFrame:
     from tqdm.auto import tqdm
@@ -230,7 +355,8 @@ def _read_history(client: MlflowClient, run_id: str, keys: list[str],
         frames.append(pd.DataFrame({
             "metric": key,
             "step": np.fromiter((m.step for m in hist), np.int64, len(hist)),
-            "value": np.fromiter((m.value for m in hist), np.float64, len(hist)),
+            "value": history_values(np.fromiter((m.value for m in hist), np.float64,
+                                                len(hist))),
             "timestamp_ms": np.fromiter((m.timestamp for m in hist), np.int64, len(hist)),
         }))
     if not frames:

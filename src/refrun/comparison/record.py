@@ -2,58 +2,82 @@
 
 The run has role ``comparison``, tags ``refrun.compared.reference`` (comma-separated run
 ids) and ``refrun.compared.candidate``, metrics ``diff/<metric>`` (candidate - reference,
-metric units) and ``reldiff/<metric>`` at every aligned step, and the comparison JSON as
-artifact ``refrun/comparison.json``.
+metric units) and ``reldiff/<metric>``, and the comparison JSON as artifact
+``refrun/comparison.json``.  Its ``refrun/curves.parquet`` artifact holds ``diff/*`` and
+``reldiff/*`` at every aligned step; MLflow's metric history holds the bounded view of
+:func:`refrun.thinning.bounded_view` (every aligned step when there are at most
+``max_points``; otherwise the first and last aligned step and each bucket's first point,
+extremes and first non-finite value, so a spike is never lost).
+
+Written directly (:mod:`refrun.complete_run`): FINISHED when the call returns, at a cost
+that no longer grows with the number of aligned steps beyond the view.
 """
 
 from __future__ import annotations
 
-import math
 import os
+
+import numpy as np
 
 from refrun import schema
 from refrun.comparison.engine import Comparison
-from refrun.session import start_run
+from refrun.complete_run import (
+    CompleteRun,
+    curves_table,
+    identity_tags,
+    now_ms,
+    string_tags,
+    write_complete_run,
+)
+from refrun.thinning import MLFLOW_MAX_POINTS
 
-ARTIFACT_COMPARISON = "refrun/comparison.json"
+ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
+
+
+def difference_columns(comparison: Comparison) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(metric names, steps, values)`` of every ``diff/<m>`` and ``reldiff/<m>`` point
+    at every aligned step, metric by metric."""
+    names, steps, values = [], [], []
+    for metric, mc in comparison.metrics.items():
+        f = mc.frame
+        s = f["step"].to_numpy(np.int64)
+        for prefix, col in ((schema.DIFF_PREFIX, "diff"), (schema.RELDIFF_PREFIX, "reldiff")):
+            names.append(np.full(len(s), prefix + metric, dtype=object))
+            steps.append(s)
+            values.append(f[col].to_numpy(np.float64))
+    if not names:
+        return (np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=np.float64))
+    return np.concatenate(names), np.concatenate(steps), np.concatenate(values)
 
 
 def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
                       spool_dir: str | os.PathLike[str] | None = None,
-                      run_name: str | None = None, mlflow_every: int | None = None) -> str | None:
-    """Record ``comparison`` as a run and return its MLflow run id (None if the store was
-    unreachable; the run is then spooled for ``refrun sync``).
+                      run_name: str | None = None,
+                      max_points: int = MLFLOW_MAX_POINTS) -> str:
+    """Record ``comparison`` as a FINISHED run and return its MLflow run id.
 
-    ``mlflow_every`` thins the per-step metrics sent to MLflow for very long runs; the
-    run's curves artifact keeps every point.  Default: every step up to 10,000 aligned
-    steps, beyond that every n-th step so that about 10,000 reach MLflow per metric (a
-    chart cannot show more, and MLflow's metric writes cost ~0.1 ms a point).
+    ``max_points``: most points per ``diff/*`` / ``reldiff/*`` metric in MLflow's metric
+    history; every aligned step is in the run's curves artifact and the comparison's
+    frames.  ``spool_dir`` is accepted for compatibility and unused.  Raises
+    :class:`~refrun.errors.RefrunInputError` when the store cannot be written.
     """
+    del spool_dir
     cand = comparison.candidate
-    frames = {m: mc.frame for m, mc in comparison.metrics.items()}
-    total = sum(2 * len(f) for f in frames.values())
-    longest = max((len(f) for f in frames.values()), default=0)
-    if mlflow_every is None:
-        mlflow_every = max(1, math.ceil(longest / 10_000))
-    tags = {
+    ref0 = comparison.reference[0]
+    tags = identity_tags(cand.workload or ref0.workload or "comparison", "comparison",
+                         hardware=cand.hardware, backend="comparison")
+    tags.update(string_tags({
         schema.TAG_COMPARED_REFERENCE: ",".join(comparison.reference_ids),
         schema.TAG_COMPARED_CANDIDATE: cand.run_id,
-        "refrun.compared.metrics": ",".join(frames)[:5000],
-    }
-    ref0 = comparison.reference[0]
+        schema.TAG_COMPARED_METRICS: ",".join(comparison.metrics),
+    }))
     name = run_name or f"compare {ref0.hardware or ref0.run_id[:8]} vs " \
                        f"{cand.hardware or cand.run_id[:8]}"
-    with start_run(workload=cand.workload or ref0.workload or "comparison",
-                   role="comparison", hardware=cand.hardware, backend="comparison",
-                   tags=tags, run_name=name, tracking_uri=tracking_uri,
-                   spool_dir=spool_dir, mlflow_every=mlflow_every,
-                   max_queue=max(2_000_000, total + 1000),
-                   snapshot_environment=False) as run:
-        run.log_params({f"option.{k}": v for k, v in vars(comparison.options).items()})
-        for metric, f in frames.items():
-            dk, rk = f"diff/{metric}", f"reldiff/{metric}"
-            for step, d, rd in zip(f["step"].tolist(), f["diff"].tolist(),
-                                   f["reldiff"].tolist(), strict=True):
-                run.log_metrics(step, {dk: d, rk: rd})
-        run.log_json(ARTIFACT_COMPARISON, comparison.to_dict())
-    return run.run_id
+    table = curves_table(*difference_columns(comparison), now_ms())
+    params = string_tags({f"option.{k}": v for k, v in vars(comparison.options).items()})
+    return write_complete_run(CompleteRun(
+        experiment=tags[schema.TAG_WORKLOAD], tags=tags, table=table, params=params,
+        run_name=name, json_artifacts={ARTIFACT_COMPARISON: comparison.to_dict()},
+        max_points=max_points,
+    ), tracking_uri)

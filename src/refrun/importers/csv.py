@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from refrun.errors import RefrunInputError
-from refrun.importers.curves import ImportedCurves, create_run, parse_value, read_text
+from refrun.importers.curves import (
+    ImportedCurves,
+    check_name,
+    parse_step,
+    parse_value,
+    read_text,
+)
+from refrun.importers.record import create_run
 
 FORMAT = "csv"
 
@@ -51,7 +58,11 @@ def parse_csv(path: str | os.PathLike[str], step_column: str = "step",
         cols = [(i, c) for i, c in cols if c in metrics]
     if not cols:
         raise RefrunInputError(f"{p}:{hline}: no metric column besides {step_column!r}")
-    points: list[tuple[str, int, float]] = []
+    for _, name in cols:
+        check_name(name, f"{p}:{hline}: column {name!r}")
+    names: list[str] = []
+    steps: list[int] = []
+    values: list[float] = []
     rows = 0
     for row in reader:
         line = reader.line_num
@@ -59,12 +70,7 @@ def parse_csv(path: str | os.PathLike[str], step_column: str = "step",
             continue
         if len(row) != len(header):
             raise RefrunInputError(f"{p}:{line}: expected {len(header)} columns, got {len(row)}")
-        cell = row[istep].strip()
-        try:
-            step = int(cell)
-        except ValueError:
-            raise RefrunInputError(f"{p}:{line}: column {step_column!r}: step {cell!r} is "
-                                   "not an integer") from None
+        step = parse_step(row[istep].strip(), f"{p}:{line}: column {step_column!r}")
         rows += 1
         for i, name in cols:
             cell = row[i].strip()
@@ -74,18 +80,21 @@ def parse_csv(path: str | os.PathLike[str], step_column: str = "step",
             if value is None:
                 raise RefrunInputError(f"{p}:{line}: column {name!r}: {cell!r} is not a "
                                        "number")
-            points.append((name, step, value))
+            names.append(name)
+            steps.append(step)
+            values.append(value)
     if not rows:
         raise RefrunInputError(f"{p}: no data rows after the header")
-    if not points:
+    if not names:
         raise RefrunInputError(f"{p}: every metric cell is empty")
-    return ImportedCurves(FORMAT, [p], points, {"import.step_column": step_column})
+    return ImportedCurves.from_columns(FORMAT, [p], names, steps, values,
+                                       {"import.step_column": step_column})
 
 
 def import_csv(path: str | os.PathLike[str], *, workload: str, role: str, hardware: str,
                step_column: str = "step", metrics: Sequence[str] | None = None,
                **kwargs: Any) -> str:
     """Import a CSV file as a new run; returns its run id (``kwargs`` as for
-    :func:`refrun.importers.curves.create_run`)."""
+    :func:`refrun.importers.record.create_run`)."""
     return create_run(parse_csv(path, step_column, metrics), workload=workload, role=role,
                       hardware=hardware, **kwargs)

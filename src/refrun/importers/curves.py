@@ -1,42 +1,72 @@
-"""Validated imported curves and the one place that turns them into a refrun run.
+"""Validated imported curves: every point of a file, checked before anything is recorded.
 
-Every importer parses and validates the whole file into :class:`ImportedCurves` first;
-only then :func:`create_run` touches the store, so a bad file writes nothing.
+Every importer parses and validates the whole file into :class:`ImportedCurves` first (a
+columnar table in logging order); only then :func:`refrun.importers.record.create_run`
+touches the store, so a bad file writes nothing.  Metric names and steps are checked with
+MLflow's own rules (:mod:`refrun.keys`) where the file is read, so the error names the
+file and the line or key.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from refrun import schema
+import numpy as np
+import pandas as pd
+
 from refrun.errors import RefrunInputError
-from refrun.session import start_run
+from refrun.keys import key_problem, step_problem
 
-BACKEND = "import"
+# Columns of ImportedCurves.frame, in logging order (the curves artifact adds
+# timestamp_ms and seq when the run is recorded).
+COLUMNS = ("metric", "step", "value")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ImportedCurves:
-    """Points read from a file, in the order they are logged: ``(metric, step, value)``."""
+    """Points read from a file, in the order they are logged.
+
+    ``frame``: columns ``metric`` (str), ``step`` (int64), ``value`` (float64; NaN and
+    +-inf kept), one row per point in logging order.  ``params`` are recorded as run params.
+    """
 
     format: str
     sources: list[Path]
-    points: list[tuple[str, int, float]]
+    frame: pd.DataFrame = field(repr=False)
     params: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_columns(cls, format: str, sources: Sequence[Path], metrics: Sequence[str] |
+                     np.ndarray, steps: Sequence[int] | np.ndarray,
+                     values: Sequence[float] | np.ndarray,
+                     params: dict[str, str] | None = None) -> ImportedCurves:
+        """Curves from three equally long columns in logging order."""
+        frame = pd.DataFrame({
+            "metric": pd.Categorical(np.asarray(metrics, dtype=object)),
+            "step": np.asarray(steps, dtype=np.int64),
+            "value": np.asarray(values, dtype=np.float64),
+        })
+        return cls(format, list(sources), frame, dict(params or {}))
+
+    def __len__(self) -> int:
+        return len(self.frame)
 
     @property
     def metric_names(self) -> list[str]:
-        return sorted({m for m, _, _ in self.points})
+        return sorted(str(m) for m in self.frame["metric"].unique())
+
+    @property
+    def nonfinite(self) -> int:
+        """Number of NaN/+-inf points."""
+        return int((~np.isfinite(self.frame["value"].to_numpy())).sum())
 
     def series(self, metric: str) -> tuple[list[int], list[float]]:
         """Steps and values of one metric in logging order."""
-        pts = [(s, v) for m, s, v in self.points if m == metric]
-        return [s for s, _ in pts], [v for _, v in pts]
+        rows = self.frame[self.frame["metric"] == metric]
+        return rows["step"].tolist(), rows["value"].tolist()
 
 
 def read_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
@@ -53,55 +83,32 @@ def read_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
     return p, text
 
 
-def parse_value(text: str) -> float | None:
-    """A float from text, accepting nan/inf spellings; None when it is not a number."""
+def parse_value(text: str | float) -> float | None:
+    """A float from text (or a number), accepting nan/inf spellings; None when it is not
+    a number or too large for a float."""
     try:
         return float(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
-def _sha256(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.read_bytes())
-    return h.hexdigest()
+def check_name(name: str, where: str) -> str:
+    """``name`` when MLflow accepts it as a metric name, else a one-line error that starts
+    with ``where`` (the file and line or key)."""
+    problem = key_problem(name, "metric name")
+    if problem is not None:
+        raise RefrunInputError(f"{where}: {problem}")
+    return name
 
 
-def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: str,
-               seed: int | None = None, chips: int | None = None,
-               run_name: str | None = None, tracking_uri: str | None = None,
-               spool_dir: str | os.PathLike[str] | None = None,
-               tags: dict[str, Any] | None = None) -> str:
-    """Record validated ``curves`` as an ordinary refrun run (backend ``import``).
-
-    Returns the MLflow run id.  Raises :class:`RefrunInputError` for bad identity
-    arguments before anything is written.
-    """
-    if not hardware:
-        raise RefrunInputError("hardware: a non-empty name is required")
-    if not curves.points:
-        raise RefrunInputError(f"{curves.sources[0]}: no points to import")
-    all_tags = {
-        # The importing machine is not the one that trained: say where the data came from.
-        schema.TAG_DEVICE: f"imported from {curves.format} file",
-        "refrun.import.format": curves.format,
-        "refrun.import.source": ", ".join(p.name for p in curves.sources),
-        "refrun.import.sha256": _sha256(curves.sources),
-        **(tags or {}),
-    }
-    nonfinite = sum(1 for _, _, v in curves.points if not math.isfinite(v))
-    with start_run(workload, role, hardware=hardware, backend=BACKEND, seed=seed,
-                   chips=chips, params=curves.params, tags=all_tags,
-                   run_name=run_name or f"import {curves.sources[0].name}",
-                   tracking_uri=tracking_uri, spool_dir=spool_dir,
-                   max_queue=max(2_000_000, len(curves.points) + 1000),
-                   snapshot_environment=False) as run:
-        for metric, step, value in curves.points:
-            run.log_metrics(step, {metric: value})
-        run.set_tags({"refrun.import.nonfinite_points": nonfinite})
-    run_id = run.run_id
-    if run_id is None:
-        raise RefrunInputError(f"tracking store {run.tracking_uri} unreachable: the import "
-                               f"is spooled as {run.local_id}; deliver it with `refrun sync`")
-    return run_id
+def parse_step(text: str, where: str) -> int:
+    """An integer step that fits MLflow's signed 64-bit step column, else an error that
+    starts with ``where``."""
+    try:
+        step = int(text)
+    except ValueError:
+        raise RefrunInputError(f"{where}: step {text!r} is not an integer") from None
+    problem = step_problem(step)
+    if problem is not None:
+        raise RefrunInputError(f"{where}: {problem}")
+    return step

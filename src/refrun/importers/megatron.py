@@ -20,15 +20,18 @@ Imported on its own, a ``_2nd`` file is an ordinary run whose leading NaNs are c
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from refrun import schema
 from refrun.errors import RefrunInputError
-from refrun.importers.curves import ImportedCurves, create_run, parse_value, read_text
+from refrun.importers.curves import ImportedCurves, check_name, parse_value, read_text
+from refrun.importers.record import create_run
+from refrun.keys import step_problem
 
 FORMAT = "megatron"
 RENAME = {"lm loss": schema.M_LOSS, "iteration-time": schema.M_STEP_TIME}
@@ -43,13 +46,16 @@ def _load_json(path: str | os.PathLike[str]) -> tuple[Path, Any]:
                                f"{exc.colno})") from None
 
 
-def _read_values(p: Path, doc: Any) -> dict[str, list[tuple[int, float]]]:
-    """``{metric: [(step, value), ...]}`` sorted by step, the whole file validated."""
+Series = tuple[np.ndarray, np.ndarray]  # (steps int64, values float64), sorted by step
+
+
+def _read_values(p: Path, doc: Any) -> dict[str, Series]:
+    """``{metric: (steps, values)}`` sorted by step, the whole file validated."""
     shape = '{metric: {"values": {"<step>": number | "nan"}}}'
     if not isinstance(doc, dict) or not doc:
         raise RefrunInputError(f"{p}: expected a JSON object {shape}, got "
                                f"{type(doc).__name__ if doc else 'an empty object'}")
-    out: dict[str, list[tuple[int, float]]] = {}
+    out: dict[str, Series] = {}
     for metric, entry in doc.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
             raise RefrunInputError(f'{p}: key "{metric}": expected an object with "values" '
@@ -57,27 +63,53 @@ def _read_values(p: Path, doc: Any) -> dict[str, list[tuple[int, float]]]:
         values = entry["values"]
         if not values:
             raise RefrunInputError(f'{p}: key "{metric}".values: no values')
-        pts = []
-        for k, v in values.items():
-            try:
-                step = int(k)
-            except ValueError:
-                raise RefrunInputError(f'{p}: key "{metric}".values."{k}": step is not an '
-                                       "integer") from None
-            if isinstance(v, bool) or not isinstance(v, int | float | str):
-                value = None
-            else:
-                value = parse_value(v) if isinstance(v, str) else float(v)
-            if value is None:
-                raise RefrunInputError(f'{p}: key "{metric}".values."{k}": {v!r} is not a '
-                                       'number or "nan"')
-            pts.append((step, value))
-        out[str(metric)] = sorted(pts)
+        steps, vals = _fast_series(values)
+        if steps is None or vals is None:
+            steps, vals = _checked_series(p, str(metric), values)
+        order = np.argsort(steps, kind="stable")
+        out[str(metric)] = (steps[order], vals[order])
     return out
 
 
-def _select(values: dict[str, list[tuple[int, float]]], p: Path,
-            metrics: Sequence[str] | None, rename: bool) -> dict[str, list[tuple[int, float]]]:
+def _fast_series(values: dict[str, Any]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Vectorised reading of a valid ``values`` object (a 350k-step metric in ~0.1 s);
+    ``(None, None)`` when anything is off, so :func:`_checked_series` names the entry."""
+    raw = list(values.values())
+    # bool is an int and None converts to NaN in NumPy: only numbers and strings pass.
+    if not {type(v) for v in raw} <= {float, int, str}:
+        return None, None
+    try:
+        steps = np.array(list(values), dtype=str).astype(np.int64)
+        vals = np.array(raw, dtype=np.float64)
+    except (ValueError, OverflowError):
+        return None, None
+    return steps, vals
+
+
+def _checked_series(p: Path, metric: str, values: dict[str, Any]) -> Series:
+    """Entry-by-entry reading that raises naming the first bad key."""
+    steps: list[int] = []
+    vals: list[float] = []
+    for k, v in values.items():
+        where = f'{p}: key "{metric}".values."{k}"'
+        try:
+            step = int(k)
+        except ValueError:
+            raise RefrunInputError(f"{where}: step is not an integer") from None
+        problem = step_problem(step)
+        if problem is not None:
+            raise RefrunInputError(f"{where}: {problem}")
+        value = None if isinstance(v, bool) or not isinstance(v, int | float | str) \
+            else parse_value(v)
+        if value is None:
+            raise RefrunInputError(f'{where}: {v!r} is not a number or "nan"')
+        steps.append(step)
+        vals.append(value)
+    return np.array(steps, dtype=np.int64), np.array(vals, dtype=np.float64)
+
+
+def _select(values: dict[str, Series], p: Path, metrics: Sequence[str] | None,
+            rename: bool) -> dict[str, Series]:
     names = {m: (RENAME.get(m, m) if rename else m) for m in values}
     if metrics:
         wanted = set(metrics)
@@ -86,14 +118,19 @@ def _select(values: dict[str, list[tuple[int, float]]], p: Path,
             raise RefrunInputError(f'{p}: no metric "{missing[0]}" (metrics: '
                                    f"{', '.join(values)})")
         values = {m: v for m, v in values.items() if m in wanted or names[m] in wanted}
+    for m in values:
+        check_name(names[m], f'{p}: key "{m}"')
     return {names[m]: v for m, v in values.items()}
 
 
-def _by_step(values: dict[str, list[tuple[int, float]]]) -> list[tuple[str, int, float]]:
-    """Points in training order: step by step, every metric of a step together."""
-    pts = [(s, m, v) for m, series in values.items() for s, v in series]
-    pts.sort(key=lambda t: t[0])
-    return [(m, s, v) for s, m, v in pts]
+def _by_step(values: dict[str, Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(metrics, steps, values)`` in training order: step by step, every metric of a
+    step together (metrics in file order within a step)."""
+    names = np.concatenate([np.full(len(s), m, dtype=object) for m, (s, _) in values.items()])
+    steps = np.concatenate([s for s, _ in values.values()])
+    vals = np.concatenate([v for _, v in values.values()])
+    order = np.argsort(steps, kind="stable")
+    return names[order], steps[order], vals[order]
 
 
 def parse_megatron(path: str | os.PathLike[str], resumed: str | os.PathLike[str] | None = None,
@@ -105,22 +142,23 @@ def parse_megatron(path: str | os.PathLike[str], resumed: str | os.PathLike[str]
     """
     p, doc = _load_json(path)
     first = _select(_read_values(p, doc), p, metrics, rename)
-    points = _by_step(first)
+    parts = [_by_step(first)]
     sources = [p]
     params = {"import.megatron.rename": json.dumps(RENAME if rename else {})}
     if resumed is not None:
         p2, doc2 = _load_json(resumed)
         second = _select(_read_values(p2, doc2), p2, metrics, rename)
-        finite_steps = [s for series in second.values() for s, v in series if math.isfinite(v)]
+        finite_steps = [int(s[np.isfinite(v)].min()) for s, v in second.values()
+                        if np.isfinite(v).any()]
         if not finite_steps:
             raise RefrunInputError(f"{p2}: no finite value: cannot find the resume point")
         resume = min(finite_steps)
-        second = {m: [(s, v) for s, v in series if s >= resume]
-                  for m, series in second.items()}
-        points += _by_step(second)
+        second = {m: (s[s >= resume], v[s >= resume]) for m, (s, v) in second.items()}
+        parts.append(_by_step(second))
         sources.append(p2)
         params["import.megatron.resume_step"] = str(resume)
-    return ImportedCurves(FORMAT, sources, points, params)
+    names, steps, vals = (np.concatenate(c) for c in zip(*parts, strict=True))
+    return ImportedCurves.from_columns(FORMAT, sources, names, steps, vals, params)
 
 
 def import_megatron(path: str | os.PathLike[str], *, workload: str, role: str,
@@ -128,6 +166,6 @@ def import_megatron(path: str | os.PathLike[str], *, workload: str, role: str,
                     metrics: Sequence[str] | None = None, rename: bool = True,
                     **kwargs: Any) -> str:
     """Import a golden-values file (plus optional resumed half) as a new run; returns its
-    run id (``kwargs`` as for :func:`refrun.importers.curves.create_run`)."""
+    run id (``kwargs`` as for :func:`refrun.importers.record.create_run`)."""
     curves = parse_megatron(path, resumed, metrics, rename)
     return create_run(curves, workload=workload, role=role, hardware=hardware, **kwargs)

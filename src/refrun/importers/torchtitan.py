@@ -7,7 +7,14 @@ from typing import Any
 
 from refrun import schema
 from refrun.errors import RefrunInputError
-from refrun.importers.curves import ImportedCurves, create_run, parse_value, read_text
+from refrun.importers.curves import (
+    ImportedCurves,
+    check_name,
+    parse_step,
+    parse_value,
+    read_text,
+)
+from refrun.importers.record import create_run
 
 FORMAT = "torchtitan"
 
@@ -20,7 +27,9 @@ def parse_torchtitan(path: str | os.PathLike[str], metric: str = schema.M_LOSS
     (``nan``/``inf`` accepted and kept).  Errors name the file and line.
     """
     p, text = read_text(path)
-    points: list[tuple[str, int, float]] = []
+    check_name(metric, f"{p}: --metric")
+    steps: list[int] = []
+    values: list[float] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
@@ -28,16 +37,12 @@ def parse_torchtitan(path: str | os.PathLike[str], metric: str = schema.M_LOSS
         if len(fields) != 2:
             raise RefrunInputError(f"{p}:{lineno}: expected 2 columns 'STEP LOSS', got "
                                    f"{len(fields)}")
-        try:
-            step = int(fields[0])
-        except ValueError:
-            raise RefrunInputError(f"{p}:{lineno}: step {fields[0]!r} is not an "
-                                   "integer") from None
+        steps.append(parse_step(fields[0], f"{p}:{lineno}"))
         value = parse_value(fields[1])
         if value is None:
             raise RefrunInputError(f"{p}:{lineno}: value {fields[1]!r} is not a number")
-        points.append((metric, step, value))
-    return ImportedCurves(FORMAT, [p], points)
+        values.append(value)
+    return ImportedCurves.from_columns(FORMAT, [p], [metric] * len(steps), steps, values)
 
 
 def import_torchtitan(path: str | os.PathLike[str], *, workload: str, role: str,
@@ -45,7 +50,7 @@ def import_torchtitan(path: str | os.PathLike[str], *, workload: str, role: str,
     """Import a torchtitan loss file as a new run; returns its run id.
 
     ``kwargs``: ``seed``, ``chips``, ``run_name``, ``tracking_uri``, ``spool_dir``, ``tags``
-    (see :func:`refrun.importers.curves.create_run`).
+    (see :func:`refrun.importers.record.create_run`).
     """
     return create_run(parse_torchtitan(path, metric), workload=workload, role=role,
                       hardware=hardware, **kwargs)

@@ -1,6 +1,6 @@
 """The probe design shared by the PyTorch, PyTorch/XLA and JAX wrappers.
 
-A probe sits between a training loop and a :class:`refrun.session.RunSession`::
+A probe sits between a training loop and a :class:`refrun.recording.session.RunSession`::
 
     probe = refrun.torch.instrument(run, model=model, optimizer=opt)
     for n, batch in enumerate(loader):
@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from refrun import schema
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 # Tags the probe writes itself (shared by every backend).
 TAG_STEP_TIME_KIND = schema.TAG_STEP_TIME_KIND  # set by the backend's describe()

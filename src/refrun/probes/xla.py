@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 from refrun import schema
-from refrun.session import RunSession
+from refrun.recording.session import RunSession
 
 TAG_STEP_TIME_KIND = schema.TAG_STEP_TIME_KIND
 TAG_DEVICE_TYPE = "refrun.exec.device_type"  # torch_xla.runtime.device_type()

@@ -24,11 +24,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from refrun import schema
-from refrun.spool import Spool
 
 SCHEMA = pa.schema(
     [
-        ("metric", pa.dictionary(pa.int32(), pa.string())),
+        ("metric", pa.dictionary(pa.int32(), pa.string())),  # schema.CURVE_COLUMNS
         ("step", pa.int64()),
         ("value", pa.float64()),
         ("timestamp_ms", pa.int64()),
@@ -48,8 +47,12 @@ def write_curves(df: pd.DataFrame, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not keep a torn file
+        raise
     return path
 
 
@@ -86,28 +89,3 @@ def summary_tags(df: pd.DataFrame, main_metric: str = schema.M_LOSS) -> dict[str
         tags[schema.TAG_STEPS_FIRST] = str(int(steps.min()))
         tags[schema.TAG_STEPS_LAST] = str(int(steps.max()))
     return tags
-
-
-def seal(spool: Spool, status: str | None = None, extra_tags: dict[str, str] | None = None,
-         end_ms: int | None = None) -> None:
-    """End-of-run bookkeeping of a spool: write its curves artifact from every spooled
-    point and record the :func:`summary_tags` (plus ``extra_tags``) in its metadata.
-
-    ``status`` replaces the recorded status; None keeps it, except that a spool still
-    RUNNING (its process died without closing) becomes KILLED.
-    """
-    df = spool.read_all()
-    write_curves(df, spool.artifacts_dir / schema.ARTIFACT_CURVES)
-    tags = {**summary_tags(df), **(extra_tags or {})}
-
-    def change(meta: dict) -> None:
-        meta["tags"].update(tags)
-        meta["tags_version"] = meta.get("tags_version", 0) + 1
-        if status is not None:
-            meta["status"] = status
-        elif meta.get("status", "RUNNING") == "RUNNING":
-            meta["status"] = "KILLED"
-        if end_ms is not None:
-            meta["end_ms"] = end_ms
-
-    spool.update_meta(change)

@@ -1,0 +1,154 @@
+"""Import and CLI speed at the size of real references (issue 14, "Done when").
+
+Measures, each with the real ``refrun`` command in its own process against a fresh sqlite
+store in a temporary directory:
+
+* ``refrun import megatron`` of a valid golden-values file of 1.75M points (5 metrics x
+  350,000 steps, ~50 MB) until the command returns with a FINISHED run whose curves
+  artifact holds every point (checked), beside the time pandas/pyarrow take to write the
+  same long frame to Parquet (the floor: what any importer must at least do);
+* the same for 100,000 points;
+* ``refrun compare`` of the two 1.75M-point runs with recording and with ``--no-record``;
+* ``refrun --version`` and ``refrun --help``.
+
+Run: ``.venv/bin/python benchmarks/bench_import.py [--steps 350000]``.
+Targets: 1.75M points <= 10 s, 100k points <= 2 s, compare with recording within 1.5x of
+``--no-record``, ``--version``/``--help`` <= 0.5 s.  Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+METRICS = ("lm loss", "iteration-time", "num-zeros", "mem-allocated-bytes", "grad-norm")
+
+
+def golden_values(path: Path, steps: int, seed: int) -> int:
+    """Write a valid Megatron golden-values file of ``5 x steps`` points; returns that."""
+    rng = np.random.default_rng(seed)
+    s = np.arange(1, steps + 1)
+    doc = {}
+    for i, name in enumerate(METRICS):
+        v = np.exp(-s / steps * 3) * 10 + rng.normal(0, 1e-3, steps) + i
+        vals: list[float | str] = np.round(v, 6).tolist()
+        vals[steps // 2] = "nan"  # golden files carry "nan" strings
+        doc[name] = {"start_step": 1, "end_step": steps, "step_interval": 1,
+                     "values": dict(zip(map(str, s.tolist()), vals, strict=True))}
+    path.write_text(json.dumps(doc))
+    return steps * len(METRICS)
+
+
+def refrun(args: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """Seconds the ``refrun`` command takes in its own process, and its stdout."""
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "refrun", *args], capture_output=True,
+                          text=True, env=env, check=False)
+    sec = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"refrun {' '.join(args)} failed ({proc.returncode}):\n"
+                         f"{proc.stderr[-2000:]}")
+    return sec, proc.stdout
+
+
+def import_file(path: Path, role: str, uri: str, env: dict[str, str]) -> tuple[float, str]:
+    sec, out = refrun(["import", "megatron", str(path), "--workload", "bench", "--role", role,
+                       "--hardware", "h100", "--tracking-uri", uri], env)
+    return sec, out.strip().splitlines()[-1]
+
+
+def check_complete(run_id: str, uri: str, points: int) -> str:
+    """The run is FINISHED and its curves artifact has every point."""
+    from mlflow.tracking import MlflowClient
+
+    from refrun.comparison import load_run
+
+    run = MlflowClient(uri).get_run(run_id)
+    data = load_run(run_id, tracking_uri=uri, progress=False)
+    ok = run.info.status == "FINISHED" and data.source == "artifact" and data.points == points
+    return (f"{run.info.status}, artifact {data.points:,} of {points:,} points"
+            + ("" if ok else "  <-- INCOMPLETE"))
+
+
+def pandas_floor(path: Path, steps: int) -> float:
+    """Seconds to write the same long frame with pandas/pyarrow (zstd Parquet)."""
+    n = steps * len(METRICS)
+    df = pd.DataFrame({
+        "metric": pd.Categorical(np.repeat(np.array(METRICS, dtype=object), steps)),
+        "step": np.tile(np.arange(1, steps + 1, dtype=np.int64), len(METRICS)),
+        "value": np.random.default_rng(0).random(n),
+        "timestamp_ms": np.full(n, 1_700_000_000_000, dtype=np.int64),
+        "seq": np.arange(n, dtype=np.int64),
+    })
+    t = time.perf_counter()
+    df.to_parquet(path, engine="pyarrow", compression="zstd", index=False)
+    return time.perf_counter() - t
+
+
+def startup(args: list[str], env: dict[str, str], repeats: int) -> float:
+    return statistics.median(refrun(args, env)[0] for _ in range(repeats))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=350_000, help="steps per metric (x5)")
+    ap.add_argument("--small-steps", type=int, default=20_000)
+    ap.add_argument("--repeats", type=int, default=5, help="startup timings (median)")
+    args = ap.parse_args()
+    rows: list[tuple[str, float, str]] = []
+    with tempfile.TemporaryDirectory(prefix="refrun-bench-import-") as tmp_s:
+        tmp = Path(tmp_s)
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "REFRUN_SPOOL_DIR": str(tmp / "sp")}
+        # The store's first use creates its tables (~1-2 s): not part of any import.
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).search_experiments()
+
+        small = tmp / "golden_values_small.json"
+        n_small = golden_values(small, args.small_steps, 1)
+        sec, rid = import_file(small, "reference", uri, env)
+        rows.append((f"import megatron, {n_small:,} points (target <= 2 s)", sec,
+                     check_complete(rid, uri, n_small)))
+
+        big_a, big_b = tmp / "golden_values_a.json", tmp / "golden_values_b.json"
+        n_big = golden_values(big_a, args.steps, 2)
+        golden_values(big_b, args.steps, 3)
+        size_mb = big_a.stat().st_size / 1e6
+        sec_a, ref = import_file(big_a, "reference", uri, env)
+        floor = pandas_floor(tmp / "floor.parquet", args.steps)
+        rows.append((f"import megatron, {n_big:,} points, {size_mb:.0f} MB (target <= 10 s)",
+                     sec_a, f"{check_complete(ref, uri, n_big)}; "
+                     f"{sec_a / floor:.1f}x pandas.to_parquet of the frame"))
+        rows.append(("  pandas/pyarrow to_parquet of the same frame", floor, "the floor"))
+        _, cand = import_file(big_b, "candidate", uri, env)
+
+        cmp = ["compare", "--reference", ref, "--candidate", cand, "--tracking-uri", uri]
+        no_rec, _ = refrun([*cmp, "--no-record"], env)
+        rec, _ = refrun(cmp, env)
+        rows.append((f"compare {args.steps:,} steps x 5 metrics, --no-record", no_rec, ""))
+        rows.append(("compare, recording the comparison run", rec,
+                     f"{rec / no_rec:.2f}x --no-record (target <= 1.5x)"))
+
+        rows.append(("refrun --version (median)", startup(["--version"], env, args.repeats),
+                     "target <= 0.5 s"))
+        rows.append(("refrun --help (median)", startup(["--help"], env, args.repeats),
+                     "target <= 0.5 s"))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'what':<{width}}  {'seconds':>8}  note")
+    for what, sec, note in rows:
+        print(f"{what:<{width}}  {sec:>8.2f}  {note}")
+
+
+if __name__ == "__main__":
+    main()

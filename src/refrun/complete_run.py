@@ -1,0 +1,207 @@
+"""Writing a run whose every point is known up front, directly into the store.
+
+Imports and comparison runs are not live runs: all their points exist before anything is
+written.  They do not go through the session's spool and delivery process (whose cost
+grows with the number of points, ~10k points/s into MLflow).  Instead, in one pass:
+
+1. the run is created with its identity tags (built by the same function as a recorded
+   run's, so it is found and compared like any other);
+2. params, then MLflow's metric history gets a bounded spike-preserving view per metric
+   (:func:`refrun.thinning.bounded_view`: every point when there are few; otherwise the
+   first and last step, each bucket's first point, extremes and first non-finite value);
+3. the ``refrun/curves.parquet`` artifact gets every point, plus any JSON artifacts;
+4. end-of-run tags (step counts, non-finite count, the view's size), then FINISHED.
+
+:func:`write_complete_run` returns only then.  A store error after the run was created
+marks it FAILED and deletes it, so nothing half-written stays visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.recording.config import RunConfig
+from refrun.recording.curves import summary_tags, write_curves
+from refrun.recording.delivery import client_for, ensure_experiment
+from refrun.recording.session import identity_tags as _session_identity_tags
+from refrun.thinning import MLFLOW_MAX_POINTS, bounded_view
+from refrun.tracking import resolve_tracking_uri
+
+__all__ = [
+    "CompleteRun",
+    "curves_table",
+    "identity_tags",
+    "mlflow_view",
+    "write_complete_run",
+    "write_curves",
+]
+
+# MLflow's documented log_batch limits.
+_METRICS_PER_BATCH = 1000
+_TAGS_PER_BATCH = 100
+
+
+def identity_tags(workload: str, role: str, *, hardware: str | None, backend: str,
+                  seed: int | None = None, chips: int | None = None) -> dict[str, str]:
+    """The identity tags a recorded run gets (the session's own function, so imported and
+    comparison runs are found and compared like any other), for a run this process did
+    not train.  Raises :class:`RefrunInputError` for a bad workload, role, seed or chips
+    (the session's own validation, :class:`~refrun.recording.config.RunConfig`)."""
+    config = RunConfig(workload=workload, role=role, tracking_uri="unused",
+                       spool_root=Path("unused"), hardware=hardware, backend=backend,
+                       seed=seed, chips=chips, snapshot_environment=False)
+    return _session_identity_tags(config)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def curves_table(metrics: Sequence[str] | np.ndarray | pd.Categorical,
+                 steps: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
+                 timestamp_ms: int) -> pd.DataFrame:
+    """The curves artifact's long table from columns in logging order: ``metric``
+    categorical, ``seq`` 0, 1, 2 ..., every point stamped ``timestamp_ms`` (the time the
+    run is written: imported files and comparisons carry no per-point times)."""
+    n = len(steps)
+    return pd.DataFrame({
+        "metric": pd.Categorical(metrics),
+        "step": np.asarray(steps, dtype=np.int64),
+        "value": np.asarray(values, dtype=np.float64),
+        "timestamp_ms": np.full(n, timestamp_ms, dtype=np.int64),
+        "seq": np.arange(n, dtype=np.int64),
+    })
+
+
+def mlflow_view(table: pd.DataFrame, max_points: int = MLFLOW_MAX_POINTS) -> list[Metric]:
+    """The points sent to MLflow's metric history: per metric, in step order (logging
+    order within a step), the :func:`~refrun.thinning.bounded_view` of at most about
+    ``max_points`` points (first and last step always; every point when there are few)."""
+    out: list[Metric] = []
+    col = table["metric"]
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        col = col.astype("category")
+    codes = col.cat.codes.to_numpy()
+    steps = table["step"].to_numpy()
+    values = table["value"].to_numpy()
+    stamps = table["timestamp_ms"].to_numpy()
+    for i, name in enumerate(col.cat.categories):
+        rows = np.flatnonzero(codes == i)
+        if not len(rows):
+            continue
+        rows = rows[np.argsort(steps[rows], kind="stable")]
+        keep = rows[bounded_view(values[rows], max_points)]
+        out.extend(Metric(str(name), float(v), int(t), int(s))
+                   for s, v, t in zip(steps[keep].tolist(), values[keep].tolist(),
+                                      stamps[keep].tolist(), strict=True))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class CompleteRun:
+    """Everything a run holds, ready to be written in one pass."""
+
+    experiment: str
+    tags: dict[str, str]
+    """Tags set when the run is created (identity first)."""
+    table: pd.DataFrame = field(repr=False)
+    """Every point (:func:`curves_table`); written as the curves artifact."""
+    params: dict[str, str] = field(default_factory=dict)
+    run_name: str | None = None
+    json_artifacts: dict[str, Any] = field(default_factory=dict)
+    """Artifact path (``refrun/comparison.json``) -> JSON-able document."""
+    end_tags: dict[str, str] = field(default_factory=dict)
+    """Tags set once everything else is written."""
+    max_points: int = MLFLOW_MAX_POINTS
+    """Most points per metric in MLflow's metric history."""
+
+
+def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str:
+    """Write ``run`` into the store and return its MLflow run id once it is FINISHED.
+
+    Raises :class:`RefrunInputError` (one line) when the store cannot be reached or
+    fails midway; a run created before the failure is marked FAILED and deleted.
+    """
+    uri = resolve_tracking_uri(tracking_uri)
+    view = mlflow_view(run.table, run.max_points)
+    try:
+        client = client_for(uri)  # a new sqlite store is created once, under a file lock
+        exp_id = ensure_experiment(client, run.experiment)
+        run_id = client.create_run(exp_id, start_time=now_ms(), tags=run.tags,
+                                   run_name=run.run_name).info.run_id
+    except (MlflowException, OSError) as exc:
+        raise RefrunInputError(f"tracking store {uri}: cannot create the run "
+                               f"({type(exc).__name__}: {_short(exc)})") from exc
+    try:
+        _fill(client, run_id, run, view)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            client.set_terminated(run_id, "FAILED")
+            client.delete_run(run_id)
+        if isinstance(exc, MlflowException | OSError):
+            raise RefrunInputError(f"tracking store {uri}: writing run {run_id} failed, "
+                                   f"run deleted ({type(exc).__name__}: {_short(exc)})"
+                                   ) from exc
+        raise
+    return run_id
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric]) -> None:
+    params = [Param(k, str(v)[:6000]) for k, v in run.params.items()]
+    for i in range(0, len(params), _TAGS_PER_BATCH):
+        client.log_batch(run_id, params=params[i:i + _TAGS_PER_BATCH])
+    for i in range(0, len(view), _METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=view[i:i + _METRICS_PER_BATCH])
+    with tempfile.TemporaryDirectory(prefix="refrun-run-") as tmp:
+        # Laid out as the artifact tree (refrun/curves.parquet ...), uploaded in one call.
+        write_curves(run.table, Path(tmp, schema.ARTIFACT_CURVES))
+        for name, doc in run.json_artifacts.items():
+            path = Path(tmp, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n",
+                            encoding="utf-8")
+        client.log_artifacts(run_id, tmp)
+    end = {
+        **summary_tags(run.table),
+        schema.TAG_DROPPED: "0",
+        schema.TAG_REFUSED: "0",
+        schema.TAG_WARNINGS: "0",
+        schema.TAG_MLFLOW_VIEW: mlflow_view_note(run.max_points, len(view), len(run.table)),
+        **run.end_tags,
+    }
+    tags = [RunTag(k, v) for k, v in end.items()]
+    for i in range(0, len(tags), _TAGS_PER_BATCH):
+        client.log_batch(run_id, tags=tags[i:i + _TAGS_PER_BATCH])
+    client.set_terminated(run_id, "FINISHED", end_time=now_ms())
+
+
+def mlflow_view_note(max_points: int, sent: int, total: int) -> str:
+    """The ``refrun.mlflow_view`` tag: how MLflow's history relates to the artifact."""
+    return (f"bounded_view max_points={max_points} per metric: {sent} of {total} points; "
+            f"every point in {schema.ARTIFACT_CURVES}")
+
+
+def string_tags(tags: Mapping[str, Any]) -> dict[str, str]:
+    """Tag values as MLflow stores them (strings, at most 5,000 characters)."""
+    return {k: (v if isinstance(v, str) else json.dumps(v, default=str)
+                if isinstance(v, dict | list | tuple) else str(v))[:5000]
+            for k, v in tags.items()}

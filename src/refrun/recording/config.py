@@ -1,0 +1,75 @@
+"""The typed configuration of one recorded run, built by ``start_run`` and validated once."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.recording.settings import DELIVERIES, Delivery
+
+
+def _int_or_none(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise RefrunInputError(f"{name}: expected an integer, got {value!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """Everything ``start_run`` needs to open a run; invalid values raise
+    :class:`RefrunInputError` from ``__post_init__``, before anything is written."""
+
+    workload: str
+    """Workload name; also the default experiment name."""
+    role: str
+    """One of :data:`refrun.schema.ROLES`."""
+    tracking_uri: str
+    """Resolved MLflow tracking URI (see :func:`refrun.tracking.resolve_tracking_uri`)."""
+    spool_root: Path
+    """Absolute directory under which this run's spool directory is created."""
+    hardware: str | None = None
+    backend: str | None = None
+    seed: int | None = None
+    chips: int | None = None
+    global_batch: int | None = None
+    planned_steps: int | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    tags: Mapping[str, Any] = field(default_factory=dict)
+    run_name: str | None = None
+    experiment: str | None = None
+    """MLflow experiment; None: the workload name."""
+    flush_interval_s: float = 1.0
+    """Seconds between spool writes; a SIGKILL loses at most this much."""
+    mlflow_every: int = 1
+    """Send only every n-th step of per-step metrics into MLflow's (already bounded) view."""
+    max_queue: int = 2_000_000
+    """Points held in memory before further points are dropped and counted."""
+    snapshot_environment: bool = True
+    """Describe this process (versions, device, git); False for runs recorded elsewhere."""
+    delivery: Delivery = "process"
+    close_timeout_s: float = 5.0
+    """Seconds ``close()`` waits for delivery that makes no progress."""
+    start_wait_s: float = 3.0
+    """Seconds ``start_run`` waits for the store to create the run."""
+
+    def __post_init__(self) -> None:
+        if not self.workload or not isinstance(self.workload, str):
+            raise RefrunInputError("workload: a non-empty name is required")
+        if self.role not in schema.ROLES:
+            raise RefrunInputError(f"role: {self.role!r} is not one of {', '.join(schema.ROLES)}")
+        for name in ("seed", "chips", "global_batch", "planned_steps", "mlflow_every",
+                     "max_queue"):
+            _int_or_none(name, getattr(self, name))
+        if self.mlflow_every < 1:
+            raise RefrunInputError("mlflow_every: must be >= 1")
+        if not self.flush_interval_s > 0:
+            raise RefrunInputError("flush_interval_s: must be > 0")
+        for name in ("close_timeout_s", "start_wait_s"):
+            if not getattr(self, name) >= 0:
+                raise RefrunInputError(f"{name}: must be >= 0")
+        if self.delivery not in DELIVERIES:
+            raise RefrunInputError(f"delivery: {self.delivery!r} is not 'process' or 'thread'")

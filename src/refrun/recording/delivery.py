@@ -1,0 +1,524 @@
+"""Delivery: the one component that moves a spool into an MLflow tracking store.
+
+It owns everything about delivery that more than one caller needs — the session's
+background thread (``delivery="thread"``), the delivery process
+(:mod:`refrun.recording.process`) and ``refrun sync`` all go through it:
+
+* the lock files (``lock``: the live session; ``delivery.lock``: the live delivery
+  process) and the status file (``delivery.json``) the process reports through;
+* the single retry back-off (:class:`Backoff`: 1 s doubling to 30 s);
+* one delivery step (:func:`deliver_pending`) and the complete delivery of a closed spool
+  (:func:`finalize`), which sends MLflow the bounded view of :mod:`refrun.recording.view`;
+* the end-of-run seal (:func:`seal`: curves artifact + summary tags + status);
+* :func:`finish_spool`, the single place that decides a spool still ``RUNNING`` with no
+  live owner belongs to a process that died: it is sealed as ``KILLED``.
+
+A batch the store refuses permanently (an MLflow error that is not a connection error or a
+server error) is split until the offending points are found; those are skipped, counted in
+``refrun.skipped`` and named in ``refrun/warnings.json``, so one bad point never blocks a run.
+MLflow is imported on first use, so the session and the delivery process start light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from refrun import schema
+from refrun.keys import key_problem, step_problem
+from refrun.recording import view
+from refrun.recording.curves import summary_tags, write_curves
+from refrun.recording.spool import (
+    Cursor,
+    Point,
+    RunStatus,
+    Spool,
+    SpoolMeta,
+    atomic_write,
+    disk_full,
+    unlock,
+)
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+SESSION_LOCK = "lock"
+DELIVERY_LOCK = "delivery.lock"
+STATUS_FILE = "delivery.json"
+# MLflow's documented log_batch limits.
+MAX_METRICS_PER_BATCH = 1000
+MAX_TAGS_PER_BATCH = 100
+MAX_SKIPPED_REASONS = 20
+
+Outcome = Literal["delivered", "complete", "live", "error"]
+T = TypeVar("T")
+
+
+# --- the retry back-off ----------------------------------------------------------------
+@dataclass(slots=True)
+class Backoff:
+    """Retry pacing after store errors: ``first_s`` doubling up to ``cap_s``."""
+
+    first_s: float = 1.0
+    cap_s: float = 30.0
+    delay_s: float = 0.0
+    retry_at: float = 0.0
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.retry_at
+
+    def failed(self) -> float:
+        """Record a failure; returns the delay before the next try (seconds)."""
+        self.delay_s = min(self.cap_s, max(self.first_s, self.delay_s * 2))
+        self.retry_at = time.monotonic() + self.delay_s
+        return self.delay_s
+
+    def succeeded(self) -> None:
+        self.delay_s = 0.0
+        self.retry_at = 0.0
+
+
+# --- locks and the status file ----------------------------------------------------------
+def owner(spool: Spool) -> Literal["session", "delivery"] | None:
+    """Who is alive and owns ``spool``: its delivery process, its session, or nobody."""
+    if spool.locked(DELIVERY_LOCK):
+        return "delivery"
+    if spool.locked(SESSION_LOCK):
+        return "session"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryStatus:
+    """What the delivery process last reported (``delivery.json``)."""
+
+    ok: bool
+    error: str | None
+    changed: float
+    """Wall time (s) ``ok``/``error`` last changed."""
+    progress: float
+    """Wall time (s) of the last successful delivery step (a heartbeat)."""
+
+
+def write_status(spool: Spool, status: DeliveryStatus) -> None:
+    # Not fsynced: a heartbeat, rewritten often; a reader sees the old or the new file.
+    atomic_write(spool.path / STATUS_FILE, json.dumps({
+        "ok": status.ok, "error": status.error, "changed": status.changed,
+        "progress": status.progress}), durable=False)
+
+
+def read_status(spool: Spool) -> DeliveryStatus | None:
+    try:
+        raw = json.loads((spool.path / STATUS_FILE).read_text())
+        return DeliveryStatus(bool(raw["ok"]), raw.get("error"), float(raw["changed"]),
+                              float(raw["progress"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --- the store ------------------------------------------------------------------------
+_clients: dict[str, MlflowClient] = {}
+
+
+def client_for(uri: str) -> MlflowClient:
+    """An MLflow client for ``uri`` whose store is ready (one per process and URI).
+
+    A new sqlite store is created and migrated by the first client; several processes
+    doing that at once fail (``table _alembic_tmp_... already exists``), so for sqlite the
+    store is opened under an exclusive file lock beside the database.
+    """
+    client = _clients.get(uri)
+    if client is not None:
+        return client
+    from mlflow.tracking import MlflowClient
+
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{db}.refrun-init.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            client = MlflowClient(tracking_uri=uri)  # opens the store: creates/migrates it
+        finally:
+            os.close(fd)
+    else:
+        client = MlflowClient(tracking_uri=uri)
+    _clients[uri] = client
+    return client
+
+
+def local_store(uri: str) -> bool:
+    """True for a store in a local database file (it answers or fails by itself)."""
+    return uri.startswith("sqlite:")
+
+
+def transient(exc: BaseException) -> bool:
+    """True for a store error worth retrying (unreachable, timeout, 5xx, database busy);
+    False for a refusal of the request itself (MLflow's 4xx: a bad name, value or step)."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(exc, MlflowException):
+        return True
+    return not 400 <= exc.get_http_status_code() < 500 or exc.get_http_status_code() == 429
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> str:
+    """Id of the experiment called ``name``, created if missing (safe under races)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def ensure_run(spool: Spool) -> str:
+    """The spool's MLflow run id, creating the run (and experiment) the first time.
+
+    Serialised by ``create.lock`` so that the session's start and its delivery process
+    never create two runs for one spool.
+    """
+    meta = spool.read_meta()
+    if meta.run_id:
+        return meta.run_id
+    fd = os.open(spool.path / "create.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        meta = spool.read_meta()
+        if meta.run_id:
+            return meta.run_id
+        client = client_for(meta.tracking_uri)
+        exp_id = ensure_experiment(client, meta.experiment)
+        run = client.create_run(exp_id, start_time=meta.start_ms, tags=meta.tags,
+                                run_name=meta.run_name)
+        run_id = run.info.run_id
+
+        def record(m: SpoolMeta) -> None:
+            m.run_id, m.experiment_id = run_id, exp_id
+
+        spool.update_meta(record)
+        return run_id
+    finally:
+        os.close(fd)
+
+
+def _send_skipping_refused(send: Callable[[list[T]], None], items: list[T], what: str,
+                           refused: list[str]) -> int:
+    """``send(items)``; when the store refuses it permanently, halve until the refused
+    items are isolated and skip those (their reasons appended to ``refused``).  Returns
+    how many items were skipped.  A transient error propagates (the caller retries)."""
+    try:
+        send(items)
+        return 0
+    except Exception as exc:
+        if transient(exc):
+            raise
+        if len(items) == 1:
+            refused.append(f"{what} {items[0]!r} refused by the store: {str(exc)[:200]}")
+            return 1
+    mid = len(items) // 2
+    return (_send_skipping_refused(send, items[:mid], what, refused)
+            + _send_skipping_refused(send, items[mid:], what, refused))
+
+
+def _record_skipped(spool: Spool, skipped: int, reasons: list[str]) -> None:
+    if not skipped:
+        return
+
+    def change(m: SpoolMeta) -> None:
+        m.skipped += skipped
+        m.skipped_reasons = (m.skipped_reasons + reasons)[:MAX_SKIPPED_REASONS]
+
+    spool.update_meta(change)
+
+
+def deliver_tags_params(spool: Spool, client: MlflowClient, run_id: str) -> None:
+    """Send every tag and param in the spool metadata (idempotent: values never change)."""
+    from mlflow.entities import Param, RunTag
+
+    meta = spool.read_meta()
+    version = meta.tags_version
+    if meta.tags_delivered >= version:
+        return
+    items: list[Any] = [RunTag(k, str(v)) for k, v in meta.tags.items()]
+    items += [Param(k, str(v)) for k, v in meta.params.items()]
+
+    def send(chunk: list[Any]) -> None:
+        client.log_batch(run_id, tags=[x for x in chunk if isinstance(x, RunTag)],
+                         params=[x for x in chunk if isinstance(x, Param)])
+
+    refused: list[str] = []
+    skipped = 0
+    for i in range(0, len(items), MAX_TAGS_PER_BATCH):
+        skipped += _send_skipping_refused(send, items[i:i + MAX_TAGS_PER_BATCH],
+                                          "tag/param", refused)
+    _record_skipped(spool, skipped, refused)
+
+    def done(m: SpoolMeta) -> None:
+        m.tags_delivered = max(m.tags_delivered, version)
+
+    spool.update_meta(done)
+
+
+def _send_points(spool: Spool, client: MlflowClient, run_id: str, points: list) -> None:
+    from mlflow.entities import Metric
+
+    def send(chunk: list) -> None:
+        client.log_batch(run_id, metrics=[Metric(k, v, t, s) for k, s, t, v in chunk])
+
+    refused: list[str] = []
+    skipped = 0
+    for i in range(0, len(points), MAX_METRICS_PER_BATCH):
+        skipped += _send_skipping_refused(send, points[i:i + MAX_METRICS_PER_BATCH],
+                                          "point", refused)
+    _record_skipped(spool, skipped, refused)
+
+
+def _storable(spool: Spool, batch: list[Point]) -> list[Point]:
+    """``batch`` without points MLflow would refuse for their name or step (a spool written
+    by something other than the session, or by an older refrun); those are skipped."""
+    key_problems: dict[str, str | None] = {}
+    reasons: dict[str, None] = {}  # ordered set
+    good = []
+    for p in batch:
+        if p[0] not in key_problems:
+            key_problems[p[0]] = key_problem(p[0])
+        problem = key_problems[p[0]] or step_problem(p[1])
+        if problem is None:
+            good.append(p)
+        else:
+            reasons[problem] = None
+    if len(good) < len(batch):
+        _record_skipped(spool, len(batch) - len(good),
+                        [f"point skipped at delivery: {r}" for r in reasons])
+    return good
+
+
+def deliver_points(spool: Spool, client: MlflowClient, run_id: str, every: int = 1,
+                   max_batches: int | None = None) -> int:
+    """Send the MLflow view of undelivered spool lines; returns how many lines were read.
+
+    The cursor (with the view's state) advances only after the store accepted the batch.
+    ``max_batches`` bounds the work of one call (None: everything).
+    """
+    start = spool.read_cursor()
+    state = start.view
+    lines = start.lines
+    for i, (batch, lines_after, bytes_after) in enumerate(
+        spool.iter_undelivered(MAX_METRICS_PER_BATCH)
+    ):
+        if max_batches is not None and i >= max_batches:
+            break
+        chosen = view.select(_storable(spool, batch), state, every)
+        if chosen:
+            _send_points(spool, client, run_id, chosen)
+        spool.write_cursor(Cursor(lines_after, bytes_after, state))
+        lines = lines_after
+    return lines - start.lines
+
+
+def deliver_pending(spool: Spool, max_batches: int | None = None) -> str:
+    """Create the run if needed, then send tags, params and the view of undelivered
+    points (at most ``max_batches`` batches); returns the MLflow run id.  Raises on a
+    store error."""
+    run_id = ensure_run(spool)
+    meta = spool.read_meta()
+    client = client_for(meta.tracking_uri)
+    deliver_tags_params(spool, client, run_id)
+    deliver_points(spool, client, run_id, meta.mlflow_every, max_batches)
+    return run_id
+
+
+def deliver_artifacts(spool: Spool, client: MlflowClient, run_id: str) -> None:
+    """Upload files in the spool's artifacts/ not yet uploaded (recorded in the meta)."""
+    done = set(spool.read_meta().artifacts_delivered)
+    for path in sorted(Path(spool.artifacts_dir).rglob("*")):
+        if not path.is_file() or path.name.endswith(".tmp"):
+            continue
+        rel = path.relative_to(spool.artifacts_dir).as_posix()
+        stamp = f"{rel}@{path.stat().st_mtime_ns}"
+        if stamp in done:
+            continue
+        parent = str(Path(rel).parent)
+        client.log_artifact(run_id, str(path), artifact_path=None if parent == "." else parent)
+        done.add(stamp)
+        delivered = sorted(done)
+
+        def record(m: SpoolMeta, d: list[str] = delivered) -> None:
+            m.artifacts_delivered = d
+
+        spool.update_meta(record)
+
+
+# --- the end of a run -------------------------------------------------------------------
+def seal(spool: Spool, status: RunStatus | None = None, end_ms: int | None = None,
+         extra_tags: dict[str, str] | None = None) -> None:
+    """End-of-run bookkeeping of a spool: write its curves artifact from every spooled
+    point and record the summary tags (plus ``extra_tags``), the status and the end time.
+
+    ``status`` None keeps the recorded one, except that a spool still RUNNING (its process
+    died without closing) becomes KILLED.  Writing the artifact may fail (disk full): the
+    status, end time and tags are recorded regardless (with ``refrun.curves.missing``) and
+    the error is raised afterwards.
+    """
+    tags = dict(extra_tags or {})
+    error: Exception | None = None
+    try:
+        df = spool.read_all()
+        tags.update(summary_tags(df))
+        write_curves(df, spool.artifacts_dir / schema.ARTIFACT_CURVES)
+    except Exception as exc:  # the status and end time are recorded regardless
+        error = exc
+        tags[schema.TAG_CURVES_MISSING] = f"{type(exc).__name__}: {exc}"[:500]
+
+    def change(m: SpoolMeta) -> None:
+        m.tags.update(tags)
+        m.tags_version += 1
+        if status is not None:
+            m.status = status
+        elif m.status == "RUNNING":
+            m.status = "KILLED"
+        if end_ms is not None:
+            m.end_ms = end_ms
+        elif m.end_ms is None:
+            m.end_ms = _last_point_ms(spool) or time.time_ns() // 1_000_000
+
+    spool.update_meta(change)
+    if error is not None:
+        raise error
+
+
+def _last_point_ms(spool: Spool) -> int | None:
+    """Timestamp of the last spooled point: the best end time of a run that died."""
+    try:
+        with open(spool.points_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [x for x in f.read().split(b"\n") if x.count(b"\t") == 3]
+        return int(lines[-1].split(b"\t")[2]) if lines else None
+    except (OSError, ValueError):
+        return None
+
+
+def _note_skipped(spool: Spool, meta: SpoolMeta) -> None:
+    """Add what delivery skipped to the run's tags and warnings artifact."""
+    if not meta.skipped:
+        return
+    path = spool.artifacts_dir / schema.ARTIFACT_WARNINGS
+    with contextlib.suppress(OSError, ValueError):
+        doc = json.loads(path.read_text()) if path.exists() else {"warnings": []}
+        doc.setdefault("warnings", []).extend(
+            {"time_ms": None, "step": None, "message": r} for r in meta.skipped_reasons)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(doc, indent=1, default=str))
+
+    def change(m: SpoolMeta) -> None:
+        m.tags[schema.TAG_SKIPPED] = str(m.skipped)
+        m.tags_version += 1
+
+    spool.update_meta(change)
+
+
+def finalize(spool: Spool) -> str:
+    """Deliver a sealed spool completely and terminate its MLflow run with its status;
+    returns the run id.  Raises on a store error (the spool is unchanged for a retry)."""
+    run_id = deliver_pending(spool)
+    meta = spool.read_meta()
+    client = client_for(meta.tracking_uri)
+    cursor = spool.read_cursor()
+    owed = view.seal(cursor.view)
+    if owed:
+        _send_points(spool, client, run_id, owed)
+        spool.write_cursor(Cursor(cursor.lines, cursor.nbytes, cursor.view))
+    _note_skipped(spool, spool.read_meta())
+    deliver_tags_params(spool, client, run_id)
+    deliver_artifacts(spool, client, run_id)
+    meta = spool.read_meta()
+    client.set_terminated(run_id, status=meta.status,
+                          end_time=meta.end_ms or time.time_ns() // 1_000_000)
+
+    def done(m: SpoolMeta) -> None:
+        m.complete = True
+
+    spool.update_meta(done)
+    return run_id
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolResult:
+    """What delivering one spool did."""
+
+    local_id: str
+    outcome: Outcome
+    run_id: str | None
+    points: int
+    """Spool lines delivered by this call."""
+    detail: str = ""
+
+
+def finish_spool(spool: Spool, *, as_delivery_process: bool = False) -> SpoolResult:
+    """Deliver one spool whose session has ended, completely; see the module docstring.
+
+    A spool with a live session or delivery process is left alone (``live``), except by
+    its own delivery process (``as_delivery_process``).  A spool still RUNNING whose owner
+    is gone is sealed as KILLED (its end time: its last point).  Raises only for a full
+    disk (:func:`refrun.recording.spool.disk_full`); other errors are an ``error`` result.
+    """
+    if not as_delivery_process and spool.locked(DELIVERY_LOCK):
+        return SpoolResult(spool.local_id, "live", _run_id(spool), 0,
+                           "its delivery process is still running")
+    fd = spool.try_lock(SESSION_LOCK)
+    if fd is None:
+        return SpoolResult(spool.local_id, "live", _run_id(spool), 0,
+                           "a running session holds it")
+    try:
+        meta = spool.read_meta()
+        if meta.complete:
+            return SpoolResult(spool.local_id, "complete", meta.run_id, 0)
+        before = spool.read_cursor().lines
+        curves = spool.artifacts_dir / schema.ARTIFACT_CURVES
+        if meta.status == "RUNNING" or not curves.exists():
+            # The owner died without closing: no curves artifact, no end-of-run tags.
+            seal(spool)
+        try:
+            run_id = finalize(spool)
+        except Exception as exc:
+            if disk_full(exc):
+                raise
+            return SpoolResult(spool.local_id, "error", _run_id(spool),
+                               spool.read_cursor().lines - before,
+                               f"{type(exc).__name__}: {str(exc)[:200]}")
+        meta = spool.read_meta()
+        return SpoolResult(spool.local_id, "delivered", run_id,
+                           spool.read_cursor().lines - before, f"status {meta.status}")
+    finally:
+        unlock(fd)
+
+
+def _run_id(spool: Spool) -> str | None:
+    with contextlib.suppress(OSError, ValueError):
+        return spool.read_meta().run_id
+    return None
+
+
+def shrink_delivered(spool: Spool, keep: bool) -> None:
+    """Free a completely delivered spool's bulk (points and artifacts); the small metadata
+    stays for its session (the run id) and ``refrun sync`` removes it later."""
+    if keep:
+        return
+    import shutil
+
+    with contextlib.suppress(OSError):
+        spool.points_path.unlink()
+    shutil.rmtree(spool.artifacts_dir, ignore_errors=True)

@@ -1,0 +1,588 @@
+"""The run session: one MLflow run, recorded without ever slowing or breaking training.
+
+``start_run`` returns a :class:`RunSession`, a context manager over one MLflow run::
+
+    with refrun.start_run(workload="digits-mlp", role="reference", hardware="cpu",
+                          backend="torch", seed=0, chips=1, global_batch=64) as run:
+        for step in range(steps):
+            loss = train_step(...)
+            run.log(step, loss=loss)          # Python numbers; probes handle device values
+        run.log_eval(step, accuracy=acc)
+
+The session only accepts points and warnings and manages the run's life cycle.  Accepting
+a point costs a few hundred nanoseconds on the training thread: it is checked (MLflow's
+own name and step rules, :mod:`refrun.keys`) and appended to a bounded in-memory queue.
+The spool writer (:mod:`refrun.recording.writer`) puts it on disk and the delivery process
+(:mod:`refrun.recording.process`) into MLflow.  Bad input (a name or step MLflow would
+refuse, a non-finite value, a step that repeats or goes backwards, a log after the run
+ended) is counted and recorded as a warning, never raised into the loop.
+
+The run's final status says what happened: FINISHED, FAILED (an exception) or KILLED
+(KeyboardInterrupt / SystemExit with a non-zero code).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import math
+import numbers
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from refrun import identity, schema
+from refrun._version import __version__
+from refrun.keys import key_problem, step_problem
+from refrun.recording import delivery, process
+from refrun.recording.config import RunConfig
+from refrun.recording.delivery import SESSION_LOCK
+from refrun.recording.settings import Delivery, bound_http_requests, settings
+from refrun.recording.spool import RunStatus, Spool, SpoolMeta, unlock
+from refrun.recording.writer import SpoolWriter
+from refrun.tracking import resolve_tracking_uri
+
+log = logging.getLogger("refrun")
+
+
+@dataclass
+class StepStats:
+    """Per-metric bookkeeping of steps, kept on the training thread (cheap dict updates)."""
+
+    count: int = 0
+    first: int | None = None
+    last: int | None = None
+    repeated: int = 0
+    backwards: int = 0
+    nonfinite: int = 0
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RunSession:
+    """One recorded run.  Create with :func:`start_run`; use as a context manager."""
+
+    def __init__(self, config: RunConfig, spool: Spool, lock_fd: int | None) -> None:
+        self.config = config
+        self.spool = spool
+        self.close_timeout_s = config.close_timeout_s
+        self._lock_fd = lock_fd
+        self._stats: dict[str, StepStats] = {}
+        self._valid_keys: set[str] = set()
+        self._warnings: list[dict[str, Any]] = []
+        self._warned: set[str] = set()
+        self._wlock = threading.Lock()
+        self._close_hooks: list[Callable[[], None]] = []
+        self._run_id: str | None = None
+        self._closed = False
+        self._status: RunStatus | None = None
+        self._dropped = 0  # queue full
+        self._refused = 0  # bad name/key/step at entry
+        self._writer = SpoolWriter(spool, flush_interval_s=config.flush_interval_s,
+                                   max_queue=config.max_queue, on_warning=self.warn_once,
+                                   deliver_inline=config.delivery == "thread")
+        self._process: subprocess.Popen | None = None
+
+    # --- identity -----------------------------------------------------------
+    @property
+    def tracking_uri(self) -> str:
+        return self.config.tracking_uri
+
+    @property
+    def workload(self) -> str:
+        return self.config.workload
+
+    @property
+    def role(self) -> str:
+        return self.config.role
+
+    @property
+    def local_id(self) -> str:
+        """Id of the local spool; stable even before the MLflow run exists."""
+        return self.spool.local_id
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run id, or None while the store has not been reached yet."""
+        if self._run_id is None:
+            with contextlib.suppress(OSError, ValueError):
+                self._run_id = self.spool.read_meta().run_id
+        return self._run_id
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The run's tags as recorded so far (identity, user tags, probe tags)."""
+        with contextlib.suppress(OSError, ValueError):
+            return dict(self.spool.read_meta().tags)
+        return {}
+
+    @property
+    def status(self) -> RunStatus | None:
+        return self._status
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def warnings(self) -> list[dict[str, Any]]:
+        """Warnings recorded so far (``{"time_ms", "step", "message"}``), oldest first."""
+        with self._wlock:
+            return list(self._warnings)
+
+    @property
+    def points_dropped(self) -> int:
+        """Points accepted but not kept (in-memory queue full, or the spool disk full)."""
+        return self._dropped + self._writer.points_dropped
+
+    @property
+    def points_refused(self) -> int:
+        """Points, tags and params refused at entry (a name, key or step MLflow refuses)."""
+        return self._refused
+
+    # --- logging (training thread) --------------------------------------------
+    def log_metrics(
+        self, step: int, metrics: Mapping[str, Any], timestamp_ms: int | None = None
+    ) -> None:
+        """Accept ``metrics`` (name -> Python/NumPy real number) for training ``step``.
+
+        Never blocks and never raises.  Device values (torch/jax arrays) are not accepted
+        here because reading them would synchronise the host; use a framework probe
+        (``refrun.torch.instrument`` ...) which fetches them after the step completes.
+        """
+        if self._closed:
+            self.warn_once("closed", f"metrics logged after the run ended were ignored: "
+                           f"{sorted(map(str, metrics))[:5]}", None)
+            return
+        try:
+            self._accept(step, metrics, timestamp_ms)
+        except Exception as exc:  # logging must never crash the loop
+            self.warn_once(f"accept:{type(exc).__name__}", f"point not recorded: {exc}", None)
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Keyword form of :meth:`log_metrics`: ``run.log(step, loss=0.3)``."""
+        self.log_metrics(step, metrics)
+
+    def log_eval(self, step: int, **metrics: Any) -> None:
+        """Evaluation metrics at ``step``, recorded as ``eval/<name>`` (always all in MLflow)."""
+        self.log_metrics(step, {schema.EVAL_PREFIX + k: v for k, v in metrics.items()})
+
+    def _refuse(self, key: str, reason: str, n: int, step: int | None) -> None:
+        self._refused += n
+        self.warn_once(key, f"{reason}; not recorded (counted in {schema.TAG_REFUSED})", step)
+
+    def _accept(self, step: Any, metrics: Mapping[str, Any], timestamp_ms: int | None) -> None:
+        problem = step_problem(step)
+        if problem is not None:
+            self._refuse(f"step:{type(step).__name__}", problem, len(metrics), None)
+            return
+        step = int(step)
+        ts = _now_ms() if timestamp_ms is None else int(timestamp_ms)
+        q = self._writer.queue
+        max_queue = self._writer.max_queue
+        for key, value in metrics.items():
+            if key not in self._valid_keys:
+                problem = key_problem(key)
+                if problem is not None:
+                    self._refuse(f"key:{key!r}"[:80], problem, 1, step)
+                    continue
+                self._valid_keys.add(key)
+            # type() first: the numbers.Real ABC check is the slowest part of accepting.
+            if type(value) is not float and (isinstance(value, bool)
+                                             or not isinstance(value, numbers.Real)):
+                self.warn_once(f"type:{key}", f"metric {key!r}: value of type "
+                               f"{type(value).__name__} not accepted by the session (it could "
+                               "force a device sync); use a framework probe", step)
+                continue
+            v = float(value)
+            st = self._stats.get(key)
+            if st is None:
+                st = self._stats[key] = StepStats(first=step)
+            elif step == st.last:
+                st.repeated += 1
+                self.warn_once(f"repeat:{key}", f"metric {key!r}: step {step} repeated", step)
+            elif st.last is not None and step < st.last:
+                st.backwards += 1
+                self.warn_once(f"back:{key}", f"metric {key!r}: step went backwards "
+                               f"({st.last} -> {step})", step)
+            if not math.isfinite(v):
+                st.nonfinite += 1
+                self.warn_once(f"nonfinite:{key}", f"metric {key!r}: non-finite value {v} at "
+                               f"step {step} (recorded as is)", step)
+            st.count += 1
+            st.last = step
+            if len(q) >= max_queue:
+                self._dropped += 1
+                self.warn_once("dropped", "in-memory queue full: points are being dropped "
+                               "(the store or disk cannot keep up)", step)
+                continue
+            q.append((key, step, ts, v))
+
+    def warn_once(self, key: str, message: str, step: int | None = None) -> None:
+        """Record a warning the first time ``key`` occurs (later ones only count); it goes
+        to the run's ``refrun/warnings.json`` and once to stderr (logger ``refrun``)."""
+        with self._wlock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+            self._warnings.append({"time_ms": _now_ms(), "step": step, "message": message})
+        log.warning("refrun: %s", message)
+
+    # --- tags, params, artifacts ---------------------------------------------
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set run tags (delivered in the background; never blocks on the store)."""
+        self._update_meta(tags=self._valid(tags, "tag key"))
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params (immutable in MLflow: a second, different value is skipped there)."""
+        self._update_meta(params=self._valid(params, "param key"))
+
+    def _valid(self, items: Mapping[str, Any], what: str) -> dict[str, Any]:
+        good = {}
+        for k, v in items.items():
+            problem = key_problem(k, what)
+            if problem is None:
+                good[k] = v
+            else:
+                self._refuse(f"{what}:{k!r}"[:80], problem, 1, None)
+        return good
+
+    def _update_meta(self, tags: Mapping[str, Any] | None = None,
+                     params: Mapping[str, Any] | None = None) -> None:
+        def change(meta: SpoolMeta) -> None:
+            meta.tags.update({k: _tag_value(v) for k, v in (tags or {}).items()})
+            meta.params.update({k: _tag_value(v)[:6000] for k, v in (params or {}).items()})
+            meta.tags_version += 1
+
+        try:
+            self.spool.update_meta(change)
+        except Exception as exc:
+            self.warn_once("meta", f"tags/params not recorded: {exc}")
+
+    def log_json(self, name: str, obj: Any) -> None:
+        """Write ``obj`` as JSON to artifact ``name`` (uploaded with the run's artifacts)."""
+        try:
+            path = self.spool.artifacts_dir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(obj, indent=1, default=str), encoding="utf-8")
+        except Exception as exc:
+            self.warn_once(f"artifact:{name}", f"artifact {name} not written: {exc}")
+
+    def log_artifact(self, local_path: str | os.PathLike[str], name: str | None = None) -> None:
+        """Copy a file into the run's artifacts (uploaded at the end of the run)."""
+        src = Path(local_path)
+        dest = self.spool.artifacts_dir / (name or src.name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` when the run ends, before the final flush (probes close here)."""
+        self._close_hooks.append(hook)
+
+    def step_stats(self) -> dict[str, StepStats]:
+        """Per-metric step bookkeeping so far (count, first, last, repeated, backwards)."""
+        return dict(self._stats)
+
+    # --- life cycle ------------------------------------------------------------
+    def _begin(self) -> None:
+        """Create the MLflow run (waiting at most ``start_wait_s``), start the spool writer
+        and the delivery process."""
+        self._create_run_briefly()
+        if self.config.delivery == "process":
+            self._process = process.spawn(self.spool, self.config.flush_interval_s)
+            if self._process is None:
+                self._writer.deliver_inline()
+        self._writer.start()
+        atexit.register(self._atexit)
+
+    def _create_run_briefly(self) -> None:
+        # The run is created now when the store answers, so run_id is known at once; a store
+        # that is down or silent must not hold training: the delivery side creates it later
+        # (ensure_run is serialised per spool, so the two never create two runs).
+        failure: list[BaseException] = []
+
+        def create() -> None:
+            try:
+                delivery.ensure_run(self.spool)
+            except BaseException as exc:
+                failure.append(exc)
+
+        uri = self.config.tracking_uri
+        try:  # local work only (import MLflow; create a new sqlite store once)
+            delivery.client_for(uri)
+        except Exception as exc:
+            failure.append(exc)
+        t = threading.Thread(target=create, name="refrun-create-run", daemon=True)
+        if not failure:
+            t.start()
+            # A local database answers or fails by itself; a server may stay silent.
+            t.join(None if delivery.local_store(uri) else self.config.start_wait_s)
+        if t.is_alive():
+            self.warn_once("offline-start", f"tracking store {uri} did not answer within "
+                           f"{self.config.start_wait_s:g} s; recording to {self.spool.path}")
+        elif failure:
+            self.warn_once("offline-start", f"tracking store {uri} unreachable at start "
+                           f"({type(failure[0]).__name__}); recording to {self.spool.path}")
+
+    def __enter__(self) -> RunSession:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        status: RunStatus
+        if et is None:
+            status = "FINISHED"
+        elif issubclass(et, KeyboardInterrupt) or (
+            issubclass(et, SystemExit) and ev is not None and ev.code not in (0, None)
+        ):
+            status = "KILLED"
+        elif issubclass(et, SystemExit):
+            status = "FINISHED"
+        else:
+            status = "FAILED"
+            if ev is not None:
+                self.warn_once("exception", f"run failed: {type(ev).__name__}: {ev}")
+        self.close(status)
+
+    def close(self, status: RunStatus = "FINISHED") -> bool:
+        """End the run: spool everything, seal it (curves artifact, summary tags, status,
+        end time) and let delivery finish it.
+
+        Waits while delivery makes progress, and at most ``close_timeout_s`` (default 5 s,
+        ``$REFRUN_CLOSE_TIMEOUT_S``) without progress; then the delivery process finishes
+        in the background (or ``refrun sync`` later).  Returns True when the run is complete
+        in the store.  Safe to call twice.
+        """
+        if self._closed:
+            return True
+        for hook in self._close_hooks:  # probes: resolve pending values while we accept
+            try:
+                hook()
+            except Exception as exc:
+                self.warn_once(f"close-hook:{exc!r}"[:60], f"closing a probe failed: {exc}")
+        self._closed = True
+        self._status = status
+        with contextlib.suppress(Exception):
+            atexit.unregister(self._atexit)
+        end_ms = _now_ms()
+        self._writer.stop(timeout=self.close_timeout_s + 30)
+        try:
+            self._seal(end_ms, status)
+        except Exception as exc:
+            self.warn_once("summary", f"end-of-run record not (fully) written: {exc}")
+        _ = self.run_id  # known to the session from here on, even once the spool is gone
+        proc = self._process
+        if proc is not None and proc.poll() is None:
+            ok = self._close_through_process(proc)
+        else:
+            ok = self._finalize_here()
+        if ok:
+            self._remove_spool()
+        return ok
+
+    def _finalize_here(self) -> bool:
+        try:
+            delivery.finalize(self.spool)
+            return True
+        except Exception as exc:
+            self._undelivered(f"{type(exc).__name__}: {str(exc)[:200]}")
+            return False
+        finally:
+            self._release_lock()
+
+    def _close_through_process(self, proc: subprocess.Popen) -> bool:
+        # The delivery process finishes the spool once it reads "close" and can take the
+        # session lock.  Wait while it makes progress (its heartbeat), and at most
+        # close_timeout_s without: a store that is down or silent never holds the trainer.
+        self._release_lock()
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.write(b"close\n")
+            proc.stdin.flush()
+            proc.stdin.close()
+        last_beat: float | None = None
+        last_progress = time.monotonic()
+        while True:
+            try:
+                rc = proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            st = delivery.read_status(self.spool)
+            if st is not None and st.ok and st.progress != last_beat:
+                last_beat, last_progress = st.progress, time.monotonic()
+            if time.monotonic() - last_progress > self.close_timeout_s:
+                self._undelivered(f"no delivery progress for {self.close_timeout_s:g} s "
+                                  f"(pid {proc.pid}); it goes on in the background")
+                return False
+        if rc != 0:
+            self._undelivered(f"delivery process exited with {rc} "
+                              f"(see {self.spool.path / process.LOG_FILE})")
+        return rc == 0
+
+    def _undelivered(self, why: str) -> None:
+        log.warning("refrun: run %s not fully delivered (%s); its points are safe in %s; "
+                    "deliver them with `refrun sync`", self.local_id, why, self.spool.path)
+
+    def _remove_spool(self) -> None:
+        # Delivered: the store and the curves artifact hold everything now.
+        _ = self.run_id  # cache it before meta.json goes
+        if settings().keep_spool:
+            return
+        shutil.rmtree(self.spool.path, ignore_errors=True)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            unlock(self._lock_fd)
+            self._lock_fd = None
+
+    def _atexit(self) -> None:
+        self.close("FINISHED")
+
+    def _seal(self, end_ms: int, status: RunStatus) -> None:
+        self.log_json(schema.ARTIFACT_WARNINGS, {
+            "warnings": self.warnings,
+            "metrics": {k: vars(v) for k, v in self._stats.items()},
+        })
+        delivery.seal(self.spool, status, end_ms=end_ms, extra_tags={
+            schema.TAG_DROPPED: str(self.points_dropped),
+            schema.TAG_REFUSED: str(self._refused),
+            schema.TAG_WARNINGS: str(len(self._warnings)),
+        })
+
+
+def _tag_value(v: Any) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, default=str) if isinstance(
+        v, dict | list | tuple) else str(v)
+    return s[:5000]
+
+
+def start_run(
+    workload: str,
+    role: str,
+    *,
+    hardware: str | None = None,
+    backend: str | None = None,
+    seed: int | None = None,
+    chips: int | None = None,
+    global_batch: int | None = None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    run_name: str | None = None,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    planned_steps: int | None = None,
+    spool_dir: str | os.PathLike[str] | None = None,
+    flush_interval_s: float = 1.0,
+    mlflow_every: int = 1,
+    max_queue: int = 2_000_000,
+    snapshot_environment: bool = True,
+    delivery: Delivery | None = None,
+    close_timeout_s: float | None = None,
+    start_wait_s: float | None = None,
+) -> RunSession:
+    """Start recording one training run into MLflow and return its :class:`RunSession`.
+
+    Identity (workload, role, hardware, backend, seed, chips, global_batch, framework
+    versions, device, git commit) is written as ``refrun.*`` tags (see :mod:`refrun.schema`).
+    The experiment defaults to the workload name.  If the store cannot be reached the run
+    still starts: points are spooled under ``spool_dir`` (default ``$REFRUN_SPOOL_DIR`` or
+    ``./.refrun/spool``) and delivered when it comes back, or by ``refrun sync``.
+
+    Every point goes into the run's ``refrun/curves.parquet`` artifact; MLflow's metric
+    history gets a bounded, spike-preserving view (:mod:`refrun.recording.view`).
+    ``mlflow_every``: additionally send only every n-th step of per-step metrics to MLflow.
+    ``flush_interval_s``: how often queued points reach the spool file; a SIGKILL loses
+    at most this much.
+    ``delivery``: ``"process"`` (default; ``$REFRUN_DELIVERY``) delivers to MLflow from a
+    separate process so that MLflow's client never holds this process's GIL; ``"thread"``
+    delivers from the background thread (for short bursts such as imports).
+    ``close_timeout_s`` (default ``$REFRUN_CLOSE_TIMEOUT_S`` or 5): how long ``close()``
+    waits for delivery that makes no progress.  ``start_wait_s`` (default
+    ``$REFRUN_START_WAIT_S`` or 3): how long this call waits for the store to create the run.
+    ``snapshot_environment``: describe this process (framework versions, device, host, git
+    commit, installed packages); False for runs recorded elsewhere, such as imports.
+
+    Raises :class:`RefrunInputError` for bad arguments, before anything is written.
+    """
+    env = settings()
+    config = RunConfig(
+        workload=workload, role=role, tracking_uri=resolve_tracking_uri(tracking_uri),
+        spool_root=Path(spool_dir).absolute() if spool_dir else env.spool_root,
+        hardware=hardware, backend=backend, seed=seed, chips=chips, global_batch=global_batch,
+        planned_steps=planned_steps, params=dict(params or {}), tags=dict(tags or {}),
+        run_name=run_name, experiment=experiment, flush_interval_s=flush_interval_s,
+        mlflow_every=mlflow_every, max_queue=max_queue,
+        snapshot_environment=snapshot_environment, delivery=delivery or env.delivery,
+        close_timeout_s=env.close_timeout_s if close_timeout_s is None else close_timeout_s,
+        start_wait_s=env.start_wait_s if start_wait_s is None else start_wait_s,
+    )
+    bound_http_requests(env)
+    spool = Spool.create(config.spool_root, _spool_meta(config))
+    session = RunSession(config, spool, spool.try_lock(SESSION_LOCK))
+    session._valid(config.tags, "tag key")
+    session._valid(config.params, "param key")
+    if config.snapshot_environment:
+        session.log_json(schema.ARTIFACT_ENVIRONMENT, identity.environment_snapshot())
+    session._begin()
+    return session
+
+
+def _spool_meta(config: RunConfig) -> SpoolMeta:
+    tags = identity_tags(config)
+    tags.update({k: _tag_value(v) for k, v in config.tags.items() if key_problem(k) is None})
+    local_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
+    tags[schema.TAG_LOCAL_ID] = local_id
+    return SpoolMeta(
+        local_id=local_id, tracking_uri=config.tracking_uri,
+        experiment=config.experiment or config.workload, start_ms=_now_ms(), tags=tags,
+        params={k: _tag_value(v)[:6000] for k, v in config.params.items()
+                if key_problem(k) is None},
+        run_name=config.run_name, mlflow_every=config.mlflow_every, pid=os.getpid(),
+        host=socket.gethostname(),
+    )
+
+
+def identity_tags(config: RunConfig) -> dict[str, str]:
+    """The ``refrun.*`` identity tags of a run (and, for runs of this process, its device,
+    host, framework versions and git state)."""
+    tags = {
+        schema.TAG_SCHEMA: schema.SCHEMA_VERSION,
+        schema.TAG_WORKLOAD: config.workload,
+        schema.TAG_ROLE: config.role,
+        schema.TAG_VERSION: __version__,
+        schema.TAG_MLFLOW_SOURCE: schema.SOURCE_NAME,
+    }
+    optional = {
+        schema.TAG_HARDWARE: config.hardware, schema.TAG_BACKEND: config.backend,
+        schema.TAG_SEED: config.seed, schema.TAG_CHIPS: config.chips,
+        schema.TAG_GLOBAL_BATCH: config.global_batch,
+        schema.TAG_PLANNED_STEPS: config.planned_steps,
+    }
+    tags.update({k: str(v) for k, v in optional.items() if v is not None})
+    if not config.snapshot_environment:  # e.g. an imported run: this machine did not run it
+        return tags
+    tags[schema.TAG_DEVICE] = identity.device_description()
+    tags[schema.TAG_HOST] = socket.gethostname()
+    tags.update({schema.TAG_FW_PREFIX + k: v for k, v in identity.framework_versions().items()})
+    git = identity.git_state()
+    if git:
+        tags[schema.TAG_GIT_COMMIT] = git["commit"]
+        tags[schema.TAG_GIT_DIRTY] = git["dirty"]
+    return tags
+
+
+__all__ = ["RunSession", "StepStats", "start_run"]

@@ -1,0 +1,92 @@
+"""Every ``REFRUN_*`` environment variable the recording path reads, read here and only here.
+
+==================================  =========  ==============================================
+variable                            default    meaning
+==================================  =========  ==============================================
+``REFRUN_SPOOL_DIR``                ``./.refrun/spool``  root of the per-run spool directories
+``REFRUN_DELIVERY``                 ``process``  ``process`` or ``thread`` (see ``start_run``)
+``REFRUN_KEEP_SPOOL``               ``0``      ``1`` keeps a delivered spool (debugging)
+``REFRUN_CLOSE_TIMEOUT_S``          ``5``      seconds ``close()`` waits for delivery that
+                                               makes no progress before leaving it to the
+                                               delivery process in the background
+``REFRUN_START_WAIT_S``             ``3``      seconds ``start_run`` waits for the store to
+                                               create the run before training goes on
+``REFRUN_DELIVERY_FINAL_TIMEOUT_S`` ``600``    seconds a delivery process whose trainer is
+                                               gone keeps retrying an unreachable store
+``REFRUN_HTTP_TIMEOUT_S``           ``10``     connect and read timeout of one request to a
+                                               tracking server (sets MLflow's
+                                               ``MLFLOW_HTTP_REQUEST_TIMEOUT`` when unset)
+==================================  =========  ==============================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from refrun.errors import RefrunInputError
+
+Delivery = Literal["process", "thread"]
+DELIVERIES: tuple[Delivery, ...] = ("process", "thread")
+DEFAULT_SPOOL_ROOT = ".refrun/spool"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The recording path's environment, read once per call of :func:`settings`."""
+
+    spool_root: Path
+    """Absolute spool root."""
+    delivery: Delivery
+    keep_spool: bool
+    close_timeout_s: float
+    """Seconds without delivery progress after which ``close()`` stops waiting."""
+    start_wait_s: float
+    """Seconds ``start_run`` waits for the MLflow run to be created."""
+    final_timeout_s: float
+    """Seconds an orphaned delivery process keeps retrying the store."""
+    http_timeout_s: float
+    """Connect/read timeout of one HTTP request to a tracking server (seconds)."""
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise RefrunInputError(f"${name}={raw!r}: expected a number of seconds") from exc
+    if value < 0:
+        raise RefrunInputError(f"${name}={raw!r}: must be >= 0")
+    return value
+
+
+def settings() -> Settings:
+    """The current ``REFRUN_*`` settings (defaults in the module docstring)."""
+    delivery = os.environ.get("REFRUN_DELIVERY") or "process"
+    if delivery not in DELIVERIES:
+        raise RefrunInputError(f"$REFRUN_DELIVERY={delivery!r}: use 'process' or 'thread'")
+    return Settings(
+        spool_root=Path(os.environ.get("REFRUN_SPOOL_DIR") or DEFAULT_SPOOL_ROOT).absolute(),
+        delivery=delivery,  # type: ignore[arg-type]  # checked against DELIVERIES above
+        keep_spool=os.environ.get("REFRUN_KEEP_SPOOL", "") not in ("", "0"),
+        close_timeout_s=_float("REFRUN_CLOSE_TIMEOUT_S", 5.0),
+        start_wait_s=_float("REFRUN_START_WAIT_S", 3.0),
+        final_timeout_s=_float("REFRUN_DELIVERY_FINAL_TIMEOUT_S", 600.0),
+        http_timeout_s=_float("REFRUN_HTTP_TIMEOUT_S", 10.0),
+    )
+
+
+def bound_http_requests(s: Settings) -> None:
+    """Bound MLflow's HTTP client before it is first used in this process.
+
+    MLflow's defaults (7 retries with exponential back-off, 120 s per request) would hold
+    ``start_run`` or a delivery step for minutes on a dead or silent server; refrun retries
+    itself with back-off, so one request gets no retries and ``http_timeout_s`` for connect
+    and read (``requests`` applies the one number to each).  Values the user set win.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(max(1, s.http_timeout_s))))

@@ -1,0 +1,330 @@
+"""The durable local spool that backs every run.
+
+Every point the session accepts is appended here before it is sent anywhere, so a
+tracking server that is down, or a process killed with SIGKILL, loses nothing that
+reached the spool.  A spool is one directory::
+
+    <root>/<local_id>/
+        meta.json      the typed :class:`SpoolMeta` record (versioned)
+        points.tsv     append-only, one point a line: key \\t step \\t timestamp_ms \\t value
+        cursor.json    the :class:`Cursor`: lines/bytes already delivered + the MLflow view
+                       state (atomic rewrite)
+        artifacts/     files to upload to the run (curves.parquet, environment.json ...)
+        reserve        a small block given back when the disk fills up, so that the run's
+                       end (status, end time, counts) can still be written
+        lock           held (flock) by the live session
+        delivery.lock  held (flock) by the live delivery process (see ``delivery``)
+
+Delivery is at-least-once from the cursor; it is exactly-once in the store because a
+re-sent point carries the same (key, step, timestamp, value), which MLflow's SQL stores
+de-duplicate on their primary key.  The window for a re-send is one batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from refrun.keys import STEP_MAX, STEP_MIN
+
+Point = tuple[str, int, int, float]  # key, step, timestamp_ms, value
+RunStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]
+META_VERSION = 2
+RESERVE_BYTES = 256 * 1024
+# Errors that mean "the disk (or this process's file-size limit) is full".
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def disk_full(exc: BaseException) -> bool:
+    """True when ``exc`` is a write refused because the disk or a size limit is full."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def atomic_write(path: Path, text: str, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``text`` so that a reader sees the old or the new file, never
+    a torn one; ``durable`` also fsyncs (survives a power loss, costs a disk flush)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+@dataclass(slots=True)
+class SpoolMeta:
+    """Everything known about a spooled run, shared by the session, the delivery process
+    and ``refrun sync`` (``meta.json``).  Bump :data:`META_VERSION` on incompatible change."""
+
+    local_id: str
+    tracking_uri: str
+    experiment: str
+    start_ms: int
+    """Run start, ms since the epoch."""
+    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    run_name: str | None = None
+    version: int = META_VERSION
+    status: RunStatus = "RUNNING"
+    end_ms: int | None = None
+    mlflow_every: int = 1
+    pid: int | None = None
+    host: str | None = None
+    delivery_pid: int | None = None
+    run_id: str | None = None
+    experiment_id: str | None = None
+    tags_version: int = 1
+    """Incremented on every tag/param change; delivery compares it to ``tags_delivered``."""
+    tags_delivered: int = -1
+    artifacts_delivered: list[str] = field(default_factory=list)
+    """``path@mtime_ns`` of artifacts already uploaded."""
+    skipped: int = 0
+    """Points or tags the store refused permanently and delivery skipped."""
+    skipped_reasons: list[str] = field(default_factory=list)
+    complete: bool = False
+    """Everything delivered and the run terminated in the store."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SpoolMeta:
+        raw = json.loads(text)
+        version = raw.get("version", 1)
+        if version > META_VERSION:
+            raise ValueError(f"spool metadata version {version} is newer than this refrun "
+                             f"({META_VERSION}); upgrade refrun to deliver it")
+        known = {f.name for f in fields(cls)}
+        meta = cls(**{k: v for k, v in raw.items() if k in known})
+        meta.version = META_VERSION
+        return meta
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Delivery progress: ``lines``/``nbytes`` of points.tsv delivered, and the state of the
+    bounded MLflow view (opaque JSON owned by :mod:`refrun.recording.view`)."""
+
+    lines: int = 0
+    nbytes: int = 0
+    view: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Spool:
+    """One run's spool directory; see the module docstring for the layout."""
+
+    path: Path
+    # Serialises read-modify-write of meta.json between threads of one process.
+    _meta_lock: threading.RLock = field(default_factory=threading.RLock, repr=False,
+                                        compare=False)
+
+    @property
+    def local_id(self) -> str:
+        return self.path.name
+
+    @property
+    def points_path(self) -> Path:
+        return self.path / "points.tsv"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.path / "artifacts"
+
+    # --- creation and metadata -------------------------------------------
+    @classmethod
+    def create(cls, root: Path, meta: SpoolMeta) -> Spool:
+        path = Path(root) / meta.local_id
+        (path / "artifacts").mkdir(parents=True, exist_ok=False)
+        spool = cls(path)
+        spool.points_path.touch()
+        spool.write_cursor(Cursor())
+        spool.write_meta(meta)
+        # Best effort: a disk already full has no room for a reserve.
+        with contextlib.suppress(OSError), open(path / "reserve", "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+        return spool
+
+    def release_reserve(self) -> bool:
+        """Give the reserved block back to a full disk; True when there was one."""
+        try:
+            (self.path / "reserve").unlink()
+        except OSError:
+            return False
+        return True
+
+    def read_meta(self) -> SpoolMeta:
+        return SpoolMeta.from_json((self.path / "meta.json").read_text(encoding="utf-8"))
+
+    def write_meta(self, meta: SpoolMeta) -> None:
+        atomic_write(self.path / "meta.json", meta.to_json())
+
+    def update_meta(self, change: Callable[[SpoolMeta], None]) -> SpoolMeta:
+        """Apply ``change`` to the metadata in place, atomically with respect to other
+        threads and processes (a thread lock plus an flock on ``meta.lock``)."""
+        with self._meta_lock:
+            fd = os.open(self.path / "meta.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                meta = self.read_meta()
+                change(meta)
+                self.write_meta(meta)
+                return meta
+            finally:
+                os.close(fd)  # closing the descriptor releases the flock
+
+    # --- locks ---------------------------------------------------------------
+    def try_lock(self, name: str = "lock") -> int | None:
+        """Take the exclusive flock ``name`` without waiting; None when another holds it."""
+        fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def locked(self, name: str = "lock") -> bool:
+        """True while some process holds the flock ``name``."""
+        if not (self.path / name).exists():
+            return False
+        fd = self.try_lock(name)
+        if fd is None:
+            return True
+        unlock(fd)
+        return False
+
+    # --- points --------------------------------------------------------------
+    def open_points(self) -> int:
+        """A raw append descriptor on points.tsv (for :func:`append_points`)."""
+        return os.open(self.points_path, os.O_WRONLY | os.O_APPEND)
+
+    def read_cursor(self) -> Cursor:
+        raw = json.loads((self.path / "cursor.json").read_text(encoding="utf-8"))
+        return Cursor(int(raw["lines"]), int(raw["nbytes"]), raw.get("view", {}))
+
+    def write_cursor(self, cursor: Cursor) -> None:
+        atomic_write(self.path / "cursor.json",
+                     json.dumps({"lines": cursor.lines, "nbytes": cursor.nbytes,
+                                 "view": cursor.view}))
+
+    def iter_undelivered(self, max_points: int) -> Iterator[tuple[list[Point], int, int]]:
+        """Yield (points, lines_after, bytes_after) batches from the cursor onwards.
+
+        Only complete lines are read: a line torn by a kill at write time is left for later.
+        """
+        cursor = self.read_cursor()
+        lines, offset = cursor.lines, cursor.nbytes
+        with open(self.points_path, "rb") as f:
+            f.seek(offset)
+            batch: list[Point] = []
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break
+                offset += len(raw)
+                lines += 1
+                batch.append(parse_line(raw))
+                if len(batch) >= max_points:
+                    yield batch, lines, offset
+                    batch = []
+            if batch:
+                yield batch, lines, offset
+
+    def read_all(self) -> pd.DataFrame:
+        """Every complete point as the curves table (metric, step, value, timestamp_ms, seq)."""
+        return read_points_file(self.points_path)
+
+
+def unlock(fd: int) -> None:
+    """Release a lock taken with :meth:`Spool.try_lock`."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def format_points(points: list[Point]) -> bytes:
+    """Serialise points to spool lines; ``repr`` keeps every float bit and nan/inf."""
+    return "".join(f"{k}\t{s}\t{t}\t{v!r}\n" for k, s, t, v in points).encode("utf-8")
+
+
+def append_points(fd: int, points: list[Point]) -> None:
+    """Append ``points`` through a raw append descriptor, all or nothing.
+
+    A write that fails part-way (disk full) is cut back to the previous end of file, so
+    the spool never holds a torn batch and the caller knows exactly which points are not
+    kept.  Written to the kernel (no fsync): that is what survives a SIGKILL.
+    """
+    data = format_points(points)
+    start = os.lseek(fd, 0, os.SEEK_END)
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise
+
+
+def parse_line(raw: bytes) -> Point:
+    key, step, ts, value = raw.decode("utf-8").rstrip("\n").split("\t")
+    return key, int(step), int(ts), float(value)
+
+
+def read_points_file(path: Path) -> pd.DataFrame:
+    """Parse a spool points file into the long curves table; a torn last line is ignored."""
+    data = Path(path).read_bytes()
+    end = data.rfind(b"\n") + 1
+    rows = [line.split("\t") for line in data[:end].decode("utf-8").splitlines()]
+    # A step outside int64 can only come from another writer; it is not a storable point
+    # (delivery skips and counts it too).
+    rows = [r for r in rows if STEP_MIN <= int(r[1]) <= STEP_MAX]
+    if not rows:
+        return empty_curves()
+    keys, steps, ts, vals = zip(*rows, strict=True)
+    return pd.DataFrame(
+        {
+            "metric": pd.Series(keys, dtype="string"),
+            "step": np.asarray(steps, dtype=np.int64),
+            "value": np.asarray([float(v) for v in vals], dtype=np.float64),
+            "timestamp_ms": np.asarray(ts, dtype=np.int64),
+            "seq": np.arange(len(rows), dtype=np.int64),
+        }
+    )
+
+
+def empty_curves() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "metric": pd.Series([], dtype="string"),
+            "step": np.array([], dtype=np.int64),
+            "value": np.array([], dtype=np.float64),
+            "timestamp_ms": np.array([], dtype=np.int64),
+            "seq": np.array([], dtype=np.int64),
+        }
+    )
+
+
+def list_spools(root: Path) -> list[Spool]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return [Spool(p) for p in sorted(root.iterdir()) if (p / "meta.json").is_file()]

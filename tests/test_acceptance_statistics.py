@@ -1,0 +1,132 @@
+"""The statistics behind the equivalence and convergence criteria and the calibration,
+each checked against a published example or an independent computation (numpy and
+scipy.stats by hand, never the code under test)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from refrun.acceptance.criteria import Criterion
+from refrun.acceptance.statistics import (
+    mlperf_limits,
+    olympic,
+    steps_to_target,
+    tolerance_factor,
+    tost,
+    upper_limit,
+)
+
+MLPERF_POINTS = [16, 14, 16, 17, 16, 16, 15, 16, 15, 16]
+
+
+def test_mlperf_rules_example_by_hand() -> None:
+    # MLPerf Training rules, "Reference Convergence Points": 10 reference runs, 5
+    # submission runs; both olympic-scored (3 submission values remain).
+    pts = np.sort(np.array(MLPERF_POINTS, dtype=float))[1:-1]
+    mean, sd = pts.mean(), pts.std()  # population std, as the RCP checker (np.std)
+    t = sps.t.ppf(0.95, len(pts) + 3 - 2)
+    min_mean = mean - t * sd * math.sqrt(1 / len(pts) + 1 / 3)
+    # the published numbers
+    assert round(mean, 2) == 15.75 and round(sd, 2) == 0.43
+    assert round(min_mean, 2) == 15.21 and round((mean / min_mean - 1) * 100, 2) == 3.53
+    lim = mlperf_limits(np.array(MLPERF_POINTS), n_candidate=3)
+    assert lim.rcp_mean == pytest.approx(mean) and lim.rcp_std == pytest.approx(sd)
+    assert lim.n_reference == 8 and lim.n_candidate == 3
+    assert lim.min_acceptable_mean == pytest.approx(min_mean, abs=1e-9)
+    assert lim.max_speedup == pytest.approx(mean / min_mean)
+    assert lim.max_acceptable_mean == pytest.approx(2 * mean - min_mean)
+
+
+def test_mlperf_limit_is_what_the_rcp_checker_bisection_finds() -> None:
+    # The MLPerf checker bisects on the p-value of scipy's pooled two-sample t-test.
+    pts = olympic(np.array(MLPERF_POINTS, dtype=float))
+    mean, sd, n_r, n_s = pts.mean(), pts.std(), len(pts), 3
+    lo, hi = 0.0, mean
+    while hi - lo > 1e-10:
+        mid = (lo + hi) / 2
+        t, p = sps.ttest_ind_from_stats(mid, sd, n_s, mean, sd, n_r, equal_var=True)
+        p_one = p / 2 if t < 0 else 1 - p / 2
+        lo, hi = (lo, mid) if p_one > 0.05 else (mid, hi)
+    assert mlperf_limits(np.array(MLPERF_POINTS), 3).min_acceptable_mean == \
+        pytest.approx(lo, abs=1e-6)
+
+
+def test_olympic_needs_three_values_and_drops_one_min_and_one_max() -> None:
+    assert olympic(np.array([3.0, 1.0, 1.0, 9.0, 9.0])).tolist() == [1.0, 3.0, 9.0]
+    with pytest.raises(ValueError):
+        olympic(np.array([1.0, 2.0]))
+
+
+def test_tost_two_samples_matches_scipy_one_sided_t_tests() -> None:
+    rng = np.random.default_rng(3)
+    ref, cand = rng.normal(0.86, 0.004, 6), rng.normal(0.861, 0.004, 4)
+    m = 0.01
+    r = tost(ref, cand, -m, m, alpha=0.05)
+    # H0: diff <= -m  <=> cand - (-m) not greater than ref: one-sided pooled t-test
+    p_low = sps.ttest_ind(cand + m, ref, equal_var=True, alternative="greater").pvalue
+    p_up = sps.ttest_ind(cand - m, ref, equal_var=True, alternative="less").pvalue
+    assert r.p_lower == pytest.approx(p_low) and r.p_upper == pytest.approx(p_up)
+    assert r.p == pytest.approx(max(p_low, p_up)) and r.df == 8
+    sp2 = (5 * ref.var(ddof=1) + 3 * cand.var(ddof=1)) / 8
+    half = sps.t.ppf(0.95, 8) * math.sqrt(sp2 * (1 / 6 + 1 / 4))
+    d = cand.mean() - ref.mean()
+    assert r.interval == pytest.approx((d - half, d + half))
+    assert r.equivalent == (d - half > -m and d + half < m)
+
+
+def test_tost_one_candidate_by_hand_and_the_interval_rule() -> None:
+    ref = np.array([0.9632, 0.9521, 0.9509, 0.9599, 0.9454])
+    s, n = ref.std(ddof=1), len(ref)
+    se = s * math.sqrt(1 / n + 1)
+    tq = sps.t.ppf(0.95, n - 1)
+    for cand, margin in ((0.955, 0.03), (0.955, 0.01), (0.90, 0.03)):
+        d = cand - ref.mean()
+        r = tost(ref, np.array([cand]), -margin, margin)
+        assert r.se == pytest.approx(se) and r.df == n - 1 and r.n_reference == 5
+        assert r.interval == pytest.approx((d - tq * se, d + tq * se))
+        inside = bool(d - tq * se > -margin and d + tq * se < margin)
+        assert r.equivalent is inside
+        assert r.p_lower == pytest.approx(1 - sps.t.cdf((d + margin) / se, n - 1))
+    assert tost(ref, np.array([0.955]), -0.03, 0.03).equivalent
+    assert not tost(ref, np.array([0.955]), -0.01, 0.01).equivalent
+    assert not tost(ref, np.array([0.90]), -0.03, 0.03).equivalent
+
+
+def test_tolerance_factor_matches_published_table() -> None:
+    # One-sided normal tolerance factor, n = 10, 90 % coverage, 95 % confidence: 2.355
+    # (Odeh & Owen tables; NIST/SEMATECH e-Handbook 7.2.6.3).
+    assert tolerance_factor(10, 0.90, 0.95) == pytest.approx(2.355, abs=5e-4)
+    # it shrinks towards z_coverage as n grows
+    assert tolerance_factor(3, 0.95, 0.9) > tolerance_factor(8, 0.95, 0.9) > \
+        tolerance_factor(1000, 0.95, 0.9) > sps.norm.ppf(0.95)
+
+
+def test_upper_limit_never_below_worst_and_counts_seeds_not_trials() -> None:
+    v = np.array([[1.0, 1.2], [0.9, 1.1], [1.4, 1.0]])
+    lim, worst = upper_limit(v, 0.95, 0.9, n=3)
+    flat = v.ravel()
+    k = tolerance_factor(3, 0.95, 0.9)
+    assert worst == 1.4 and lim == pytest.approx(max(1.4, flat.mean() + k * flat.std(ddof=1)))
+    assert upper_limit(np.zeros(5), 0.95, 0.9) == (0.0, 0.0)
+
+
+def test_steps_to_target() -> None:
+    steps = np.array([0, 10, 20, 30])
+    assert steps_to_target(steps, np.array([2.0, 1.0, 0.4, 0.3]), 0.5, "at_most") == 20
+    assert steps_to_target(steps, np.array([0.1, np.nan, 0.9, 0.95]), 0.9, "at_least") == 20
+    assert steps_to_target(steps, np.array([2.0, 1.0, 0.9, 0.8]), 0.5, "at_most") is None
+
+
+def test_a_kind_without_a_check_cannot_be_constructed() -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Bogus(Criterion):
+        KIND: ClassVar[str] = "bogus"
+
+    with pytest.raises(TypeError, match="no check"):
+        Bogus(id="x", kind="bogus", level="L1")
