@@ -112,10 +112,11 @@ def environment_snapshot() -> dict[str, Any]:
 # place a name enters (run start, criteria files) goes through the normalisers below: a
 # known alias becomes the canonical name, anything else is a one-line RefrunInputError.
 
-Backend = Literal["torch", "torch_xla", "jax", "tensorflow", "import", "comparison",
-                  "acceptance"]
-#: Canonical ``refrun.backend`` values: the framework that executed the step, or what made
-#: the run (``import``: converted from a file; ``comparison``/``acceptance``: refrun's own).
+Backend = Literal["torch", "torch_xla", "jax", "tensorflow", "numpy", "import",
+                  "comparison", "acceptance"]
+#: Canonical ``refrun.backend`` values: the framework that executed the step (``numpy``: a
+#: plain-numpy oracle, e.g. gradcheck's), or what made the run (``import``: converted from
+#: a file; ``comparison``/``acceptance``: refrun's own records).
 BACKENDS: tuple[Backend, ...] = typing.get_args(Backend)
 #: Spellings seen in the wild -> canonical name (looked up after lower-casing and turning
 #: ``-``, ``.`` and spaces into ``_``).  ``xla`` alone is deliberately absent: JAX runs on

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from refrun import schema
+from refrun import identity, schema
 from refrun.acceptance import runview as rv
 from refrun.acceptance import statistics as stats
 from refrun.acceptance.criteria import (
@@ -410,7 +410,8 @@ def utilization(c: Utilization, ctx: Context) -> CriterionResult:
 # --- L4: performance and cost ------------------------------------------------------------
 def _backend_key(run: RunData) -> str | None:
     b = run.backend
-    return b.strip().lower() if b and b.strip() else None
+    # Alias-aware (a stored "torch-xla" is torch_xla): refrun.identity's vocabulary.
+    return (identity.canonical_backend(b) or b.strip().lower()) if b and b.strip() else None
 
 
 def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:

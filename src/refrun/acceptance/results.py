@@ -69,11 +69,11 @@ class Assessment:
     measurements: list[dict[str, Any]]  # L1: observed differences per metric
     created_utc: str
     evidence_sha256: str = ""
+    calibration_sha256: str | None = None  # refrun.acceptance.calibration.calibration_digest
     # Things a reader must see beside the verdict: criteria scoped to a backend no compared
     # run has, a candidate backend refrun does not know, a cross-workload assessment.
     warnings: list[str] = field(default_factory=list)
     cross_workload: str = ""  # the note when --allow-cross-workload let workloads differ
-    calibration_sha256: str | None = None  # refrun.acceptance.calibration.calibration_digest
 
     @property
     def exit_code(self) -> int:

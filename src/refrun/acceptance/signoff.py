@@ -48,6 +48,7 @@ from refrun.acceptance.record import (
     load_recorded,
 )
 from refrun.acceptance.results import PASS, Assessment
+from refrun.acceptance.signer import UNAUTHENTICATED, current_user, resolve_signer
 from refrun.errors import RefrunInputError
 
 TAG_SIGNOFF_PREFIX = "refrun.signoff."
@@ -75,6 +76,13 @@ class SignOff:
     # signed: verify names an edit of either (empty in sign-offs of older versions).
     assessment_sha256: str = ""
     acceptance_tags: dict[str, str] = field(default_factory=dict)
+    # How ``by`` is known: the tracking server's authenticated user ("mlflow-basic-auth"),
+    # or typed by hand ("unauthenticated"); by_declared keeps what --by said.
+    authentication: str = UNAUTHENTICATED
+    by_declared: str = ""
+    # The calibration the thresholds rest on (refrun.acceptance.calibration); None when the
+    # criteria file has no [calibration] table.
+    calibration_sha256: str | None = None
     refrun_version: str = __version__
     record_sha256: str = ""  # digest of every field above
 
@@ -99,8 +107,9 @@ class Verification:
 
     def text(self) -> str:
         s = self.signoff
-        head = (f"sign-off of {self.comparison_id}: {s.get('decision')} by {s.get('by')} at "
-                f"{s.get('time_utc')}" + (" (override)" if s.get("override") else ""))
+        head = (f"sign-off of {self.comparison_id}: {s.get('decision')} by {s.get('by')} "
+                f"({s.get('authentication', UNAUTHENTICATED)}) at {s.get('time_utc')}"
+                + (" (override)" if s.get("override") else ""))
         if self.ok:
             return head + "\nverified: runs, criteria and evidence unchanged " \
                           f"(evidence sha256 {s.get('evidence_sha256')})"
@@ -142,8 +151,9 @@ def _readable(assessment: dict[str, Any]) -> dict[str, Any]:
 
 def assessment_changes(recorded: dict[str, Any], current: Assessment) -> list[dict[str, str]]:
     """Every field of the recorded ``refrun/assessment.json`` that differs from the same
-    assessment recomputed now (``change``: recomputed -> recorded) (verdict, highest level, levels, each result and its reason,
-    measurements, warnings ...), as ``{"what": "assessment", "key", "change"}``."""
+    assessment recomputed now (verdict, highest level, levels, each result and its reason,
+    measurements, warnings ...), as ``{"what": "assessment", "key", "change"}`` with
+    ``change`` "recomputed -> recorded"."""
     fresh = json.loads(json.dumps(current.to_dict()))  # the form it is stored in
     # "supported -> recorded": what the data gives, then what the store says now.
     return [{"what": "assessment", "key": f"{ARTIFACT_ASSESSMENT}: " + ".".join(path),
@@ -175,14 +185,19 @@ def _recorded_changes(rec: Recorded, current: Assessment) -> list[dict[str, str]
             *tag_changes(rec.tags, expected_tags(json.loads(json.dumps(current.to_dict()))))]
 
 
-def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
+def sign_off(comparison_id: str, decision: str, by: str | None, note: str = "",
              override: bool = False, tracking_uri: str | None = None) -> SignOff:
-    """Record a sign-off on the comparison run (see the module docstring)."""
+    """Record a sign-off on the comparison run (see the module docstring).  ``by``: the
+    signer's name when the store does not authenticate users; with MLflow's
+    authentication the authenticated user is recorded and ``by`` is only kept beside it
+    (:mod:`refrun.acceptance.signer`)."""
     if decision not in DECISIONS:
         raise RefrunInputError(f"--decision {decision!r}: not one of {', '.join(DECISIONS)}")
-    if not by.strip():
-        raise RefrunInputError("--by: a name is required")
+    client = client_for(tracking_uri)
+    user = current_user(client.tracking_uri)  # first: refused credentials say so at once
     rec = load_recorded(comparison_id, tracking_uri)
+    signer = resolve_signer(client.tracking_uri, user, by, client.get_run(
+        comparison_id).info.experiment_id, f"comparison {comparison_id}")
     if rec.signoff is not None:
         raise RefrunInputError(f"comparison {comparison_id}: already signed off "
                                f"({rec.signoff.get('decision')} by {rec.signoff.get('by')} at "
@@ -212,7 +227,8 @@ def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
         raise RefrunInputError(f"comparison {comparison_id}: the assessment verdict is "
                                f"{verdict!r}; accepting it needs --override (recorded)")
     body = SignOff(
-        comparison_id=comparison_id, decision=decision, by=by.strip(),
+        comparison_id=comparison_id, decision=decision, by=signer.name,
+        authentication=signer.authentication, by_declared=signer.declared,
         time_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         note=note, override=bool(override), assessment_verdict=verdict,
         highest_level=rec.assessment.get("highest_level"), criteria_sha256=crit.sha256,
@@ -220,6 +236,7 @@ def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
         reference_ids=list(rec.assessment.get("reference", [])),
         candidate_id=rec.assessment.get("candidate", ""), evidence_sha256=digest,
         assessment_sha256=sha256_of(rec.assessment),
+        calibration_sha256=current.calibration_sha256,
         acceptance_tags={k: rec.tags.get(k, "") for k in sorted(rec.tags)
                          if k.startswith(TAG_PREFIX)})
     so = SignOff(**{**body.body(), "record_sha256": sha256_of(body.body())})
@@ -229,7 +246,8 @@ def sign_off(comparison_id: str, decision: str, by: str, note: str = "",
 
 def _tags(so: SignOff) -> dict[str, str]:
     return {TAG_SIGNOFF_PREFIX + k: str(v) for k, v in (
-        ("decision", so.decision), ("by", so.by), ("time_utc", so.time_utc),
+        ("decision", so.decision), ("by", so.by), ("authentication", so.authentication),
+        ("time_utc", so.time_utc),
         ("override", str(so.override).lower()), ("evidence_sha256", so.evidence_sha256),
         ("criteria_sha256", so.criteria_sha256), ("record_sha256", so.record_sha256))}
 
@@ -292,6 +310,10 @@ def verify(comparison_id: str, tracking_uri: str | None = None,
     except RefrunInputError as exc:
         changes.append({"what": "runs", "key": "loading", "change": str(exc)})
         return Verification(comparison_id, s, changes, None)
+    if "calibration_sha256" in s and s["calibration_sha256"] != assessment.calibration_sha256:
+        changes.append({"what": "calibration", "key": "[calibration] of the criteria",
+                        "change": f"{s['calibration_sha256']} -> "
+                                  f"{assessment.calibration_sha256}"})
     digest = sha256_of(current)
     if digest == s["evidence_sha256"]:
         # The data still gives the signed evidence, so any difference between the recorded

@@ -22,7 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--comparison", required=True, metavar="ID",
                    help="comparison run id printed by `refrun accept`")
     p.add_argument("--decision", required=True, choices=DECISIONS)
-    p.add_argument("--by", required=True, metavar="NAME", help="who signs off")
+    p.add_argument("--by", default=None, metavar="NAME",
+                   help="who signs off; required when the tracking store does not "
+                        "authenticate users (recorded as 'unauthenticated'); with MLflow's "
+                        "authentication the authenticated user is recorded and NAME is only "
+                        "kept beside it")
     p.add_argument("--note", default="", help="free text kept with the sign-off")
     p.add_argument("--override", action="store_true",
                    help="required to accept an assessment that did not pass (recorded)")
@@ -42,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_signoff(args: argparse.Namespace) -> int:
     so = sign_off(args.comparison, args.decision, args.by, args.note, args.override,
                   args.tracking_uri)
-    print(f"signed off {so.comparison_id}: {so.decision} by {so.by} at {so.time_utc}"
+    print(f"signed off {so.comparison_id}: {so.decision} by {so.by} ({so.authentication}) "
+          f"at {so.time_utc}"
           + (" (override of a failed assessment)" if so.override else ""))
     print(f"evidence sha256 {so.evidence_sha256}; criteria sha256 {so.criteria_sha256}")
     return 0

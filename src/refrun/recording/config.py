@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from refrun import schema
 from refrun.errors import RefrunInputError
+from refrun.identity import validate_identity
 from refrun.recording.settings import DELIVERIES, Delivery
 
 
@@ -59,8 +59,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.workload or not isinstance(self.workload, str):
             raise RefrunInputError("workload: a non-empty name is required")
-        if self.role not in schema.ROLES:
-            raise RefrunInputError(f"role: {self.role!r} is not one of {', '.join(schema.ROLES)}")
+        self.role, self.backend, self.hardware = validate_identity(  # aliases normalised
+            self.role, self.backend, self.hardware)
         for name in ("seed", "chips", "global_batch", "planned_steps", "mlflow_every",
                      "max_queue"):
             _int_or_none(name, getattr(self, name))

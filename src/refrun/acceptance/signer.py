@@ -1,0 +1,108 @@
+"""Who signs off: the user the tracking server authenticated, or a name typed by hand.
+
+A sign-off's name is worth what its source is worth.  When the tracking server runs
+MLflow's authentication app (``mlflow server --app-name basic-auth``), the server knows who
+is calling: :func:`resolve_signer` asks it (``GET /api/2.0/mlflow/users/current`` with the
+client's own credentials, ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``) and
+records that user, and asks the server's own permission check
+(``GET /api/3.0/mlflow/users/permissions/get``) whether the user may write to the
+comparison run's experiment (EDIT or MANAGE; an admin always may).  ``--by`` is then only
+a display name kept beside the authenticated user (``by_declared``), never the identity.
+
+Without authentication (a local sqlite/file store, or a server without the auth app) the
+name is what ``--by`` says and the record says ``"unauthenticated"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlparse
+
+from refrun.errors import RefrunInputError
+
+Authentication = Literal["mlflow-basic-auth", "unauthenticated"]
+UNAUTHENTICATED: Authentication = "unauthenticated"
+BASIC_AUTH: Authentication = "mlflow-basic-auth"
+CURRENT_USER = "/api/2.0/mlflow/users/current"
+USER_PERMISSION = "/api/3.0/mlflow/users/permissions/get"
+# MLflow's permission names that allow writing to an experiment (mlflow.server.auth).
+WRITE_PERMISSIONS = ("EDIT", "MANAGE")
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Who signs: ``name`` is recorded as the sign-off's ``by``."""
+
+    name: str
+    authentication: Authentication
+    declared: str  # what --by said ("" when not given)
+
+
+def _http(uri: str) -> bool:
+    return urlparse(uri).scheme in ("http", "https")
+
+
+def _get(uri: str, endpoint: str, params: dict[str, str] | None = None):
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    try:
+        return http_request(get_default_host_creds(uri), endpoint, "GET", max_retries=0,
+                            timeout=30, raise_on_status=False, params=params)
+    except Exception as exc:  # the store was read a moment ago; say what failed
+        raise RefrunInputError(f"tracking server {uri}: {endpoint} failed "
+                               f"({type(exc).__name__}: {exc})") from exc
+
+
+def current_user(uri: str) -> tuple[str, bool] | None:
+    """``(username, is_admin)`` of the caller as the server authenticated it; None when the
+    store is not an HTTP server or the server has no authentication app.  Raises when it
+    has one and refuses the caller's credentials."""
+    if not _http(uri):
+        return None
+    resp = _get(uri, CURRENT_USER)
+    if resp.status_code in (401, 403):
+        raise RefrunInputError(f"tracking server {uri} requires authentication and refused "
+                               f"the credentials (HTTP {resp.status_code}); set "
+                               "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+    if resp.status_code != 200:
+        return None
+    try:
+        user = resp.json()["user"]
+        return str(user["username"]), bool(user.get("is_admin"))
+    except (ValueError, KeyError, TypeError):
+        return None  # some other page answered: no authentication app
+
+
+def experiment_permission(uri: str, username: str, experiment_id: str) -> str:
+    """The user's effective permission on the experiment, as the server resolves it."""
+    resp = _get(uri, USER_PERMISSION, {"username": username, "resource_type": "experiment",
+                                       "resource_id": experiment_id})
+    try:
+        return str(resp.json()["permission"]) if resp.status_code == 200 else \
+            f"unknown (HTTP {resp.status_code})"
+    except (ValueError, KeyError, TypeError):
+        return f"unknown (HTTP {resp.status_code})"
+
+
+def resolve_signer(tracking_uri: str, user: tuple[str, bool] | None, by: str | None,
+                   experiment_id: str, what: str) -> Signer:
+    """The signer of a sign-off on ``what`` (a run in ``experiment_id``), from the
+    authenticated ``user`` (:func:`current_user`) or ``by``; see the module docstring.
+    Raises :class:`RefrunInputError` when the server authenticates and the user may not
+    write to the experiment, or when no name is known at all."""
+    declared = (by or "").strip()
+    if user is None:
+        if not declared:
+            raise RefrunInputError("--by: a name is required (the tracking store does not "
+                                   "authenticate users)")
+        return Signer(declared, UNAUTHENTICATED, declared)
+    name, is_admin = user
+    if not is_admin:
+        perm = experiment_permission(tracking_uri, name, experiment_id)
+        if perm not in WRITE_PERMISSIONS:
+            raise RefrunInputError(
+                f"user {name!r} may not sign off {what}: permission {perm} on experiment "
+                f"{experiment_id} (needs {' or '.join(WRITE_PERMISSIONS)})")
+    return Signer(name, BASIC_AUTH, declared)
