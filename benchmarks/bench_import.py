@@ -140,6 +140,11 @@ def main() -> None:
         rows.append(("compare, recording the comparison run", rec,
                      f"{rec / no_rec:.2f}x --no-record (target <= 1.5x)"))
 
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import mlflow.tracking, pandas, pyarrow"],
+                       check=True, env=env)
+        rows.append(("python -c 'import mlflow.tracking, pandas, pyarrow'",
+                     time.perf_counter() - t, "the fixed cost of any command using MLflow"))
         rows.append(("refrun --version (median)", startup(["--version"], env, args.repeats),
                      "target <= 0.5 s"))
         rows.append(("refrun --help (median)", startup(["--help"], env, args.repeats),

@@ -309,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n  reports:    {reports}/<candidate>.html (also artifact refrun/report.html of "
           "each comparison run)")
     print(f"  MLflow UI:  {mlflow_bin} ui --backend-store-uri {shlex.quote(uri)} --port 5000")
-    print("              then open http://127.0.0.1:5000 (experiment 'digits-mlp')")
+    print("              then open http://127.0.0.1:5000, switch the sidebar to 'Model "
+          "training' and open\n              experiment 'digits-mlp' (docs/report.md, "
+          "'In the MLflow UI')")
     return 0 if ok else 1
 
 

@@ -17,14 +17,27 @@ so the store works from any clone location when opened from the clone's root::
 (the server, and ``refrun``'s loaders with ``tracking_uri="sqlite:///mlruns.example/mlflow.db"``,
 resolve a relative artifact location against the working directory).
 
-To stay well under 10 MB: per-step metrics go to MLflow every 10th step (the curves
-artifact, which comparisons read, keeps every point), and the logged reports load
-plotly.js from its CDN instead of embedding it (4.8 MB each); ``make demo`` embeds it.
+To stay under 10 MB: per-step metrics go to MLflow every 10th step (the curves artifact,
+which comparisons read, keeps every point), and plotly.js (4.8 MB) is stored ONCE, as
+``mlruns.example/plotly.min.js``, instead of embedded in every report (``make demo``
+embeds it).  Each logged report loads that copy by a relative path, so it draws offline
+when opened from the store (``mlruns.example/artifacts/<exp>/<run>/artifacts/refrun/
+report.html`` in a browser); in the MLflow UI's artifact view, where a page cannot reach
+a sibling file (MLflow shows it from a ``blob:`` URL), it falls back to plotly's CDN.
+
+No path of the machine that made the store stays in it: the criteria file is named
+relative to the clone, and every text artifact (``environment.json``,
+``assessment.json``, the reports) has the clone root, the scratch directory, the Python
+installation and the home directory replaced (``<clone>``-relative, ``<scratch>``,
+``<python>``, ``~``); the result is then searched byte for byte -- database included --
+and the store is left unchanged if any remains.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -37,7 +50,7 @@ from urllib.request import url2pathname
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `pipelines` is a directory of the clone, not installed
 
-from pipelines.demo import assess_all, init_store, table, train_all  # noqa: E402
+from pipelines.demo import CRITERIA_QUICK, assess_all, init_store, table, train_all  # noqa: E402
 from pipelines.digits.variants import Plan, plan  # noqa: E402
 
 # The reduced set: the reference seeds, one benign candidate (another backend and chip
@@ -46,6 +59,12 @@ from pipelines.digits.variants import Plan, plan  # noqa: E402
 CANDIDATES = ("jax-4dev", "jax-4dev-clip-per-device", "xla-host-sync", "jax-no-best-reload")
 MLFLOW_EVERY = 10
 MAX_BYTES = 10 * 2**20
+PLOTLY_NAME = "plotly.min.js"
+# From <store>/artifacts/<exp>/<run>/artifacts/refrun/report.html up to <store>/.
+PLOTLY_FROM_REPORT = "../../../../../" + PLOTLY_NAME
+TEXT_SUFFIXES = (".json", ".html", ".toml", ".txt", ".yaml", ".md", ".csv")
+# Never rewritten: the signed-off digest covers this file byte for byte.
+UNTOUCHABLE = ("evidence.json",)
 
 
 def reduced_plan(names: tuple[str, ...] = CANDIDATES) -> Plan:
@@ -100,6 +119,66 @@ def check_relative(db: Path) -> None:
         raise SystemExit(f"{db}: absolute artifact locations left: {absolute[:3]}")
 
 
+def machine_paths(work: Path) -> dict[str, str]:
+    """Paths of this machine that may leak into a store, each with what replaces it,
+    longest first (a path inside another is replaced before its parent)."""
+    found = {str(work): "<scratch>", str(work.resolve()): "<scratch>",
+             str(ROOT) + os.sep: "", str(ROOT): ".",
+             sys.prefix: "<python>", sys.base_prefix: "<python>",
+             str(Path.home()): "~"}
+    return dict(sorted(((k, v) for k, v in found.items() if len(k) > 1),
+                       key=lambda kv: -len(kv[0])))
+
+
+def scrub(store: Path, paths: dict[str, str]) -> list[Path]:
+    """Replace ``paths`` in every text artifact under ``store`` (not the signed evidence);
+    returns the files changed."""
+    changed = []
+    for f in sorted(store.rglob("*")):
+        if not f.is_file() or f.suffix not in TEXT_SUFFIXES or f.name in UNTOUCHABLE:
+            continue
+        text = original = f.read_text(encoding="utf-8")
+        for path, repl in paths.items():
+            text = text.replace(path, repl)
+        if text != original:
+            f.write_text(text, encoding="utf-8")
+            changed.append(f)
+    return changed
+
+
+def leaks(store: Path, paths: dict[str, str]) -> list[str]:
+    """``file: path`` for every machine path still found, byte for byte, in any file."""
+    needles = [p.encode() for p in paths if len(p) > 1 and p != os.sep]
+    return [f"{f.relative_to(store)}: {n.decode()}" for f in sorted(store.rglob("*"))
+            if f.is_file() for n in needles if n in f.read_bytes()]
+
+
+_PLOTLY_TAG = re.compile(r'<script type="text/javascript" charset="utf-8" src="'
+                         + re.escape(PLOTLY_FROM_REPORT) + r'"></script>')
+
+
+def with_cdn_fallback(html: str, cdn_url: str) -> str:
+    """The report loading plotly.js from the store's copy, then -- where that file cannot
+    be reached (MLflow's artifact view) -- from ``cdn_url``, before the page draws."""
+    tag, n = _PLOTLY_TAG.subn(lambda m: m.group(0) + (
+        '<script type="text/javascript">window.Plotly||document.write('
+        f"'<script type=\"text/javascript\" src=\"{cdn_url}\"><\\/script>');</script>"),
+        html, count=1)
+    if n != 1:
+        raise SystemExit("a report does not load plotly.js from the store's copy")
+    return tag
+
+
+def add_fallbacks(store: Path) -> int:
+    from plotly.offline import get_plotlyjs_version
+
+    cdn = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+    reports = sorted(store.rglob("refrun/report.html"))
+    for f in reports:
+        f.write_text(with_cdn_fallback(f.read_text(encoding="utf-8"), cdn), encoding="utf-8")
+    return len(reports)
+
+
 def size_of(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -117,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         prefix = out.name  # outside the clone: open it from its parent directory
     t0 = time.perf_counter()
     p = reduced_plan()
+    os.chdir(ROOT)  # the criteria file is then recorded by its path in the clone
     with tempfile.TemporaryDirectory(prefix="refrun-example-") as tmp:
         work = Path(tmp)
         uri = f"sqlite:///{work}/mlflow.db"
@@ -124,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = train_all(p, quick=True, uri=uri, spool_dir=str(work / "spool"),
                         jobs=args.jobs, mlflow_every=MLFLOW_EVERY)
         outcomes = assess_all(p, ids, uri=uri, reports=work / "reports",
-                              logged_plotlyjs="cdn")
+                              criteria=CRITERIA_QUICK.relative_to(ROOT),
+                              logged_plotlyjs=PLOTLY_FROM_REPORT)
         print("\n" + table(outcomes))
         if not all(o.as_intended for o in outcomes):
             print("a variant did not come out as intended: mlruns.example left unchanged")
@@ -134,6 +215,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(work / "mlflow.db", staged / "mlflow.db")
         relocate(staged / "mlflow.db", staged, prefix)
         check_relative(staged / "mlflow.db")
+        shutil.copyfile(work / "reports" / PLOTLY_NAME, staged / PLOTLY_NAME)
+        print(f"reports drawing from the store's {PLOTLY_NAME}: {add_fallbacks(staged)}")
+        paths = machine_paths(work)
+        print(f"machine paths replaced in {len(scrub(staged, paths))} files")
+        left = leaks(staged, paths)
+        if left:
+            print("machine paths left in the store: mlruns.example left unchanged\n  "
+                  + "\n  ".join(left[:10]))
+            return 1
         size = size_of(staged)
         if size > MAX_BYTES:
             print(f"the store is {size / 2**20:.1f} MB (> {MAX_BYTES / 2**20:.0f} MB): "

@@ -107,7 +107,7 @@ def test_json_is_strict_and_documented_keys(tmp_path) -> None:
     assert out["metrics_only_in_candidate"] == ["only/cand"]
     loss = out["metrics"]["loss"]
     assert set(loss) == {"kind", "notes", "alignment", "measures", "eval_points", "step_time",
-                         "counters", "group"}
+                         "counters", "group", "first_divergence"}
     assert loss["alignment"]["candidate"]["nan"] == 1
     assert loss["alignment"]["excluded_nonfinite"] == 1
     assert loss["measures"]["n"] == 9
@@ -125,3 +125,14 @@ def test_bad_input_metric_in_one_run_and_no_common_steps() -> None:
         compare(ref, cand)
     with pytest.raises(RefrunInputError, match="keep"):
         CompareOptions(keep="middle")
+
+
+def test_straggler_ratio_by_hand() -> None:
+    from refrun.comparison.measures import straggler
+
+    s = straggler({0: np.array([1.0, 1.0, 1.2]), 1: np.array([1.0, 1.1, 0.9]),
+                   2: np.array([2.0, 2.2, np.nan]), 3: np.array([1.1, 1.1, 1.1])})
+    # medians 1.0, 1.0, 2.1, 1.1 -> median of medians 1.05; slowest rank 2: 2.1 / 1.05 = 2
+    assert s is not None and s.slowest_rank == 2 and s.ranks == 4
+    assert math.isclose(s.ratio, 2.0) and math.isclose(s.median_of_medians_s, 1.05)
+    assert straggler({0: np.array([np.nan])}) is None

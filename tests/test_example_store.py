@@ -140,3 +140,68 @@ def test_documented_command_serves_the_example_store(tmp_path: Path) -> None:
         server.kill()
     # browsing from the clone leaves the committed database as it was
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+# Where a machine's paths live: temp dirs, home directories, this project's checkouts.
+MACHINE_PATH = re.compile(rb"(/tmp/|/var/folders/|/home/|/root/|/Users/|/work/|"
+                          rb"[A-Za-z]:\\\\(Users|Windows)\\\\)")
+
+
+def test_example_store_names_no_path_of_the_machine_that_made_it() -> None:
+    """No path of the generating machine in any file: database, environment.json,
+    assessment.json, reports (scripts/make_example_store.py scrubs them)."""
+    import tempfile
+
+    needles = [p.encode() for p in {tempfile.gettempdir() + "/", str(Path.home()) + "/",
+                                    sys.prefix, sys.base_prefix, str(ROOT)}]
+    found = []
+    for f in sorted(STORE.rglob("*")):
+        if not f.is_file():
+            continue
+        data = f.read_bytes()
+        found += [f"{f.relative_to(STORE)}: {m.group(0)!r}" for m in
+                  MACHINE_PATH.finditer(data)][:1]
+        found += [f"{f.relative_to(STORE)}: {n!r}" for n in needles if n in data]
+    assert not found, found[:10]
+    # what is there instead: the interpreter and the criteria file, relative
+    env = next(STORE.rglob("refrun/environment.json"))
+    assert json.loads(env.read_text())["executable"].startswith("<python>")
+    a = json.loads(next(STORE.rglob("refrun/assessment.json")).read_text())
+    criteria = Path(a["criteria"]["path"])
+    assert not criteria.is_absolute() and (ROOT / criteria).is_file()
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_example_store_reports_render_offline_from_the_store(tmp_path: Path) -> None:
+    """Every logged report, opened as a file from a copy of the store with the network
+    blocked, draws all its plots with the store's one copy of plotly.js."""
+    from playwright.sync_api import sync_playwright
+
+    store = tmp_path / "mlruns.example"
+    shutil.copytree(STORE, store)
+    reports = sorted(store.rglob("refrun/report.html"))
+    assert len(reports) >= 2
+    assert (store / "plotly.min.js").stat().st_size > 1_000_000
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium",
+                              args=["--headless", "--no-sandbox", "--disable-gpu",
+                                    "--disable-background-networking"])
+        try:
+            for report in reports:
+                page = b.new_page()
+                requests: list[str] = []
+                page.on("request", lambda r, seen=requests: seen.append(r.url))
+                page.route("http*://**", lambda route: route.abort())
+                page.goto(report.as_uri())
+                page.wait_for_selector("body[data-rendered]", state="attached",
+                                       timeout=120_000)
+                assert page.get_attribute("body", "data-rendered") == "true", report
+                n_plots = page.locator("div.plot").count()
+                assert n_plots > 0
+                assert page.locator("div.plot .main-svg").count() >= n_plots
+                assert all(u.startswith("file://") for u in requests), requests
+                assert (store / "plotly.min.js").as_uri() in requests
+                page.close()
+        finally:
+            b.close()

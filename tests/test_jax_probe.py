@@ -248,11 +248,14 @@ def test_bad_input(store) -> None:
 
 
 # --- fresh processes: 4 devices, persistent cache ------------------------------------------
-def run_worker(scenario: str, tmp: Path, env: dict[str, str] | None = None) -> dict:
+def run_worker(scenario: str, tmp: Path, env: dict[str, str] | None = None,
+               stderr_out: list[str] | None = None) -> dict:
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([sys.executable, str(WORKER), scenario, str(tmp)],
                           capture_output=True, text=True, timeout=240, env=full_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if stderr_out is not None:
+        stderr_out.append(proc.stderr)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
@@ -316,3 +319,34 @@ def test_eager_helpers_and_process_history_never_count_as_step_compilations(stor
     # counts independent of what ran before: every run records the same per-step counts
     per_run = [values(store, r["run_id"], schema.M_COMPILE_OTHER) for r in out["runs"]]
     assert all(p == per_run[0] for p in per_run), per_run
+
+
+@pytest.mark.slow  # a fresh JAX + MLflow process (its stderr is the subject)
+def test_transfer_log_is_summarised_not_flooded(store) -> None:
+    """Issue 15: transfer_guard="log" printed one line per transfer (~12,800 lines for 8
+    small runs); now the first 3 are printed, one summary line says how many were not,
+    every line is counted per step, and the distinct transfers are in the artifact."""
+    err: list[str] = []
+    out = run_worker("transfers", store.tmp, stderr_out=err)
+    steps, per_step = out["steps"], out["per_step"]
+    total = steps * per_step  # two NumPy arrays per step, by construction
+    lines = err[0].splitlines()
+    assert sum("host-to-device transfer:" in ln for ln in lines) == 3
+    summary = [ln for ln in lines if "more JAX host-to-device transfer lines" in ln]
+    assert len(summary) == 1 and f"{total - 3} more" in summary[0]
+    assert "after-close line" in lines  # stderr restored and passed through
+    rid = out["run_id"]
+    assert values(store, rid, schema.M_XFER_H2D) == [float(per_step)] * steps
+    art = store.client().download_artifacts(rid, schema.ARTIFACT_JAX_TRANSFERS, str(store.tmp))
+    doc = json.loads(Path(art).read_text())
+    assert doc["total"] == total and doc["printed"] == 3
+    assert doc["per_step"] == {str(n): per_step for n in range(steps)}
+    # x is float32[8,3], y float32[8]: two distinct transfers, first seen at step 0 (the
+    # runtime details a site only once; later lines carry no detail)
+    sites = {s["text"].split(", dst_sharding")[0]: s for s in doc["sites"]}
+    detailed = sorted(k for k in sites if k.startswith("aval="))
+    assert detailed == ["aval=ShapedArray(float32[8,3])", "aval=ShapedArray(float32[8])"]
+    assert all(sites[k]["first_step"] == 0 for k in detailed)
+    assert sum(s["count"] for s in doc["sites"]) == total
+    tags = store.client().get_run(rid).data.tags
+    assert tags[schema.TAG_JAX_TRANSFERS] == str(total)

@@ -16,15 +16,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
-from refrun import schema
 from refrun.errors import RefrunInputError
-from refrun.probes.base import Monitor, Probe
+from refrun.probes.base import (
+    DEFAULT_RECHECK_EVERY,
+    DEFAULT_SAMPLE_INTERVAL_S,
+    DEFAULT_WARMUP_STEPS,
+    Monitor,
+    Probe,
+)
+from refrun.probes.hardware import declared_hardware
 from refrun.probes.jax import TRANSFER_LEVELS, JaxBackend, JaxMemoryMonitor, LostValue
-from refrun.recording.session import RunSession
+from refrun.probes.monitors import resolve_monitors
+
+if TYPE_CHECKING:
+    from refrun import RunSession
 
 
 @dataclass
@@ -61,20 +70,6 @@ class JaxProbe(Probe):
             return
         super()._emit(n, name, value)
 
-    def close(self) -> None:
-        """Resolve pending values, record summary tags and the compilation log
-        (``refrun/jax_compilations.json``), and remove the JAX listeners."""
-        if self._closed:
-            return
-        backend: JaxBackend = self.backend  # type: ignore[assignment]
-        super().close()
-        c = backend.compiles
-        self.run.log_json("refrun/jax_compilations.json", {
-            "step_functions": sorted(c.step_names) if c.step_names else None,
-            "by_function": dict(c.by_function),
-            "events": c.events,
-        })
-
 
 def flatten_pytree(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """``{"a": (x, {"b": y})}`` -> ``{"a/0": x, "a/1/b": y}``: pytree leaves named by path."""
@@ -98,11 +93,12 @@ def instrument(
     transfer_guard: str | None = None,
     hardware: str | None = None,
     mesh: Any = None,
-    warmup_steps: int = 5,
-    monitors: Sequence[Monitor] = (),
-    sample_interval_s: float = 1.0,
+    warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    monitors: Sequence[Monitor] | str | None = "auto",
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     memory: bool = True,
     fresh_caches: bool = True,
+    recheck_every: int = DEFAULT_RECHECK_EVERY,
 ) -> JaxProbe:
     """Wrap a JAX training loop's recording in a :class:`JaxProbe`.
 
@@ -115,8 +111,10 @@ def instrument(
     ``hardware``: the intended accelerator (default: the run's ``refrun.hardware`` tag);
     running on the CPU instead sets ``refrun.placement.warning``.  ``mesh``: a
     ``jax.sharding.Mesh`` or ``{axis: size}`` (e.g. the pmap axis) for ``refrun.exec.mesh``;
-    otherwise taken from NamedShardings of ``params``/``batch``.  ``memory``: sample
-    ``device.memory_stats()`` where the devices report it (not on CPU).
+    otherwise taken from NamedShardings of ``params``/``batch``.  ``monitors``: ``"auto"``
+    (psutil, NVML where available: the same ``sys/*`` metrics as every backend), None or a
+    list.  ``memory``: with ``"auto"``, also sample ``device.memory_stats()`` where the
+    devices report it (not on CPU).  ``recheck_every``: steps between placement re-checks.
     ``fresh_caches``: clear JAX's in-memory compilation caches at start (outside any step)
     so the compilation counts do not depend on what ran earlier in the process; False
     keeps them (counts then start from whatever the process has already compiled).
@@ -132,24 +130,13 @@ def instrument(
         if not (isinstance(f, str) or getattr(f, "__name__", None)):
             raise RefrunInputError(f"step_fns: {f!r} is neither a function nor a name")
     if hardware is None:
-        hardware = _declared_hardware(run)
+        hardware = declared_hardware(run)
     backend = JaxBackend(step_fns=fns, transfer_guard=transfer_guard, hardware=hardware,
                          mesh=mesh, fresh_caches=fresh_caches)
     backend.observe(params=params, batch=batch)
-    mons = list(monitors)
-    if memory:
-        mem = JaxMemoryMonitor.available()
-        if mem is not None:
-            mons.append(mem)
+    mons = resolve_monitors(monitors, [JaxMemoryMonitor.available] if memory else [])
     return JaxProbe(run=run, backend=backend, warmup_steps=warmup_steps, monitors=mons,
-                    sample_interval_s=sample_interval_s)
-
-
-def _declared_hardware(run: RunSession) -> str | None:
-    try:
-        return run.tags.get(schema.TAG_HARDWARE)
-    except Exception:
-        return None
+                    sample_interval_s=sample_interval_s, recheck_every=recheck_every)
 
 
 __all__ = ["JaxProbe", "flatten_pytree", "instrument"]

@@ -122,6 +122,24 @@ TAG_PLACEMENT_WARNING = "refrun.placement.warning"
 TAG_MESH = "refrun.exec.mesh"
 
 
+# --- MLflow UI (area: ui, issue 17; see refrun.mlflow_ui) ---------------------
+# MLflow's own tags that refrun writes so the UI shows what a run is.
+TAG_RUN_NAME = "mlflow.runName"
+TAG_NOTE = "mlflow.note.content"  # the run's Markdown description on its page
+# The experiment tag MLflow 3.x's UI reads to choose the experiment page's mode; values
+# understood by its UI bundle: genai_development, custom_model_development, finetuning,
+# regression, classification, forecasting, automl (the *_inferred ones are its guesses).
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
+# Saved views of an experiment's runs page (MLflow 3.17's "Views" menu and share links):
+# experiment tag <prefix><view id> = {"name", "createdAt", "updatedAt", "state": JSON text}.
+TAG_SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+TAG_ACCEPTANCE_VERDICT = "refrun.acceptance.verdict"  # pass | fail | incomplete
+TAG_ACCEPTANCE_HIGHEST = "refrun.acceptance.highest_level"  # L0..L4 | none
+TAG_IMPORT_SOURCE = "refrun.import.source"  # file name(s) an imported run came from
+ARTIFACT_REPORT = "refrun/report.html"  # the comparison run's HTML report
+
+
 def identity_tag(field: str) -> str:
     """Tag name for an identity field (``workload`` -> ``refrun.workload``)."""
     return PREFIX + field
@@ -147,3 +165,38 @@ STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_O
 # the decision rests on and the number of reference seeds behind it.
 EV_INTERVAL = "interval"
 EV_N_REFERENCE = "n_reference"
+
+# --- probe contract (integ, issue 15): tags and artifacts the probes write ----------------
+# Every backend (torch, torch_xla, jax) and every trainer callback writes these names; the
+# acceptance checks and the report read them.  Values are strings, as every MLflow tag.
+TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"  # steady-state median, seconds
+TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
+TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"  # step times left out of median/p90
+TAG_STEADY_STEPS = "refrun.perf.steady_steps"
+TAG_STEP_TIME_WALL_STEPS = "refrun.perf.step_time_wall_steps"  # JAX steps timed by wall
+TAG_EXEC_DEVICE_KIND = "refrun.exec.device_kind"
+TAG_EXEC_VISIBLE_DEVICES = "refrun.exec.visible_devices"
+TAG_EXEC_DEVICE_TYPE = "refrun.exec.device_type"  # torch_xla.runtime.device_type()
+TAG_EXEC_XLA_DEVICE = "refrun.exec.xla_device"
+TAG_EXEC_MEMORY_PEAK = "refrun.exec.memory_peak_bytes"
+TAG_FW_PJRT_DEVICE = "refrun.fw.pjrt_device"
+TAG_DECLARED_ACCELERATOR = "refrun.exec.declared_accelerator"  # "true" | "false"
+TAG_SUMMARY_PREFIX = "refrun.summary."  # end-of-run summary counts (XLA)
+TAG_FALLBACK_OPS = "refrun.fallback.ops"  # JSON {op name: executions}
+TAG_JAX_TRANSFER_GUARD = "refrun.jax.transfer_guard"
+TAG_JAX_STEP_FUNCTIONS = "refrun.jax.step_functions"
+TAG_JAX_FRESH_CACHES = "refrun.jax.fresh_caches"
+TAG_JAX_TRANSFERS = "refrun.jax.h2d_transfers"  # total implicit h2d transfers counted
+ARTIFACT_XLA_SUMMARY = "refrun/xla_summary.json"
+ARTIFACT_FALLBACK_OPS = "refrun/fallback_ops.json"
+ARTIFACT_JAX_COMPILATIONS = "refrun/jax_compilations.json"
+ARTIFACT_JAX_TRANSFERS = "refrun/jax_transfers.json"  # counts per step, first N sites
+# Progress axes (issue 15.4): cumulative samples / tokens seen at the end of each step.
+M_PROGRESS_SAMPLES = "progress/samples"
+M_PROGRESS_TOKENS = "progress/tokens"
+PROGRESS_PREFIX = "progress/"  # axis metrics: never compared as measurements
+TAG_TOKENS_PER_SAMPLE = "refrun.tokens_per_sample"  # int; tokens = samples x this
+AXES = ("step", "samples", "tokens")  # what comparisons align on
+# Hardware names that mean "no accelerator" (the one classification every backend uses).
+CPU_HARDWARE_NAMES = ("", "cpu", "host", "none")
+# --- end of probe contract block -----------------------------------------------------------

@@ -21,16 +21,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from refrun import schema
+import refrun
 from refrun.errors import RefrunInputError
-from refrun.probes.base import Monitor, Probe
-from refrun.probes.monitors import default_monitors
+from refrun.probes.base import (
+    DEFAULT_RECHECK_EVERY,
+    DEFAULT_SAMPLE_INTERVAL_S,
+    DEFAULT_WARMUP_STEPS,
+    Monitor,
+    Probe,
+)
+from refrun.probes.hardware import declared_hardware
+from refrun.probes.monitors import resolve_monitors
 from refrun.probes.torch import TorchBackend, model_device, normalise_expected
-from refrun.recording.session import RunSession
+
+if TYPE_CHECKING:
+    from refrun import RunSession
 
 __all__ = ["instrument"]
 
@@ -41,10 +50,10 @@ def instrument(
     optimizer: torch.optim.Optimizer | None = None,
     *,
     expect_device: str | None = None,
-    warmup_steps: int = 5,
+    warmup_steps: int = DEFAULT_WARMUP_STEPS,
     monitors: Sequence[Monitor] | str | None = "auto",
-    sample_interval_s: float = 1.0,
-    recheck_every: int = 100,
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
+    recheck_every: int = DEFAULT_RECHECK_EVERY,
 ) -> Probe:
     """A :class:`~refrun.probes.base.Probe` recording ``run`` through the PyTorch backend.
 
@@ -59,7 +68,7 @@ def instrument(
     Raises :class:`RefrunInputError` for arguments of the wrong kind.
     """
     _validate(run, model, optimizer, warmup_steps, sample_interval_s, recheck_every)
-    declared = run.tags.get(schema.TAG_HARDWARE)
+    declared = declared_hardware(run)
     try:
         expected = normalise_expected(expect_device, declared)
     except (RuntimeError, TypeError, ValueError) as exc:
@@ -67,21 +76,14 @@ def instrument(
             from None
     device = model_device(model, optimizer)
     backend = TorchBackend(model=model, optimizer=optimizer, expected=expected, device=device)
-    if monitors == "auto":
-        mons: Sequence[Monitor] = default_monitors(_nvml_indices(device))
-    elif monitors is None:
-        mons = ()
-    elif isinstance(monitors, str):
-        raise RefrunInputError(f"monitors: {monitors!r}; use 'auto', None or a list")
-    else:
-        mons = list(monitors)
+    mons = resolve_monitors(monitors, gpu_indices=_nvml_indices(device))
     return Probe(run, backend, warmup_steps=warmup_steps, monitors=mons,
                  sample_interval_s=sample_interval_s, recheck_every=recheck_every)
 
 
 def _validate(run: Any, model: Any, optimizer: Any, warmup_steps: Any,
               sample_interval_s: Any, recheck_every: Any) -> None:
-    if not isinstance(run, RunSession):
+    if not isinstance(run, refrun.RunSession):
         raise RefrunInputError(f"run: expected the RunSession of refrun.start_run, got "
                                f"{type(run).__name__}")
     if model is not None and not isinstance(model, torch.nn.Module):

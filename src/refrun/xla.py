@@ -19,11 +19,22 @@ Importing this module does not import ``torch_xla``; :func:`instrument` does.  S
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from refrun.errors import RefrunInputError
-from refrun.probes.base import Monitor, Probe
-from refrun.recording.session import RunSession
+from refrun.probes.base import (
+    DEFAULT_RECHECK_EVERY,
+    DEFAULT_SAMPLE_INTERVAL_S,
+    DEFAULT_WARMUP_STEPS,
+    Monitor,
+    Probe,
+)
+from refrun.probes.hardware import declared_hardware
+from refrun.probes.monitors import resolve_monitors
+
+if TYPE_CHECKING:
+    from refrun import RunSession
 
 
 def instrument(
@@ -33,11 +44,11 @@ def instrument(
     optimizer: Any = None,
     device: Any = None,
     hardware: str | None = None,
-    warmup_steps: int = 5,
+    warmup_steps: int = DEFAULT_WARMUP_STEPS,
     tpu_monitor: bool = True,
-    monitors: list[Monitor] | None = None,
-    sample_interval_s: float = 1.0,
-    recheck_every: int = 0,
+    monitors: Sequence[Monitor] | str | None = "auto",
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
+    recheck_every: int = DEFAULT_RECHECK_EVERY,
 ) -> Probe:
     """A :class:`refrun.probes.base.Probe` recording a PyTorch/XLA training loop into ``run``.
 
@@ -47,7 +58,10 @@ def instrument(
     tag); a run declaring a TPU or GPU that executes on the CPU gets a placement warning.
     ``warmup_steps``: steps excluded from the steady-state statistics and from the
     "compilations after warm-up" count of the end-of-run summary.
-    ``tpu_monitor``: sample TPU duty cycle / HBM where a source answers (off elsewhere).
+    ``tpu_monitor``: with ``monitors="auto"``, also sample TPU duty cycle / HBM where a
+    source answers (off elsewhere).
+    ``monitors``: ``"auto"`` (psutil, NVML where available, TPU as above: the same
+    ``sys/*`` metrics as every backend), None, or a list.
     ``recheck_every``: steps between placement re-checks (0: at start and close only).
 
     Raises :class:`RefrunInputError` for a ``model`` that is not a ``torch.nn.Module``,
@@ -68,13 +82,12 @@ def instrument(
             raise RefrunInputError(f"{key}: expected an integer >= 0, got {val!r}")
     if not sample_interval_s > 0:
         raise RefrunInputError(f"sample_interval_s: must be > 0, got {sample_interval_s!r}")
-    backend = XlaBackend(run, model=model, optimizer=optimizer, device=device,
+    if hardware is None:
+        hardware = declared_hardware(run)
+    backend = XlaBackend(model=model, optimizer=optimizer, device=device,
                          declared_hardware=hardware, warmup_steps=warmup_steps)
-    all_monitors: list[Monitor] = list(monitors or [])
-    if tpu_monitor:
-        tpu = TpuMonitor.create(backend.device)
-        if tpu is not None:
-            all_monitors.append(tpu)
+    own = [lambda: TpuMonitor.create(backend.device)] if tpu_monitor else []
+    all_monitors = resolve_monitors(monitors, own)
     return Probe(run, backend, warmup_steps=warmup_steps, monitors=all_monitors,
                  sample_interval_s=sample_interval_s, recheck_every=recheck_every)
 

@@ -125,8 +125,25 @@ def eval_between(tmp: Path) -> dict:
                      for i, named in enumerate((True, True, False, False))]}
 
 
+def transfers(tmp: Path) -> dict:
+    """40 steps, each given two NumPy arrays (two implicit host-to-device transfers) under
+    ``transfer_guard="log"``: the runtime writes 80 lines; the probe must summarise them."""
+    run = start(tmp, "jax-transfers")
+    w = jnp.zeros(3)
+    probe = refrun.jax.instrument(run, params=w, step_fns=[train_step], transfer_guard="log")
+    for n in range(40):
+        x, y = data(n)
+        with probe.step(n):
+            w, loss = train_step(w, x, y)
+            probe.log(loss=loss)
+    probe.close()
+    run.close()
+    sys.stderr.write("after-close line\n")
+    return {"run_id": run.run_id, "steps": 40, "per_step": 2}
+
+
 if __name__ == "__main__":
     scenario, tmpdir = sys.argv[1], Path(sys.argv[2])
     result = {"mesh": mesh_run, "cache": cache_run,
-              "eval_between": eval_between}[scenario](tmpdir)
+              "eval_between": eval_between, "transfers": transfers}[scenario](tmpdir)
     print("RESULT " + json.dumps(result))

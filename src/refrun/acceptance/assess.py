@@ -37,7 +37,7 @@ _MEASURED_KINDS = ("value", "eval")
 def compare_options(crit: CriteriaFile) -> CompareOptions:
     """The comparison options the criteria file's [settings] ask for."""
     s = crit.settings
-    return CompareOptions(keep=s.keep, interpolate=s.interpolate, eps=s.eps,
+    return CompareOptions(keep=s.keep, interpolate=s.interpolate, axis=s.axis, eps=s.eps,
                           final_fraction=s.final_fraction, final_points=s.final_points,
                           warmup_steps=s.warmup_steps, warmup_fraction=s.warmup_fraction)
 

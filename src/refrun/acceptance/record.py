@@ -24,7 +24,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from refrun import schema
+from refrun import mlflow_ui, schema
 from refrun.acceptance.criteria import CriteriaFile
 from refrun.acceptance.results import Assessment
 from refrun.errors import RefrunInputError
@@ -32,8 +32,8 @@ from refrun.recording.session import start_run
 from refrun.tracking import existing_store_uri
 
 TAG_PREFIX = "refrun.acceptance."
-TAG_VERDICT = TAG_PREFIX + "verdict"
-TAG_HIGHEST = TAG_PREFIX + "highest_level"
+TAG_VERDICT = schema.TAG_ACCEPTANCE_VERDICT
+TAG_HIGHEST = schema.TAG_ACCEPTANCE_HIGHEST
 TAG_CRITERIA_SHA = TAG_PREFIX + "criteria_sha256"
 TAG_EVIDENCE_SHA = TAG_PREFIX + "evidence_sha256"
 TAG_CRITERIA_FILE = TAG_PREFIX + "criteria_file"
@@ -52,6 +52,14 @@ def level_tags(a: Assessment) -> dict[str, str]:
     return tags
 
 
+def ui_verdict(a: Assessment) -> mlflow_ui.Verdict:
+    """The verdict as the comparison run's name and description show it."""
+    return mlflow_ui.Verdict(
+        a.verdict, a.highest_level,
+        tuple((r.id, r.reason) for r in a.results if r.outcome == "fail"),
+        tuple(r.id for r in a.results if r.outcome == "not_evaluable"))
+
+
 def record_assessment(a: Assessment, crit: CriteriaFile, evidence: dict[str, Any],
                       tracking_uri: str | None = None,
                       spool_dir: str | os.PathLike[str] | None = None,
@@ -64,9 +72,13 @@ def record_assessment(a: Assessment, crit: CriteriaFile, evidence: dict[str, Any
         crit_copy.write_text(crit.text, encoding="utf-8", newline="")
         with start_run(workload=a.workload or "acceptance", role="comparison",
                        hardware=candidate_hardware, backend="acceptance", tags=tags,
-                       run_name=f"accept {a.candidate_id[:8]} ({a.verdict})",
+                       run_name=mlflow_ui.comparison_run_name(
+                           "accept", a.candidate_id[:8], len(a.reference_ids), a.verdict),
                        tracking_uri=tracking_uri, spool_dir=spool_dir,
                        snapshot_environment=False) as run:
+            if run.run_id is not None:  # names and links from the store (else: spooled)
+                run.set_tags(mlflow_ui.comparison_ui_tags(
+                    MlflowClient(run.tracking_uri), run.run_id, "accept", ui_verdict(a)))
             run.log_json(ARTIFACT_ASSESSMENT, a.to_dict())
             run.log_json(ARTIFACT_EVIDENCE, evidence)
             run.log_artifact(crit_copy, ARTIFACT_CRITERIA)

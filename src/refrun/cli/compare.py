@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="value kept for a step written more than once (default: last)")
     p.add_argument("--interpolate", choices=("none", "candidate", "reference"),
                    default="none", help="interpolate one run onto the other's steps")
+    p.add_argument("--axis", choices=("step", "samples", "tokens"), default="step",
+                   help="align on steps, or on cumulative samples/tokens seen (default: step)")
     p.add_argument("--final-fraction", type=float, default=0.1,
                    help="final window: the last fraction of aligned steps (default 0.1)")
     p.add_argument("--warmup-steps", type=int, default=None,
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
         if not metrics:
             raise RefrunInputError("--metrics: no metric name given")
-    options = CompareOptions(keep=args.keep, interpolate=args.interpolate,
+    options = CompareOptions(keep=args.keep, interpolate=args.interpolate, axis=args.axis,
                              final_fraction=args.final_fraction,
                              warmup_steps=args.warmup_steps)
     cmp = compare(args.reference, args.candidate, metrics=metrics, options=options,

@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the file's [settings] decide)")
     p.add_argument("--interpolate", choices=("none", "candidate", "reference"),
                    default=None, help="interpolate one run onto the other's steps")
+    p.add_argument("--axis", choices=("step", "samples", "tokens"), default=None,
+                   help="align on steps, or on cumulative samples/tokens seen (default: step)")
     p.add_argument("--max-points", type=int, default=DEFAULT_MAX_POINTS,
                    help=f"most points drawn per trace (default {DEFAULT_MAX_POINTS}); "
                         "numbers always use every point")
@@ -68,8 +70,8 @@ def _metrics(arg: str | None) -> list[str] | None:
 def _assess(args: argparse.Namespace, metrics: list[str] | None
             ) -> tuple[Comparison, Any]:
     """Compare with the criteria file's settings and assess (refrun.acceptance)."""
-    if args.keep is not None or args.interpolate is not None:
-        raise RefrunInputError("--keep/--interpolate: with --criteria the criteria file's "
+    if args.keep is not None or args.interpolate is not None or args.axis is not None:
+        raise RefrunInputError("--keep/--interpolate/--axis: with --criteria the criteria file's "
                                "[settings] decide how runs are aligned")
     try:
         from refrun.acceptance.assess import assess, compare_options, load_for_assessment
@@ -115,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         cmp, assessment = _assess(args, metrics)
     else:
         options = CompareOptions(keep=args.keep or "last",
-                                 interpolate=args.interpolate or "none")
+                                 interpolate=args.interpolate or "none",
+                                 axis=args.axis or "step")
         cmp = compare(args.reference, args.candidate, metrics=metrics, options=options,
                       tracking_uri=uri, progress=sys.stderr.isatty())
         if note := check_workloads(cmp.candidate, cmp.reference,

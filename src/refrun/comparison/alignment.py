@@ -11,6 +11,10 @@ Rules (documented in docs/comparison.md):
 * **Different cadence**: compared on the common steps; optionally one side is linearly
   interpolated onto the other's steps inside its own step range (never extrapolated).
 * **NaN/±Inf**: counted per run and excluded from the measures, never replaced by a number.
+* **Axis** (``step``, ``samples``, ``tokens``): with ``samples`` or ``tokens`` each run's
+  steps are first mapped to the samples (tokens) it had seen at the end of that step
+  (:func:`axis_map`, :func:`to_axis`), so a candidate with twice the global batch lines up
+  with its reference at equal data seen; the mapping of every run is reported.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import numpy as np
 
 Keep = Literal["last", "first"]
 Interpolate = Literal["none", "candidate", "reference"]
+Axis = Literal["step", "samples", "tokens"]
+AxisSource = Literal["recorded", "global_batch", "global_batch*tokens_per_sample"]
 
 MAX_RANGES = 50
 
@@ -75,6 +81,99 @@ class AlignmentReport:
     candidate: SeriesReport
     group_incomplete_steps: int = 0
     notes: list[str] = field(default_factory=list)
+    axis: str = "step"  # what aligned_steps/first_/last_aligned_step count
+    axis_mapping: list[AxisMapping] = field(default_factory=list)  # one per run
+
+
+@dataclass(frozen=True)
+class AxisMapping:
+    """How one run's steps were mapped onto the comparison axis (reported per run)."""
+
+    run: str  # "reference", "reference[1]", "candidate"
+    axis: str
+    source: str  # AxisSource: the recorded progress metric, or derived from tags
+    per_step: float | None  # median axis units per step (the global batch for samples)
+    first: int | None  # axis value at the run's first mapped step
+    last: int | None
+    unmapped_steps: int  # metric steps outside the progress record (dropped)
+
+
+@dataclass(frozen=True, eq=False)
+class AxisMap:
+    """A run's cumulative progress: ``values[i]`` samples (tokens) seen at the end of
+    ``steps[i]`` (sorted, unique steps)."""
+
+    steps: np.ndarray
+    values: np.ndarray
+    source: str
+
+
+def axis_map(axis: Axis, recorded: tuple[np.ndarray, np.ndarray] | None,
+             all_steps: np.ndarray, global_batch: int | None,
+             tokens_per_sample: int | None = None) -> AxisMap | None:
+    """A run's step -> cumulative samples (tokens) mapping, or None when it cannot be known.
+
+    Args:
+      axis: ``samples`` or ``tokens``.
+      recorded: the run's own ``progress/<axis>`` series (resolved steps, values), used
+        when present: it is what the run really consumed.
+      all_steps: every step the run recorded (any metric), for the derived mapping.
+      global_batch: samples per step (``refrun.global_batch``); derived mapping
+        ``samples(s) = (s - s0 + 1) * global_batch`` with ``s0`` the run's first step.
+      tokens_per_sample: for ``tokens`` without a recorded series:
+        ``tokens(s) = samples(s) * tokens_per_sample``.
+    """
+    if recorded is not None and len(recorded[0]):
+        st, v = recorded
+        ok = np.isfinite(v)
+        return AxisMap(np.asarray(st)[ok], np.rint(np.asarray(v)[ok]).astype(np.int64),
+                       "recorded")
+    if global_batch is None or global_batch <= 0 or not len(all_steps):
+        return None
+    per = global_batch
+    source = "global_batch"
+    if axis == "tokens":
+        if tokens_per_sample is None or tokens_per_sample <= 0:
+            return None
+        per = global_batch * tokens_per_sample
+        source = "global_batch*tokens_per_sample"
+    steps = np.unique(np.asarray(all_steps, dtype=np.int64))
+    return AxisMap(steps, (steps - steps[0] + 1) * np.int64(per), source)
+
+
+def to_axis(series: Series, amap: AxisMap, keep: Keep = "last") -> tuple[Series, int]:
+    """``series`` with its steps replaced by axis values (pure).
+
+    A step present in the map takes its value; a step between two mapped steps is
+    linearly interpolated (rounded to an integer); a step outside the map is dropped and
+    counted.  Two steps landing on one axis value (a step that consumed nothing) keep
+    the ``keep`` one.  The series report stays in the run's own steps.
+    """
+    st, av = amap.steps, amap.values
+    if not len(st):
+        return Series(series.steps[:0], series.values[:0], series.report), len(series.steps)
+    inside = (series.steps >= st[0]) & (series.steps <= st[-1])
+    steps = series.steps[inside]
+    x = np.rint(interpolate_onto(st, av.astype(np.float64), steps))
+    ok = np.isfinite(x)
+    x, vals = x[ok].astype(np.int64), series.values[inside][ok]
+    dropped = int(len(series.steps) - len(x))
+    if len(x) > 1 and not np.all(x[1:] > x[:-1]):
+        u, uv, _, _ = _dedup(x, vals, keep)
+        x, vals = u, uv
+    return Series(x, vals, series.report), dropped
+
+
+def mapping_report(name: str, axis: str, amap: AxisMap, dropped: int) -> AxisMapping:
+    """The :class:`AxisMapping` of one run (median axis units per step)."""
+    per = None
+    if len(amap.steps) > 1:
+        per = float(np.median(np.diff(amap.values) / np.diff(amap.steps)))
+    elif len(amap.steps) == 1:
+        per = float(amap.values[0])
+    return AxisMapping(name, axis, amap.source, per,
+                       int(amap.values[0]) if len(amap.values) else None,
+                       int(amap.values[-1]) if len(amap.values) else None, dropped)
 
 
 @dataclass(frozen=True, eq=False)

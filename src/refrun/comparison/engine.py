@@ -19,7 +19,26 @@ import numpy as np
 import pandas as pd
 
 from refrun import schema
-from refrun.comparison.alignment import Aligned, AlignmentReport, Series, align, resolve_series
+from refrun.comparison.alignment import (
+    Aligned,
+    AlignmentReport,
+    AxisMap,
+    Series,
+    align,
+    axis_map,
+    mapping_report,
+    resolve_series,
+    to_axis,
+)
+from refrun.comparison.divergence import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    DEFAULT_SUSTAIN,
+    Divergence,
+    DivergenceSummary,
+    divergence_summary,
+    first_divergence,
+)
 from refrun.comparison.group import GroupEnvelope, envelope_position, group_stats, z_scores
 from refrun.comparison.loading import RunData, load_run
 from refrun.comparison.measures import (
@@ -47,6 +66,9 @@ class CompareOptions:
 
     keep: str = "last"  # value kept for a repeated step: "last" | "first"
     interpolate: str = "none"  # "none" | "candidate" | "reference"
+    # What runs are aligned on: "step" | "samples" | "tokens" (cumulative data seen, from
+    # progress/samples|tokens or the refrun.global_batch tag; see alignment.axis_map).
+    axis: str = "step"
     eps: float = 1e-12  # floor of the relative-difference denominator
     final_fraction: float = 0.1  # final window: last ceil(fraction * n) aligned points
     final_points: int | None = None  # ... or exactly this many last aligned points
@@ -56,10 +78,17 @@ class CompareOptions:
     counter_prefixes: tuple[str, ...] = ("compile/", "xfer/", "fallback/", "exec/", "health/")
     eval_prefix: str = schema.EVAL_PREFIX
     max_eval_points: int = 10_000  # eval metrics with more aligned points: no point list
+    # First divergence (comparison/divergence.py): band = reference envelope +- (rtol *
+    # |reference mean| + atol); sustained = this many consecutive points outside.
+    divergence_rtol: float = DEFAULT_RTOL
+    divergence_atol: float = DEFAULT_ATOL
+    divergence_sustain: int = DEFAULT_SUSTAIN
 
     def __post_init__(self) -> None:
         if self.keep not in ("last", "first"):
             raise RefrunInputError(f"keep: {self.keep!r} is not 'last' or 'first'")
+        if self.axis not in schema.AXES:
+            raise RefrunInputError(f"axis: {self.axis!r} is not one of {', '.join(schema.AXES)}")
         if self.interpolate not in ("none", "candidate", "reference"):
             raise RefrunInputError(f"interpolate: {self.interpolate!r} is not one of "
                                    "none, candidate, reference")
@@ -69,6 +98,11 @@ class CompareOptions:
             raise RefrunInputError(f"final_points: {self.final_points} must be >= 1")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise RefrunInputError(f"warmup_steps: {self.warmup_steps} must be >= 0")
+        if self.divergence_rtol < 0 or self.divergence_atol < 0:
+            raise RefrunInputError("divergence_rtol/divergence_atol: must be >= 0")
+        if self.divergence_sustain < 1:
+            raise RefrunInputError(f"divergence_sustain: {self.divergence_sustain} must "
+                                   "be >= 1")
 
     def kind(self, metric: str) -> str:
         """``eval``, ``step_time``, ``counter`` or ``value`` (decides the extra measures)."""
@@ -95,10 +129,12 @@ class MetricComparison:
     counters: CounterTotals | None = None
     group: GroupEnvelope | None = None
     notes: list[str] = field(default_factory=list)
+    divergence: Divergence | None = None  # value and eval metrics (not sys/*, counters)
 
     def to_dict(self) -> dict[str, Any]:
         return _clean({
             "kind": self.kind,
+            "first_divergence": _asdict(self.divergence),
             "notes": self.notes,
             "alignment": dataclasses.asdict(self.alignment),
             "measures": dataclasses.asdict(self.measures),
@@ -122,6 +158,12 @@ class Comparison:
     metrics_only_in_candidate: list[str]
     skipped: dict[str, str]
     created_ms: int
+
+    @property
+    def divergence(self) -> DivergenceSummary:
+        """Which metric (and which parameter's gradient norm) departed first."""
+        return divergence_summary([m.divergence for m in self.metrics.values()
+                                   if m.divergence is not None], self.options.axis)
 
     @property
     def reference_ids(self) -> list[str]:
@@ -152,6 +194,8 @@ class Comparison:
                 "bias": d.bias, "diff_last": d.diff_at_last_step,
                 "final_mean_abs_diff": d.final_window.mean_abs_diff,
             }
+            if m.divergence is not None:
+                row["first_divergence"] = m.divergence.first_step
             if m.group is not None:
                 row["outside_envelope"] = m.group.fraction_outside
                 row["mean_abs_z"] = m.group.mean_abs_z
@@ -170,6 +214,7 @@ class Comparison:
             "metrics_only_in_reference": self.metrics_only_in_reference,
             "metrics_only_in_candidate": self.metrics_only_in_candidate,
             "skipped": self.skipped,
+            "divergence": dataclasses.asdict(self.divergence),
             "metrics": {k: m.to_dict() for k, m in self.metrics.items()},
         })
 
@@ -194,12 +239,39 @@ def _run_info(r: RunData) -> dict[str, Any]:
 
 
 def _as_rundata(x: str | RunData, metrics: Sequence[str] | None,
-                tracking_uri: str | None, progress: bool) -> RunData:
+                tracking_uri: str | None, progress: bool, axis: str = "step") -> RunData:
     if isinstance(x, RunData):
         return x
     if not isinstance(x, str) or not x:
         raise RefrunInputError(f"run: expected a run id or RunData, got {x!r}")
+    if metrics is not None and axis != "step":
+        metrics = [*metrics, schema.PROGRESS_PREFIX + axis]  # the axis itself
     return load_run(x, metrics, tracking_uri, progress)
+
+
+def _int_tag(run: RunData, key: str) -> int | None:
+    v = str(run.tags.get(key, "")).strip()
+    return int(v) if v.isdigit() else None
+
+
+def run_axis_map(run: RunData, axis: str, keep: str = "last") -> AxisMap:
+    """The run's step -> ``axis`` mapping (recorded ``progress/<axis>``, else derived from
+    ``refrun.global_batch`` [x ``refrun.tokens_per_sample``]); a one-line
+    :class:`RefrunInputError` naming the run when neither exists."""
+    name = schema.PROGRESS_PREFIX + axis
+    recorded = None
+    if name in run.metric_names:
+        ser = _resolve(run, name, keep)
+        recorded = (ser.steps, ser.values)
+    amap = axis_map(axis, recorded, run.curves["step"].to_numpy(),  # type: ignore[arg-type]
+                    _int_tag(run, schema.TAG_GLOBAL_BATCH),
+                    _int_tag(run, schema.TAG_TOKENS_PER_SAMPLE))
+    if amap is None:
+        need = (f"{schema.TAG_GLOBAL_BATCH}" if axis == "samples" else
+                f"{schema.TAG_GLOBAL_BATCH} and {schema.TAG_TOKENS_PER_SAMPLE}")
+        raise RefrunInputError(f"axis {axis}: run {run.run_id} has no {name!r} metric and "
+                               f"no {need} tag to derive it from")
+    return amap
 
 
 def compare(reference: str | RunData | Sequence[str | RunData], candidate: str | RunData,
@@ -216,8 +288,11 @@ def compare(reference: str | RunData | Sequence[str | RunData], candidate: str |
     if not ref_list:
         raise RefrunInputError("reference: at least one reference run is required")
     wanted = list(dict.fromkeys(metrics)) if metrics else None
-    refs = [_as_rundata(r, wanted, tracking_uri, progress) for r in ref_list]
-    cand = _as_rundata(candidate, wanted, tracking_uri, progress)
+    refs = [_as_rundata(r, wanted, tracking_uri, progress, opts.axis) for r in ref_list]
+    cand = _as_rundata(candidate, wanted, tracking_uri, progress, opts.axis)
+    maps = None
+    if opts.axis != "step":
+        maps = [run_axis_map(r, opts.axis, opts.keep) for r in [*refs, cand]]
     ref_names = set.intersection(*(set(r.metric_names) for r in refs))
     ref_any = set.union(*(set(r.metric_names) for r in refs))
     cand_names = set(cand.metric_names)
@@ -229,11 +304,13 @@ def compare(reference: str | RunData | Sequence[str | RunData], candidate: str |
                                            f"({r.role or 'run'})")
         names = wanted
     else:
-        names = sorted(ref_names & cand_names)
+        # progress/* are axes, not measurements: identical by construction on their axis
+        names = sorted(n for n in ref_names & cand_names
+                       if not n.startswith(schema.PROGRESS_PREFIX))
     results: dict[str, MetricComparison] = {}
     skipped: dict[str, str] = {}
     for name in names:
-        result, reason = _compare_metric(name, refs, cand, opts)
+        result, reason = _compare_metric(name, refs, cand, opts, maps)
         if result is not None:
             results[name] = result
             continue
@@ -264,11 +341,39 @@ def _span(series: list[Series]) -> tuple[int, int]:
     return int(min(firsts)), int(max(lasts))
 
 
-def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: CompareOptions
-                    ) -> tuple[MetricComparison | None, str]:
-    ref_series = [_resolve(r, name, opts.keep) for r in refs]
-    cand_series = _resolve(cand, name, opts.keep)
+def _on_axis(ref_series: list[Series], cand_series: Series, opts: CompareOptions,
+             maps: list[AxisMap] | None) -> tuple[list[Series], Series, list[Any]]:
+    """The series mapped onto the options' axis, and how each run was mapped."""
+    if maps is None:
+        return ref_series, cand_series, []
+    names = ([f"reference[{i}]" if len(ref_series) > 1 else "reference"
+              for i in range(len(ref_series))] + ["candidate"])
+    mapped, reports = [], []
+    for nm, ser, amap in zip(names, [*ref_series, cand_series], maps, strict=True):
+        m, dropped = to_axis(ser, amap, opts.keep)  # type: ignore[arg-type]
+        mapped.append(m)
+        reports.append(mapping_report(nm, opts.axis, amap, dropped))
+    return mapped[:-1], mapped[-1], reports
+
+
+def _axis_note(reports: list[Any]) -> str:
+    parts = [f"{r.run}: {r.source}"
+             + (f", {r.per_step:g} {r.axis}/step" if r.per_step is not None else "")
+             + (f", {r.unmapped_steps} steps outside the progress record dropped"
+                if r.unmapped_steps else "") for r in reports]
+    return f"aligned by {reports[0].axis} seen, not by step ({'; '.join(parts)})"
+
+
+def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: CompareOptions,
+                    maps: list[AxisMap] | None = None) -> tuple[MetricComparison | None, str]:
+    native_refs = [_resolve(r, name, opts.keep) for r in refs]
+    native_cand = _resolve(cand, name, opts.keep)
+    ref_series, cand_series, mapping = _on_axis(native_refs, native_cand, opts, maps)
     aligned = align(ref_series, cand_series, opts.interpolate, opts.keep)  # type: ignore[arg-type]
+    if mapping:
+        rep = dataclasses.replace(aligned.report, axis=opts.axis, axis_mapping=mapping,
+                                  notes=[_axis_note(mapping), *aligned.report.notes])
+        aligned = Aligned(aligned.steps, aligned.reference, aligned.candidate, rep)
     rep = aligned.report
     if rep.aligned_steps == 0:
         r0 = ref_series[0].report
@@ -282,21 +387,29 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
     d_rd = diffs(ref_curve, aligned.candidate, opts.eps)
     measures = diff_measures(aligned.steps, ref_curve, aligned.candidate, opts.eps,
                              opts.final_fraction, opts.final_points, precomputed=d_rd)
-    first, last = _span([*ref_series, cand_series])
+    # Step time and counters are per run, over each run's own steps (any axis).
+    first, last = _span([*native_refs, native_cand])
     wend = warmup_end(first, last, opts.warmup_steps, opts.warmup_fraction)
     step_time = counters = None
     if kind == "step_time":
         step_time = step_time_ratio(
-            np.concatenate([s.steps for s in ref_series]),
-            np.concatenate([s.values for s in ref_series]),
-            cand_series.steps, cand_series.values, wend)
+            np.concatenate([s.steps for s in native_refs]),
+            np.concatenate([s.values for s in native_refs]),
+            native_cand.steps, native_cand.values, wend)
     elif kind == "counter":
-        counters = _group_counters(ref_series, cand_series, wend)
+        counters = _group_counters(native_refs, native_cand, wend)
     group = None
     frame = _frame(aligned, ref_curve, d_rd)
+    if mapping and maps is not None:
+        frame = _with_axis(frame, opts.axis, maps[-1])
     if len(refs) > 1:
         k = final_window_size(len(aligned.steps), opts.final_fraction, opts.final_points)
         group = envelope_position(aligned.steps, aligned.candidate, aligned.reference, k)
+    div = None
+    if kind in ("value", "eval") and not name.startswith(schema.SYS_PREFIX):
+        div = first_divergence(name, aligned.steps, aligned.reference, aligned.candidate,
+                               axis=opts.axis, rtol=opts.divergence_rtol,
+                               atol=opts.divergence_atol, sustain=opts.divergence_sustain)
     points = None
     notes: list[str] = []
     if kind == "eval":
@@ -308,7 +421,7 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
     return MetricComparison(
         metric=name, kind=kind, alignment=rep, measures=measures, frame=frame,
         eval_points=points, step_time=step_time, counters=counters, group=group,
-        notes=notes,
+        notes=notes, divergence=div,
     ), ""
 
 
@@ -324,6 +437,17 @@ def _group_counters(refs: list[Series], cand: Series, wend: int) -> CounterTotal
         reference_after_warmup=float(np.mean([p.reference_after_warmup for p in per])),
         reference_steps=round(float(np.mean([p.reference_steps for p in per]))),
     )
+
+
+def _with_axis(frame: pd.DataFrame, axis: str, cand_map: AxisMap) -> pd.DataFrame:
+    """Aligned on ``axis``: the axis values in a column of that name, and ``step`` the
+    candidate's own step at each (interpolated back through its progress record)."""
+    x = frame["step"].to_numpy()
+    back = np.rint(np.interp(x, cand_map.values.astype(np.float64),
+                             cand_map.steps.astype(np.float64))).astype(np.int64)
+    out = frame.rename(columns={"step": axis})
+    out.insert(0, "step", back)
+    return out
 
 
 def _frame(aligned: Aligned, ref_curve: np.ndarray,

@@ -197,3 +197,29 @@ def counter_totals(ref_steps: np.ndarray, ref_values: np.ndarray, cand_steps: np
         reference_steps=int(np.count_nonzero(rf)),
         candidate_steps=int(np.count_nonzero(cf)),
     )
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """How much the slowest rank lags (multi-process runs; seconds unless 'ratio')."""
+
+    ranks: int
+    slowest_rank: int
+    slowest_median_s: float
+    median_of_medians_s: float
+    ratio: float  # slowest rank's median step time / median over ranks of their medians
+
+
+def straggler(per_rank_step_times: dict[int, np.ndarray]) -> Straggler | None:
+    """Straggler measure of a multi-process run from each rank's step times (seconds).
+
+    ``ratio = max_r median(t_r) / median_r median(t_r)`` over the finite step times of each
+    rank (1.0: no straggler; 1.5: the slowest rank's typical step is 50 % longer than the
+    typical rank's).  None when fewer than one rank has a finite step time."""
+    meds = {r: float(np.median(v[np.isfinite(v)])) for r, v in per_rank_step_times.items()
+            if np.isfinite(np.asarray(v, dtype=np.float64)).any()}
+    if not meds:
+        return None
+    slow = max(meds, key=lambda r: (meds[r], -r))
+    mid = float(np.median(list(meds.values())))
+    return Straggler(len(meds), slow, meds[slow], mid, meds[slow] / mid if mid > 0 else math.inf)

@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pandas as pd
+from mlflow.tracking import MlflowClient
 
-from refrun import schema
+from refrun import mlflow_ui, schema
 from refrun.comparison.engine import Comparison
 from refrun.complete_run import (
     CompleteRun,
@@ -30,25 +32,29 @@ from refrun.complete_run import (
     write_complete_run,
 )
 from refrun.thinning import MLFLOW_MAX_POINTS
+from refrun.tracking import resolve_tracking_uri
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
 
 
-def difference_columns(comparison: Comparison) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def difference_columns(comparison: Comparison) -> tuple[pd.Categorical, np.ndarray,
+                                                           np.ndarray]:
     """``(metric names, steps, values)`` of every ``diff/<m>`` and ``reldiff/<m>`` point
     at every aligned step, metric by metric."""
-    names, steps, values = [], [], []
+    names: list[str] = []
+    codes, steps, values = [], [], []
     for metric, mc in comparison.metrics.items():
         f = mc.frame
         s = f["step"].to_numpy(np.int64)
         for prefix, col in ((schema.DIFF_PREFIX, "diff"), (schema.RELDIFF_PREFIX, "reldiff")):
-            names.append(np.full(len(s), prefix + metric, dtype=object))
+            codes.append(np.full(len(s), len(names), dtype=np.int32))
+            names.append(prefix + metric)
             steps.append(s)
             values.append(f[col].to_numpy(np.float64))
     if not names:
-        return (np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64),
-                np.zeros(0, dtype=np.float64))
-    return np.concatenate(names), np.concatenate(steps), np.concatenate(values)
+        return (pd.Categorical([]), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+    return (pd.Categorical.from_codes(np.concatenate(codes), categories=names),
+            np.concatenate(steps), np.concatenate(values))
 
 
 def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
@@ -72,12 +78,15 @@ def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
         schema.TAG_COMPARED_CANDIDATE: cand.run_id,
         schema.TAG_COMPARED_METRICS: ",".join(comparison.metrics),
     }))
-    name = run_name or f"compare {ref0.hardware or ref0.run_id[:8]} vs " \
-                       f"{cand.hardware or cand.run_id[:8]}"
+    name = run_name or mlflow_ui.comparison_run_name(
+        "compare", cand.tags.get(schema.TAG_RUN_NAME) or cand.run_id[:8], len(comparison.reference))
     table = curves_table(*difference_columns(comparison), now_ms())
     params = string_tags({f"option.{k}": v for k, v in vars(comparison.options).items()})
-    return write_complete_run(CompleteRun(
+    run_id = write_complete_run(CompleteRun(
         experiment=tags[schema.TAG_WORKLOAD], tags=tags, table=table, params=params,
         run_name=name, json_artifacts={ARTIFACT_COMPARISON: comparison.to_dict()},
         max_points=max_points,
     ), tracking_uri)
+    mlflow_ui.describe_comparison(MlflowClient(resolve_tracking_uri(tracking_uri)), run_id,
+                                  "compare", keep_name=run_name is not None)
+    return run_id

@@ -39,13 +39,14 @@ class ImportedCurves:
     params: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_columns(cls, format: str, sources: Sequence[Path], metrics: Sequence[str] |
-                     np.ndarray, steps: Sequence[int] | np.ndarray,
-                     values: Sequence[float] | np.ndarray,
+    def from_columns(cls, format: str, sources: Sequence[Path],
+                     metrics: Sequence[str] | np.ndarray | pd.Categorical,
+                     steps: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
                      params: dict[str, str] | None = None) -> ImportedCurves:
         """Curves from three equally long columns in logging order."""
         frame = pd.DataFrame({
-            "metric": pd.Categorical(np.asarray(metrics, dtype=object)),
+            "metric": metrics if isinstance(metrics, pd.Categorical)
+            else pd.Categorical(np.asarray(metrics, dtype=object)),
             "step": np.asarray(steps, dtype=np.int64),
             "value": np.asarray(values, dtype=np.float64),
         })

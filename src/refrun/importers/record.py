@@ -69,7 +69,8 @@ def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: st
     if not len(curves):
         raise RefrunInputError(f"{curves.sources[0]}: no points to import")
     f = curves.frame
-    table = curves_table(f["metric"], f["step"].to_numpy(), f["value"].to_numpy(), now_ms())
+    table = curves_table(f["metric"].array, f["step"].to_numpy(), f["value"].to_numpy(),
+                         now_ms())
     all_tags.update({
         # The importing machine is not the one that trained: say where the data came from.
         schema.TAG_DEVICE: f"imported from {curves.format} file",
@@ -80,7 +81,7 @@ def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: st
     })
     return write_complete_run(CompleteRun(
         experiment=workload, tags=all_tags, table=table, params=dict(curves.params),
-        run_name=run_name or f"import {curves.sources[0].name}",
+        run_name=run_name,  # default: refrun.mlflow_ui.default_run_name
         end_tags={schema.TAG_IMPORT_NONFINITE: str(curves.nonfinite)},
         max_points=max_points,
     ), tracking_uri)

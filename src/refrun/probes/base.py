@@ -23,8 +23,12 @@ interface below; the probe itself only
   step that was current when each sample was taken (several samples taken during one
   step are averaged, so a step is never logged twice for the same ``sys/...`` name),
 * asks the backend to describe device truth and placement at start, every
-  ``recheck_every`` steps and at close; a ``refrun.placement.warning`` it reports becomes
-  a recorded run warning as well as a tag.
+  ``recheck_every`` steps (default 100, the same for every backend) and at close; a
+  ``refrun.placement.warning`` it reports becomes a recorded run warning as well as a tag,
+* at close, records what the backend adds to the end of a run through the no-op hooks
+  of :class:`BackendBase`: ``summary_tags()`` and ``artifacts()``; warnings a backend
+  notices (``take_warnings()``) are recorded by the probe after each step.  So no backend
+  writes to the session itself: the probe is the only writer.
 
 A backend never raises into the loop: failures become recorded warnings.
 """
@@ -38,19 +42,27 @@ from array import array
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from refrun import schema
-from refrun.recording.session import RunSession
 
-# Tags the probe writes itself (shared by every backend).
-TAG_STEP_TIME_KIND = schema.TAG_STEP_TIME_KIND  # set by the backend's describe()
-TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"
-TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
-TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"
-TAG_STEADY_STEPS = "refrun.perf.steady_steps"
+if TYPE_CHECKING:
+    from refrun import RunSession
+
+DEFAULT_RECHECK_EVERY = 100  # steps between placement re-checks, every backend
+DEFAULT_SAMPLE_INTERVAL_S = 1.0  # seconds between sys/* samples, every backend
+DEFAULT_WARMUP_STEPS = 5  # step times left out of the median/p90 summary, every backend
+
+
+@dataclass(frozen=True)
+class BackendWarning:
+    """A warning a backend noticed (recorded once per ``key`` by the probe)."""
+
+    key: str
+    message: str
+    step: int | None = None
 
 
 class Backend(Protocol):
@@ -84,6 +96,38 @@ class Backend(Protocol):
     def close(self) -> None:
         """Remove listeners/hooks the backend installed."""
 
+    def summary_tags(self) -> Mapping[str, Any]:
+        """End-of-run tags (after the last value was resolved)."""
+
+    def artifacts(self) -> Mapping[str, Any]:
+        """End-of-run JSON artifacts: artifact path -> JSON-able payload."""
+
+    def take_warnings(self) -> list[BackendWarning]:
+        """Warnings noticed since the last call (the probe records them)."""
+
+
+class BackendBase:
+    """No-op end-of-run hooks: a backend overrides only what it adds to a run."""
+
+    name = "backend"
+
+    def __init__(self) -> None:
+        self._warnings: list[BackendWarning] = []
+
+    def warn(self, key: str, message: str, step: int | None = None) -> None:
+        """Queue a warning for the probe to record (never raises, never blocks)."""
+        self._warnings.append(BackendWarning(key, message, step))
+
+    def take_warnings(self) -> list[BackendWarning]:
+        out, self._warnings = self._warnings, []
+        return out
+
+    def summary_tags(self) -> Mapping[str, Any]:
+        return {}
+
+    def artifacts(self) -> Mapping[str, Any]:
+        return {}
+
 
 class Monitor(Protocol):
     """One source of utilisation samples (psutil, NVML, TPU runtime ...)."""
@@ -113,10 +157,18 @@ class Probe:
 
     run: RunSession
     backend: Backend
-    warmup_steps: int = 5
+    warmup_steps: int = DEFAULT_WARMUP_STEPS
     monitors: Sequence[Monitor] = ()
-    sample_interval_s: float = 1.0
-    recheck_every: int = 0  # steps between placement re-checks (0: only at start and close)
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
+    # steps between placement re-checks (0: only at start and close)
+    recheck_every: int = DEFAULT_RECHECK_EVERY
+    # Samples per step for progress/samples (default: the run's refrun.global_batch tag)
+    # and tokens per sample for progress/tokens (default: refrun.tokens_per_sample).
+    global_batch: int | None = None
+    tokens_per_sample: int | None = None
+    _samples: int = 0
+    _tokens: int = 0
+    _progress_override: dict[str, int] = field(default_factory=dict, repr=False)
     _pending: deque[tuple[int, str, Any]] = field(default_factory=deque, repr=False)
     _step: int | None = None
     _in_step: bool = False
@@ -137,6 +189,7 @@ class Probe:
         # Closed by the run at the latest, so pending values are never lost when the user
         # ends the run without closing the probe.
         self.run.add_close_hook(self.close)
+        self._progress_defaults()
         self._describe()
         self._last_counters = dict(self._guard(self.backend.counters) or {})
         if self.monitors:
@@ -169,6 +222,8 @@ class Probe:
             if pending_time is not None:
                 self._pending.append((n, schema.M_STEP_TIME, pending_time))
             self._record_counters(n)
+            self._record_progress(n)
+            self._record_backend_warnings()
             self._steps_done += 1
             if self.recheck_every > 0 and self._steps_done % self.recheck_every == 0:
                 self._describe()
@@ -185,6 +240,15 @@ class Probe:
             handle = self._guard(lambda v=value: self.backend.fetch(v))
             if handle is not None:
                 self._pending.append((n, name, handle))
+
+    def progress(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """Samples and/or tokens the current step consumed, when they differ from the
+        default (``global_batch`` samples, ``tokens_per_sample`` tokens per sample): a
+        last partial batch, variable-length sequences.  Python ints, never device values."""
+        if samples is not None:
+            self._progress_override["samples"] = int(samples)
+        if tokens is not None:
+            self._progress_override["tokens"] = int(tokens)
 
     def log_eval(self, step: int | None = None, **metrics: Any) -> None:
         """Evaluation metrics, recorded as ``eval/<name>``."""
@@ -221,6 +285,41 @@ class Probe:
         self._last_counters = dict(now)
         if deltas:
             self.run.log_metrics(n, deltas)
+
+    def _progress_defaults(self) -> None:
+        tags = self._guard(lambda: dict(self.run.tags)) or {}
+        for attr, tag in (("global_batch", schema.TAG_GLOBAL_BATCH),
+                          ("tokens_per_sample", schema.TAG_TOKENS_PER_SAMPLE)):
+            if getattr(self, attr) is None and str(tags.get(tag, "")).isdigit():
+                setattr(self, attr, int(tags[tag]))
+        if self.tokens_per_sample is not None and schema.TAG_TOKENS_PER_SAMPLE not in tags:
+            self._guard(lambda: self.run.set_tags(
+                {schema.TAG_TOKENS_PER_SAMPLE: self.tokens_per_sample}))
+
+    def _record_progress(self, n: int) -> None:
+        """Cumulative ``progress/samples`` and ``progress/tokens`` at the end of step ``n``
+        (host integers only: from the declared batch, or :meth:`progress`)."""
+        over, self._progress_override = self._progress_override, {}
+        samples = over.get("samples", self.global_batch)
+        tokens = over.get("tokens")
+        if tokens is None and samples is not None and self.tokens_per_sample is not None:
+            tokens = samples * self.tokens_per_sample
+        out: dict[str, float] = {}
+        if samples is not None:
+            self._samples += samples
+            out[schema.M_PROGRESS_SAMPLES] = float(self._samples)
+        if tokens is not None:
+            self._tokens += tokens
+            out[schema.M_PROGRESS_TOKENS] = float(self._tokens)
+        if out:
+            self.run.log_metrics(n, out)
+
+    def _record_backend_warnings(self) -> None:
+        take = getattr(self.backend, "take_warnings", None)
+        if take is None:
+            return
+        for w in self._guard(take) or ():
+            self.run.warn_once(w.key, w.message, w.step)
 
     def _describe(self) -> None:
         """Record the backend's description as tags (only those that changed); a placement
@@ -309,15 +408,22 @@ class Probe:
         stats = self.step_time_stats()
         tags: dict[str, Any] = {}
         if stats is not None:
-            tags[TAG_STEP_TIME_MEDIAN] = f"{stats.median_s:.6g}"
-            tags[TAG_STEP_TIME_P90] = f"{stats.p90_s:.6g}"
-            tags[TAG_WARMUP_STEPS] = stats.warmup_steps
-            tags[TAG_STEADY_STEPS] = stats.count
-        if tags:
-            self.run.set_tags(tags)
+            tags[schema.TAG_STEP_TIME_MEDIAN] = f"{stats.median_s:.6g}"
+            tags[schema.TAG_STEP_TIME_P90] = f"{stats.p90_s:.6g}"
+            tags[schema.TAG_WARMUP_STEPS] = stats.warmup_steps
+            tags[schema.TAG_STEADY_STEPS] = stats.count
         for m in self.monitors:
             self._guard(m.close)
         self._guard(self.backend.close)
+        self._record_backend_warnings()
+        # End-of-run additions of the backend (no-op hooks on BackendBase).
+        extra = getattr(self.backend, "summary_tags", None)
+        tags.update(self._guard(extra) or {} if extra is not None else {})
+        if tags:
+            self._guard(lambda: self.run.set_tags(tags))
+        arts = getattr(self.backend, "artifacts", None)
+        for path, payload in (self._guard(arts) or {} if arts is not None else {}).items():
+            self._guard(lambda p=path, d=payload: self.run.log_json(p, d))
 
     def __enter__(self) -> Probe:
         return self

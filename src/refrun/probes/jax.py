@@ -38,6 +38,7 @@ What it measures, and how, without adding a host sync to the loop:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -56,13 +57,15 @@ import jax
 import numpy as np
 
 from refrun import schema
+from refrun.probes.base import BackendBase
+from refrun.probes.hardware import is_accelerator
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-M_COMPILE_OTHER = "compile/other"  # compilations outside the step function(s)
-TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"
+M_COMPILE_OTHER = schema.M_COMPILE_OTHER
 TRANSFER_LEVELS = ("log", "disallow", "log_explicit", "disallow_explicit")
 H2D_MARKER = b"host-to-device transfer"
+NO_DETAIL = "(repeated transfer: the runtime printed no detail)"
 _JAX_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax,)) + tuple(
     os.path.dirname(sys.modules[n].__file__) + os.sep
     for n in ("jaxlib",) if n in sys.modules and getattr(sys.modules[n], "__file__", None)
@@ -255,19 +258,37 @@ def forget_compiled() -> None:
 
 
 # --- host-to-device transfer counting ----------------------------------------------------
+@dataclass
+class TransferSite:
+    """One distinct transfer-guard line (what was transferred, where to), how often."""
+
+    text: str
+    count: int
+    first_step: int | None
+
+
 class StderrLineCounter:
-    """Counts occurrences of ``marker`` in everything written to file descriptor 2 (where
-    the JAX runtime writes transfer-guard lines) and forwards every byte unchanged.
+    """Counts the lines containing ``marker`` written to file descriptor 2 (where the JAX
+    runtime writes transfer-guard lines) and summarises them instead of flooding stderr.
 
     fd 2 is replaced by a pipe for the counter's lifetime; a thread forwards the bytes so
-    the writer can never block on a full pipe, and :meth:`count` first drains what is
-    already in the pipe so a step's lines are attributed to that step.
+    the writer can never block on a full pipe.  Every other line is forwarded unchanged;
+    of the marker lines only the first ``echo_first`` are forwarded, the rest are counted,
+    and the first ``max_sites`` distinct ones are kept (:attr:`sites`) for the
+    ``refrun/jax_transfers.json`` summary.  :meth:`count` first drains what is already in
+    the pipe, so a step's lines are attributed to that step.
     """
 
-    def __init__(self, marker: bytes = H2D_MARKER) -> None:
+    def __init__(self, marker: bytes = H2D_MARKER, echo_first: int = 3,
+                 max_sites: int = 20) -> None:
         self.marker = marker
+        self.echo_first = echo_first
+        self.max_sites = max_sites
         self.total = 0
-        self._tail = b""
+        self.suppressed = 0
+        self.step: int | None = None  # attributed to sites first seen now
+        self.sites: dict[str, TransferSite] = {}
+        self._partial = b""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         sys.stderr.flush()
@@ -280,6 +301,24 @@ class StderrLineCounter:
                                         name="refrun-jax-stderr")
         self._thread.start()
 
+    def _line(self, line: bytes) -> bytes:
+        """What to forward for one complete line (with its newline)."""
+        at = line.find(self.marker)
+        if at < 0:
+            return line
+        self.total += 1
+        site = line[at + len(self.marker):].strip(b": \r\n").decode("utf-8", "replace")
+        site = site or NO_DETAIL  # the runtime details a transfer site only the first time
+        known = self.sites.get(site)
+        if known is not None:
+            known.count += 1
+        elif len(self.sites) < self.max_sites:
+            self.sites[site] = TransferSite(site, 1, self.step)
+        if self.total <= self.echo_first:
+            return line
+        self.suppressed += 1
+        return b""
+
     def _read_available(self) -> None:
         while True:
             try:
@@ -288,12 +327,15 @@ class StderrLineCounter:
                 return
             if not chunk:
                 return
-            os.write(self._saved, chunk)
-            data = self._tail + chunk
-            self.total += data.count(self.marker)
-            # keep a partial marker that may continue in the next chunk
-            keep = len(self.marker) - 1
-            self._tail = data[-keep:] if self.marker not in data[-keep:] else b""
+            data = self._partial + chunk
+            lines = data.split(b"\n")
+            self._partial = lines.pop()
+            if len(self._partial) > 65536:  # a huge line without newline: pass it on
+                lines.append(self._partial)
+                self._partial = b""
+            out = b"".join(self._line(ln + b"\n") for ln in lines)
+            if out:
+                os.write(self._saved, out)
 
     def _pump(self) -> None:
         while not self._stop.is_set():
@@ -306,13 +348,14 @@ class StderrLineCounter:
                     self._read_available()
 
     def count(self) -> int:
-        """Occurrences of the marker written so far."""
+        """Marker lines written so far."""
         with self._lock:
             self._read_available()
             return self.total
 
     def close(self) -> None:
-        """Restore fd 2 and forward anything still in the pipe."""
+        """Restore fd 2, forward anything still in the pipe, and say once how many
+        transfer lines were summarised instead of printed."""
         if self._stop.is_set():
             return
         with contextlib.suppress(Exception):
@@ -324,8 +367,17 @@ class StderrLineCounter:
         self._thread.join(timeout=2)
         with self._lock:
             self._read_available()
+            if self._partial:
+                os.write(self._saved, self._line(self._partial))
+                self._partial = b""
             os.close(self._r)
             os.close(self._saved)
+        if self.suppressed:
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"refrun: {self.suppressed} more JAX host-to-device transfer "
+                                 f"lines not printed ({self.total} in all); counts per step "
+                                 f"and the first {len(self.sites)} distinct transfers are in "
+                                 f"{schema.ARTIFACT_JAX_TRANSFERS}\n")
 
 
 # --- step time to readiness ----------------------------------------------------------------
@@ -422,9 +474,7 @@ def placement_summary(tree: Any, max_shardings: int = 8) -> dict[str, Any]:
     }
 
 
-def declares_accelerator(hardware: str | None) -> bool:
-    """A declared hardware name other than ``cpu...`` means an accelerator was intended."""
-    return bool(hardware) and not str(hardware).strip().lower().startswith("cpu")
+declares_accelerator = is_accelerator  # the one rule (refrun.probes.hardware)
 
 
 def placement_problem(declared: str | None, backend: str,
@@ -443,7 +493,7 @@ def placement_problem(declared: str | None, backend: str,
 
 
 # --- the backend ---------------------------------------------------------------------------
-class JaxBackend:
+class JaxBackend(BackendBase):
     """:class:`refrun.probes.base.Backend` for JAX; see the module doc for what it records."""
 
     name = "jax"
@@ -451,6 +501,7 @@ class JaxBackend:
     def __init__(self, *, step_fns: Iterable[Any] = (), transfer_guard: str | None = None,
                  hardware: str | None = None, mesh: Any = None,
                  fresh_caches: bool = True) -> None:
+        super().__init__()
         names = [f if isinstance(f, str) else getattr(f, "__name__", None) for f in step_fns]
         self.compiles = CompileTracker(frozenset(n for n in names if n) or None)
         self.fresh_caches = fresh_caches
@@ -467,6 +518,9 @@ class JaxBackend:
         self._guard_cm: Any = None
         self._h2d: StderrLineCounter | None = None
         self._h2d_checked = 0
+        self._h2d_last = 0
+        self._h2d_by_step: dict[int, int] = {}
+        self._ended_step: int | None = None
         self._watcher = ReadyWatcher()
         self.compiles.install()
         if transfer_guard in ("log", "log_explicit"):
@@ -476,6 +530,8 @@ class JaxBackend:
     def begin_step(self, step: int) -> float:
         self.compiles.current_step = step
         self.compiles.in_step = True
+        if self._h2d is not None:
+            self._h2d.step = step  # transfer sites first seen from now on
         self._step_arrays = []
         if self.transfer_guard is not None:
             cm = jax.transfer_guard(self.transfer_guard)
@@ -486,6 +542,7 @@ class JaxBackend:
     def end_step(self, step: int, token: float) -> PendingStepTime | float:
         now = time.perf_counter()
         self.compiles.in_step = False  # until the next step: "between steps"
+        self._ended_step = step
         if self._guard_cm is not None:
             cm, self._guard_cm = self._guard_cm, None
             cm.__exit__(None, None, None)
@@ -545,7 +602,11 @@ class JaxBackend:
     def counters(self) -> dict[str, float]:
         out = self.compiles.counters()
         if self._h2d is not None:
-            out[schema.M_XFER_H2D] = self._h2d.count()
+            total = self._h2d.count()
+            if self._ended_step is not None and total > self._h2d_last:
+                self._h2d_by_step[self._ended_step] = total - self._h2d_last
+            self._h2d_last = total
+            out[schema.M_XFER_H2D] = total
         elif self.transfer_guard is not None:
             out[schema.M_XFER_H2D] = 0.0
         return out
@@ -578,18 +639,18 @@ class JaxBackend:
             mesh = meshes[0]
         desc: dict[str, Any] = {
             schema.TAG_EXEC_HARDWARE: exec_hardware(devices),
-            "refrun.exec.device_kind": devices[0].device_kind if devices else "",
+            schema.TAG_EXEC_DEVICE_KIND: devices[0].device_kind if devices else "",
             schema.TAG_EXEC_DEVICES: len(used) if used else jax.device_count(),
-            "refrun.exec.visible_devices": jax.device_count(),
+            schema.TAG_EXEC_VISIBLE_DEVICES: jax.device_count(),
             schema.TAG_EXEC_WORLD_SIZE: jax.process_count(),
             schema.TAG_PLACEMENT: json.dumps(
                 {"default_backend": jax.default_backend(), **self.placement},
                 sort_keys=True)[:5000],
-            TAG_STEP_TIME_KIND: self.step_time_kind(),
-            "refrun.perf.step_time_wall_steps": self.wall_steps,
-            "refrun.jax.transfer_guard": self.transfer_guard or "off",
-            "refrun.jax.fresh_caches": str(self.fresh_caches).lower(),
-            "refrun.jax.step_functions": ",".join(sorted(self.compiles.step_names))
+            schema.TAG_STEP_TIME_KIND: self.step_time_kind(),
+            schema.TAG_STEP_TIME_WALL_STEPS: self.wall_steps,
+            schema.TAG_JAX_TRANSFER_GUARD: self.transfer_guard or "off",
+            schema.TAG_JAX_FRESH_CACHES: str(self.fresh_caches).lower(),
+            schema.TAG_JAX_STEP_FUNCTIONS: ",".join(sorted(self.compiles.step_names))
             if self.compiles.step_names else "(called through jit/pmap)",
         }
         if mesh:
@@ -599,7 +660,7 @@ class JaxBackend:
             desc[schema.TAG_PLACEMENT_WARNING] = warning
         peak = memory_peak_bytes()
         if peak is not None:
-            desc["refrun.exec.memory_peak_bytes"] = peak
+            desc[schema.TAG_EXEC_MEMORY_PEAK] = peak
         return desc
 
     def close(self) -> None:
@@ -611,6 +672,30 @@ class JaxBackend:
         if self._h2d is not None:
             self._h2d.close()
         self._watcher.close()
+
+    def summary_tags(self) -> Mapping[str, Any]:
+        if self._h2d is None:
+            return {}
+        return {schema.TAG_JAX_TRANSFERS: self._h2d.total}
+
+    def artifacts(self) -> Mapping[str, Any]:
+        """The compilation log and, with ``transfer_guard="log"``, the transfer summary."""
+        c = self.compiles
+        out: dict[str, Any] = {schema.ARTIFACT_JAX_COMPILATIONS: {
+            "step_functions": sorted(c.step_names) if c.step_names else None,
+            "fresh_caches": self.fresh_caches,
+            "by_function": dict(c.by_function),
+            "events": c.events,
+        }}
+        if self._h2d is not None:
+            out[schema.ARTIFACT_JAX_TRANSFERS] = {
+                "total": self._h2d.total,
+                "printed": self._h2d.total - self._h2d.suppressed,
+                "per_step": {str(k): v for k, v in sorted(self._h2d_by_step.items())},
+                "sites": [dataclasses.asdict(t) for t in self._h2d.sites.values()],
+                "max_sites": self._h2d.max_sites,
+            }
+        return out
 
 
 def exec_hardware(devices: list[Any]) -> str:

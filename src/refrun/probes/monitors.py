@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,3 +146,28 @@ def default_monitors(gpu_indices: Sequence[int] | None = None) -> list[Any]:
         if mon is not None:
             found.append(mon)
     return found
+
+
+def resolve_monitors(monitors: Sequence[Any] | str | None,
+                     backend_monitors: Sequence[Callable[[], Any | None]] = (),
+                     gpu_indices: Sequence[int] | None = None) -> list[Any]:
+    """The one way every backend builds its samplers (so every backend records the same
+    ``sys/*`` metrics by default).
+
+    ``monitors="auto"`` (the default of every ``instrument``): :func:`default_monitors`
+    plus the backend's own (``backend_monitors``: factories for the TPU runtime, JAX device
+    memory ...; a factory returns None where this machine lacks the source).  ``None``: no
+    sampling.  A list: exactly those.
+
+    Raises :class:`~refrun.errors.RefrunInputError` for any other string.
+    """
+    from refrun.errors import RefrunInputError
+
+    if monitors is None:
+        return []
+    if isinstance(monitors, str):
+        if monitors != "auto":
+            raise RefrunInputError(f"monitors: {monitors!r}; use 'auto', None or a list")
+        own = [make() for make in backend_monitors]
+        return default_monitors(gpu_indices) + [m for m in own if m is not None]
+    return list(monitors)

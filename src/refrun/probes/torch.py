@@ -42,12 +42,11 @@ from typing import Any
 import torch
 
 from refrun import schema
-
-# CPU dtypes that NumPy cannot hold; converted to float32 when read (after the step).
-_NUMPY_LESS = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
+from refrun.probes.base import BackendBase
+from refrun.probes.hardware import is_accelerator
+from refrun.probes.tensors import count_devices, host_float, optimizer_state_tensors
 
 ACCELERATOR = "accelerator"  # expect_device value meaning "any non-CPU device"
-_CPU_HARDWARE = {"", "cpu", "none", "host"}
 
 
 # --- pending values ------------------------------------------------------------------
@@ -65,14 +64,7 @@ class _CudaTiming:
     end: Any
 
 
-def tensor_to_float(t: torch.Tensor) -> float:
-    """Host value of a one-element CPU tensor without ``aten::_local_scalar_dense``.
-
-    ``Tensor.numpy()`` shares the tensor's memory; reading it is a plain memory load."""
-    if t.dtype in _NUMPY_LESS:
-        t = t.float()
-    arr = t.numpy()
-    return float(arr.reshape(-1)[0])
+tensor_to_float = host_float  # the shared reader (refrun.probes.tensors)
 
 
 class _Pool:
@@ -245,15 +237,6 @@ def _matches(device: str, want: str) -> bool:
     return dev.type == want_dev.type and (want_dev.index is None or dev.index == want_dev.index)
 
 
-def count_devices(tensors: Iterable[Any]) -> dict[str, int]:
-    """Tensors per device string (non-tensors ignored)."""
-    c: Counter[str] = Counter()
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            c[str(t.device)] += 1
-    return dict(c)
-
-
 def accelerator_present() -> str | None:
     """``"cuda x<n>[: <name>]"`` when CUDA (or ROCm) devices are visible, else None.
 
@@ -277,14 +260,14 @@ def normalise_expected(expect_device: str | None, declared_hardware: str | None)
         if expect_device == ACCELERATOR:
             return ACCELERATOR
         return str(torch.device(expect_device))  # raises RuntimeError on nonsense
-    if declared_hardware is not None and declared_hardware.strip().lower() not in _CPU_HARDWARE:
+    if is_accelerator(declared_hardware):
         return ACCELERATOR
     return None
 
 
 # --- the backend -----------------------------------------------------------------------
 @dataclass
-class TorchBackend:
+class TorchBackend(BackendBase):
     """:class:`refrun.probes.base.Backend` for eager or compiled PyTorch on CPU or CUDA."""
 
     model: torch.nn.Module | None = None
@@ -304,6 +287,7 @@ class TorchBackend:
     _timers: _Pool | None = None
 
     def __post_init__(self) -> None:
+        BackendBase.__init__(self)
         self._accelerator = accelerator_present()
         if self.device.type == "cuda":
             self._buffers = _Pool(lambda dt: torch.empty((), dtype=dt, pin_memory=True))
@@ -440,11 +424,7 @@ class TorchBackend:
         if self.optimizer is not None:
             opt_params = count_devices(p for g in self.optimizer.param_groups
                                        for p in g["params"])
-            # The "step" counters of Adam & co. live on the CPU by design (unless
-            # capturable/fused), so they say nothing about where the state is.
-            opt_state = count_devices(
-                v for st in self.optimizer.state.values() for k, v in st.items()
-                if k != "step")
+            opt_state = count_devices(optimizer_state_tensors(self.optimizer))
         logged = {str(d): n for d, n in self._logged.items()}
         return Placement(params, opt_params, opt_state, logged, self._accelerator, self.expected)
 

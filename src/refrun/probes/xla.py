@@ -41,7 +41,9 @@ executes on the CPU, or whose parameters are not on the XLA device, gets
 
 **Summary** at close: compilations after warm-up, transfers per step, fallback ops by
 name, as ``refrun.summary.*`` / ``refrun.fallback.ops`` tags and the
-``refrun/xla_summary.json`` and ``refrun/fallback_ops.json`` artifacts.
+``refrun/xla_summary.json`` and ``refrun/fallback_ops.json`` artifacts, handed to the probe
+through the :class:`~refrun.probes.base.BackendBase` hooks (the backend never writes to
+the run itself).
 
 ``torch_xla`` is imported only when an :class:`XlaBackend` is created.
 """
@@ -60,36 +62,17 @@ from typing import Any
 import torch
 
 from refrun import schema
-from refrun.recording.session import RunSession
-
-TAG_STEP_TIME_KIND = schema.TAG_STEP_TIME_KIND
-TAG_DEVICE_TYPE = "refrun.exec.device_type"  # torch_xla.runtime.device_type()
-TAG_FALLBACK_OPS = "refrun.fallback.ops"  # JSON {op name: executions}
-TAG_SUMMARY_PREFIX = "refrun.summary."
-ARTIFACT_SUMMARY = "refrun/xla_summary.json"
-ARTIFACT_FALLBACK = "refrun/fallback_ops.json"
+from refrun.probes.base import BackendBase
+from refrun.probes.hardware import family as hardware_family
+from refrun.probes.tensors import (
+    count_devices,
+    host_float,
+    optimizer_state_tensors,
+    parameters_of,
+)
 
 HOST_SYNC_OP = "aten::_local_scalar_dense"
 _MARK_STEP = "MarkStep"
-
-# Declared-hardware words -> the family xla_device_hw reports for them.
-_GPU_WORDS = ("gpu", "cuda", "a100", "h100", "h200", "b200", "v100", "l4", "a10", "rtx", "mi2",
-              "mi3")
-
-
-def hardware_family(name: str | None) -> str | None:
-    """``"tpu"``, ``"gpu"`` or ``"cpu"`` for a declared or executing hardware name; None when
-    the name says nothing we can check (``"neuron"``, empty ...)."""
-    if not name:
-        return None
-    s = name.strip().lower()
-    if "tpu" in s:
-        return "tpu"
-    if s.startswith(("cpu", "host")):
-        return "cpu"
-    if any(w in s for w in _GPU_WORDS):
-        return "gpu"
-    return None
 
 
 @dataclass(slots=True)
@@ -132,7 +115,7 @@ class XlaSummary:
 
     def tags(self) -> dict[str, Any]:
         """Scalar fields as ``refrun.summary.*`` tags, fallback names as ``refrun.fallback.ops``."""
-        p = TAG_SUMMARY_PREFIX
+        p = schema.TAG_SUMMARY_PREFIX
         return {
             p + "steps": self.steps,
             p + "warmup_steps": self.warmup_steps,
@@ -143,7 +126,7 @@ class XlaSummary:
             p + "h2d_per_step": f"{self.h2d_per_step:.6g}",
             p + "host_syncs_per_step": f"{self.host_syncs_per_step:.6g}",
             p + "fallback_ops": self.fallback_ops_total,
-            TAG_FALLBACK_OPS: json.dumps(self.fallback_ops, sort_keys=True),
+            schema.TAG_FALLBACK_OPS: json.dumps(self.fallback_ops, sort_keys=True),
         }
 
 
@@ -231,10 +214,9 @@ class XlaCounters:
 
 
 @dataclass
-class XlaBackend:
+class XlaBackend(BackendBase):
     """:class:`refrun.probes.base.Backend` for PyTorch/XLA; see the module doc."""
 
-    run: RunSession
     model: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
     device: Any = None
@@ -256,12 +238,11 @@ class XlaBackend:
     def __post_init__(self) -> None:
         import torch_xla  # lazy: only this backend and refrun.xla ever import torch_xla
 
+        BackendBase.__init__(self)
         self._xla = torch_xla
         self._counters = XlaCounters(torch_xla._XLAC)
         if self.device is None:
             self.device = _param_device(self.model, self.optimizer) or torch_xla.device()
-        if self.declared_hardware is None:
-            self.declared_hardware = _declared_hardware(self.run)
 
     # --- timing -------------------------------------------------------------------
     def begin_step(self, step: int) -> Any:
@@ -285,7 +266,7 @@ class XlaBackend:
             if value.device.type != "xla":
                 # A host tensor: reading it after the step is a memory load, not a sync.
                 return _XlaValue(value.detach(), value._version, -1, None,
-                                 _host_float(value.detach()))
+                                 host_float(value))
             h = _XlaValue(value, value._version, -1)
             self._waiting.append(h)
             return h
@@ -341,7 +322,7 @@ class XlaBackend:
         for h in handles:
             if h.tensor._version != h.version and not self._inplace_warned:
                 self._inplace_warned = True
-                self.run.warn_once("xla-inplace-after-log", "a logged XLA tensor was "
+                self.warn("xla-inplace-after-log", "a logged XLA tensor was "
                                    "modified in place after probe.log; the recorded value is "
                                    "the modified one (log a tensor you do not update in place)")
         before = self._counters.d2h()
@@ -350,7 +331,7 @@ class XlaBackend:
         finally:
             self._own_d2h += self._counters.d2h() - before
         for h, t in zip(handles, host, strict=True):
-            h.value = _host_float(t)
+            h.value = host_float(t)
             h.tensor = _RELEASED  # drop the device buffer reference
         done = {id(h) for h in handles}
         self._waiting = [h for h in self._waiting if id(h) not in done]
@@ -367,7 +348,7 @@ class XlaBackend:
                    if n > self._prev_fb.get(k, 0)}
             self._records.append(StepRecord(self._ended_step, deltas, ops))
             for op in ops:
-                self.run.warn_once(f"xla-fallback:{op}", f"CPU fallback op {op} first executed "
+                self.warn(f"xla-fallback:{op}", f"CPU fallback op {op} first executed "
                                    f"at step {self._ended_step} (no XLA lowering or a "
                                    "data-dependent shape)", self._ended_step)
             self._ended_step = None
@@ -382,12 +363,12 @@ class XlaBackend:
         hw = str(xm.xla_device_hw(self.device))
         out: dict[str, Any] = {
             schema.TAG_EXEC_HARDWARE: hw.lower(),
-            TAG_DEVICE_TYPE: str(xr.device_type()),
+            schema.TAG_EXEC_DEVICE_TYPE: str(xr.device_type()),
             schema.TAG_EXEC_DEVICES: int(xr.global_runtime_device_count()),
             schema.TAG_EXEC_WORLD_SIZE: int(xr.world_size()),
-            TAG_STEP_TIME_KIND: "wall",
-            "refrun.exec.xla_device": str(self.device),
-            "refrun.fw.pjrt_device": os.environ.get("PJRT_DEVICE", ""),
+            schema.TAG_STEP_TIME_KIND: "wall",
+            schema.TAG_EXEC_XLA_DEVICE: str(self.device),
+            schema.TAG_FW_PJRT_DEVICE: os.environ.get("PJRT_DEVICE", ""),
         }
         placement = self._placement()
         out[schema.TAG_PLACEMENT] = json.dumps(placement, sort_keys=True)
@@ -397,12 +378,8 @@ class XlaBackend:
         return out
 
     def _placement(self) -> dict[str, Any]:
-        params = _count_devices(self.model.parameters()) if self.model is not None else {}
-        opt_state: dict[str, int] = {}
-        if self.optimizer is not None:
-            opt_state = _count_devices(v for st in self.optimizer.state.values()
-                                       for v in st.values()
-                                       if isinstance(v, torch.Tensor) and v.numel() > 1)
+        params = count_devices(self.model.parameters()) if self.model is not None else {}
+        opt_state = count_devices(optimizer_state_tensors(self.optimizer))
         return {"params": params, "optimizer_state": opt_state,
                 "logged": dict(self._logged_devices),
                 "declared_hardware": self.declared_hardware}
@@ -411,23 +388,31 @@ class XlaBackend:
     def summary(self) -> XlaSummary:
         return summarize(self._records, self.warmup_steps)
 
+    def summary_tags(self) -> Mapping[str, Any]:
+        """``refrun.summary.*`` and ``refrun.fallback.ops`` (recorded by the probe at close)."""
+        return self.summary().tags()
+
+    def artifacts(self) -> Mapping[str, Any]:
+        """``refrun/xla_summary.json`` and ``refrun/fallback_ops.json``."""
+        s = self.summary()
+        return {
+            schema.ARTIFACT_XLA_SUMMARY: {
+                **dict(vars(s).items()),
+                "names": {"tags": sorted(s.tags()), "per_step_metrics": sorted(
+                    {k for r in self._records for k in r.deltas})},
+            },
+            schema.ARTIFACT_FALLBACK_OPS: {
+                "ops": {op: {"count": n, "first_step": s.fallback_first_step[op]}
+                        for op, n in sorted(s.fallback_ops.items())},
+                "steps": {str(r.step): r.fallback for r in self._records if r.fallback},
+            },
+        }
+
     def close(self) -> None:
-        """Write the per-run summary (tags and JSON artifacts) and release held tensors."""
+        """Release held tensors (the summary is read afterwards through the hooks)."""
         if self._closed:
             return
         self._closed = True
-        s = self.summary()
-        self.run.set_tags(s.tags())
-        self.run.log_json(ARTIFACT_SUMMARY, {
-            **{k: v for k, v in vars(s).items()},
-            "names": {"tags": sorted(s.tags()), "per_step_metrics": sorted(
-                {k for r in self._records for k in r.deltas})},
-        })
-        self.run.log_json(ARTIFACT_FALLBACK, {
-            "ops": {op: {"count": n, "first_step": s.fallback_first_step[op]}
-                    for op, n in sorted(s.fallback_ops.items())},
-            "steps": {str(r.step): r.fallback for r in self._records if r.fallback},
-        })
         self._waiting.clear()
 
 
@@ -436,6 +421,7 @@ def placement_warnings(declared: str | None, executed_hw: str,
     """Sentences for a run that declares one hardware but executes on another, or whose
     parameters / optimizer state are not on the XLA device."""
     out: list[str] = []
+    # one classification for every backend (refrun.probes.hardware)
     want, got = hardware_family(declared), hardware_family(executed_hw)
     if want is not None and got is not None and want != got:
         out.append(f"declared hardware {declared!r} but torch_xla executes on {executed_hw} "
@@ -457,38 +443,10 @@ class _Released:
 _RELEASED: Any = _Released()
 
 
-def _host_float(t: torch.Tensor) -> float:
-    """Value of a one-element host tensor without ``aten::_local_scalar_dense``."""
-    t = t.detach()
-    if t.dtype in (torch.bfloat16, torch.float16) or not t.dtype.is_floating_point:
-        t = t.to(torch.float64)
-    return float(t.numpy().reshape(-1)[0])
-
-
-def _count_devices(tensors: Iterable[Any]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            d = str(t.device)
-            out[d] = out.get(d, 0) + 1
-    return out
-
-
 def _param_device(model: torch.nn.Module | None,
                   optimizer: torch.optim.Optimizer | None) -> Any:
     """The first XLA parameter's device (model first, then optimizer), else None."""
-    params: list[torch.Tensor] = list(model.parameters()) if model is not None else []
-    if optimizer is not None:
-        params += [p for g in optimizer.param_groups for p in g["params"]]
-    for p in params:
+    for p in parameters_of(model, optimizer):
         if p.device.type == "xla":
             return p.device
     return None
-
-
-def _declared_hardware(run: RunSession) -> str | None:
-    """The run's ``refrun.hardware`` tag (what the user said the run uses)."""
-    try:
-        return run.tags.get(schema.TAG_HARDWARE)
-    except Exception:  # an unreadable spool just means "nothing declared"
-        return None

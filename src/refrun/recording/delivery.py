@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from refrun import schema
+from refrun import mlflow_ui, schema
 from refrun.keys import key_problem, step_problem
 from refrun.recording import view
 from refrun.recording.curves import summary_tags, write_curves
@@ -200,6 +200,7 @@ def ensure_run(spool: Spool) -> str:
             return meta.run_id
         client = client_for(meta.tracking_uri)
         exp_id = ensure_experiment(client, meta.experiment)
+        mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
         run = client.create_run(exp_id, start_time=meta.start_ms, tags=meta.tags,
                                 run_name=meta.run_name)
         run_id = run.info.run_id

@@ -42,7 +42,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from refrun import identity, schema
+from refrun import identity, mlflow_ui, schema
 from refrun._version import __version__
 from refrun.keys import key_problem, step_problem
 from refrun.recording import delivery, process
@@ -239,7 +239,7 @@ class RunSession:
                 return
             self._warned.add(key)
             self._warnings.append({"time_ms": _now_ms(), "step": step, "message": message})
-        log.warning("refrun: %s", message)
+        log.warning("%s", message)  # the logger is "refrun": no second prefix
 
     # --- tags, params, artifacts ---------------------------------------------
     def set_tags(self, tags: Mapping[str, Any]) -> None:
@@ -544,6 +544,7 @@ def start_run(
 def _spool_meta(config: RunConfig) -> SpoolMeta:
     tags = identity_tags(config)
     tags.update({k: _tag_value(v) for k, v in config.tags.items() if key_problem(k) is None})
+    tags.setdefault(schema.TAG_NOTE, mlflow_ui.run_description(tags))
     local_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
     tags[schema.TAG_LOCAL_ID] = local_id
     return SpoolMeta(
@@ -551,7 +552,8 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
         experiment=config.experiment or config.workload, start_ms=_now_ms(), tags=tags,
         params={k: _tag_value(v)[:6000] for k, v in config.params.items()
                 if key_problem(k) is None},
-        run_name=config.run_name, mlflow_every=config.mlflow_every, pid=os.getpid(),
+        run_name=config.run_name or mlflow_ui.default_run_name(tags),
+        mlflow_every=config.mlflow_every, pid=os.getpid(),
         host=socket.gethostname(),
     )
 

@@ -1,0 +1,151 @@
+"""One probe contract for every backend (issue 15.1): one hardware classification, one way
+to add end-of-run tags and artifacts, the same defaults, no doubled log prefix."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import refrun
+from refrun import schema
+from refrun.probes.base import DEFAULT_RECHECK_EVERY, BackendBase, Probe
+from refrun.probes.hardware import family, is_accelerator
+
+
+def start(store, hardware: str = "cpu", backend: str = "torch") -> refrun.RunSession:
+    return refrun.start_run("contract-test", "candidate", hardware=hardware, backend=backend,
+                            tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                            snapshot_environment=False)
+
+
+@pytest.mark.parametrize(("name", "accel", "fam"), [
+    (None, False, None), ("", False, None), ("cpu", False, "cpu"), ("CPU ", False, "cpu"),
+    ("cpu-x86", False, "cpu"), ("host", False, "cpu"), ("none", False, "cpu"),
+    ("a100", True, "gpu"), ("H100-80GB", True, "gpu"), ("tpu-v5e", True, "tpu"),
+    ("cuda", True, "gpu"), ("neuron", True, None),
+])
+def test_one_hardware_classification(name: str | None, accel: bool, fam: str | None) -> None:
+    assert is_accelerator(name) is accel
+    assert family(name) == fam
+
+
+def test_every_backend_applies_the_same_rule_to_host() -> None:
+    """``hardware="host"`` was CPU for torch and XLA but an accelerator for JAX."""
+    import jax.numpy as jnp
+
+    from refrun.probes.jax import placement_problem, placement_summary
+    from refrun.probes.torch import normalise_expected
+    from refrun.probes.xla import placement_warnings
+
+    parts = {"params": placement_summary(jnp.zeros(3))}  # really on the CPU
+    for name in ("host", "cpu", "none"):
+        assert normalise_expected(None, name) is None  # torch: no accelerator expected
+        assert placement_warnings(name, "CPU", {}) == []  # xla: no family mismatch
+        assert placement_problem(name, "cpu", parts) is None  # jax: no warning
+    assert normalise_expected(None, "a100") == "accelerator"
+    assert placement_warnings("a100", "CPU", {})
+    assert placement_problem("a100", "cpu", parts)
+
+
+def test_the_same_defaults_for_every_backend() -> None:
+    import refrun.jax
+    import refrun.torch
+    import refrun.xla
+
+    for mod in (refrun.torch, refrun.xla, refrun.jax):
+        params = inspect.signature(mod.instrument).parameters
+        assert params["recheck_every"].default == DEFAULT_RECHECK_EVERY, mod.__name__
+        assert params["monitors"].default == "auto", mod.__name__
+        assert params["warmup_steps"].default == 5, mod.__name__
+        assert params["sample_interval_s"].default == 1.0, mod.__name__
+
+
+class _Summarising(BackendBase):
+    """A minimal backend that only adds end-of-run tags, artifacts and a warning."""
+
+    name = "summarising"
+
+    def begin_step(self, step: int) -> float:
+        return 0.0
+
+    def end_step(self, step: int, token: Any) -> float:
+        if step == 1:
+            self.warn("odd", "step one was odd", step)
+        return 0.001
+
+    def fetch(self, value: Any) -> float:
+        return float(value)
+
+    def ready(self, pending: Any) -> float:
+        return pending
+
+    def wait(self, pending: Any) -> float:
+        return pending
+
+    def counters(self) -> dict[str, float]:
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+    def summary_tags(self) -> dict[str, Any]:
+        return {schema.TAG_SUMMARY_PREFIX + "custom": 7}
+
+    def artifacts(self) -> dict[str, Any]:
+        return {"refrun/custom_summary.json": {"answer": 42}}
+
+
+def test_backend_end_of_run_hooks_are_written_by_the_probe(store) -> None:
+    run = start(store)
+    probe = Probe(run, _Summarising(), monitors=())
+    for n in range(3):
+        with probe.step(n):
+            probe.log(loss=float(n))
+    probe.close()
+    run.close()
+    tags = store.client().get_run(run.run_id).data.tags
+    assert tags["refrun.summary.custom"] == "7"
+    art = store.client().download_artifacts(run.run_id, "refrun/custom_summary.json",
+                                            str(store.tmp))
+    assert json.loads(Path(art).read_text()) == {"answer": 42}
+    assert [w["message"] for w in run.warnings] == ["step one was odd"]
+
+
+def test_base_hooks_are_no_ops() -> None:
+    b = BackendBase()
+    assert b.summary_tags() == {} and b.artifacts() == {} and b.take_warnings() == []
+
+
+def test_jax_records_sys_metrics_by_default(store) -> None:
+    """JAX recorded no sys/* metrics by default while torch did."""
+    import jax.numpy as jnp
+
+    import refrun.jax
+
+    run = start(store, backend="jax")
+    probe = refrun.jax.instrument(run, params=jnp.zeros(3))
+    assert [m.name for m in probe.monitors] == ["psutil"]  # as torch on a CPU machine
+    with probe.step(0):
+        probe.log(loss=jnp.float32(1.0))
+    probe.close()
+    run.close()
+    metrics = store.client().get_run(run.run_id).data.metrics
+    assert "sys/rss_bytes" in metrics and metrics["sys/rss_bytes"] > 0
+
+
+def test_warning_log_line_has_one_prefix(store, caplog: pytest.LogCaptureFixture) -> None:
+    """The XLA fallback warning printed ``WARNING:refrun:refrun: ...``."""
+    run = start(store)
+    with caplog.at_level(logging.WARNING, logger="refrun"):
+        run.warn_once("x", "CPU fallback op aten::nonzero first executed at step 3", 3)
+    run.close()
+    msgs = [r.getMessage() for r in caplog.records if r.name == "refrun"]
+    assert msgs == ["CPU fallback op aten::nonzero first executed at step 3"]
