@@ -1,0 +1,375 @@
+"""Detection benchmark: does a criteria file written by ``refrun calibrate`` alone accept
+every benign migration, reject every silent defect for its intended reason, and keep the
+false-alarm rate low?  For both real workloads of ``pipelines/`` (digits MLP, charlm).
+
+    .venv/bin/python benchmarks/bench_detection.py            # both workloads, full runs
+    .venv/bin/python benchmarks/bench_detection.py --quick    # [quick] steps of each config
+    .venv/bin/python benchmarks/bench_detection.py --workload charlm --held-out 20 \\
+        --store /tmp/det --markdown /tmp/det/table.md
+
+Per workload:
+
+1. trains the reference seeds (PyTorch), the benign candidates (another seed, JAX on 1 and
+   4 devices, PyTorch/XLA, another logging cadence, a resume with replayed steps), the
+   silent defects, and ``--held-out`` further reference seeds recorded as candidates, one
+   subprocess each, into one sqlite store (``--store``; a temporary one by default);
+2. runs ``refrun calibrate --reference <the reference seeds> -o <workload>.toml``
+   untouched: the criteria come from the reference seeds alone, before any candidate is
+   looked at;
+3. assesses every candidate and every held-out seed with that file against the first
+   ``group size`` reference seeds (``refrun calibrate``'s default group size, N - 1);
+4. prints a table: each benign candidate accepted or not, each defect rejected and by which
+   criterion (and whether that criterion watches the metric or counter the defect was built
+   to disturb: its intended reason), and the false-alarm rate over the held-out seeds with
+   its exact (Clopper-Pearson) 95 % upper bound.
+
+A defect's intended reason is written as the metric or counter it must disturb (e.g.
+``loss``, ``xfer/host_syncs``), never as a criterion id: calibration names its criteria.
+For the digits defects it is read from the metrics of the criteria the digits pipeline
+expects them to trip (``pipelines/digits/variants.py`` ``expect``).
+
+Exit code 0 when every benign candidate was accepted, every defect rejected for its
+intended reason and the false-alarm rate was at most 5 %; 1 otherwise.  Training dominates
+the time (about 80 training processes for both workloads at full size; ``--jobs`` at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `pipelines` is a directory of the clone, not a package
+    sys.path.insert(0, str(REPO))
+
+from pipelines.charlm import variants as charlm  # noqa: E402
+from pipelines.digits import variants as digits  # noqa: E402
+
+TARGET_FALSE_ALARM = 0.05
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload's runs and each defect's intended reason."""
+
+    name: str                 # the experiment = config's workload name
+    references: list[digits.Variant]
+    candidates: list[digits.Variant]
+    held_out: list[digits.Variant]
+    intent: dict[str, tuple[str, ...]]  # defect variant -> metric/counter/kind prefixes
+
+    @property
+    def all(self) -> list[digits.Variant]:  # what pipelines.demo.train_all trains
+        return [*self.references, *self.candidates, *self.held_out]
+
+
+@dataclass
+class Outcome:
+    """One candidate's assessment as the table shows it."""
+
+    variant: digits.Variant
+    verdict: str
+    highest_level: str
+    failing: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
+    # (criterion id, reason, what it watches: its metrics or its kind)
+    not_evaluable: list[str] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> bool:
+        return not self.failing and self.verdict == "pass"
+
+    def caught_by(self, intent: Sequence[str]) -> list[str]:
+        """Failing criteria that watch one of the ``intent`` prefixes."""
+        return [cid for cid, _, watched in self.failing
+                if any(w.startswith(p) for w in watched for p in intent)]
+
+
+@dataclass
+class Result:
+    workload: Workload
+    criteria: Path
+    candidates: list[Outcome]
+    held_out: list[Outcome]
+    seconds: float
+
+    def as_intended(self, o: Outcome) -> bool:
+        if o.variant.kind == "defect":
+            return bool(o.caught_by(self.workload.intent[o.variant.name]))
+        return o.accepted
+
+    @property
+    def false_alarms(self) -> int:
+        return sum(not o.accepted for o in self.held_out)
+
+    @property
+    def ok(self) -> bool:
+        n = len(self.held_out)
+        return all(self.as_intended(o) for o in self.candidates) and n > 0 and \
+            self.false_alarms / n <= TARGET_FALSE_ALARM
+
+
+# --- the two workloads -------------------------------------------------------------------
+def digits_workload(held_out: int) -> Workload:
+    """The digits MLP: 5 reference seeds (0-2 and 10-11, so the benign ``torch-seed3`` stays
+    unseen), its benign and defect variants, held-out seeds 100 and up."""
+    from refrun.acceptance.criteria import load_criteria
+
+    refs = digits.reference_variants((0, 1, 2, 10, 11))
+    hand = {c.id: _watched(c) for c in load_criteria(REPO / "pipelines/criteria/digits.toml")
+            .criteria}
+    intent = {v.name: tuple(w for cid in v.expect for w in hand[cid]) for v in digits.DEFECTS}
+    held = [digits.Variant(f"digits-heldout-seed{s}", "torch", s,
+                           mirrors="a held-out seed of the reference code")
+            for s in range(100, 100 + held_out)]
+    return Workload("digits-mlp", refs, [*digits.BENIGN, *digits.DEFECTS], held, intent)
+
+
+def charlm_workload(held_out: int) -> Workload:
+    p = charlm.plan(held_out)
+    return Workload("charlm", p.references, p.candidates, p.held_out,
+                    {v.name: v.expect for v in charlm.DEFECTS})
+
+
+WORKLOADS = {"digits": digits_workload, "charlm": charlm_workload}
+
+
+def _watched(criterion: object) -> tuple[str, ...]:
+    """What a criterion watches: its metrics, else its kind (``fallback``, ``hardware``)."""
+    used = criterion.used_metrics()  # type: ignore[attr-defined]
+    return tuple(used) or (criterion.KIND,)  # type: ignore[attr-defined]
+
+
+# --- steps -------------------------------------------------------------------------------
+def calibrate(ref_ids: list[str], uri: str, out: Path) -> None:
+    """``refrun calibrate --reference ... -o out``: the one source of the criteria."""
+    cmd = [sys.executable, "-m", "refrun", "calibrate", "--reference", *ref_ids,
+           "--tracking-uri", uri, "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.exists():
+        raise SystemExit(f"refrun calibrate failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def assess_one(crit_path: Path, ref_ids: list[str], v: digits.Variant, run_id: str,
+               uri: str) -> Outcome:
+    from refrun.acceptance.assess import assess_ids
+    from refrun.acceptance.criteria import load_criteria
+
+    crit = load_criteria(crit_path)
+    watched = {c.id: _watched(c) for c in crit.criteria}
+    a, _ = assess_ids(crit, ref_ids, run_id, uri)
+    failing = [(r.id, r.reason, watched.get(r.id, (r.kind,)))
+               for r in a.results if r.outcome == "fail"]
+    return Outcome(v, a.verdict, a.highest_level or "none", failing,
+                   [r.id for r in a.results if r.outcome == "not_evaluable"])
+
+
+def group_size(crit_path: Path, n_refs: int) -> int:
+    """The group size the file was calibrated for (``[calibration] group_size``), else N-1."""
+    import tomllib
+
+    table = tomllib.loads(crit_path.read_text(encoding="utf-8")).get("calibration", {})
+    return int(table.get("group_size", n_refs - 1))
+
+
+def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
+                 assess_only: bool, reuse: bool = False, partial: bool = False) -> Result:
+    from pipelines.demo import init_store, train_all
+
+    t0 = time.perf_counter()
+    uri = f"sqlite:///{store / (w.name + '.db')}"
+    init_store(uri, w.name)
+    ids = ids_from_store(w, uri, missing_ok=reuse or partial)
+    if partial:  # judge what was trained; the table says what is missing
+        w = Workload(w.name, w.references, *([v for v in vs if v.name in ids] for vs in
+                                             (w.candidates, w.held_out)), w.intent)
+    if not assess_only:
+        todo = Workload(w.name, *([v for v in vs if v.name not in ids] for vs in
+                                  (w.references, w.candidates, w.held_out)), w.intent)
+        # Held-out seeds are plain reference-code runs: trained a batch per process (one
+        # interpreter start-up and one framework import for many runs).
+        held = todo.held_out
+        todo = Workload(todo.name, todo.references, todo.candidates, [], todo.intent)
+        ids |= train_all(todo, quick=quick, uri=uri,  # type: ignore[arg-type]
+                         spool_dir=str(store / "spool"), jobs=jobs)
+        ids |= train_batches(held, quick=quick, uri=uri, spool_dir=str(store / "spool"),
+                             jobs=jobs)
+    ref_ids = [ids[v.name] for v in w.references]
+    crit_path = store / f"{w.name}.toml"
+    calibrate(ref_ids, uri, crit_path)
+    group = ref_ids[: group_size(crit_path, len(ref_ids))]
+    print(f"[{w.name}] calibrated {crit_path} from {len(ref_ids)} reference seeds; "
+          f"assessing against {len(group)} of them", flush=True)
+    cands = [assess_one(crit_path, group, v, ids[v.name], uri) for v in w.candidates]
+    held = [assess_one(crit_path, group, v, ids[v.name], uri) for v in w.held_out]
+    return Result(w, crit_path, cands, held, time.perf_counter() - t0)
+
+
+_BATCH = ("import json, sys\nfrom importlib import import_module\n"
+          "main = import_module(sys.argv[1]).main\n"
+          "for argv in json.loads(sys.argv[2]):\n    assert main(argv) == 0\n")
+
+
+def train_batches(variants: list[digits.Variant], *, quick: bool, uri: str,
+                  spool_dir: str, jobs: int) -> dict[str, str]:
+    """Train same-port, same-environment variants ``jobs`` processes at a time, each
+    process running its share one after the other in-process (``main(argv)`` of the port;
+    recording delivered by a thread of that process).  Returns variant name -> run id."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not variants:
+        return {}
+    chunks = [variants[i::jobs] for i in range(jobs) if variants[i::jobs]]
+
+    def run(chunk: list[digits.Variant]) -> dict[str, str]:
+        argvs = [v.command(quick=quick, tracking_uri=uri, spool_dir=spool_dir)[3:]
+                 for v in chunk]
+        env = chunk[0].environment()
+        env["REFRUN_DELIVERY"] = "thread"
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", _BATCH, chunk[0].module(),
+                               json.dumps(argvs)], env=env, capture_output=True, text=True)
+        found = dict(re.findall(r"^\[(\S+)\] run ([0-9a-f]{32}) ", proc.stdout, re.M))
+        missing = [v.name for v in chunk if v.name not in found]
+        if proc.returncode != 0 or missing:
+            raise RuntimeError(f"batch {missing} failed (exit {proc.returncode}):\n"
+                               f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        print(f"< {len(chunk)} held-out runs in one process: "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        return found
+
+    out: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for got in pool.map(run, chunks):
+            out |= got
+    return out
+
+
+def ids_from_store(w: Workload, uri: str, missing_ok: bool = False) -> dict[str, str]:
+    """The newest finished run of each variant (tag ``pipeline.variant``); with
+    ``missing_ok`` the variants found (none when the store is new)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(w.name)
+    if exp is None:
+        if missing_ok:
+            return {}
+        raise SystemExit(f"{uri}: no experiment {w.name}; run without --assess-only")
+    ids = {}
+    for v in w.all:
+        runs = client.search_runs([exp.experiment_id],
+                                  f"tags.`pipeline.variant` = '{v.name}' and "
+                                  "attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+        if runs:
+            ids[v.name] = runs[0].info.run_id
+        elif not missing_ok:
+            raise SystemExit(f"{uri}: no finished run of variant {v.name}")
+    return ids
+
+
+# --- output ------------------------------------------------------------------------------
+def upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
+    """Exact one-sided Clopper-Pearson upper bound of a rate seen k times in n trials:
+    the ``confidence`` quantile of Beta(k + 1, n - k) (1 when k = n)."""
+    from scipy.stats import beta
+
+    return 1.0 if k >= n else float(beta.ppf(confidence, k + 1, n - k))
+
+
+def table(r: Result, markdown: bool = False) -> str:
+    """Candidates (benign: accepted?; defect: caught by which criterion, intended?) and the
+    false-alarm line."""
+    rows = []
+    for o in r.candidates:
+        v = o.variant
+        if v.kind == "defect":
+            intended = o.caught_by(r.workload.intent[v.name])
+            outcome = "rejected" if o.failing else "ACCEPTED"
+            by = ", ".join(intended) if intended else \
+                ", ".join(cid for cid, _, _ in o.failing) or "-"
+            why = "yes" if intended else "NO"
+        else:
+            outcome = "accepted" if o.accepted else "REJECTED"
+            by = ", ".join(f"{cid} ({reason})" for cid, reason, _ in o.failing) or \
+                (f"not evaluable: {', '.join(o.not_evaluable)}" if o.not_evaluable else "-")
+            why = "yes" if o.accepted else "NO"
+        rows.append((v.name, v.kind, v.backend + (f" x{v.devices}" if v.devices > 1 else ""),
+                     outcome, why, by))
+    n, k = len(r.held_out), r.false_alarms
+    fa = (f"false alarms: {k}/{n} held-out seeds rejected ({k / max(n, 1):.1%}; exact 95 % "
+          f"upper bound {upper_bound(k, n):.1%}); target <= {TARGET_FALSE_ALARM:.0%}")
+    alarms = [f"{o.variant.name}: " + "; ".join(f"{cid} ({reason})" for cid, reason, _ in
+                                                o.failing) for o in r.held_out if o.failing]
+    head = ("candidate", "kind", "port", "outcome", "as intended", "criterion (caught by / why)")
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+        lines += ["", f"{fa}."] + [f"- {a}" for a in alarms]
+        return "\n".join(lines)
+    lines = [f"{head[0]:<34} {head[1]:<7} {head[2]:<12} {head[3]:<9} {head[4]:<11} {head[5]}",
+             "-" * 120]
+    lines += [f"{a:<34} {b:<7} {c:<12} {d:<9} {e:<11} {f}" for a, b, c, d, e, f in rows]
+    lines += ["", fa] + [f"  {a}" for a in alarms]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=(*WORKLOADS, "both"), default="both")
+    ap.add_argument("--quick", action="store_true", help="the [quick] steps of each config")
+    ap.add_argument("--held-out", type=int, default=20,
+                    help="further reference seeds assessed as candidates (false-alarm trials)")
+    ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
+    ap.add_argument("--store", default=None,
+                    help="directory of the sqlite stores and criteria files (default: temporary)")
+    ap.add_argument("--assess-only", action="store_true",
+                    help="train nothing: calibrate and assess the runs already in --store")
+    ap.add_argument("--reuse", action="store_true",
+                    help="train only the variants --store has no finished run of")
+    ap.add_argument("--partial", action="store_true",
+                    help="with --assess-only: judge the candidates and held-out seeds that "
+                         "have a run, leave out the others (the counts say how many)")
+    ap.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
+    args = ap.parse_args(argv)
+    if (args.assess_only or args.reuse) and not args.store:
+        ap.error("--assess-only and --reuse need --store")
+    names = list(WORKLOADS) if args.workload == "both" else [args.workload]
+    tmp = None if args.store else tempfile.TemporaryDirectory(prefix="refrun-detect-")
+    store = Path(args.store or tmp.name).absolute()  # type: ignore[union-attr]
+    store.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in names:
+        w = WORKLOADS[name](args.held_out)
+        print(f"== {w.name}: {len(w.references)} reference seeds, {len(w.candidates)} "
+              f"candidates, {len(w.held_out)} held-out seeds ({'quick' if args.quick else 'full'})",
+              flush=True)
+        results.append(run_workload(w, quick=args.quick, store=store, jobs=args.jobs,
+                                    assess_only=args.assess_only, reuse=args.reuse,
+                                    partial=args.partial))
+    md = []
+    for r in results:
+        print(f"\n== {r.workload.name} ({r.seconds:.0f} s; criteria: {r.criteria})")
+        print(table(r))
+        md += [f"#### {r.workload.name}", "", table(r, markdown=True), ""]
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(md), encoding="utf-8")
+    ok = all(r.ok for r in results)
+    print(f"\n{'target met' if ok else 'TARGET NOT MET'} for "
+          f"{', '.join(r.workload.name for r in results)}")
+    if tmp is not None:
+        tmp.cleanup()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Every run of the charlm pipeline: reference seeds, benign candidates, silent defects.
+
+A :class:`Variant` (the digits pipeline's, with this workload's modules) is one training
+process.  For a defect, ``expect`` names the *metrics or counters* whose criterion must
+reject it (``loss``, ``eval/val_loss``, ``grad_norm/block0``, ``compile/graphs``, ...);
+which criterion ids those are is for the calibrated criteria file to say, so nothing here
+depends on how calibration names its criteria.  A benign candidate must be rejected by
+none.  No criterion is written for a variant: they all come from ``refrun calibrate``.
+
+Candidates use seeds outside the reference group (5 and up), so a port is judged against
+the seeds' spread, never against its own twin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipelines.digits import variants as digits
+
+REFERENCE_SEEDS = (0, 1, 2, 3, 4)
+HELD_OUT_SEEDS = tuple(range(100, 120))  # false-alarm trials: never used to calibrate
+MODULES = {"torch": "pipelines.charlm.train_torch", "jax": "pipelines.charlm.train_jax",
+           "torch_xla": "pipelines.charlm.train_xla"}
+
+
+@dataclass(frozen=True)
+class Variant(digits.Variant):
+    """One charlm training run (see :class:`pipelines.digits.variants.Variant`)."""
+
+    def module(self) -> str:
+        return MODULES[self.backend]
+
+
+@dataclass(frozen=True)
+class Plan:
+    references: list[Variant] = field(default_factory=list)
+    candidates: list[Variant] = field(default_factory=list)
+    held_out: list[Variant] = field(default_factory=list)
+
+    @property
+    def all(self) -> list[Variant]:
+        return [*self.references, *self.candidates, *self.held_out]
+
+
+def reference_variants(seeds: tuple[int, ...] = REFERENCE_SEEDS) -> list[Variant]:
+    return [Variant(f"charlm-reference-seed{s}", "torch", s, role="reference",
+                    mirrors="the GPU reference run (PyTorch)") for s in seeds]
+
+
+def held_out_variants(seeds: tuple[int, ...] = HELD_OUT_SEEDS) -> list[Variant]:
+    """Further seeds of the reference code, recorded as candidates: benign by construction,
+    each assessed against the calibrated file (the false-alarm trials)."""
+    return [Variant(f"charlm-heldout-seed{s}", "torch", s,
+                    mirrors="a held-out seed of the reference code") for s in seeds]
+
+
+BENIGN = [
+    Variant("charlm-torch-seed5", "torch", 5, mirrors="another seed of the reference code"),
+    Variant("charlm-jax-1dev", "jax", 6, mirrors="the JAX port on one device"),
+    Variant("charlm-jax-4dev", "jax", 7, devices=4,
+            mirrors="the JAX port, data parallel on 4 devices (same global batch)"),
+    Variant("charlm-xla", "torch_xla", 8, mirrors="the PyTorch/XLA port"),
+    Variant("charlm-jax-cadence", "jax", 9, extra_args=("--log-every", "5", "--eval-every", "50"),
+            mirrors="another logging cadence: loss every 5 steps, evaluation every 50"),
+    Variant("charlm-jax-resume", "jax", 10, extra_args=("--resume", "100,120"),
+            mirrors="resumed mid-run: checkpoint at step 100, restart after step 120 "
+                    "(steps 101-120 logged twice)"),
+]
+
+DEFECTS = [
+    Variant("charlm-jax-causal-leak", "jax", 5, defects=("causal_leak",),
+            expect=("loss",),
+            mirrors="causal mask off by one: each position sees the character it predicts"),
+    Variant("charlm-xla-no-attn-scale", "torch_xla", 5, defects=("no_attn_scale",),
+            expect=("loss",), mirrors="attention scores not scaled by 1/sqrt(d_head)"),
+    Variant("charlm-jax-double-shift", "jax", 5, defects=("double_shift",),
+            expect=("loss",), mirrors="labels shifted twice (data and loss both shift)"),
+    Variant("charlm-jax-no-warmup", "jax", 5, defects=("no_warmup",),
+            expect=("loss",), mirrors="learning-rate warm-up skipped"),
+    Variant("charlm-xla-eval-dropout", "torch_xla", 5, defects=("eval_dropout",),
+            expect=("eval/",), mirrors="dropout left on in evaluation (validation and test)"),
+    Variant("charlm-jax-4dev-clip-per-device", "jax", 5, devices=4,
+            defects=("clip_per_device",), expect=("grad_norm/",),
+            mirrors="four-chip run: gradients clipped per chip before averaging (§IV-B)"),
+    Variant("charlm-xla-host-sync", "torch_xla", 5, defects=("host_sync",),
+            expect=("xfer/host_syncs",), mirrors="a .item() host synchronisation per step"),
+    Variant("charlm-xla-shape-storm", "torch_xla", 5, defects=("shape_storm",),
+            expect=("compile/graphs",),
+            mirrors="recompilation storm from ragged sequence lengths (§IV-A RQ2)"),
+    Variant("charlm-xla-cpu-fallback", "torch_xla", 5, defects=("cpu_fallback",),
+            expect=("fallback",), mirrors="an op without an XLA lowering falls back to the CPU"),
+]
+
+
+def plan(held_out: int = len(HELD_OUT_SEEDS)) -> Plan:
+    """The whole pipeline: reference seeds, candidates, and ``held_out`` further seeds."""
+    return Plan(reference_variants(), [*BENIGN, *DEFECTS],
+                held_out_variants(HELD_OUT_SEEDS[:held_out]))
