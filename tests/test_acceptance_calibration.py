@@ -318,3 +318,31 @@ def test_equivalence_and_convergence_on_real_runs(world: World, tmp_path: Path,
           "--candidate", fast.run_id, "--tracking-uri", world.uri, "--no-record"])
     out = capsys.readouterr().out
     assert "val-converges: interval [" in out and "from 3 reference seed(s)" in out
+
+
+def test_compilation_warm_up_is_counted_in_calls_so_an_early_storm_is_caught(
+        world: World) -> None:
+    # A recompilation storm that ends by step 8 of a 100-step run: a warm-up of 10 % of
+    # the run hid it.  The calibrated criterion counts from the step's third call; a
+    # benign XLA-like run (compiles at its first two calls and once at its first
+    # evaluation) stays within the structural limit.
+    crit = load_criteria(world.path)
+    comp = crit.criterion("compilations-after-warmup")
+    assert comp.warmup_steps == 2
+    benign = _seed_metrics(31)
+    benign["compile/graphs"] = np.zeros(N)
+    benign["compile/graphs"][[0, 1, 25]] = 1.0
+    storm = _seed_metrics(32)
+    storm["compile/graphs"] = np.zeros(N)
+    storm["compile/graphs"][list(range(9)) + [25]] = 1.0
+    for m in (benign, storm):  # an XLA run records its host syncs too (none here)
+        m["xfer/host_syncs"] = np.zeros(N)
+    outcomes = {}
+    for name, m in (("benign", benign), ("storm", storm)):
+        run = record(world.uri, world.spool, "candidate", m, backend="torch_xla", seed=31)
+        a, _ = assess_ids(crit, world.ref_ids[:3], run.run_id, world.uri)
+        r = a.result("compilations-after-warmup")
+        # by hand: compilations at steps >= first step + 2
+        assert r.evidence["total_after_warmup"] == float(m["compile/graphs"][2:].sum())
+        outcomes[name] = r.outcome
+    assert outcomes == {"benign": "pass", "storm": "fail"}

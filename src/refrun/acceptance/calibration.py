@@ -45,7 +45,7 @@ from refrun.acceptance import checks
 from refrun.acceptance import runview as rv
 from refrun.acceptance.criteria import CriteriaFile, Settings, parse_criteria
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
-from refrun.acceptance.statistics import upper_limit
+from refrun.acceptance.statistics import symmetric_limit, upper_limit
 from refrun.comparison import RunData, compare, warmup_end
 from refrun.comparison.measures import final_window_size
 from refrun.errors import RefrunInputError
@@ -68,6 +68,11 @@ RECORDED_BY: dict[str, tuple[str, ...]] = {
 # this within a few steps.  A host sync inside the step adds 1 per step: half a sync per
 # step separates "none" from "one per step" whatever the step count.
 STRUCTURAL_MAX_COMPILATIONS = 4
+# Compilation warm-up is counted in calls of the step, not as a fraction of the run: a
+# step function compiles on its first call and, under XLA, once more on its second (when
+# the optimizer state and donated buffers first exist), whatever the run's length.  A
+# fractional warm-up (10 % of 600 steps) hid a recompilation storm that ended by step 16.
+COMPILE_WARMUP_CALLS = 2
 STRUCTURAL_SYNCS_PER_STEP = 0.5
 SKIP_PREFIXES = ("sys/", "perf/", "compile/", "xfer/", "fallback/", "exec/", "health/")
 
@@ -239,7 +244,7 @@ def _all_common(series: list[_Series]) -> np.ndarray:
 def final_window_tol(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
                      ) -> tuple[float, float, np.ndarray]:
     """``(rel_tol, worst, needs)`` of a final-window closeness of means: the need is
-    |window mean of the held-out seed - window mean of the group mean| / |the latter|
+    (window mean of the held-out seed - window mean of the group mean) / |the latter|
     over the last ceil(final_fraction n) common steps (relative, so that it holds for a
     longer or shorter run of the same workload as well)."""
     s = opts.settings
@@ -248,11 +253,12 @@ def final_window_tol(series: list[_Series], opts: CalibrationOptions, g: int, co
         steps, mat, x = _common([series[j] for j in grp], series[i])
         k = final_window_size(len(steps), s.final_fraction, s.final_points)
         ref = float(mat.mean(0)[-k:].mean())
-        return float(abs(x[-k:].mean() - ref) / max(abs(ref), s.eps))
+        return float((x[-k:].mean() - ref) / max(abs(ref), s.eps))
 
-    needs = _worst_by_seed(len(series), opts, g, need)
-    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(series))
-    return lim, worst, needs
+    # Signed differences: the limit is fitted to d, not |d| (see symmetric_limit).
+    signed = _worst_by_seed(len(series), opts, g, need)
+    lim, worst = symmetric_limit(signed, cov, opts.confidence, n=len(series))
+    return lim, worst, np.abs(signed)
 
 
 def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float
@@ -477,10 +483,9 @@ def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list
         totals = []
         for r in runs:
             x = _series(r, schema.M_COMPILE_GRAPHS, keep)
-            start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
-                               s.warmup_fraction)
+            start = int(x.steps[0]) + COMPILE_WARMUP_CALLS
             totals.append(float(x.values[x.steps >= start].sum()))
-            lim, worst = upper_limit(np.array(totals), cov, opts.confidence)
+        lim, worst = upper_limit(np.array(totals), cov, opts.confidence)
         mx = float(math.ceil(lim))
         src = (f"from the references' own {schema.M_COMPILE_GRAPHS}: worst {worst:g} after "
                f"warm-up, limit {mx:g}")
@@ -488,11 +493,12 @@ def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list
     else:
         mx = float(STRUCTURAL_MAX_COMPILATIONS)
         src = ("structural default (the references record no compilation counter): a "
-               "program run first after warm-up (evaluation, checkpoint copy) compiles "
-               "once; a recompilation per step exceeds this within a few steps")
+               "program run first after the step's warm-up (evaluation, checkpoint copy) "
+               "compiles once; a recompilation per step exceeds this within a few steps")
         cal = {"structural": 1.0}
     out.append(Derived({"id": "compilations-after-warmup", "kind": "compilation",
                         "level": "L2", "max": mx, "metrics": [schema.M_COMPILE_GRAPHS],
+                        "warmup_steps": COMPILE_WARMUP_CALLS,
                         "backends": _scope(schema.M_COMPILE_GRAPHS, own if cal.get("seeds")
                                            else set()),
                         "description": "no recompilation in the steady state; " + src,
