@@ -334,7 +334,7 @@ def test_compilation_warm_up_is_counted_in_calls_so_an_early_storm_is_caught(
     benign["compile/graphs"][[0, 1, 25]] = 1.0
     storm = _seed_metrics(32)
     storm["compile/graphs"] = np.zeros(N)
-    storm["compile/graphs"][list(range(9)) + [25]] = 1.0
+    storm["compile/graphs"][[*range(9), 25]] = 1.0
     for m in (benign, storm):  # an XLA run records its host syncs too (none here)
         m["xfer/host_syncs"] = np.zeros(N)
     outcomes = {}
