@@ -346,3 +346,20 @@ def test_compilation_warm_up_is_counted_in_calls_so_an_early_storm_is_caught(
         assert r.evidence["total_after_warmup"] == float(m["compile/graphs"][2:].sum())
         outcomes[name] = r.outcome
     assert outcomes == {"benign": "pass", "storm": "fail"}
+
+
+def test_alignment_axes_are_not_calibrated_as_measurements(tmp_path: Path) -> None:
+    # progress/samples is recorded by every probe as an axis: a criterion on it would
+    # make every candidate without it "not evaluable".
+    uri, spool = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "spool"
+    refs = []
+    for s in range(3):
+        m = _seed_metrics(40 + s)
+        m["progress/samples"] = 64.0 * (STEPS + 1)
+        refs.append(record(uri, spool, "reference", m, seed=40 + s).run_id)
+    cal = calibrate_ids(refs, uri, CalibrationOptions())
+    crit = parse_criteria(cal.text(), "calibrated.toml")
+    assert "loss-envelope" in {c.id for c in crit.criteria}
+    data = [line for line in cal.text().splitlines() if not line.startswith("#")]
+    assert not [line for line in data if "progress/" in line]
+    assert "progress/samples: an alignment axis" in cal.text()

@@ -348,6 +348,9 @@ def calibrate(references: Sequence[RunData],
     skipped: dict[str, str] = {}
     per_step, one_point = [], []
     for m in metrics:
+        if m.startswith(schema.PROGRESS_PREFIX):
+            skipped[m] = "an alignment axis (samples or tokens seen), not a measurement"
+            continue
         if m.startswith(SKIP_PREFIXES):
             if m != schema.M_STEP_TIME:
                 skipped[m] = "counter or system metric (integrity criteria cover counters)"
