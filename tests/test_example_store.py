@@ -23,7 +23,7 @@ from conftest import MlflowServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "mlruns.example"
-MAX_BYTES = 10 * 2**20
+MAX_BYTES = 12 * 2**20  # what scripts/make_example_store.py refuses to exceed
 
 
 def documented_command(doc: Path) -> list[str]:
