@@ -363,9 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         md += [f"#### {r.workload.name}", "", table(r, markdown=True), ""]
     if args.markdown:
         Path(args.markdown).write_text("\n".join(md), encoding="utf-8")
-    ok = all(r.ok for r in results)
-    print(f"\n{'target met' if ok else 'TARGET NOT MET'} for "
-          f"{', '.join(r.workload.name for r in results)}")
+    missed = [r.workload.name for r in results if not r.ok]
+    ok = not missed
+    print(f"\ntarget met for {', '.join(r.workload.name for r in results)}" if ok
+          else f"\nTARGET NOT MET for {', '.join(missed)}")
     if tmp is not None:
         tmp.cleanup()
     return 0 if ok else 1
