@@ -373,3 +373,28 @@ def test_recording_modules_import_without_mlflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_set_tags_never_waits_on_the_spools_metadata_lock(store, tmp_path):
+    # Probes set tags from inside the training step (the placement re-check every 100
+    # steps).  Updating the spool's metadata takes an flock shared with the delivery
+    # process and fsyncs; the training thread must never wait for either.
+    import fcntl
+    import threading
+
+    with refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05) as run:
+        fd = os.open(run.spool.path / "meta.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the delivery process would, for a while
+        try:
+            done = threading.Event()
+            caller = threading.Thread(
+                target=lambda: (run.set_tags({"probe.tag": "x"}), done.set()), daemon=True)
+            caller.start()
+            assert done.wait(60), "set_tags waited on the metadata lock"
+            assert run.tags["probe.tag"] == "x"  # visible at once to the session
+        finally:
+            os.close(fd)  # release: the writer thread applies the change
+        wait_for(lambda: Spool(run.spool.path).read_meta().tags.get("probe.tag") == "x",
+                 "the tag reaching the spool's metadata")
+        run.log(0, loss=1.0)
+    assert store.client().get_run(run.run_id).data.tags["probe.tag"] == "x"

@@ -126,7 +126,10 @@ class RunSession:
     def tags(self) -> dict[str, str]:
         """The run's tags as recorded so far (identity, user tags, probe tags)."""
         with contextlib.suppress(OSError, ValueError):
-            return dict(self.spool.read_meta().tags)
+            meta = self.spool.read_meta()
+            for change in list(self._writer.meta_changes):  # set, not yet written
+                change(meta)
+            return dict(meta.tags)
         return {}
 
     @property
@@ -267,6 +270,9 @@ class RunSession:
             meta.params.update({k: _tag_value(v)[:6000] for k, v in (params or {}).items()})
             meta.tags_version += 1
 
+        if self._writer.is_alive():
+            self._writer.meta_changes.append(change)  # applied off the training thread
+            return
         try:
             self.spool.update_meta(change)
         except Exception as exc:
@@ -379,6 +385,8 @@ class RunSession:
             atexit.unregister(self._atexit)
         end_ms = _now_ms()
         self._writer.stop(timeout=self.close_timeout_s + 30)
+        if not self._writer.is_alive():
+            self._writer.apply_meta_changes()  # any queued after its last iteration
         try:
             self._seal(end_ms, status)
         except Exception as exc:

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 
 from refrun.recording import delivery
-from refrun.recording.spool import Point, Spool, append_points, disk_full
+from refrun.recording.spool import Point, Spool, SpoolMeta, append_points, disk_full
 
 log = logging.getLogger("refrun")
 
@@ -48,6 +48,9 @@ class SpoolWriter(threading.Thread):
         self.max_queue = max_queue
         self._warn = on_warning
         self.queue: deque[Point] = deque()
+        # Tag/param changes: applied to the spool's metadata here, never on the training
+        # thread (updating it takes an flock shared with the delivery process and fsyncs).
+        self.meta_changes: deque[Callable[[SpoolMeta], None]] = deque()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._deliver = threading.Event()
@@ -81,8 +84,10 @@ class SpoolWriter(threading.Thread):
             while True:
                 stopping = self._stopping.is_set()
                 self._spool_queued(fd)
+                self.apply_meta_changes()
                 if stopping:
                     self._spool_queued(fd)
+                    self.apply_meta_changes()
                     return
                 if self._deliver.is_set():
                     self._try_deliver()
@@ -97,6 +102,23 @@ class SpoolWriter(threading.Thread):
         finally:
             if fd >= 0:
                 os.close(fd)
+
+    def apply_meta_changes(self) -> None:
+        """Apply the queued tag/param changes in one metadata update (also called by the
+        closing thread once this thread has stopped, for changes queued meanwhile)."""
+        q = self.meta_changes
+        changes = [q.popleft() for _ in range(len(q))]
+        if not changes:
+            return
+
+        def change_all(meta: SpoolMeta) -> None:
+            for change in changes:
+                change(meta)
+
+        try:
+            self.spool.update_meta(change_all)
+        except Exception as exc:
+            self._warn("meta", f"tags/params not recorded: {exc}")
 
     def _spool_queued(self, fd: int) -> None:
         q = self.queue
