@@ -60,7 +60,7 @@ MIN_RUNS = 3
 RECORDED_BY: dict[str, tuple[str, ...]] = {
     schema.M_COMPILE_GRAPHS: ("jax", "torch_xla"),
     schema.M_HOST_SYNCS: ("torch_xla",),
-    checks.TAG_FALLBACK_OPS: ("torch_xla",),
+    schema.TAG_FALLBACK_OPS: ("torch_xla",),
 }
 # Structural defaults (no reference evidence): a steady loop compiles nothing new, but a
 # program run for the first time after warm-up (validation and test evaluation, a
@@ -535,7 +535,7 @@ def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list
                        cal.get("worst"), cal.get("margin"),
                        f"a mean above {mx:g} host syncs per step", [src], len(runs)))
     # CPU fallbacks.
-    ops = [rv.tag_json(r, checks.TAG_FALLBACK_OPS) for r in runs]
+    ops = [rv.tag_json(r, schema.TAG_FALLBACK_OPS) for r in runs]
     if all(isinstance(o, dict) for o in ops):
         allow = sorted({k for o in ops for k, v in o.items() if v})  # type: ignore[union-attr]
         src = "allowlist: the operations the references themselves fell back on"
@@ -547,7 +547,7 @@ def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list
         cal = {"structural": 1.0}
     out.append(Derived({"id": "no-cpu-fallback", "kind": "fallback", "level": "L2",
                         "allow": allow,
-                        "backends": _scope(checks.TAG_FALLBACK_OPS, own if cal.get("seeds")
+                        "backends": _scope(schema.TAG_FALLBACK_OPS, own if cal.get("seeds")
                                            else set()),
                         "description": "no CPU fallback outside the allowlist; " + src,
                         "calibration": cal}, None, None,

@@ -42,7 +42,7 @@ from refrun.comparison import Comparison, RunData, step_time_ratio
 from refrun.comparison.measures import final_window_size
 
 # Tag written by the XLA probe: JSON {op name: executions}.
-TAG_FALLBACK_OPS = "refrun.fallback.ops"
+TAG_FALLBACK_OPS = schema.TAG_FALLBACK_OPS  # one name, defined in schema.py
 UTIL_PATTERN = re.compile(r"^sys/(gpu|tpu)\d+_(util|duty_cycle)_pct$")
 MAX_LISTED = 20
 

@@ -25,8 +25,6 @@ from refrun import schema
 from refrun.comparison import Comparison, MetricComparison, RunData, resolve_series
 from refrun.report.downsample import DEFAULT_MAX_POINTS, reduce_indices, union_indices
 
-TAG_FALLBACK_OPS = "refrun.fallback.ops"  # written by refrun.probes.xla (JSON {op: count})
-
 REF_COLORS = ("#1f77b4", "#6baed6", "#08519c", "#9ecae1", "#3182bd", "#2171b5")
 CAND_COLOR = "#d62728"
 DIFF_COLOR = "#6a3d9a"
@@ -441,7 +439,7 @@ def distribution_figure(dists: Sequence[Distribution], xtitle: str) -> go.Figure
 def fallback_ops(run: RunData) -> dict[str, float] | None:
     """CPU-fallback op counts by name from the XLA probe's tag, or None when the run has
     no such tag or it is not a JSON object of numbers."""
-    raw = run.tags.get(TAG_FALLBACK_OPS)
+    raw = run.tags.get(schema.TAG_FALLBACK_OPS)
     if raw is None:
         return None
     try:

@@ -444,7 +444,7 @@ def _counter_table(cmp: Comparison) -> Raw:
 
 
 def _fallback_table(cmp: Comparison) -> Raw:
-    per = [(label, F.fallback_ops(r), r.tags.get(F.TAG_FALLBACK_OPS))
+    per = [(label, F.fallback_ops(r), r.tags.get(schema.TAG_FALLBACK_OPS))
            for label, r, _ in F.runs_of(cmp)]
     if all(raw is None for _, _, raw in per):
         return tag("p", "No run carries CPU-fallback op names (tag refrun.fallback.ops, "
