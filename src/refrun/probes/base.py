@@ -35,7 +35,6 @@ A backend never raises into the loop: failures become recorded warnings.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from array import array
@@ -119,7 +118,9 @@ class BackendBase:
         self._warnings.append(BackendWarning(key, message, step))
 
     def take_warnings(self) -> list[BackendWarning]:
-        out, self._warnings = self._warnings, []
+        out = self._warnings
+        if out:  # most steps have none: no new list
+            self._warnings = []
         return out
 
     def summary_tags(self) -> Mapping[str, Any]:
@@ -184,6 +185,11 @@ class Probe:
     _sample_step: int | None = None
     _sample_acc: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)
     _closed: bool = False
+    # Host values of the current step, handed to the session in one call at step exit.
+    _batch: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Value types seen in log() that are not mappings (so nested dicts are looked for
+    # with a set lookup, not an ABC isinstance check per value).
+    _scalar_types: set[type] = field(default_factory=lambda: {float, int}, repr=False)
 
     def __post_init__(self) -> None:
         # Closed by the run at the latest, so pending values are never lost when the user
@@ -202,31 +208,47 @@ class Probe:
     def current_step(self) -> int | None:
         return self._step
 
-    @contextlib.contextmanager
-    def step(self, n: int) -> Iterator[Probe]:
+    def step(self, n: int) -> _StepScope:
         """Context manager around training step ``n``: times it and records counter deltas."""
-        if self._in_step:
-            self.run.warn_once("probe-nested", f"step {n} entered while step {self._step} "
-                               "was still open; the inner one is not timed", n)
-            yield self
-            return
+        return _StepScope(self, n)
+
+    def _enter_step(self, n: int) -> Any:
+        """Start step ``n`` (see :class:`_StepScope`); returns the backend's timing token."""
         self._in_step = True
+        if self._pending or self._batch:
+            self._drain()
         self._step = n
-        self._drain()
-        token = self._guard(lambda: self.backend.begin_step(n))
         try:
-            yield self
-        finally:
-            self._in_step = False
-            pending_time = self._guard(lambda: self.backend.end_step(n, token))
-            if pending_time is not None:
+            return self.backend.begin_step(n)
+        except Exception as exc:  # a probe must never break the loop
+            self._warn_exc(exc)
+            return None
+
+    def _exit_step(self, n: int, token: Any) -> None:
+        """End step ``n``: its step time, counter deltas and progress, and every value
+        already on the host, go to the session in one call (one timestamp, one step check)."""
+        self._in_step = False
+        batch = self._batch
+        try:
+            pending_time = self.backend.end_step(n, token)
+        except Exception as exc:
+            self._warn_exc(exc)
+            pending_time = None
+        if pending_time is not None:
+            if type(pending_time) is float and not self._pending \
+                    and schema.M_STEP_TIME not in batch:
+                batch[schema.M_STEP_TIME] = pending_time
+            else:
                 self._pending.append((n, schema.M_STEP_TIME, pending_time))
-            self._record_counters(n)
+        self._record_counters(n)
+        if self._progress_override or self.global_batch is not None:
             self._record_progress(n)
-            self._record_backend_warnings()
-            self._steps_done += 1
-            if self.recheck_every > 0 and self._steps_done % self.recheck_every == 0:
-                self._describe()
+        if batch:
+            self._flush_batch(n)
+        self._record_backend_warnings()
+        self._steps_done += 1
+        if self.recheck_every > 0 and self._steps_done % self.recheck_every == 0:
+            self._describe()
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Record metrics for ``step`` (default: the current step).  Device values are
@@ -236,10 +258,31 @@ class Probe:
             self.run.warn_once("probe-nostep", "probe.log called before any probe.step(); "
                                "pass step= explicitly", None)
             return
-        for name, value in _flatten(metrics):
-            handle = self._guard(lambda v=value: self.backend.fetch(v))
-            if handle is not None:
-                self._pending.append((n, name, handle))
+        scalar_types = self._scalar_types
+        for value in metrics.values():
+            if type(value) not in scalar_types:
+                if isinstance(value, Mapping):
+                    items: Any = _flatten(metrics)
+                    break
+                scalar_types.add(type(value))
+        else:
+            items = metrics.items()
+        # Values already on the host join the current step's batch, unless something logged
+        # earlier is still pending (values reach the session in the order they were logged).
+        fast = self._in_step and n == self._step
+        batch, q, fetch = self._batch, self._pending, self.backend.fetch
+        for name, value in items:
+            try:
+                handle = fetch(value)
+            except Exception as exc:  # a probe must never break the loop
+                self._warn_exc(exc)
+                continue
+            if handle is None:
+                continue
+            if fast and type(handle) is float and not q and name not in batch:
+                batch[name] = handle
+            else:
+                q.append((n, name, handle))
 
     def progress(self, samples: int | None = None, tokens: int | None = None) -> None:
         """Samples and/or tokens the current step consumed, when they differ from the
@@ -257,13 +300,20 @@ class Probe:
     # --- resolution -----------------------------------------------------------
     def _drain(self, block: bool = False) -> None:
         """Hand every ready value to the session, in order; stop at the first not ready."""
+        if self._batch and self._step is not None:  # values of a step that did not exit
+            self._flush_batch(self._step)
         q = self._pending
+        backend = self.backend
         while q:
             n, name, handle = q[0]
-            value = self._guard(lambda h=handle: self.backend.wait(h) if block
-                                else self.backend.ready(h))
-            if value is None and not block:
-                return
+            try:
+                value = backend.wait(handle) if block else backend.ready(handle)
+            except Exception as exc:  # a probe must never break the loop
+                self._warn_exc(exc)
+                value = None
+            else:
+                if value is None and not block:
+                    return
             q.popleft()
             if value is None:
                 continue
@@ -277,13 +327,39 @@ class Probe:
             self.run.warn_once("probe-loss-nonfinite", f"loss is {value} at step {n}", n)
         self.run.log_metrics(n, {name: value})
 
+    def _flush_batch(self, n: int) -> None:
+        """Hand the host values gathered for step ``n`` to the session in one call (what
+        :meth:`_emit` does per value, for the whole batch)."""
+        batch = self._batch
+        t = batch.get(schema.M_STEP_TIME)
+        if t is not None:
+            self._step_times.append(t)
+        loss = batch.get(schema.M_LOSS)
+        if loss is not None and not self._nonfinite_warned and not math.isfinite(loss):
+            self._nonfinite_warned = True
+            self.run.warn_once("probe-loss-nonfinite", f"loss is {loss} at step {n}", n)
+        try:
+            self.run.log_metrics(n, batch)
+        finally:
+            batch.clear()  # the session copies what it accepts; the dict is reused
+
     def _record_counters(self, n: int) -> None:
-        now = self._guard(self.backend.counters)
-        if now is None:
+        try:
+            now = self.backend.counters()
+        except Exception as exc:
+            self._warn_exc(exc)
             return
-        deltas = {k: v - self._last_counters.get(k, 0.0) for k, v in now.items()}
+        if not now:  # the eager fast path: nothing compiled, nothing to log
+            if self._last_counters:
+                self._last_counters = {}
+            return
+        last = self._last_counters
+        batch = self._batch
+        deltas = {k: v - last.get(k, 0.0) for k, v in now.items()}
         self._last_counters = dict(now)
-        if deltas:
+        if not batch.keys() & deltas.keys():
+            batch.update(deltas)  # sent with the step's batch
+        else:
             self.run.log_metrics(n, deltas)
 
     def _progress_defaults(self) -> None:
@@ -299,7 +375,9 @@ class Probe:
     def _record_progress(self, n: int) -> None:
         """Cumulative ``progress/samples`` and ``progress/tokens`` at the end of step ``n``
         (host integers only: from the declared batch, or :meth:`progress`)."""
-        over, self._progress_override = self._progress_override, {}
+        over = self._progress_override
+        if over:
+            self._progress_override = {}
         samples = over.get("samples", self.global_batch)
         tokens = over.get("tokens")
         if tokens is None and samples is not None and self.tokens_per_sample is not None:
@@ -312,13 +390,21 @@ class Probe:
             self._tokens += tokens
             out[schema.M_PROGRESS_TOKENS] = float(self._tokens)
         if out:
-            self.run.log_metrics(n, out)
+            if not self._batch.keys() & out.keys():
+                self._batch.update(out)  # sent with the step's batch
+            else:
+                self.run.log_metrics(n, out)
 
     def _record_backend_warnings(self) -> None:
         take = getattr(self.backend, "take_warnings", None)
         if take is None:
             return
-        for w in self._guard(take) or ():
+        try:
+            warnings = take()
+        except Exception as exc:  # a probe must never break the loop
+            self._warn_exc(exc)
+            return
+        for w in warnings or ():
             self.run.warn_once(w.key, w.message, w.step)
 
     def _describe(self) -> None:
@@ -342,10 +428,13 @@ class Probe:
         try:
             return fn()
         except Exception as exc:  # a probe must never break the loop
-            self.run.warn_once(f"probe:{type(exc).__name__}:{str(exc)[:40]}",
-                               f"{self.backend.name} probe: {type(exc).__name__}: {exc}",
-                               self._step)
+            self._warn_exc(exc)
             return None
+
+    def _warn_exc(self, exc: Exception) -> None:
+        self.run.warn_once(f"probe:{type(exc).__name__}:{str(exc)[:40]}",
+                           f"{self.backend.name} probe: {type(exc).__name__}: {exc}",
+                           self._step)
 
     # --- samplers -------------------------------------------------------------
     def _sample_loop(self) -> None:
@@ -430,6 +519,33 @@ class Probe:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _StepScope:
+    """What ``probe.step(n)`` returns: a small context manager (cheaper than a generator
+    based one on every training step); a step entered inside another is not timed."""
+
+    __slots__ = ("_n", "_nested", "_probe", "_token")
+
+    def __init__(self, probe: Probe, n: int) -> None:
+        self._probe = probe
+        self._n = n
+        self._token: Any = None
+        self._nested = False
+
+    def __enter__(self) -> Probe:
+        p = self._probe
+        if p._in_step:
+            self._nested = True
+            p.run.warn_once("probe-nested", f"step {self._n} entered while step {p._step} "
+                            "was still open; the inner one is not timed", self._n)
+            return p
+        self._token = p._enter_step(self._n)
+        return p
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._nested:
+            self._probe._exit_step(self._n, self._token)
 
 
 def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

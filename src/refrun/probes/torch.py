@@ -281,6 +281,7 @@ class TorchBackend(BackendBase):
     _compiled: bool = False
     _quiet: tuple[int, int] | None = None
     _logged: Counter[torch.device] = field(default_factory=Counter)
+    _logged_cpu: int = 0  # CPU tensors logged (kept apart from _logged: the hot path)
     _accelerator: str | None = None
     _buffers: _Pool | None = None
     _events: _Pool | None = None
@@ -316,6 +317,8 @@ class TorchBackend(BackendBase):
 
     # --- values -------------------------------------------------------------------
     def fetch(self, value: Any) -> Any:
+        if type(value) is float:
+            return value
         if isinstance(value, torch.Tensor):
             return self._fetch_tensor(value)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -327,12 +330,15 @@ class TorchBackend(BackendBase):
         if t.numel() != 1:
             raise ValueError(f"logged tensor has shape {tuple(t.shape)}; log one-element "
                              "tensors (reduce it in the step, e.g. .mean())")
+        if t.is_cpu:  # the per-step path: counted without building a torch.device
+            if t.is_complex():
+                raise TypeError("cannot record a complex tensor")
+            self._logged_cpu += 1
+            return tensor_to_float(t)
         if t.dtype.is_complex:
             raise TypeError("cannot record a complex tensor")
         dev = t.device
         self._logged[dev] += 1
-        if dev.type == "cpu":
-            return tensor_to_float(t.detach())
         if dev.type == "cuda":
             return self._copy_from_cuda(t)
         raise TypeError(f"tensor on device {dev}: the torch probe reads CPU and CUDA values "
@@ -426,6 +432,8 @@ class TorchBackend(BackendBase):
                                        for p in g["params"])
             opt_state = count_devices(optimizer_state_tensors(self.optimizer))
         logged = {str(d): n for d, n in self._logged.items()}
+        if self._logged_cpu:
+            logged["cpu"] = logged.get("cpu", 0) + self._logged_cpu
         return Placement(params, opt_params, opt_state, logged, self._accelerator, self.expected)
 
     def describe(self) -> Mapping[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -44,7 +45,7 @@ from typing import Any
 
 from refrun import identity, mlflow_ui, schema
 from refrun._version import __version__
-from refrun.keys import key_problem, step_problem
+from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
 from refrun.recording import delivery, process
 from refrun.recording.config import RunConfig
 from refrun.recording.delivery import SESSION_LOCK
@@ -56,7 +57,7 @@ from refrun.tracking import resolve_tracking_uri
 log = logging.getLogger("refrun")
 
 
-@dataclass
+@dataclass(slots=True)
 class StepStats:
     """Per-metric bookkeeping of steps, kept on the training thread (cheap dict updates)."""
 
@@ -188,40 +189,50 @@ class RunSession:
         self.warn_once(key, f"{reason}; not recorded (counted in {schema.TAG_REFUSED})", step)
 
     def _accept(self, step: Any, metrics: Mapping[str, Any], timestamp_ms: int | None) -> None:
-        problem = step_problem(step)
-        if problem is not None:
-            self._refuse(f"step:{type(step).__name__}", problem, len(metrics), None)
-            return
-        step = int(step)
+        # The training thread's per-point cost: plain-int steps and float values skip the
+        # general checks; a metric name is checked once, then it is a set lookup.
+        if type(step) is not int or not STEP_MIN <= step <= STEP_MAX:
+            problem = step_problem(step)
+            if problem is not None:
+                self._refuse(f"step:{type(step).__name__}", problem, len(metrics), None)
+                return
+            step = int(step)
         ts = _now_ms() if timestamp_ms is None else int(timestamp_ms)
         q = self._writer.queue
         max_queue = self._writer.max_queue
+        valid_keys = self._valid_keys
+        stats = self._stats
+        isfinite = math.isfinite
         for key, value in metrics.items():
-            if key not in self._valid_keys:
+            if key not in valid_keys:
                 problem = key_problem(key)
                 if problem is not None:
                     self._refuse(f"key:{key!r}"[:80], problem, 1, step)
                     continue
-                self._valid_keys.add(key)
+                valid_keys.add(key)
             # type() first: the numbers.Real ABC check is the slowest part of accepting.
-            if type(value) is not float and (isinstance(value, bool)
-                                             or not isinstance(value, numbers.Real)):
+            if type(value) is float:
+                v = value
+            elif isinstance(value, bool) or not isinstance(value, numbers.Real):
                 self.warn_once(f"type:{key}", f"metric {key!r}: value of type "
                                f"{type(value).__name__} not accepted by the session (it could "
                                "force a device sync); use a framework probe", step)
                 continue
-            v = float(value)
-            st = self._stats.get(key)
+            else:
+                v = float(value)
+            st = stats.get(key)
             if st is None:
-                st = self._stats[key] = StepStats(first=step)
-            elif step == st.last:
-                st.repeated += 1
-                self.warn_once(f"repeat:{key}", f"metric {key!r}: step {step} repeated", step)
-            elif st.last is not None and step < st.last:
-                st.backwards += 1
-                self.warn_once(f"back:{key}", f"metric {key!r}: step went backwards "
-                               f"({st.last} -> {step})", step)
-            if not math.isfinite(v):
+                st = stats[key] = StepStats(first=step)
+            elif step <= st.last:  # type: ignore[operator]  # set on every accepted point
+                if step == st.last:
+                    st.repeated += 1
+                    self.warn_once(f"repeat:{key}", f"metric {key!r}: step {step} repeated",
+                                   step)
+                else:
+                    st.backwards += 1
+                    self.warn_once(f"back:{key}", f"metric {key!r}: step went backwards "
+                                   f"({st.last} -> {step})", step)
+            if not isfinite(v):
                 st.nonfinite += 1
                 self.warn_once(f"nonfinite:{key}", f"metric {key!r}: non-finite value {v} at "
                                f"step {step} (recorded as is)", step)
@@ -463,7 +474,7 @@ class RunSession:
     def _seal(self, end_ms: int, status: RunStatus) -> None:
         self.log_json(schema.ARTIFACT_WARNINGS, {
             "warnings": self.warnings,
-            "metrics": {k: vars(v) for k, v in self._stats.items()},
+            "metrics": {k: dataclasses.asdict(v) for k, v in self._stats.items()},
         })
         delivery.seal(self.spool, status, end_ms=end_ms, extra_tags={
             schema.TAG_DROPPED: str(self.points_dropped),
