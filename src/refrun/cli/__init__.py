@@ -18,6 +18,8 @@ usage or input (one line on stderr, no traceback).
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import logging
 import os
@@ -95,7 +97,24 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def _own_process_gc() -> None:
+    """Garbage-collector settings for a command that owns its (short-lived) process.
+
+    A command imports MLflow, SQLAlchemy and pandas: about a million long-lived objects
+    that every full collection scans again, and interpreter exit collects repeatedly while
+    it tears the modules down.  Measured on ``refrun import`` of 100k points this was a
+    third of the command's CPU time.  A higher first-generation threshold keeps collections
+    rare while the command runs (the garbage it makes is freed by reference counting:
+    NumPy arrays, frames, rows); :func:`gc.freeze` at the end moves everything left to the
+    permanent generation so exit does not scan it again.  Only for the process entry
+    point (``argv`` None): a program calling ``main([...])`` keeps its own settings."""
+    gc.set_threshold(100_000, 50, 100)
+    atexit.register(gc.freeze)  # registered first, so it runs after every other handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        _own_process_gc()
     # MLflow announces database migrations on INFO; a CLI's stderr is for its own errors.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
