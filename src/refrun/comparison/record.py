@@ -32,7 +32,6 @@ from refrun.complete_run import (
     write_complete_run,
 )
 from refrun.thinning import MLFLOW_MAX_POINTS
-from refrun.tracking import resolve_tracking_uri
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
 
@@ -82,11 +81,18 @@ def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
         "compare", cand.tags.get(schema.TAG_RUN_NAME) or cand.run_id[:8], len(comparison.reference))
     table = curves_table(*difference_columns(comparison), now_ms())
     params = string_tags({f"option.{k}": v for k, v in vars(comparison.options).items()})
-    run_id = write_complete_run(CompleteRun(
+    keep_name = run_name is not None
+
+    def ui_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
+        # Name and description (they link to the run's own id), set with the end-of-run
+        # tags through the client already open: no second client, no writes after FINISHED.
+        ui = mlflow_ui.comparison_ui_tags(client, run_id, "compare")
+        if keep_name:
+            ui.pop(schema.TAG_RUN_NAME)
+        return ui
+
+    return write_complete_run(CompleteRun(
         experiment=tags[schema.TAG_WORKLOAD], tags=tags, table=table, params=params,
         run_name=name, json_artifacts={ARTIFACT_COMPARISON: comparison.to_dict()},
-        max_points=max_points,
+        max_points=max_points, tags_for_run=ui_tags,
     ), tracking_uri)
-    mlflow_ui.describe_comparison(MlflowClient(resolve_tracking_uri(tracking_uri)), run_id,
-                                  "compare", keep_name=run_name is not None)
-    return run_id
