@@ -448,3 +448,27 @@ def test_samples_are_logged_against_the_step_current_when_taken(store):
         probe.close()  # takes a final sample at the last step
     rss = _series(_curves(store, run.run_id), "sys/rss_bytes")
     assert sorted(rss) == [1, 4, 5]
+
+
+def test_values_of_a_step_reach_the_session_in_logging_order_with_repeats_counted(store):
+    # The probe hands a step's host values to the session in one call at step exit; a name
+    # logged twice in one step, or a value for another step, must still arrive in the order
+    # it was logged, counted as repeated by the session (not silently overwritten).
+    with _start(store) as run:
+        probe = refrun.torch.instrument(run, monitors=None)
+        for n in range(3):
+            with probe.step(n):
+                probe.log(loss=torch.tensor(float(n)))
+                probe.log(loss=n + 0.5)  # the same name again in this step
+                probe.log(step=n + 100, ahead=float(n))  # another step's value
+        probe.log(late=7.0)  # after the last step: recorded at the last step
+        probe.close()
+        stats = run.step_stats()
+    df = _curves(store, run.run_id)
+    loss = df[df.metric == "loss"].sort_values("seq")
+    assert loss.step.tolist() == [0, 0, 1, 1, 2, 2]
+    assert loss.value.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert stats["loss"].repeated == 3 and stats["loss"].count == 6
+    assert _series(df, "ahead") == {100: 0.0, 101: 1.0, 102: 2.0}
+    assert _series(df, "late") == {2: 7.0}
+    assert sorted(_series(df, schema.M_STEP_TIME)) == [0, 1, 2]
