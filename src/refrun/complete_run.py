@@ -23,7 +23,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +129,10 @@ def write_categorical_curves(table: pd.DataFrame, path: Path) -> Path:
     columns = [pa.DictionaryArray.from_arrays(codes, dictionary)]
     columns += [pa.array(table[c].to_numpy()) for c in schema.CURVE_COLUMNS[1:]]
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_arrays(columns, schema=SCHEMA), path, compression="zstd")
+    # Dictionary-encode only the metric names: trying it on millions of distinct steps and
+    # values costs CPU (a hash per value until the dictionary overflows) and file size.
+    pq.write_table(pa.Table.from_arrays(columns, schema=SCHEMA), path, compression="zstd",
+                   use_dictionary=["metric"])
     return path
 
 
@@ -161,29 +164,36 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
     fails midway; a run created before the failure is marked FAILED and deleted.
     """
     uri = resolve_tracking_uri(tracking_uri)
-    view = mlflow_view(run.table, run.max_points)
-    try:
-        client = client_for(uri)  # a new sqlite store is created once, under a file lock
-        exp_id = ensure_experiment(client, run.experiment)
-        mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
-        run_id = client.create_run(
-            exp_id, start_time=now_ms(),
-            tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **run.tags},
-            run_name=run.run_name or mlflow_ui.default_run_name(run.tags)).info.run_id
-    except (MlflowException, OSError) as exc:
-        raise RefrunInputError(f"tracking store {uri}: cannot create the run "
-                               f"({type(exc).__name__}: {_short(exc)})") from exc
-    try:
-        _fill(client, run_id, run, view)
-    except BaseException as exc:
-        with contextlib.suppress(Exception):
-            client.set_terminated(run_id, "FAILED")
-            client.delete_run(run_id)
-        if isinstance(exc, MlflowException | OSError):
-            raise RefrunInputError(f"tracking store {uri}: writing run {run_id} failed, "
-                                   f"run deleted ({type(exc).__name__}: {_short(exc)})"
-                                   ) from exc
-        raise
+    with tempfile.TemporaryDirectory(prefix="refrun-run-") as tmp, \
+            ThreadPoolExecutor(1, thread_name_prefix="refrun-artifacts") as pool:
+        # The artifact files (and the table's summary tags) are made on a second thread
+        # while this one creates the run and logs the view: Parquet encoding and zstd run
+        # in Arrow without the GIL, the store's work is Python and fsyncs, so on two cores
+        # the artifact costs no wall time.  Nothing is uploaded before the run exists.
+        files = pool.submit(_write_artifact_tree, run, Path(tmp))
+        view = mlflow_view(run.table, run.max_points)
+        try:
+            client = client_for(uri)  # a new sqlite store is created once, under a file lock
+            exp_id = ensure_experiment(client, run.experiment)
+            mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
+            run_id = client.create_run(
+                exp_id, start_time=now_ms(),
+                tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **run.tags},
+                run_name=run.run_name or mlflow_ui.default_run_name(run.tags)).info.run_id
+        except (MlflowException, OSError) as exc:
+            raise RefrunInputError(f"tracking store {uri}: cannot create the run "
+                                   f"({type(exc).__name__}: {_short(exc)})") from exc
+        try:
+            _fill(client, run_id, run, view, files, Path(tmp))
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                client.set_terminated(run_id, "FAILED")
+                client.delete_run(run_id)
+            if isinstance(exc, MlflowException | OSError):
+                raise RefrunInputError(f"tracking store {uri}: writing run {run_id} failed, "
+                                       f"run deleted ({type(exc).__name__}: {_short(exc)})"
+                                       ) from exc
+            raise
     return run_id
 
 
@@ -191,22 +201,17 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 
-def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric]) -> None:
-    with tempfile.TemporaryDirectory(prefix="refrun-run-") as tmp, \
-            ThreadPoolExecutor(1, thread_name_prefix="refrun-artifacts") as pool:
-        # The artifact files are written on a second thread while this one logs the view:
-        # Parquet encoding and zstd run in Arrow without the GIL, the store's work is
-        # Python and fsyncs, so on two cores the artifact write costs no wall time.
-        files = pool.submit(_write_artifact_tree, run, Path(tmp))
-        params = [Param(k, str(v)[:6000]) for k, v in run.params.items()]
-        for i in range(0, len(params), _TAGS_PER_BATCH):
-            client.log_batch(run_id, params=params[i:i + _TAGS_PER_BATCH])
-        for i in range(0, len(view), _METRICS_PER_BATCH):
-            client.log_batch(run_id, metrics=view[i:i + _METRICS_PER_BATCH])
-        files.result()  # raises what the writer raised
-        client.log_artifacts(run_id, tmp)  # the artifact tree, uploaded in one call
+def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric],
+          files: Future[dict[str, str]], tree: Path) -> None:
+    params = [Param(k, str(v)[:6000]) for k, v in run.params.items()]
+    for i in range(0, len(params), _TAGS_PER_BATCH):
+        client.log_batch(run_id, params=params[i:i + _TAGS_PER_BATCH])
+    for i in range(0, len(view), _METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=view[i:i + _METRICS_PER_BATCH])
+    summary = files.result()  # raises what the writer raised
+    client.log_artifacts(run_id, str(tree))  # the artifact tree, uploaded in one call
     end = {
-        **table_summary_tags(run.table),
+        **summary,
         schema.TAG_DROPPED: "0",
         schema.TAG_REFUSED: "0",
         schema.TAG_WARNINGS: "0",
@@ -220,13 +225,15 @@ def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric
     client.set_terminated(run_id, "FINISHED", end_time=now_ms())
 
 
-def _write_artifact_tree(run: CompleteRun, root: Path) -> None:
-    """The run's artifacts laid out as their tree (``refrun/curves.parquet`` ...)."""
+def _write_artifact_tree(run: CompleteRun, root: Path) -> dict[str, str]:
+    """The run's artifacts laid out as their tree (``refrun/curves.parquet`` ...); returns
+    the table's summary tags (computed here, off the thread that talks to the store)."""
     write_categorical_curves(run.table, root / schema.ARTIFACT_CURVES)
     for name, doc in run.json_artifacts.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return table_summary_tags(run.table)
 
 
 def table_summary_tags(table: pd.DataFrame, main_metric: str = schema.M_LOSS) -> dict[str, str]:
