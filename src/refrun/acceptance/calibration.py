@@ -91,6 +91,10 @@ class CalibrationOptions:
     min_steps: int = 3  # fewer common points: a one-point metric
     metrics: tuple[str, ...] | None = None  # only these metrics (default: all shared)
     exclude_kinds: tuple[str, ...] = ()  # leave out criteria of these kinds
+    # Require a passed gradient-check run for every candidate (an L1 `gradcheck`
+    # criterion, no threshold): off by default, so no workload without recorded checks
+    # gets a new failure.
+    require_gradcheck: bool = False
     settings: Settings = field(default_factory=Settings)
 
     def __post_init__(self) -> None:
@@ -413,6 +417,8 @@ def calibrate(references: Sequence[RunData],
     if has_time:
         out.append(_step_time(runs, opts, g, cov))
     out += integrity(runs, opts, cov)
+    if opts.require_gradcheck:
+        out.append(_gradcheck())
     out = [d for d in out if d.table["kind"] not in opts.exclude_kinds]
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -493,6 +499,18 @@ def _step_time(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float
     return Derived(table, worst, ratio - worst, det,
                    [_held_out_line(worst, ratio - worst, len(runs), "ratio"),
                     f"detects: {det}"], len(runs))
+
+
+def _gradcheck() -> Derived:
+    src = ("required by `refrun calibrate --require-gradcheck`: a broken computation whose "
+           "effect on the curves is below the seeds' spread shows in a gradient check "
+           "(parity of loss and gradients against the reference implementation), not in a "
+           "seed-calibrated envelope")
+    return Derived({"id": "gradient-checks", "kind": "gradcheck", "level": "L1",
+                    "description": "every gradient-check run recorded for the candidate "
+                                   "passed; none recorded fails. " + src,
+                    "calibration": {"structural": 1.0}}, None, None,
+                   "any failed gradient check, or none recorded for the candidate", [src])
 
 
 # --- integrity counters ------------------------------------------------------------------------
@@ -633,7 +651,10 @@ def render(c: Calibrated) -> str:
               f"backend = {_toml(c.backend)}",
               f"false_alarm_rate = {_toml(float(o.false_alarm_rate))}",
               f"confidence = {_toml(float(o.confidence))}", f"date = {_toml(c.created_utc)}",
-              f"refrun_version = {_toml(__version__)}", ""]
+              f"refrun_version = {_toml(__version__)}"]
+    if o.require_gradcheck:
+        lines.append("require_gradcheck = true")
+    lines.append("")
     settings = {k: v for k, v in asdict(o.settings).items()
                 if v != getattr(Settings(), k)}
     lines += ["[settings]"] + [f"{k} = {_toml(v)}" for k, v in settings.items()] + [""]
