@@ -49,7 +49,7 @@ def _store(tmp: Path) -> dict[str, object]:
 
     ids = {name: rec(role, i) for i, (name, role) in enumerate(
         [("r0", "reference"), ("r1", "reference"), ("r2", "reference"), ("good", "candidate"),
-         ("bad", "candidate"), ("none", "candidate")])}
+         ("bad", "candidate"), ("none", "candidate"), ("later", "candidate")])}
     g = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32)}
     ok = compare_by_name(g, {k: v.copy() for k, v in g.items()}, label="parity/grads")
     wrong = compare_by_name(g, {"w": 0.25 * g["w"], "b": g["b"]}, label="parity/grads")
@@ -58,9 +58,11 @@ def _store(tmp: Path) -> dict[str, object]:
                      candidate_run_id=ids["good"], plot=False)
     record_gradcheck([wrong], workload="gc-demo", tracking_uri=uri, spool_dir=tmp / "spool",
                      candidate_run_id=ids["bad"], plot=False)
+    record_gradcheck([ok], workload="gc-demo", tracking_uri=uri, spool_dir=tmp / "spool",
+                     candidate_run_id=ids["later"], plot=False)
     crit = tmp / "gc.toml"
     crit.write_text(CRITERIA, encoding="utf-8")
-    return {"uri": uri, "ids": ids, "crit": crit, "tmp": tmp}
+    return {"uri": uri, "ids": ids, "crit": crit, "tmp": tmp, "wrong": wrong}
 
 
 def _accept(store: dict, cand: str, out: Path) -> tuple[int, dict]:
@@ -121,3 +123,24 @@ def test_candidate_run_id_must_be_a_run_id(store: dict) -> None:
     with pytest.raises(RefrunInputError, match="candidate_run_id"):
         record_gradcheck([compare_by_name(g, g)], workload="gc-demo",
                          tracking_uri=str(store["uri"]), candidate_run_id="nope", plot=False)
+
+
+def test_verify_sees_a_failed_check_recorded_after_the_sign_off(store: dict, capsys) -> None:
+    import re
+
+    ids, uri = store["ids"], str(store["uri"])
+    assert main(["accept", "--criteria", str(store["crit"]), "--reference", ids["r0"],
+                 ids["r1"], "--candidate", ids["later"], "--tracking-uri", uri]) == 0
+    comparison = re.search(r"recorded on comparison run ([0-9a-f]{32})",
+                           capsys.readouterr().out).group(1)
+    assert main(["signoff", "--comparison", comparison, "--decision", "accept",
+                 "--by", "Ada", "--tracking-uri", uri]) == 0
+    verify = ["verify", comparison, "--criteria", str(store["crit"]), "--tracking-uri", uri]
+    assert main(verify) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REFRUN_DELIVERY", "thread")
+        record_gradcheck([store["wrong"]], workload="gc-demo", tracking_uri=uri,
+                         spool_dir=store["tmp"] / "spool", candidate_run_id=ids["later"],
+                         plot=False)
+    assert main(verify) == 1
+    assert "gradient-checks" in capsys.readouterr().out

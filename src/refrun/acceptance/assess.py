@@ -210,14 +210,21 @@ def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candid
     return refs, cand, latest
 
 
+def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | None
+                   ) -> list[GradcheckRun] | None:
+    """The gradient-check runs recorded for ``candidate`` when the file has a
+    ``gradcheck`` criterion (one MLflow search), else None (not looked up)."""
+    if not any(c.KIND == "gradcheck" for c in crit.criteria):
+        return None
+    return find_gradchecks(candidate, tracking_uri)
+
+
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
                tracking_uri: str | None = None, allow_cross_workload: bool = False
                ) -> tuple[Assessment, dict[str, Any]]:
     """Load the runs by id and assess; returns the assessment and its evidence document."""
     refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri,
                                              allow_cross_workload)
-    # Gradient-check runs are looked up only for a file that asks for them.
-    grad = find_gradchecks(cand, tracking_uri) if any(
-        c.KIND == "gradcheck" for c in crit.criteria) else None
-    a = assess(crit, refs, cand, latest, allow_cross_workload, gradchecks=grad)
+    a = assess(crit, refs, cand, latest, allow_cross_workload,
+               gradchecks=gradchecks_for(crit, cand, tracking_uri))
     return a, build_evidence(crit.sha256, a.results, refs, cand, latest)
