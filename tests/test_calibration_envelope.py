@@ -53,7 +53,7 @@ def _rejected(x: np.ndarray, group: np.ndarray, k: float) -> bool:
 def _simulate(rho: float, seed: int) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     opts = CalibrationOptions(min_fraction=MIN_FRACTION, confidence=CONFIDENCE)
-    fa_new = fa_old = det_new = det_old = 0
+    fa_new = fa_old = det_new = det_old = det_stated = 0
     k_new, k_old = [], []
     for _ in range(TRIALS):
         refs = _seeds(rng, N, rho)
@@ -67,11 +67,12 @@ def _simulate(rho: float, seed: int) -> dict[str, float]:
         group = refs[:G]
         fa_new += _rejected(fresh, group, k)
         fa_old += _rejected(fresh, group, ko)
+        det_stated += _rejected(fresh + k * std, group, k)  # the stated detectable shift
         shifted = fresh + 2 * k * std  # twice the file's stated detectable shift
         det_new += _rejected(shifted, group, k)
         det_old += _rejected(shifted, group, ko)
     return {"fa_new": fa_new / TRIALS, "fa_old": fa_old / TRIALS,
-            "det_new": det_new / TRIALS, "det_old": det_old / TRIALS,
+            "det_new": det_new / TRIALS, "det_stated": det_stated / TRIALS, "det_old": det_old / TRIALS,
             "k_new": float(np.median(k_new)), "k_old": float(np.median(k_old))}
 
 
@@ -94,7 +95,9 @@ def test_persistent_seed_deviations_old_limit_blind_new_one_within_target() -> N
     # Old: an envelope several times wider (k ~ 30 where ~8 suffices) ...
     assert r["k_old"] > 3 * r["k_new"]
     # ... that misses a shift of twice the new file's stated detectable shift, which the
-    # new one catches.
+    # new one catches.  At the stated shift itself (k x the seeds' median std) the
+    # candidate sits on the band's edge: caught about half the time.
+    assert 0.35 <= r["det_stated"] <= 0.65
     assert r["det_new"] >= 0.95
     assert r["det_old"] <= 0.5
 
@@ -104,4 +107,5 @@ def test_transient_deviations_keep_the_false_alarm_rate_at_most_the_target(rho: 
     r = _simulate(rho=rho, seed=2)
     se = math.sqrt(0.05 * 0.95 / TRIALS)
     assert r["fa_new"] <= 0.05 + 3 * se
+    assert r["det_stated"] >= 0.5
     assert r["det_new"] >= 0.95
