@@ -17,6 +17,10 @@ from refrun.cli import main
 from refrun.gradcheck.parity import compare_by_name
 from refrun.gradcheck.record import record_gradcheck
 
+# Records 7 runs and 4 gradcheck runs into one module-scoped store (in-process delivery):
+# ~15 s quiet, ~70 s on the loaded 2-core machine.
+pytestmark = pytest.mark.slow
+
 CRITERIA = """version = 1
 workload = "gc-demo"
 
