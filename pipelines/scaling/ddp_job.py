@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             times.append(time.perf_counter() - t0)
             losses.append(float(loss.detach()))  # the loop's own numbers, outside the step
         if rank == a.hang_rank:
+            if probe is not None:
+                probe.close()  # every point accepted; the run itself is never closed
             if a.losses is not None:
                 _write(a.losses.with_name(a.losses.name + f".rank{rank}"), losses)
             Path(str(a.losses) + f".rank{rank}.hanging").touch()
