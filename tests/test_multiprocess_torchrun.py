@@ -64,8 +64,8 @@ class Job:
 
 def job_env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(MLFLOW_TRACKING_URI=f"sqlite:///{tmp}/mlflow.db", REFRUN_SPOOL_DIR=str(tmp / "spool"),
-               OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+    env.update(MLFLOW_TRACKING_URI=f"sqlite:///{tmp}/mlflow.db",
+               REFRUN_SPOOL_DIR=str(tmp / "spool"), OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
                    [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]))
     env.pop("REFRUN_JOB_ID", None)
     return env
