@@ -23,6 +23,8 @@ import pytest
 
 from refrun import schema
 
+pytestmark = pytest.mark.slow  # two torchrun launches (2 and 4 ranks), shared by the tests
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8
 BATCH = 16
@@ -198,6 +200,32 @@ def test_four_ranks_straggler_matches_numpy(job4: Job) -> None:
     assert data.series(schema.M_JOB_RANKS_REPORTED)[1].tolist() == [4.0]
 
 
+def straggler_claim(run, at_most: float) -> str:
+    """Outcome of a criteria-file bound on the straggler ratio for candidate ``run``."""
+    from refrun.acceptance import checks
+    from refrun.acceptance.criteria import parse_criteria
+
+    crit = parse_criteria(f"""
+workload = "{WORKLOAD}"
+[[criteria]]
+id = "straggler"
+level = "L2"
+kind = "claim"
+metric = "{schema.M_JOB_STRAGGLER}"
+at_most = {at_most}
+""")
+    return checks.evaluate(crit.criteria[0], checks.Context(crit, [run], run, None)).outcome
+
+
+def test_criteria_bound_the_straggler_ratio(job4: Job) -> None:
+    from refrun.comparison import load_run
+
+    data = load_run(job4.runs()[0].info.run_id, tracking_uri=job4.uri, progress=False)
+    ratio = data.job.straggler.ratio
+    assert straggler_claim(data, ratio * 1.01) == "pass"
+    assert straggler_claim(data, ratio * 0.99) == "fail"
+
+
 def test_killed_rank_delivered_by_refrun_sync(job2_killed: Job) -> None:
     from refrun.comparison import load_run
 
@@ -214,6 +242,10 @@ def test_killed_rank_delivered_by_refrun_sync(job2_killed: Job) -> None:
     assert schema.rank_curves_artifact(1) not in listed
     before = load_run(rid, tracking_uri=job.uri, progress=False)
     assert before.job is not None and before.job.reported == "1 of 2 ranks reported (missing: 1)"
+    # A rank missing: no straggler ratio a criterion could pass on, only the count.
+    assert schema.M_JOB_STRAGGLER not in before.metric_names
+    assert before.series(schema.M_JOB_RANKS_REPORTED)[1].tolist() == [1.0]
+    assert straggler_claim(before, 1e9) == "not_evaluable"
     out = subprocess.run([sys.executable, "-m", "refrun", "sync", "--spool-dir", str(job.spool)],
                          env=job.env, cwd=job.tmp, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -226,3 +258,4 @@ def test_killed_rank_delivered_by_refrun_sync(job2_killed: Job) -> None:
     after = load_run(rid, tracking_uri=job.uri, progress=False)
     assert after.job is not None and after.job.reported == "2 of 2 ranks reported"
     assert after.job.rank_status[1] == "KILLED"
+    assert after.job.complete and schema.M_JOB_STRAGGLER in after.metric_names

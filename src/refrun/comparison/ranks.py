@@ -45,6 +45,12 @@ class JobSummary:
     missing_ranks: list[int]
 
     @property
+    def complete(self) -> bool:
+        """Every one of ``world_size`` ranks reported, each with step times."""
+        return (not self.missing_ranks and self.straggler is not None
+                and self.straggler.ranks == self.world_size)
+
+    @property
     def reported(self) -> str:
         """``"3 of 4 ranks reported (missing: 2)"``."""
         n, w = len(self.ranks_reported), self.world_size
@@ -57,7 +63,7 @@ class JobSummary:
         return {"job_id": self.job_id, "world_size": self.world_size,
                 "ranks_reported": self.ranks_reported, "missing_ranks": self.missing_ranks,
                 "rank_status": {str(k): v for k, v in self.rank_status.items()},
-                "reported": self.reported,
+                "reported": self.reported, "complete": self.complete,
                 "straggler": None if s is None else {
                     "ratio": s.ratio, "slowest_rank": s.slowest_rank,
                     "slowest_median_s": s.slowest_median_s,
@@ -130,9 +136,12 @@ def job_summary(tags: Mapping[str, str], rank0_curves: pd.DataFrame | None,
 def derived_points(summary: JobSummary, at_step: int) -> pd.DataFrame:
     """The job's derived values as curve rows at ``at_step`` (rank 0's last step), so that
     criteria can bound them like any metric: ``job/straggler_ratio`` (when computable) and
-    ``job/ranks_reported``."""
+    ``job/ranks_reported``.  The straggler ratio only when every rank reported step times
+    (:attr:`JobSummary.complete`)."""
     rows = [(schema.M_JOB_RANKS_REPORTED, float(len(summary.ranks_reported)))]
-    if summary.straggler is not None:
+    # Only over every rank: with ranks missing the slowest may be one that never reported,
+    # so a bound on the ratio must not pass on what is there (not evaluable instead).
+    if summary.complete:
         rows.append((schema.M_JOB_STRAGGLER, float(summary.straggler.ratio)))
     return pd.DataFrame({"metric": [r[0] for r in rows],
                          "step": np.full(len(rows), at_step, dtype=np.int64),
