@@ -1,0 +1,94 @@
+"""Multi-process identity without launching anything: the job-id rule, the validation of
+rank / world size / job, and what a rank > 0 session writes (no run, artifacts renamed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.recording.settings import default_job_id, job_identity
+
+LAUNCHER_VARS = ("REFRUN_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                 "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in LAUNCHER_VARS:
+        monkeypatch.delenv(k, raising=False)
+    return monkeypatch
+
+
+def test_job_id_rule_in_order(clean_env) -> None:
+    m = clean_env
+    assert job_identity().job is None and job_identity().world_size is None
+    m.setenv("WORLD_SIZE", "4")
+    m.setenv("RANK", "2")
+    m.setenv("MASTER_ADDR", "10.0.0.1")
+    m.setenv("MASTER_PORT", "29500")
+    fallback = job_identity()
+    assert (fallback.rank, fallback.world_size) == (2, 4)
+    host, ppid, _start, addr, port, world = fallback.job.split(":")
+    assert (host, int(ppid), addr, port, world) == (socket.gethostname(), os.getppid(),
+                                                    "10.0.0.1", "29500", "4")
+    m.setenv("SLURM_JOB_ID", "77")
+    m.setenv("SLURM_STEP_ID", "3")
+    assert job_identity().job == "slurm:77.3"
+    m.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default rendezvous id: not unique
+    assert job_identity().job == "slurm:77.3"
+    m.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert job_identity().job == "torchelastic:abc"
+    m.setenv("REFRUN_JOB_ID", "my-job")
+    assert job_identity().job == "my-job"
+    m.setenv("WORLD_SIZE", "1")
+    assert job_identity().job is None  # one process: no job
+    assert default_job_id(None) is not None  # REFRUN_JOB_ID still names it when asked
+
+
+def test_bad_launcher_variable_is_one_line_error(clean_env) -> None:
+    clean_env.setenv("WORLD_SIZE", "four")
+    with pytest.raises(RefrunInputError, match=r"\$WORLD_SIZE='four'"):
+        job_identity()
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"rank": 2, "world_size": 2, "job": "j"}, "rank: expected 0 <= rank < world_size=2"),
+    ({"rank": None, "world_size": 2, "job": "j"}, "rank: expected"),
+    ({"rank": 0, "world_size": 0, "job": "j"}, "world_size: must be >= 1"),
+    ({"rank": 0, "world_size": 2, "job": "a'b"}, "job: a multi-process job needs an id"),
+    ({"rank": True, "world_size": 2, "job": "j"}, "rank: expected an integer"),
+])
+def test_bad_rank_world_size_job_refused_before_anything_is_written(store, clean_env, kwargs,
+                                                                     match) -> None:
+    import refrun
+
+    with pytest.raises(RefrunInputError, match=match):
+        refrun.start_run("w", "candidate", **kwargs)
+    assert not store.spool_dir.exists() or not any(store.spool_dir.iterdir())
+
+
+def test_secondary_rank_creates_no_run_and_renames_its_artifacts(store, clean_env) -> None:
+    import refrun
+
+    with socket.socket() as s:  # a store nobody listens on: close() cannot deliver
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    run = refrun.start_run("w", "candidate", rank=1, world_size=2, job="job-1",
+                           delivery="thread", close_timeout_s=0, tracking_uri=dead)
+    run.log(0, loss=1.0)
+    run.log_json("refrun/extra.json", {"a": 1})
+    spool = run.spool.path
+    meta = json.loads((spool / "meta.json").read_text())
+    assert (meta["rank"], meta["world_size"], meta["job"]) == (1, 2, "job-1")
+    assert meta["tags"][schema.TAG_JOB_RANK] == "1"
+    assert (spool / "artifacts" / schema.rank_artifact(1, "refrun/extra.json")).is_file()
+    assert (spool / "artifacts" / schema.rank_artifact(1, schema.ARTIFACT_ENVIRONMENT)).is_file()
+    assert not run.close()  # rank 0's run cannot be found: nothing delivered, spool kept
+    assert run.run_id is None  # and this rank never created a run of its own
+    assert (spool / "artifacts" / schema.rank_curves_artifact(1)).is_file()
+    assert not (spool / "artifacts" / schema.ARTIFACT_CURVES).exists()
