@@ -19,7 +19,8 @@ For tests and the benchmark: ``--losses`` writes each rank's own losses (read af
 step, outside it) to ``<losses>.rank<k>`` and rank 0's also to ``<losses>``;
 ``--unrecorded`` runs the same loop without refrun; ``--per-step-ms`` adds a busy wait to
 each step; ``--hang-rank K`` makes rank K wait after its last step without closing its run
-(a test SIGKILLs it); ``--timing`` writes each rank's step times (s).
+(a test SIGKILLs it); ``--timing`` writes each rank's step times (s), the wall time its
+loop ended and the wall time its run was closed (delivered) to ``<timing>.rank<k>``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                     probe.log(loss=loss)
             times.append(time.perf_counter() - t0)
             losses.append(float(loss.detach()))  # the loop's own numbers, outside the step
+        loop_end = time.time()
         if probe is not None and rank == 0:
             val_loss, val_acc = evaluate(model, torch.from_numpy(data.val.x),
                                          torch.from_numpy(data.val.y).long())
@@ -124,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[scaling candidate] run {run.run_id} ({world} ranks, global batch "
               f"{global_batch})", flush=True)
     if a.timing is not None:
-        _write(a.timing.with_name(a.timing.name + f".rank{rank}"), times)
+        _write(a.timing.with_name(a.timing.name + f".rank{rank}"),
+               {"step_s": times, "loop_end": loop_end, "closed": time.time()})
     dist.destroy_process_group()
     return 0
 
 
-def _write(path: Path, values: list[float]) -> None:
+def _write(path: Path, values: object) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(values))
     os.replace(tmp, path)
