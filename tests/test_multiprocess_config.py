@@ -92,3 +92,13 @@ def test_secondary_rank_creates_no_run_and_renames_its_artifacts(store, clean_en
     assert run.run_id is None  # and this rank never created a run of its own
     assert (spool / "artifacts" / schema.rank_curves_artifact(1)).is_file()
     assert not (spool / "artifacts" / schema.ARTIFACT_CURVES).exists()
+
+
+def test_probe_notices_a_job_the_run_was_not_told_about() -> None:
+    from refrun.probes.job import job_mismatch
+
+    assert job_mismatch(None, 1, "x") is None  # one process, one run
+    assert job_mismatch(4, 4, "x") is None  # the run knows the job
+    msg = job_mismatch(None, 2, "jax.process_count()")
+    assert msg is not None and "world_size=1" in msg and "rank= and world_size=" in msg
+    assert job_mismatch(2, 4, "torch.distributed.get_world_size()") is not None
