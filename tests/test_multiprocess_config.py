@@ -102,3 +102,37 @@ def test_probe_notices_a_job_the_run_was_not_told_about() -> None:
     msg = job_mismatch(None, 2, "jax.process_count()")
     assert msg is not None and "world_size=1" in msg and "rank= and world_size=" in msg
     assert job_mismatch(2, 4, "torch.distributed.get_world_size()") is not None
+
+
+def test_one_sync_delivers_a_job_whose_rank0_never_reached_the_store(tmp_path, clean_env,
+                                                                      monkeypatch) -> None:
+    """Both ranks' spools left behind (the store was unreachable for the whole job): one
+    ``refrun sync`` creates rank 0's run first, then adds rank 1 to it, whatever the order
+    of the spool directories."""
+    import refrun
+    from refrun.recording.sync import sync_all
+
+    monkeypatch.setenv("REFRUN_SPOOL_DIR", str(tmp_path / "spool"))
+    blocker = tmp_path / "store"
+    blocker.write_text("a file where the store's directory should be")  # unreachable store
+    uri = f"sqlite:///{blocker}/mlflow.db"
+    runs = {}
+    for rank in (1, 0):
+        run = refrun.start_run("w", "candidate", rank=rank, world_size=2, job="job-s",
+                               tracking_uri=uri, delivery="thread", close_timeout_s=0)
+        run.log(0, loss=float(rank))
+        assert not run.close()
+        runs[rank] = run
+    # rank 1's spool sorts first by name: sync must still do rank 0's first.
+    (tmp_path / "spool" / runs[1].local_id).rename(tmp_path / "spool" / ("0" + runs[1].local_id))
+    blocker.unlink()
+    blocker.mkdir()
+    results = sync_all(tmp_path / "spool")
+    assert [r.outcome for r in results] == ["delivered", "delivered"], results
+    assert results[0].local_id == runs[0].local_id
+    assert results[0].run_id == results[1].run_id
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    (only,) = client.search_runs([client.get_experiment_by_name("w").experiment_id])
+    assert only.data.tags[f"{schema.TAG_JOB_REPORTED_PREFIX}rank-1"] == "FINISHED"
