@@ -7,9 +7,9 @@ sampler on), interleaved ``--repeats`` times.  The table prints:
 
 * the median steady step time over ranks (after 10 warm-up steps) of each and their ratio;
 * the time from the end of the last rank's training loop until every rank's data is on the
-  run (the newest of rank 0's ``refrun/curves.parquet`` and the ``refrun/ranks/rank-<k>``
-  artifacts in the local artifact store, after checking the run FINISHED and every rank
-  reported), and until the last rank's ``close()`` returned.
+  run (the newest inode change time of rank 0's ``refrun/curves.parquet`` and the
+  ``refrun/ranks/rank-<k>`` artifacts in the local artifact store, after checking the run
+  FINISHED and every rank reported), and until the last rank's ``close()`` returned.
 
 Wall-clock numbers on a shared machine are noisy: read the median of several runs.
 
@@ -58,7 +58,7 @@ def launch(tmp: Path, steps: int, per_step_ms: float, recorded: bool) -> dict[st
 
 
 def _arrived(uri: str) -> float:
-    """Wall time the last of the job's data reached the run: the newest modification time
+    """Wall time the last of the job's data reached the run: the newest inode change time
     of rank 0's curves and every rank's artifact in the (local) artifact store, checked to
     be complete first (rank 0 FINISHED, every rank > 0 reported)."""
     from mlflow.tracking import MlflowClient
@@ -73,7 +73,9 @@ def _arrived(uri: str) -> float:
     root = Path(run.info.artifact_uri.removeprefix("file://"))
     files = [root / schema.ARTIFACT_CURVES] + [root / schema.rank_curves_artifact(k)
                                                for k in range(1, RANKS)]
-    return max(f.stat().st_mtime for f in files)
+    # st_ctime: when the file's inode last changed, i.e. when the store wrote it (its mtime
+    # is the spool file's, kept by the copy).
+    return max(f.stat().st_ctime for f in files)
 
 
 def main() -> int:
