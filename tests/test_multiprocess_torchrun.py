@@ -1,9 +1,10 @@
 """Multi-process jobs under torchrun record ONE MLflow run (docs/multiprocess.md).
 
-Real processes: ``python -m torch.distributed.run --standalone`` with 2 and 4 ranks, a tiny
-DDP model on gloo (CPU), a real sqlite store.  One launch per world size, shared by the
-assertions (module-scoped fixtures).  In the 2-rank job rank 1 is SIGKILLed (with its
-delivery process) after its last step: its spool is delivered by ``refrun sync``.
+Real processes: ``python -m torch.distributed.run --standalone --nproc-per-node 4``, the
+digits MLP in DDP on gloo (CPU), a real sqlite store; one launch shared by the assertions (a
+module-scoped fixture).  Rank 3 is SIGKILLed with its delivery process after its last step,
+so the job also shows a killed rank delivered by ``refrun sync``.  The 2-rank torchrun job is
+the scaling demo's candidate (tests/test_pipeline_scaling.py).
 """
 
 from __future__ import annotations
@@ -96,37 +97,45 @@ def loss_lines(spool: Path) -> int:
     return sum(1 for line in p.read_text().splitlines() if line.startswith("loss\t"))
 
 
+KILLED_RANK = 3
+
+
 @pytest.fixture(scope="module")
 def job4(tmp_path_factory) -> Job:
+    """4 ranks; rank 3 hangs after its last step and is SIGKILLed with its delivery process;
+    ranks 0-2 end normally (their data is waited for)."""
     tmp = tmp_path_factory.mktemp("job4")
-    proc = torchrun(tmp, 4)
-    rc = proc.wait(timeout=600)
-    assert rc == 0, (tmp / "torchrun.log").read_text()[-3000:]
-    job = Job(tmp, f"sqlite:///{tmp}/mlflow.db", tmp / "spool", 4, job_env(tmp), rc)
-    wait_for(lambda: len(job.runs()) == 1 and all(
-        f"{schema.TAG_JOB_REPORTED_PREFIX}rank-{k}" in job.runs()[0].data.tags
-        for k in range(1, 4)), "every rank's data on the run")
-    return job
-
-
-@pytest.fixture(scope="module")
-def job2_killed(tmp_path_factory) -> Job:
-    """2 ranks; rank 1 hangs after its last step and is SIGKILLed with its delivery process."""
-    tmp = tmp_path_factory.mktemp("job2")
-    proc = torchrun(tmp, 2, "--hang-rank", "1")
+    proc = torchrun(tmp, 4, "--hang-rank", str(KILLED_RANK))
     try:
         wait_for(lambda: (tmp / "losses.json").exists()
-                 and (tmp / "losses.json.rank1.hanging").exists(), "rank 0 done, rank 1 hanging")
-        spool1 = spool_of(tmp / "spool", 1)
-        wait_for(lambda: loss_lines(spool1) == STEPS, "rank 1's points in its spool")
-        meta = json.loads((spool1 / "meta.json").read_text())
+                 and (tmp / f"losses.json.rank{KILLED_RANK}.hanging").exists(),
+                 "rank 0 done, rank 3 hanging")
+        spool = spool_of(tmp / "spool", KILLED_RANK)
+        wait_for(lambda: loss_lines(spool) == STEPS and schema.TAG_WARMUP_STEPS in json.loads(
+            (spool / "meta.json").read_text())["tags"], "rank 3's points and probe tags spooled")
+        meta = json.loads((spool / "meta.json").read_text())
         os.kill(meta["delivery_pid"], signal.SIGKILL)
         os.kill(meta["pid"], signal.SIGKILL)
         rc = proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return Job(tmp, f"sqlite:///{tmp}/mlflow.db", tmp / "spool", 2, job_env(tmp), rc)
+    job = Job(tmp, f"sqlite:///{tmp}/mlflow.db", tmp / "spool", 4, job_env(tmp), rc)
+    wait_for(lambda: len(job.runs()) == 1 and all(
+        f"{schema.TAG_JOB_REPORTED_PREFIX}rank-{k}" in job.runs()[0].data.tags
+        for k in (1, 2)), "ranks 1 and 2 on the run")
+    return job
+
+
+@pytest.fixture(scope="module")
+def synced(job4: Job) -> Job:
+    """The same job after ``refrun sync`` delivered the killed rank's spool (a no-op when
+    test_killed_rank_delivered_by_refrun_sync, which runs first, already did)."""
+    out = subprocess.run([sys.executable, "-m", "refrun", "sync", "--spool-dir",
+                          str(job4.spool)], env=job4.env, cwd=job4.tmp, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return job4
 
 
 def rank_curves(job: Job, run_id: str, rank: int) -> pd.DataFrame:
@@ -160,14 +169,48 @@ def test_four_ranks_record_one_run_with_rank0_curves(job4: Job) -> None:
     assert len({m.step for m in hist}) == len(hist)
 
 
-def test_four_ranks_artifacts_and_tags(job4: Job) -> None:
+def test_killed_rank_delivered_by_refrun_sync(job4: Job) -> None:
+    from refrun.comparison import load_run
+
+    job = job4
+    assert job.rc != 0  # torchrun saw its worker killed
+    (run,) = job.runs()
+    rid = run.info.run_id
+    # Before sync: the killed rank's data is only in its spool.
+    listed = {a.path for a in job.client().list_artifacts(rid, schema.ARTIFACT_RANKS_DIR)}
+    assert schema.rank_curves_artifact(KILLED_RANK) not in listed
+    before = load_run(rid, tracking_uri=job.uri, progress=False)
+    assert before.job is not None
+    assert before.job.reported == "3 of 4 ranks reported (missing: 3)"
+    # A rank missing: no straggler ratio a criterion could pass on, only the count.
+    assert schema.M_JOB_STRAGGLER not in before.metric_names
+    assert before.series(schema.M_JOB_RANKS_REPORTED)[1].tolist() == [3.0]
+    assert straggler_claim(before, 1e9) == "not_evaluable"
+    out = subprocess.run([sys.executable, "-m", "refrun", "sync", "--spool-dir", str(job.spool)],
+                         env=job.env, cwd=job.tmp, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = job.client().get_run(rid)
+    assert run.data.tags[f"{schema.TAG_JOB_REPORTED_PREFIX}rank-{KILLED_RANK}"] == "KILLED"
+    df = rank_curves(job, rid, KILLED_RANK)
+    loss = df[df["metric"] == schema.M_LOSS].sort_values("step")
+    np.testing.assert_allclose(loss["value"], job.losses(KILLED_RANK), rtol=0, atol=1e-7)
+    assert len(job.runs()) == 1  # sync created no second run
+    after = load_run(rid, tracking_uri=job.uri, progress=False)
+    assert after.job is not None and after.job.reported == "4 of 4 ranks reported"
+    assert after.job.rank_status[KILLED_RANK] == "KILLED"
+    assert after.job.complete and schema.M_JOB_STRAGGLER in after.metric_names
+
+
+def test_four_ranks_artifacts_and_tags(synced: Job) -> None:
+    job4 = synced
     run = job4.runs()[0]
     rid = run.info.run_id
     listed = {a.path for a in job4.client().list_artifacts(rid, schema.ARTIFACT_RANKS_DIR)}
     for k in range(1, 4):
         assert schema.rank_curves_artifact(k) in listed
         assert schema.rank_summary_artifact(k) in listed
-        assert run.data.tags[f"{schema.TAG_JOB_REPORTED_PREFIX}rank-{k}"] == "FINISHED"
+        assert run.data.tags[f"{schema.TAG_JOB_REPORTED_PREFIX}rank-{k}"] == (
+            "KILLED" if k == KILLED_RANK else "FINISHED")
         df = rank_curves(job4, rid, k)
         loss = df[df["metric"] == schema.M_LOSS].sort_values("step")
         assert loss["step"].tolist() == list(range(STEPS))
@@ -177,9 +220,10 @@ def test_four_ranks_artifacts_and_tags(job4: Job) -> None:
     assert schema.rank_curves_artifact(0) not in listed  # rank 0's are the run's own curves
 
 
-def test_four_ranks_straggler_matches_numpy(job4: Job) -> None:
+def test_four_ranks_straggler_matches_numpy(synced: Job) -> None:
     from refrun.comparison import load_run
 
+    job4 = synced
     rid = job4.runs()[0].info.run_id
     data = load_run(rid, tracking_uri=job4.uri, progress=False)
     assert data.job is not None
@@ -217,45 +261,11 @@ at_most = {at_most}
     return checks.evaluate(crit.criteria[0], checks.Context(crit, [run], run, None)).outcome
 
 
-def test_criteria_bound_the_straggler_ratio(job4: Job) -> None:
+def test_criteria_bound_the_straggler_ratio(synced: Job) -> None:
     from refrun.comparison import load_run
 
+    job4 = synced
     data = load_run(job4.runs()[0].info.run_id, tracking_uri=job4.uri, progress=False)
     ratio = data.job.straggler.ratio
     assert straggler_claim(data, ratio * 1.01) == "pass"
     assert straggler_claim(data, ratio * 0.99) == "fail"
-
-
-def test_killed_rank_delivered_by_refrun_sync(job2_killed: Job) -> None:
-    from refrun.comparison import load_run
-
-    job = job2_killed
-    assert job.rc != 0  # torchrun saw its worker killed
-    runs = job.runs()
-    assert len(runs) == 1
-    rid = runs[0].info.run_id
-    hist = job.client().get_metric_history(rid, schema.M_LOSS)
-    np.testing.assert_allclose([m.value for m in sorted(hist, key=lambda m: m.step)],
-                               job.losses(0), rtol=0, atol=1e-7)
-    # Before sync: rank 1's data is only in its spool.
-    listed = {a.path for a in job.client().list_artifacts(rid, schema.ARTIFACT_RANKS_DIR)}
-    assert schema.rank_curves_artifact(1) not in listed
-    before = load_run(rid, tracking_uri=job.uri, progress=False)
-    assert before.job is not None and before.job.reported == "1 of 2 ranks reported (missing: 1)"
-    # A rank missing: no straggler ratio a criterion could pass on, only the count.
-    assert schema.M_JOB_STRAGGLER not in before.metric_names
-    assert before.series(schema.M_JOB_RANKS_REPORTED)[1].tolist() == [1.0]
-    assert straggler_claim(before, 1e9) == "not_evaluable"
-    out = subprocess.run([sys.executable, "-m", "refrun", "sync", "--spool-dir", str(job.spool)],
-                         env=job.env, cwd=job.tmp, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    run = job.client().get_run(rid)
-    assert run.data.tags[f"{schema.TAG_JOB_REPORTED_PREFIX}rank-1"] == "KILLED"
-    df = rank_curves(job, rid, 1)
-    loss = df[df["metric"] == schema.M_LOSS].sort_values("step")
-    np.testing.assert_allclose(loss["value"], job.losses(1), rtol=0, atol=1e-7)
-    assert len(job.runs()) == 1  # sync created no second run
-    after = load_run(rid, tracking_uri=job.uri, progress=False)
-    assert after.job is not None and after.job.reported == "2 of 2 ranks reported"
-    assert after.job.rank_status[1] == "KILLED"
-    assert after.job.complete and schema.M_JOB_STRAGGLER in after.metric_names
