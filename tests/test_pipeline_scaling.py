@@ -1,5 +1,9 @@
 """The scaling demo (``python -m pipelines.scaling``), small: a Lightning reference and a
-2-rank torchrun candidate with twice the global batch line up by samples."""
+2-rank torchrun candidate with twice the global batch line up by samples.
+
+It is also the suite's 2-rank torchrun job (the 4-rank one: tests/test_multiprocess_torchrun.py):
+one run for the job, rank 0's own losses as its curve, rank 1's full curves as an artifact,
+the straggler measure against numpy."""
 
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ def test_scaling_demo_aligns_callback_reference_and_torchrun_candidate_by_sample
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "pipelines.scaling", "--steps", str(STEPS),
-                          "--batch", str(BATCH), "--out", str(store.tmp / "cmp.json")],
+                          "--batch", str(BATCH), "--out", str(store.tmp / "cmp.json"),
+                          "--candidate-losses", str(store.tmp / "losses.json")],
                          cwd=store.tmp, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "reference  recorded: 16 samples/step, samples 16..128" in out.stdout
@@ -61,3 +66,26 @@ def test_scaling_demo_aligns_callback_reference_and_torchrun_candidate_by_sample
     # The reference came through the Lightning callback: one probe step per optimizer step.
     tags = client.get_run(ref_id).data.tags
     assert tags[schema.TAG_GLOBAL_BATCH] == "16" and schema.TAG_JOB_ID not in tags
+    # The candidate is a 2-rank torchrun job recorded as ONE run.
+    ctags = client.get_run(cand_id).data.tags
+    assert (ctags[schema.TAG_JOB_RANK], ctags[schema.TAG_JOB_WORLD_SIZE]) == ("0", "2")
+    assert ctags[f"{schema.TAG_JOB_REPORTED_PREFIX}rank-1"] == "FINISHED"
+    own = [json.loads((store.tmp / f"losses.json.rank{k}").read_text()) for k in range(2)]
+    np.testing.assert_allclose([cand_loss[s] for s in range(STEPS // 2)], own[0], rtol=0,
+                               atol=1e-7)
+    from refrun.recording.curves import read_curves
+
+    root = Path(client.get_run(cand_id).info.artifact_uri.removeprefix("file://"))
+    per_rank = [read_curves(root / schema.ARTIFACT_CURVES),
+                read_curves(root / schema.rank_curves_artifact(1))]
+    r1 = per_rank[1]
+    np.testing.assert_allclose(r1[r1["metric"] == schema.M_LOSS].sort_values("step")["value"],
+                               own[1], rtol=0, atol=1e-7)
+    assert not np.allclose(own[0], own[1])  # each rank its own shard: it matters which
+    assert r1["metric"].str.startswith("sys/").any()
+    warm = int(ctags[schema.TAG_WARMUP_STEPS])
+    meds = [float(np.median(c[c["metric"] == schema.M_STEP_TIME].sort_values("step")["value"]
+                            .to_numpy()[warm:])) for c in per_rank]
+    assert (r1["metric"] == schema.M_STEP_TIME).sum() == STEPS // 2
+    assert doc["candidate"]["job"]["straggler"]["ratio"] == pytest.approx(
+        max(meds) / float(np.median(meds)), rel=1e-12)

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                    "batch of the candidate")
     p.add_argument("--ranks", type=int, default=2, help="candidate processes (torchrun)")
     p.add_argument("--out", type=Path, default=Path("scaling-comparison.json"))
+    p.add_argument("--candidate-losses", type=Path, default=None,
+                   help="also write the candidate ranks' own losses here (tests compare them "
+                   "with the store): FILE (rank 0) and FILE.rank<k>")
     a = p.parse_args(argv)
     if a.steps % a.ranks:
         p.error(f"--steps {a.steps} must be a multiple of --ranks {a.ranks}")
@@ -65,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                    "--batch", str(a.batch)], "reference")
     cand_id = _run([py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                     str(a.ranks), "-m", "pipelines.scaling.ddp_job", "--steps",
-                    str(a.steps // a.ranks), "--batch", str(a.batch)], "candidate")
+                    str(a.steps // a.ranks), "--batch", str(a.batch),
+                    *(["--losses", str(a.candidate_losses)] if a.candidate_losses else [])],
+                   "candidate")
 
     ref, cand = (load_run(r, progress=False) for r in (ref_id, cand_id))
     comp = compare(ref, cand, metrics=["loss"], options=CompareOptions(axis="samples"),
