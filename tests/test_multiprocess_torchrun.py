@@ -199,6 +199,9 @@ def test_killed_rank_delivered_by_refrun_sync(job4: Job) -> None:
     assert after.job is not None and after.job.reported == "4 of 4 ranks reported"
     assert after.job.rank_status[KILLED_RANK] == "KILLED"
     assert after.job.complete and schema.M_JOB_STRAGGLER in after.metric_names
+    assert after.job.rank_status == {0: "FINISHED", 1: "FINISHED", 2: "FINISHED", 3: "KILLED"}
+    # Reported is not finished: a criterion can require every rank to have FINISHED.
+    assert after.series(schema.M_JOB_RANKS_FINISHED)[1].tolist() == [3.0]
 
 
 def test_four_ranks_artifacts_and_tags(synced: Job) -> None:
@@ -242,6 +245,7 @@ def test_four_ranks_straggler_matches_numpy(synced: Job) -> None:
     assert values.tolist() == [pytest.approx(expected, rel=1e-12)]
     assert steps.tolist() == [STEPS - 1]
     assert data.series(schema.M_JOB_RANKS_REPORTED)[1].tolist() == [4.0]
+    assert data.series(schema.M_JOB_RANKS_FINISHED)[1].tolist() == [3.0]  # rank 3 KILLED
 
 
 def straggler_claim(run, at_most: float) -> str:

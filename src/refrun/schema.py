@@ -229,9 +229,10 @@ TAG_JOB_REPORTED_PREFIX = "refrun.job.reported."
 ARTIFACT_RANKS_DIR = "refrun/ranks"
 # Derived per-job values the loader adds to rank 0's curves (one point at its last step), so a
 # criteria file can bound them (kind "claim"): slowest rank's steady step time / median over
-# ranks, and how many of world_size ranks reported.
+# ranks, how many of world_size ranks reported, and how many of them FINISHED.
 M_JOB_STRAGGLER = "job/straggler_ratio"
 M_JOB_RANKS_REPORTED = "job/ranks_reported"
+M_JOB_RANKS_FINISHED = "job/ranks_finished"  # ranks whose status is FINISHED (rank 0: the run's)
 
 
 def rank_name(rank: int) -> str:

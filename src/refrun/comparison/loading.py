@@ -256,10 +256,11 @@ def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,
                      else curves)
         elif not curves.empty:
             rank0 = curves
-        job = job_summary(run.data.tags, rank0, files, read_curves_fast)
+        job = job_summary(run.data.tags, rank0, files, read_curves_fast, run.info.status)
     if job is None:
         return None, curves
-    wanted = [m for m in (schema.M_JOB_STRAGGLER, schema.M_JOB_RANKS_REPORTED)
+    wanted = [m for m in (schema.M_JOB_STRAGGLER, schema.M_JOB_RANKS_REPORTED,
+                          schema.M_JOB_RANKS_FINISHED)
               if not metrics or m in metrics]
     if not wanted or curves.empty:
         return job, curves

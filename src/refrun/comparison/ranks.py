@@ -45,6 +45,11 @@ class JobSummary:
     missing_ranks: list[int]
 
     @property
+    def ranks_finished(self) -> int:
+        """Ranks whose status is FINISHED (a killed or failed rank reported but did not)."""
+        return sum(1 for s in self.rank_status.values() if s == "FINISHED")
+
+    @property
     def complete(self) -> bool:
         """Every one of ``world_size`` ranks reported, each with step times."""
         return (not self.missing_ranks and self.straggler is not None
@@ -64,6 +69,7 @@ class JobSummary:
                 "ranks_reported": self.ranks_reported, "missing_ranks": self.missing_ranks,
                 "rank_status": {str(k): v for k, v in self.rank_status.items()},
                 "reported": self.reported, "complete": self.complete,
+                "ranks_finished": self.ranks_finished,
                 "straggler": None if s is None else {
                     "ratio": s.ratio, "slowest_rank": s.slowest_rank,
                     "slowest_median_s": s.slowest_median_s,
@@ -93,12 +99,14 @@ def _int(raw: object, default: int = 0) -> int:
 
 def job_summary(tags: Mapping[str, str], rank0_curves: pd.DataFrame | None,
                 rank_files: Mapping[int, tuple[Path | None, Path | None]],
-                read: Callable[[Path, list[str]], pd.DataFrame]) -> JobSummary | None:
+                read: Callable[[Path, list[str]], pd.DataFrame],
+                run_status: str = "unknown") -> JobSummary | None:
     """The :class:`JobSummary` of a run, or None when it is not a multi-process run.
 
     ``rank0_curves``: rank 0's curves (at least ``perf/step_time_s``; None when the run has
     no curves artifact).  ``rank_files``: rank k -> (its curves parquet, its summary JSON),
-    either None when absent.  ``read(path, metrics)`` reads a curves file.  Step times of
+    either None when absent.  ``read(path, metrics)`` reads a curves file.  ``run_status``:
+    the run's status, which is rank 0's.  Step times of
     each rank skip that rank's own warm-up steps (tag ``refrun.perf.warmup_steps``).
     Straggler: :func:`refrun.comparison.measures.straggler` over every rank with step times.
     """
@@ -108,7 +116,7 @@ def job_summary(tags: Mapping[str, str], rank0_curves: pd.DataFrame | None,
     ranks: dict[int, RankData] = {}
     if rank0_curves is not None:
         warm = _int(tags.get(schema.TAG_WARMUP_STEPS))
-        ranks[0] = RankData(0, "run", steady_step_times(rank0_curves, warm), warm)
+        ranks[0] = RankData(0, run_status, steady_step_times(rank0_curves, warm), warm)
     for k, (curves_path, summary_path) in sorted(rank_files.items()):
         if curves_path is None:
             continue
@@ -135,10 +143,11 @@ def job_summary(tags: Mapping[str, str], rank0_curves: pd.DataFrame | None,
 
 def derived_points(summary: JobSummary, at_step: int) -> pd.DataFrame:
     """The job's derived values as curve rows at ``at_step`` (rank 0's last step), so that
-    criteria can bound them like any metric: ``job/straggler_ratio`` (when computable) and
-    ``job/ranks_reported``.  The straggler ratio only when every rank reported step times
-    (:attr:`JobSummary.complete`)."""
-    rows = [(schema.M_JOB_RANKS_REPORTED, float(len(summary.ranks_reported)))]
+    criteria can bound them like any metric: ``job/straggler_ratio`` (when computable),
+    ``job/ranks_reported`` and ``job/ranks_finished``.  The straggler ratio only when every
+    rank reported step times (:attr:`JobSummary.complete`)."""
+    rows = [(schema.M_JOB_RANKS_REPORTED, float(len(summary.ranks_reported))),
+            (schema.M_JOB_RANKS_FINISHED, float(summary.ranks_finished))]
     # Only over every rank: with ranks missing the slowest may be one that never reported,
     # so a bound on the ratio must not pass on what is there (not evaluable instead).
     if summary.complete:
