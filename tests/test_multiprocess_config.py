@@ -136,3 +136,42 @@ def test_one_sync_delivers_a_job_whose_rank0_never_reached_the_store(tmp_path, c
     client = MlflowClient(uri)
     (only,) = client.search_runs([client.get_experiment_by_name("w").experiment_id])
     assert only.data.tags[f"{schema.TAG_JOB_REPORTED_PREFIX}rank-1"] == "FINISHED"
+
+
+def test_job_summary_by_hand(tmp_path) -> None:
+    """Straggler over each rank's steady step times (its own warm-up skipped), computed by
+    hand; a missing rank leaves the ratio out of the derived metrics."""
+    import numpy as np
+    import pandas as pd
+
+    from refrun.comparison.ranks import derived_points, job_summary
+
+    def curves(times: list[float]) -> pd.DataFrame:
+        n = len(times)
+        return pd.DataFrame({"metric": [schema.M_STEP_TIME] * n, "step": np.arange(n),
+                             "value": times, "timestamp_ms": np.zeros(n, np.int64),
+                             "seq": np.arange(n)})
+
+    data = {"r1": curves([9.0, 1.0, 3.0, 2.0]), "r2": curves([5.0, 4.0, 4.0, 6.0])}
+    summary1 = tmp_path / "rank-1.json"  # rank 1's summary: its status and warm-up tag
+    summary1.write_text(json.dumps({"status": "KILLED",
+                                    "tags": {schema.TAG_WARMUP_STEPS: "1"}}))
+    rank_files = {1: ("r1", summary1), 2: ("r2", None)}
+    tags = {schema.TAG_JOB_WORLD_SIZE: "3", schema.TAG_JOB_ID: "j",
+            schema.TAG_WARMUP_STEPS: "0"}
+    s = job_summary(tags, curves([2.0, 2.0, 2.0]), rank_files, lambda p, m: data[p],
+                    "FINISHED")
+    # medians: rank 0 median(2,2,2)=2; rank 1 (1 warm-up step) median(1,3,2)=2; rank 2 (no
+    # summary: no warm-up) median(5,4,4,6)=4.5; median of medians 2 -> ratio 4.5/2.
+    assert s is not None and s.straggler is not None
+    assert (s.straggler.slowest_rank, s.straggler.ratio) == (2, 2.25)
+    assert s.rank_status == {0: "FINISHED", 1: "KILLED", 2: "unknown"}
+    assert s.complete and s.ranks_finished == 1
+    pts = derived_points(s, 7)
+    assert dict(zip(pts["metric"], pts["value"], strict=True)) == {
+        schema.M_JOB_RANKS_REPORTED: 3.0, schema.M_JOB_RANKS_FINISHED: 1.0,
+        schema.M_JOB_STRAGGLER: 2.25}
+    missing = job_summary(tags, curves([2.0]), {1: rank_files[1]}, lambda p, m: data[p])
+    assert missing is not None and missing.missing_ranks == [2] and not missing.complete
+    assert schema.M_JOB_STRAGGLER not in set(derived_points(missing, 0)["metric"])
+    assert job_summary({}, None, {}, lambda p, m: data[p]) is None  # not a job
