@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from refrun._version import __version__
-from refrun.acceptance.assess import assess, load_for_assessment
+from refrun.acceptance.assess import assess, gradchecks_for, load_for_assessment
 from refrun.acceptance.criteria import CriteriaFile, parse_criteria
 from refrun.acceptance.evidence import (
     _change,
@@ -131,7 +131,8 @@ def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None
     # A cross-workload assessment was allowed explicitly (and says so): re-assess alike.
     cross = bool(rec.assessment.get("cross_workload"))
     refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri, cross)
-    a = assess(crit, refs, cand, latest, cross)
+    a = assess(crit, refs, cand, latest, cross,
+               gradchecks=gradchecks_for(crit, cand, tracking_uri))
     return a, build_evidence(crit.sha256, a.results, refs, cand, latest)
 
 
