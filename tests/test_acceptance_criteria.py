@@ -79,6 +79,9 @@ BAD = [
     ('kind = "closeness"', 'kind = "vibes"', 10,
      "criteria[0].kind (id 'loss'): 'vibes' is not one of"),
     ('version = 1', 'version = 2', 1, "version: must be <= 1"),
+    # [calibration] backend is an identity name like every other backend key.
+    ('abs_tol = 0.1\n', 'abs_tol = 0.1\n\n[calibration]\nbackend = "torch,pytorch-xla-ish"\n',
+     15, "calibration.backend: 'pytorch-xla-ish' is not a known backend"),
     ('metric = "loss"', 'metric = "loss"\nover = "eval_points"', 12,
      "criteria[0].over (id 'loss'): 'eval_points' needs an evaluation metric"),
 ]
@@ -104,6 +107,20 @@ def test_bad_file_names_file_line_and_key(tmp_path: Path, old: str, new: str,
     assert rc == 2
     err = capsys.readouterr().err
     assert text in err and err.count("\n") == 1
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_calibration_backend_is_normalised_and_checked_by_calibrate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD + '\n[calibration]\nbackend = "PyTorch, torch-xla"\n')
+    assert load_criteria(p).calibration.backend == "torch,torch_xla"
+    p.write_text(GOOD + '\n[calibration]\nbackend = "tpu magic"\n')
+    rc = main(["calibrate", "--check", str(p), "--reference", "a", "b", "c",
+               "--tracking-uri", f"sqlite:///{tmp_path}/none.db"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{p}:15: calibration.backend: 'tpu magic' is not a known backend" in err
     assert not (tmp_path / "none.db").exists()
 
 
