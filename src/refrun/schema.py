@@ -223,3 +223,10 @@ AXES = ("step", "samples", "tokens")  # what comparisons align on
 # Hardware names that mean "no accelerator" (the one classification every backend uses).
 CPU_HARDWARE_NAMES = ("", "cpu", "host", "none")
 # --- end of probe contract block -----------------------------------------------------------
+
+# --- legacy-store hygiene (engineer hyg) ---------------------------------------------------
+# The candidate's refrun.hardware tag as stored, when it is not (or not written as) a
+# canonical hardware name: a store written before hardware validation may hold free text,
+# which must neither stop a comparison from being recorded nor be lost.
+TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
+# --- end of legacy-store hygiene block -----------------------------------------------------
