@@ -124,6 +124,29 @@ def test_calibration_backend_is_normalised_and_checked_by_calibrate(
     assert not (tmp_path / "none.db").exists()
 
 
+def test_cli_error_on_a_brand_new_store_is_the_only_stderr_line(tmp_path: Path) -> None:
+    """The real ``refrun`` console script on a new (empty) sqlite file: MLflow creates its
+    tables there (INFO lines by default) before the error; stderr is that one error."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD)
+    db = tmp_path / "new.db"
+    db.touch()
+    exe = shutil.which("refrun", path=str(Path(sys.executable).parent)) or "refrun"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"}
+    proc = subprocess.run([exe, "accept", "--criteria", str(p), "--reference", "r-missing",
+                           "--candidate", "c", "--tracking-uri", f"sqlite:///{db}"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"refrun accept: error: run 'r-missing': not found in sqlite:///{db}"], proc.stderr
+    assert db.stat().st_size > 0  # the store was opened (and its tables created)
+
+
 def test_duplicate_ids_and_claim_needs_one_direction(tmp_path: Path) -> None:
     p = tmp_path / "d.toml"
     p.write_text(GOOD + GOOD[GOOD.index("[[criteria]]"):])
