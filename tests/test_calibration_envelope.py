@@ -72,7 +72,8 @@ def _simulate(rho: float, seed: int) -> dict[str, float]:
         det_new += _rejected(shifted, group, k)
         det_old += _rejected(shifted, group, ko)
     return {"fa_new": fa_new / TRIALS, "fa_old": fa_old / TRIALS,
-            "det_new": det_new / TRIALS, "det_stated": det_stated / TRIALS, "det_old": det_old / TRIALS,
+            "det_new": det_new / TRIALS, "det_stated": det_stated / TRIALS,
+            "det_old": det_old / TRIALS,
             "k_new": float(np.median(k_new)), "k_old": float(np.median(k_old))}
 
 

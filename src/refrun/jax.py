@@ -30,6 +30,7 @@ from refrun.probes.base import (
 )
 from refrun.probes.hardware import declared_hardware
 from refrun.probes.jax import TRANSFER_LEVELS, JaxBackend, JaxMemoryMonitor, LostValue
+from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ def instrument(
                          mesh=mesh, fresh_caches=fresh_caches)
     backend.observe(params=params, batch=batch)
     mons = resolve_monitors(monitors, [JaxMemoryMonitor.available] if memory else [])
+    warn_if_not_a_job(run, jax.process_count(), "jax.process_count()")
     return JaxProbe(run=run, backend=backend, warmup_steps=warmup_steps, monitors=mons,
                     sample_interval_s=sample_interval_s, recheck_every=recheck_every)
 

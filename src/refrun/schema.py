@@ -224,6 +224,44 @@ AXES = ("step", "samples", "tokens")  # what comparisons align on
 CPU_HARDWARE_NAMES = ("", "cpu", "host", "none")
 # --- end of probe contract block -----------------------------------------------------------
 
+# --- multi-process jobs (engineer mp, issue 15.3; see docs/multiprocess.md) -------------------
+# A job of world_size > 1 processes records ONE run, owned by rank 0: its curves are the run's
+# curves.  Every rank's run identity carries the job id, its rank and the world size.
+TAG_JOB_ID = "refrun.job.id"
+TAG_JOB_RANK = "refrun.job.rank"  # "0" on the run (rank 0 owns it)
+TAG_JOB_WORLD_SIZE = "refrun.job.world_size"
+# Set on the run by rank k's delivery once rank k's data arrived: + "rank-<k>" = its status.
+TAG_JOB_REPORTED_PREFIX = "refrun.job.reported."
+ARTIFACT_RANKS_DIR = "refrun/ranks"
+# Derived per-job values the loader adds to rank 0's curves (one point at its last step), so a
+# criteria file can bound them (kind "claim"): slowest rank's steady step time / median over
+# ranks, how many of world_size ranks reported, and how many of them FINISHED.
+M_JOB_STRAGGLER = "job/straggler_ratio"
+M_JOB_RANKS_REPORTED = "job/ranks_reported"
+M_JOB_RANKS_FINISHED = "job/ranks_finished"  # ranks whose status is FINISHED (rank 0: the run's)
+
+
+def rank_name(rank: int) -> str:
+    """``rank-<k>``: the name of rank k in artifact paths and reported-tags."""
+    return f"rank-{int(rank)}"
+
+
+def rank_curves_artifact(rank: int) -> str:
+    """Rank k's full curves (the curves-artifact format), on rank 0's run."""
+    return f"{ARTIFACT_RANKS_DIR}/{rank_name(rank)}.parquet"
+
+
+def rank_summary_artifact(rank: int) -> str:
+    """Rank k's small summary JSON (status, counts, its own tags), on rank 0's run."""
+    return f"{ARTIFACT_RANKS_DIR}/{rank_name(rank)}.json"
+
+
+def rank_artifact(rank: int, name: str) -> str:
+    """Where another artifact ``name`` of rank k goes on rank 0's run (its environment,
+    warnings ...): ``refrun/ranks/rank-<k>/<file name>``."""
+    return f"{ARTIFACT_RANKS_DIR}/{rank_name(rank)}/{name.rsplit('/', 1)[-1]}"
+# --- end of multi-process block ---------------------------------------------------------------
+
 # --- legacy-store hygiene (engineer hyg) ---------------------------------------------------
 # The candidate's refrun.hardware tag as stored, when it is not (or not written as) a
 # canonical hardware name: a store written before hardware validation may hold free text,

@@ -35,6 +35,7 @@ from refrun.probes.base import (
     Probe,
 )
 from refrun.probes.hardware import declared_hardware
+from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
 from refrun.probes.torch import TorchBackend, model_device, normalise_expected
 
@@ -77,6 +78,9 @@ def instrument(
     device = model_device(model, optimizer)
     backend = TorchBackend(model=model, optimizer=optimizer, expected=expected, device=device)
     mons = resolve_monitors(monitors, gpu_indices=_nvml_indices(device))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        warn_if_not_a_job(run, torch.distributed.get_world_size(),
+                          "torch.distributed.get_world_size()")
     return Probe(run, backend, warmup_steps=warmup_steps, monitors=mons,
                  sample_interval_s=sample_interval_s, recheck_every=recheck_every)
 

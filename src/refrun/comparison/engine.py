@@ -235,7 +235,8 @@ def _run_info(r: RunData) -> dict[str, Any]:
     return {"run_id": r.run_id, "workload": r.workload, "role": r.role,
             "hardware": r.hardware, "backend": r.backend, "seed": r.seed,
             "status": r.status, "source": r.source, "points": r.points,
-            "points_from": r.points_from}
+            "points_from": r.points_from,
+            "job": None if r.job is None else r.job.to_dict()}  # multi-process: ranks
 
 
 def _as_rundata(x: str | RunData, metrics: Sequence[str] | None,

@@ -39,6 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
+from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
 from refrun.runs import list_runs
 from refrun.tracking import resolve_tracking_uri
@@ -77,6 +78,8 @@ class RunData:
     curves: pd.DataFrame = field(repr=False)
     source: Source = "artifact"
     experiment_id: str = ""
+    job: JobSummary | None = None
+    """The ranks of a multi-process run (how many reported, straggler); None otherwise."""
 
     @property
     def points(self) -> int:
@@ -221,10 +224,65 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     if curves is None:
         source = "history"
         curves = _read_history(client, run_id, list(run.data.metrics), metrics, progress)
+    job = None
+    if world_size_of(run.data.tags) is not None:
+        job, curves = _with_job(client, uri, run, curves, source, metrics)
     return RunData(run_id=run_id, tags=dict(run.data.tags), params=dict(run.data.params),
                    status=run.info.status, start_time_ms=run.info.start_time,
                    end_time_ms=run.info.end_time, curves=curves, source=source,
-                   experiment_id=run.info.experiment_id)
+                   experiment_id=run.info.experiment_id, job=job)
+
+
+def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,
+              source: Source, metrics: Sequence[str] | None
+              ) -> tuple[JobSummary | None, pd.DataFrame]:
+    """The run's :class:`JobSummary` (per-rank artifacts ``refrun/ranks/``) and its curves
+    with the derived ``job/*`` points added (when wanted by ``metrics``)."""
+    run_id = run.info.run_id
+    with contextlib.ExitStack() as stack:
+        root = _local_artifact_dir(run.info.artifact_uri)
+        if root is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="refrun-ranks-")))
+            root = _download_ranks(client, uri, run_id, tmp)
+        files: dict[int, tuple[Path | None, Path | None]] = {}
+        for k in range(1, int(world_size_of(run.data.tags) or 0)):
+            c = root / schema.rank_curves_artifact(k)
+            j = root / schema.rank_summary_artifact(k)
+            files[k] = (c if c.is_file() else None, j if j.is_file() else None)
+        rank0 = None
+        if source == "artifact":
+            own = root / schema.ARTIFACT_CURVES
+            rank0 = (read_curves_fast(own, [schema.M_STEP_TIME]) if own.is_file()
+                     else curves)
+        elif not curves.empty:
+            rank0 = curves
+        job = job_summary(run.data.tags, rank0, files, read_curves_fast, run.info.status)
+    if job is None:
+        return None, curves
+    wanted = [m for m in (schema.M_JOB_STRAGGLER, schema.M_JOB_RANKS_REPORTED,
+                          schema.M_JOB_RANKS_FINISHED)
+              if not metrics or m in metrics]
+    if not wanted or curves.empty:
+        return job, curves
+    extra = derived_points(job, int(curves["step"].max()))
+    extra = extra[extra["metric"].isin(wanted)]
+    extra["seq"] = np.arange(len(extra), dtype=np.int64) + int(curves["seq"].max()) + 1
+    merged = pd.concat([curves.astype({"metric": "string"}), extra], ignore_index=True)
+    merged["metric"] = merged["metric"].astype("category")
+    return job, merged
+
+
+def _download_ranks(client: MlflowClient, uri: str, run_id: str, tmp: Path) -> Path:
+    """Download ``refrun/ranks/`` (and rank 0's curves for its step times) into ``tmp``;
+    returns ``tmp`` laid out like the run's artifact root.  Missing files stay missing."""
+    for path in (schema.ARTIFACT_RANKS_DIR, schema.ARTIFACT_CURVES):
+        with contextlib.suppress(MlflowException, OSError):
+            listed = client.list_artifacts(run_id, path.rsplit("/", 1)[0])
+            if not any(f.path == path for f in listed):
+                continue
+            mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path,
+                                                dst_path=str(tmp), tracking_uri=uri)
+    return tmp
 
 
 def load_runs(run_ids: Sequence[str], metrics: Sequence[str] | None = None,

@@ -55,6 +55,22 @@ class RunConfig:
     """Seconds ``close()`` waits for delivery that makes no progress."""
     start_wait_s: float = 3.0
     """Seconds ``start_run`` waits for the store to create the run."""
+    rank: int | None = None
+    """This process's rank in a multi-process job (0 owns the run); see docs/multiprocess.md."""
+    world_size: int | None = None
+    """Processes in the job; None or 1: an ordinary single-process run."""
+    job: str | None = None
+    """Id shared by every process of the job (how ranks > 0 find rank 0's run)."""
+
+    @property
+    def multi_process(self) -> bool:
+        """True for one process of a job of more than one."""
+        return self.world_size is not None and self.world_size > 1
+
+    @property
+    def secondary_rank(self) -> bool:
+        """True for a rank > 0 of a multi-process job: it creates no MLflow run."""
+        return self.multi_process and bool(self.rank)
 
     def __post_init__(self) -> None:
         if not self.workload or not isinstance(self.workload, str):
@@ -62,7 +78,7 @@ class RunConfig:
         self.role, self.backend, self.hardware = validate_identity(  # aliases normalised
             self.role, self.backend, self.hardware)
         for name in ("seed", "chips", "global_batch", "planned_steps", "mlflow_every",
-                     "max_queue"):
+                     "max_queue", "rank", "world_size"):
             _int_or_none(name, getattr(self, name))
         if self.mlflow_every < 1:
             raise RefrunInputError("mlflow_every: must be >= 1")
@@ -71,5 +87,20 @@ class RunConfig:
         for name in ("close_timeout_s", "start_wait_s"):
             if not getattr(self, name) >= 0:
                 raise RefrunInputError(f"{name}: must be >= 0")
+        self._check_job()
         if self.delivery not in DELIVERIES:
             raise RefrunInputError(f"delivery: {self.delivery!r} is not 'process' or 'thread'")
+
+    def _check_job(self) -> None:
+        if self.world_size is not None and self.world_size < 1:
+            raise RefrunInputError(f"world_size: must be >= 1, got {self.world_size}")
+        if not self.multi_process:
+            return
+        if self.rank is None or not 0 <= self.rank < (self.world_size or 0):
+            raise RefrunInputError(f"rank: expected 0 <= rank < world_size={self.world_size} "
+                                   f"in a multi-process job, got {self.rank!r}")
+        if not isinstance(self.job, str) or not self.job.strip() or any(
+                c in self.job for c in "'\"\\`"):
+            raise RefrunInputError("job: a multi-process job needs an id shared by all its "
+                                   "ranks, without quotes or backslashes (pass job=... or "
+                                   f"set $REFRUN_JOB_ID); got {self.job!r}")

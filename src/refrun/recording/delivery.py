@@ -332,7 +332,11 @@ def deliver_points(spool: Spool, client: MlflowClient, run_id: str, every: int =
 def deliver_pending(spool: Spool, max_batches: int | None = None) -> str:
     """Create the run if needed, then send tags, params and the view of undelivered
     points (at most ``max_batches`` batches); returns the MLflow run id.  Raises on a
-    store error."""
+    store error.  A rank > 0 of a multi-process job sends nothing while it runs (its data
+    goes to rank 0's run as one artifact when it ends: :func:`finalize_rank`); returns ""."""
+    meta = spool.read_meta()
+    if meta.secondary_rank is not None:
+        return meta.run_id or ""
     run_id = ensure_run(spool)
     meta = spool.read_meta()
     client = client_for(meta.tracking_uri)
@@ -378,7 +382,7 @@ def seal(spool: Spool, status: RunStatus | None = None, end_ms: int | None = Non
     try:
         df = spool.read_all()
         tags.update(summary_tags(df))
-        write_curves(df, spool.artifacts_dir / schema.ARTIFACT_CURVES)
+        write_curves(df, spool.artifacts_dir / curves_artifact(spool.read_meta()))
     except Exception as exc:  # the status and end time are recorded regardless
         error = exc
         tags[schema.TAG_CURVES_MISSING] = f"{type(exc).__name__}: {exc}"[:500]
@@ -434,6 +438,8 @@ def _note_skipped(spool: Spool, meta: SpoolMeta) -> None:
 def finalize(spool: Spool) -> str:
     """Deliver a sealed spool completely and terminate its MLflow run with its status;
     returns the run id.  Raises on a store error (the spool is unchanged for a retry)."""
+    if spool.read_meta().secondary_rank is not None:
+        return finalize_rank(spool)
     run_id = deliver_pending(spool)
     meta = spool.read_meta()
     client = client_for(meta.tracking_uri)
@@ -488,7 +494,7 @@ def finish_spool(spool: Spool, *, as_delivery_process: bool = False) -> SpoolRes
         if meta.complete:
             return SpoolResult(spool.local_id, "complete", meta.run_id, 0)
         before = spool.read_cursor().lines
-        curves = spool.artifacts_dir / schema.ARTIFACT_CURVES
+        curves = spool.artifacts_dir / curves_artifact(meta)
         if meta.status == "RUNNING" or not curves.exists():
             # The owner died without closing: no curves artifact, no end-of-run tags.
             seal(spool)
@@ -523,3 +529,79 @@ def shrink_delivered(spool: Spool, keep: bool) -> None:
     with contextlib.suppress(OSError):
         spool.points_path.unlink()
     shutil.rmtree(spool.artifacts_dir, ignore_errors=True)
+
+
+# --- ranks > 0 of a multi-process job (docs/multiprocess.md) ------------------------------
+class JobRunNotFound(RuntimeError):
+    """Rank 0's run of a job is not (yet) in the store; delivery retries with back-off."""
+
+
+def curves_artifact(meta: SpoolMeta) -> str:
+    """Where the spool's full curves go: ``refrun/curves.parquet`` of its own run, or for
+    rank k > 0 ``refrun/ranks/rank-<k>.parquet`` on rank 0's run."""
+    k = meta.secondary_rank
+    return schema.ARTIFACT_CURVES if k is None else schema.rank_curves_artifact(k)
+
+
+def find_job_run(client: MlflowClient, meta: SpoolMeta) -> str:
+    """Id of rank 0's run of ``meta.job`` (tags ``refrun.job.id`` and ``refrun.job.rank=0``
+    in the spool's experiment).
+
+    Of several matches (a job id reused), one this rank has not reported to yet, the one
+    whose start is closest to this rank's.  Raises :class:`JobRunNotFound` when none exists
+    yet (rank 0 still starting, or its store offline): the caller retries.
+    """
+    k = meta.secondary_rank
+    exp = client.get_experiment_by_name(meta.experiment)
+    if exp is None:
+        raise JobRunNotFound(f"experiment {meta.experiment!r} does not exist yet")
+    query = (f"tags.`{schema.TAG_JOB_ID}` = '{meta.job}' and "
+             f"tags.`{schema.TAG_JOB_RANK}` = '0'")
+    runs = client.search_runs([exp.experiment_id], query, max_results=100)
+    reported = schema.TAG_JOB_REPORTED_PREFIX + schema.rank_name(k or 0)
+    fresh = [r for r in runs if reported not in r.data.tags]
+    if not fresh:
+        raise JobRunNotFound(f"no run of job {meta.job!r} from rank 0 in experiment "
+                             f"{meta.experiment!r} yet")
+    best = min(fresh, key=lambda r: abs((r.info.start_time or 0) - meta.start_ms))
+    return best.info.run_id
+
+
+def rank_summary(spool: Spool, meta: SpoolMeta) -> dict[str, Any]:
+    """The small per-rank summary uploaded beside rank k's curves."""
+    k = meta.secondary_rank or 0
+    return {"rank": k, "world_size": meta.world_size, "job": meta.job,
+            "status": meta.status, "start_ms": meta.start_ms, "end_ms": meta.end_ms,
+            "host": meta.host, "pid": meta.pid, "curves": schema.rank_curves_artifact(k),
+            "skipped": meta.skipped, "tags": dict(meta.tags)}
+
+
+def finalize_rank(spool: Spool) -> str:
+    """Deliver the sealed spool of rank k > 0 onto rank 0's run: its curves artifact
+    (``refrun/ranks/rank-<k>.parquet``, every point incl. step time and ``sys/*``), its
+    summary and other artifacts under ``refrun/ranks/``, and the tag
+    ``refrun.job.reported.rank-<k>`` = its status.  Nothing goes into the run's metric
+    history, tags of rank 0 are never changed, and the run is not terminated (rank 0 owns
+    it).  Returns the run id; raises :class:`JobRunNotFound` or a store error (retried)."""
+    meta = spool.read_meta()
+    k = meta.secondary_rank
+    assert k is not None
+    client = client_for(meta.tracking_uri)
+    run_id = meta.run_id or find_job_run(client, meta)
+
+    def record(m: SpoolMeta) -> None:
+        m.run_id = run_id
+
+    meta = spool.update_meta(record)
+    path = spool.artifacts_dir / schema.rank_summary_artifact(k)
+    if not path.exists():  # written once: a retry must not re-upload an unchanged file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(rank_summary(spool, meta), indent=1, default=str))
+    deliver_artifacts(spool, client, run_id)
+    client.set_tag(run_id, schema.TAG_JOB_REPORTED_PREFIX + schema.rank_name(k), meta.status)
+
+    def done(m: SpoolMeta) -> None:
+        m.complete = True
+
+    spool.update_meta(done)
+    return run_id

@@ -48,7 +48,13 @@ from refrun.keys import key_problem, step_problem
 from refrun.recording import delivery, process
 from refrun.recording.config import RunConfig
 from refrun.recording.delivery import SESSION_LOCK
-from refrun.recording.settings import Delivery, bound_http_requests, settings
+from refrun.recording.settings import (
+    Delivery,
+    bound_http_requests,
+    default_job_id,
+    job_identity,
+    settings,
+)
 from refrun.recording.spool import RunStatus, Spool, SpoolMeta, unlock
 from refrun.recording.writer import SpoolWriter
 from refrun.tracking import resolve_tracking_uri
@@ -281,7 +287,7 @@ class RunSession:
     def log_json(self, name: str, obj: Any) -> None:
         """Write ``obj`` as JSON to artifact ``name`` (uploaded with the run's artifacts)."""
         try:
-            path = self.spool.artifacts_dir / name
+            path = self.spool.artifacts_dir / self._artifact_name(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(obj, indent=1, default=str), encoding="utf-8")
         except Exception as exc:
@@ -290,9 +296,15 @@ class RunSession:
     def log_artifact(self, local_path: str | os.PathLike[str], name: str | None = None) -> None:
         """Copy a file into the run's artifacts (uploaded at the end of the run)."""
         src = Path(local_path)
-        dest = self.spool.artifacts_dir / (name or src.name)
+        dest = self.spool.artifacts_dir / self._artifact_name(name or src.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
+
+    def _artifact_name(self, name: str) -> str:
+        # A rank > 0 uploads onto rank 0's run: its files go under refrun/ranks/rank-<k>/.
+        if self.config.secondary_rank:
+            return schema.rank_artifact(self.config.rank or 0, name)
+        return name
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` when the run ends, before the final flush (probes close here)."""
@@ -305,8 +317,10 @@ class RunSession:
     # --- life cycle ------------------------------------------------------------
     def _begin(self) -> None:
         """Create the MLflow run (waiting at most ``start_wait_s``), start the spool writer
-        and the delivery process."""
-        self._create_run_briefly()
+        and the delivery process.  A rank > 0 of a multi-process job creates no run (nor
+        imports MLflow): its delivery finds rank 0's run when the rank ends."""
+        if not self.config.secondary_rank:
+            self._create_run_briefly()
         if self.config.delivery == "process":
             self._process = process.spawn(self.spool, self.config.flush_interval_s)
             if self._process is None:
@@ -501,6 +515,9 @@ def start_run(
     delivery: Delivery | None = None,
     close_timeout_s: float | None = None,
     start_wait_s: float | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    job: str | None = None,
 ) -> RunSession:
     """Start recording one training run into MLflow and return its :class:`RunSession`.
 
@@ -523,10 +540,22 @@ def start_run(
     ``$REFRUN_START_WAIT_S`` or 3): how long this call waits for the store to create the run.
     ``snapshot_environment``: describe this process (framework versions, device, host, git
     commit, installed packages); False for runs recorded elsewhere, such as imports.
+    ``rank``, ``world_size``, ``job``: this process's place in a multi-process job (default
+    ``$RANK``, ``$WORLD_SIZE`` and the job-id rule of
+    :func:`refrun.recording.settings.default_job_id`; only for runs of this process).  With
+    ``world_size > 1`` the job records ONE run: rank 0 owns it; a rank > 0 creates no run
+    and its delivery adds its full curves to rank 0's run as ``refrun/ranks/rank-<k>.parquet``
+    when it ends (docs/multiprocess.md).
 
     Raises :class:`RefrunInputError` for bad arguments, before anything is written.
     """
     env = settings()
+    proc = job_identity() if snapshot_environment else None
+    if proc is not None:
+        rank = proc.rank if rank is None else rank
+        world_size = proc.world_size if world_size is None else world_size
+        if job is None and world_size is not None and world_size > 1:
+            job = proc.job if proc.world_size == world_size else default_job_id(world_size)
     config = RunConfig(
         workload=workload, role=role, tracking_uri=resolve_tracking_uri(tracking_uri),
         spool_root=Path(spool_dir).absolute() if spool_dir else env.spool_root,
@@ -537,6 +566,7 @@ def start_run(
         snapshot_environment=snapshot_environment, delivery=delivery or env.delivery,
         close_timeout_s=env.close_timeout_s if close_timeout_s is None else close_timeout_s,
         start_wait_s=env.start_wait_s if start_wait_s is None else start_wait_s,
+        rank=rank, world_size=world_size, job=job,
     )
     bound_http_requests(env)
     spool = Spool.create(config.spool_root, _spool_meta(config))
@@ -563,6 +593,8 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
         run_name=config.run_name or mlflow_ui.default_run_name(tags),
         mlflow_every=config.mlflow_every, pid=os.getpid(),
         host=socket.gethostname(),
+        **({"rank": config.rank, "world_size": config.world_size, "job": config.job}
+           if config.multi_process else {}),
     )
 
 
@@ -583,6 +615,9 @@ def identity_tags(config: RunConfig) -> dict[str, str]:
         schema.TAG_PLANNED_STEPS: config.planned_steps,
     }
     tags.update({k: str(v) for k, v in optional.items() if v is not None})
+    if config.multi_process:
+        tags.update({schema.TAG_JOB_ID: str(config.job), schema.TAG_JOB_RANK: str(config.rank),
+                     schema.TAG_JOB_WORLD_SIZE: str(config.world_size)})
     if not config.snapshot_environment:  # e.g. an imported run: this machine did not run it
         return tags
     tags[schema.TAG_DEVICE] = identity.device_description()

@@ -16,6 +16,10 @@ variable                            default    meaning
 ``REFRUN_HTTP_TIMEOUT_S``           ``10``     connect and read timeout of one request to a
                                                tracking server (sets MLflow's
                                                ``MLFLOW_HTTP_REQUEST_TIMEOUT`` when unset)
+``REFRUN_JOB_ID``                   (derived)  id shared by every process of one multi-process
+                                               job (see :func:`job_identity`)
+``RANK`` / ``WORLD_SIZE``           unset      this process's rank and the job's process count
+                                               (set by torchrun and most launchers)
 ==================================  =========  ==============================================
 """
 
@@ -90,3 +94,70 @@ def bound_http_requests(s: Settings) -> None:
     """
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(max(1, s.http_timeout_s))))
+
+
+@dataclass(frozen=True, slots=True)
+class JobIdentity:
+    """Where this process sits in a multi-process job, as its environment says."""
+
+    rank: int | None
+    world_size: int | None
+    job: str | None
+    """None when the environment names no job (single process, or no launcher variables)."""
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise RefrunInputError(f"${name}={raw!r}: expected an integer") from exc
+
+
+def _ppid_start_ticks() -> str:
+    # The launcher's start time (clock ticks since boot, /proc/<ppid>/stat field 22): two
+    # launchers that happen to reuse a pid do not share a job id.
+    try:
+        stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "0"
+
+
+def default_job_id(world_size: int | None) -> str | None:
+    """The job id every process of one job derives alike, without talking to each other.
+
+    In order: ``$REFRUN_JOB_ID``; ``$TORCHELASTIC_RUN_ID`` when set and not ``none``
+    (torchrun: the rendezvous id, a fresh uuid with ``--standalone``); ``$SLURM_JOB_ID``
+    (``.$SLURM_STEP_ID``); else, single-node only, ``host:launcher pid:launcher start
+    time:MASTER_ADDR:MASTER_PORT:world size`` (processes started by one launcher share its
+    pid).  Multi-node jobs without torchrun or SLURM must set ``REFRUN_JOB_ID`` (or pass
+    ``job=``): processes on different hosts cannot derive a common id otherwise.
+    """
+    explicit = os.environ.get("REFRUN_JOB_ID", "").strip()
+    if explicit:
+        return explicit
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if elastic and elastic.lower() != "none":
+        return f"torchelastic:{elastic}"
+    slurm = os.environ.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        step = os.environ.get("SLURM_STEP_ID", "").strip()
+        return f"slurm:{slurm}" + (f".{step}" if step else "")
+    if world_size is None or world_size <= 1:
+        return None
+    import socket
+
+    return ":".join([socket.gethostname(), str(os.getppid()), _ppid_start_ticks(),
+                     os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""),
+                     str(world_size)])
+
+
+def job_identity() -> JobIdentity:
+    """Rank, world size (``$RANK``, ``$WORLD_SIZE``) and job id (:func:`default_job_id`)
+    of this process; all None outside a launcher."""
+    world = _env_int("WORLD_SIZE")
+    return JobIdentity(rank=_env_int("RANK"), world_size=world,
+                       job=default_job_id(world) if world is not None and world > 1 else None)

@@ -40,7 +40,7 @@ from refrun.keys import STEP_MAX, STEP_MIN
 
 Point = tuple[str, int, int, float]  # key, step, timestamp_ms, value
 RunStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]
-META_VERSION = 2
+META_VERSION = 3  # 3: rank/world_size/job (a rank > 0 spool must not become a run)
 RESERVE_BYTES = 256 * 1024
 # Errors that mean "the disk (or this process's file-size limit) is full".
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -100,6 +100,18 @@ class SpoolMeta:
     skipped_reasons: list[str] = field(default_factory=list)
     complete: bool = False
     """Everything delivered and the run terminated in the store."""
+    rank: int | None = None
+    world_size: int | None = None
+    job: str | None = None
+    """Multi-process job id; a rank > 0 spool is delivered onto rank 0's run of this job."""
+
+    @property
+    def secondary_rank(self) -> int | None:
+        """k for the spool of rank k > 0 of a multi-process job (it creates no run), else
+        None."""
+        if self.world_size is not None and self.world_size > 1 and self.rank:
+            return self.rank
+        return None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

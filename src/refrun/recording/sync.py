@@ -14,14 +14,14 @@ from pathlib import Path
 
 from refrun.errors import RefrunResourceError
 from refrun.recording.delivery import SpoolResult, finish_spool
-from refrun.recording.spool import disk_full, list_spools
+from refrun.recording.spool import Spool, disk_full, list_spools
 
 
 def sync_all(root: Path, prune: bool = True) -> list[SpoolResult]:
     """Deliver every spool under ``root``; with ``prune`` (default) delete the completely
     delivered ones afterwards (the store holds everything they had)."""
     results = []
-    for spool in list_spools(root):
+    for spool in sorted(list_spools(root), key=_rank_last):
         try:
             result = finish_spool(spool)
         except Exception as exc:
@@ -35,3 +35,12 @@ def sync_all(root: Path, prune: bool = True) -> list[SpoolResult]:
         if prune and result.outcome in ("delivered", "complete"):
             shutil.rmtree(spool.path, ignore_errors=True)
     return results
+
+
+def _rank_last(spool: Spool) -> bool:
+    # Spools of ranks > 0 after the others: when rank 0 of a job was killed too, its run
+    # must exist before its ranks' data can be added to it (one `refrun sync`, not two).
+    try:
+        return spool.read_meta().secondary_rank is not None
+    except (OSError, ValueError):
+        return False
