@@ -101,6 +101,7 @@ def test_verify_reports_replaced_curves(store, signed, tmp_path: Path, capsys) -
     assert "[evidence] criterion loss: outcome: pass -> fail" in out
 
 
+@pytest.mark.slow  # the signed fixture (two recorded runs, accept, sign-off): ~23 s on 2 cores
 def test_verify_names_points_switching_from_artifact_to_history(store, signed,
                                                                  capsys) -> None:
     """The candidate's curves artifact deleted after sign-off: its points now come from
