@@ -84,6 +84,10 @@ def test_twice_the_batch_passes_by_samples_and_the_axis_is_recorded(
     stored = json.loads(Path(client.download_artifacts(
         comp, "refrun/assessment.json", str(tmp_path / "dl"))).read_text())
     assert stored["alignment"] == {"axis": "samples", "source": "--axis"}
+    comp_run = client.get_run(comp)
+    assert comp_run.data.tags["refrun.hardware"] == "cpu"  # the candidate's hardware
+    cand_name = client.get_run(cand).info.run_name
+    assert comp_run.info.run_name == f"accept {cand_name} vs 1 ref: pass"
     # The sign-off re-assesses from the stored criteria copy on the recorded basis: no
     # change is found (re-assessing by step would turn the pass into a fail).
     sign_off(comp, "accept", by="reviewer", tracking_uri=store.tracking_uri)
@@ -112,3 +116,21 @@ def test_axis_conflicting_with_the_criteria_file_is_refused(
                  "--json", str(tmp_path / "a.json")]) == 1
     data = json.loads((tmp_path / "a.json").read_text())
     assert data["alignment"] == {"axis": "step", "source": "criteria"}
+
+
+def test_report_with_criteria_names_its_run_like_accept(
+        store, pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ref, cand = pair
+    crit = write_criteria(tmp_path, CRITERIA)  # by step (report --criteria: the file's axis)
+    assert main(["report", "--criteria", str(crit), "--reference", ref, "--candidate", cand,
+                 "--html", str(tmp_path / "r.html"), "--tracking-uri", store.tracking_uri]) == 0
+    text = capsys.readouterr().out
+    assert f"acceptance {cand}: verdict fail" in text
+    comp = text.split("comparison run: ")[1].split()[0]
+    client = MlflowClient(store.tracking_uri)
+    run = client.get_run(comp)
+    cand_name = client.get_run(cand).info.run_name
+    assert run.info.run_name == f"accept {cand_name} vs 1 ref: fail"
+    assert "**Verdict: FAIL**" in run.data.tags["mlflow.note.content"]
+    assert "`loss-close`" in run.data.tags["mlflow.note.content"]  # the failing criterion
+    assert run.data.tags["refrun.hardware"] == "cpu"

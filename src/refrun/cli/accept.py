@@ -39,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _hardware(uri: str, run_id: str) -> str | None:
+    """The candidate's ``refrun.hardware`` tag, for the comparison run's identity."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri).get_run(run_id).data.tags.get(schema.TAG_HARDWARE)
+
+
 def run(args: argparse.Namespace) -> int:
     crit = with_axis(load_criteria(args.criteria), args.axis)
     uri = existing_store_uri(args.tracking_uri)
@@ -57,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         assessment.write_json(args.json)
     if not args.no_record:
-        run_id = record_assessment(assessment, crit, evidence, tracking_uri=uri)
+        run_id = record_assessment(assessment, crit, evidence, tracking_uri=uri,
+                                   candidate_hardware=_hardware(uri, args.candidate))
         print(f"recorded on comparison run {run_id} "
               f"(evidence sha256 {assessment.evidence_sha256})")
     return assessment.exit_code
