@@ -46,6 +46,7 @@ torch.set_num_threads(1)
 Variant = Literal["plain", "probe", "callback"]
 VARIANTS: tuple[Variant, ...] = ("plain", "probe", "callback")
 WIDTH = 256
+KERAS_HIDDEN = 1024
 BATCH = 64
 
 
@@ -221,8 +222,10 @@ def hf_train(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[fl
             self.cm.__exit__(None, None, None)
 
         def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
-                self.probe.log(state.global_step - 1, loss=logs["loss"])
+            if logs and "loss" in logs:  # the values the callback records
+                self.probe.log(state.global_step - 1, loss=logs["loss"],
+                               **{f"train/{k}": logs[k] for k in ("grad_norm", "learning_rate")
+                                  if k in logs})
 
         def on_train_end(self, args, state, control, **kw):
             self.probe.close()
@@ -284,7 +287,8 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[f
             self.run, self.probe, self.n, self.fn = run, None, 0, None
 
         def on_train_begin(self, logs=None):
-            self.probe = refrun.jax.instrument(self.run, fresh_caches=False)
+            params = [v.value for v in self.model.trainable_variables]  # as the callback
+            self.probe = refrun.jax.instrument(self.run, params=params, fresh_caches=False)
             self.fn = fn = self.model.train_function
 
             def wrapped(state, iterator):
@@ -302,8 +306,9 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[f
 
     keras.utils.set_random_seed(0)
     x, y = data(BATCH * total)
-    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(512, "relu"),
-                              keras.layers.Dense(1)])
+    # wider than the torch models: XLA's fused CPU step is fast; this gives a few ms
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(KERAS_HIDDEN, "relu"),
+                              keras.layers.Dense(KERAS_HIDDEN, "relu"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # compile
     run = start(store, "keras", "jax") if variant != "plain" else None
@@ -316,6 +321,124 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[f
     if run:
         run.close()
     return clock.per_step(steps)
+
+
+# --- hook loops: the per-step hooks alone, called many times on real trainer objects ---------
+def lightning_hooks(variant: Variant, n: int, store: Path) -> float:
+    """Thread CPU microseconds per step of the two per-step hooks (no training: what the
+    probe, or the callback, costs the training thread, without the step's noise)."""
+    import pytorch_lightning as pl
+
+    import refrun.lightning
+    import refrun.torch
+
+    module = pl.LightningModule()
+    module.net = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    steps = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step
+    batch, outputs = (torch.randn(BATCH, 8), torch.randn(BATCH, 1)), {"loss": torch.tensor(1.)}
+    run = start(store, "lightning-hooks", "torch")
+    probe = refrun.torch.instrument(run, module, opt)
+    cb = refrun.lightning.RefrunCallback(run)
+    cb._module, cb._optimizer = module, opt
+    cb.recorder.probe = probe  # the same probe for both variants' code paths
+    t = time.thread_time_ns()
+    for i in range(n):
+        steps.total.completed = i  # trainer.global_step
+        if variant == "callback":
+            cb.on_train_batch_start(trainer, module, batch, i)
+            cb.on_train_batch_end(trainer, module, outputs, batch, i)
+        else:  # what the bench's ByHand callback does
+            cm = probe.step(trainer.global_step)
+            cm.__enter__()
+            probe.log(loss=outputs["loss"])
+            cm.__exit__(None, None, None)
+    us = (time.thread_time_ns() - t) / n / 1e3
+    probe.close()
+    run.close()
+    return us
+
+
+def hf_hooks(variant: Variant, n: int, store: Path) -> float:
+    """As :func:`lightning_hooks` for the Hugging Face callback (with ``on_log`` of the
+    Trainer's per-step logs: loss, grad_norm, learning_rate, epoch)."""
+    import transformers
+
+    import refrun.hf
+    import refrun.torch
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    args = transformers.TrainingArguments(output_dir=str(store / "hf"), use_cpu=True,
+                                          per_device_train_batch_size=BATCH, report_to=[])
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    run = start(store, "hf-hooks", "torch")
+    probe = refrun.torch.instrument(run, model, opt)
+    cb = refrun.hf.RefrunCallback(run)
+    cb.recorder.probe = probe
+    t = time.thread_time_ns()
+    for i in range(n):
+        state.global_step = i
+        logs = {"loss": 1.0 / (i + 1), "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 0.1}
+        if variant == "callback":
+            cb.on_step_begin(args, state, control)
+            cb.on_step_end(args, state, control)
+            state.global_step = i + 1
+            cb.on_log(args, state, control, logs=logs)
+        else:
+            cm = probe.step(state.global_step)
+            cm.__enter__()
+            cm.__exit__(None, None, None)
+            state.global_step = i + 1
+            probe.log(i, loss=logs["loss"], **{f"train/{k}": logs[k]
+                                                for k in ("grad_norm", "learning_rate")})
+    us = (time.thread_time_ns() - t) / n / 1e3
+    probe.close()
+    run.close()
+    return us
+
+
+def keras_hooks(variant: Variant, n: int, store: Path) -> float:
+    """As :func:`lightning_hooks` for the Keras callback: its ``train_function`` wrapper
+    around a function that returns an already computed loss array, against the bench's
+    hand-written wrapper (the probe step and ``probe.log`` of the loss)."""
+    import jax.numpy as jnp
+    import keras
+
+    import refrun.jax
+    import refrun.keras
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    out = ({"loss": jnp.float32(1.0)}, None)
+    model.train_function = lambda state, data: out
+    run = start(store, "keras-hooks", "jax")
+    probe = refrun.jax.instrument(run, params=[v.value for v in model.trainable_variables],
+                                  fresh_caches=False)
+    cb = refrun.keras.RefrunCallback(run)
+    cb.set_model(model)
+    cb.recorder.probe = probe
+    cb.on_train_begin()
+    fn = cb._train_function
+    t = time.thread_time_ns()
+    if variant == "callback":
+        for _ in range(n):
+            model.train_function(None, None)
+    else:
+        for i in range(n):
+            with probe.step(i):
+                logs, _ = fn(None, None)
+                probe.log(loss=logs["loss"])
+    us = (time.thread_time_ns() - t) / n / 1e3
+    probe.close()
+    run.close()
+    return us
+
+
+HOOK_LOOPS: dict[str, Callable[[Variant, int, Path], float]] = {
+    "lightning": lightning_hooks, "hf": hf_hooks, "keras": keras_hooks}
 
 
 TRAINERS: dict[str, Callable[[Variant, int, int, Path], tuple[float, float]]] = {
@@ -344,6 +467,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", choices=tuple(TRAINERS), default=None)
+    ap.add_argument("--hook-steps", type=int, default=3000)
+    ap.add_argument("--skip-training", action="store_true", help="hook loops only")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cpus); "
@@ -353,7 +478,7 @@ def main() -> None:
     print(f"{'trainer':<10} {'clock':<5} {'plain ms':>9} {'probe ms':>9} {'callback ms':>12} "
           f"{'probe/plain':>12} {'cb/plain':>9} {'cb/probe':>9}")
     for name, fn in TRAINERS.items():
-        if args.only not in (None, name):
+        if args.only not in (None, name) or args.skip_training:
             continue
         m = measure(fn, args.steps, args.warmup, args.repeats, root)
         for i, clock in ((0, "wall"), (1, "cpu")):
@@ -366,6 +491,20 @@ def main() -> None:
             print(f"{name:<10} hooks (thread CPU per step): probe "
                   f"{statistics.median(probe_us):.1f} us, callback "
                   f"{statistics.median(cb_us):.1f} us", flush=True)
+    print(f"hook loops ({args.hook_steps} steps, {args.repeats} repeats interleaved; thread "
+          "CPU per step of the per-step hooks alone, same probe object for both):")
+    for name, fn in HOOK_LOOPS.items():
+        if args.only not in (None, name):
+            continue
+        us: dict[str, list[float]] = {"probe": [], "callback": []}
+        for i in range(args.repeats):
+            for v in ("probe", "callback"):
+                store = root / f"hooks-{name}-{v}-{i}"
+                store.mkdir()
+                us[v].append(fn(v, args.hook_steps, store))  # type: ignore[arg-type]
+        p, c = (statistics.median(us[v]) for v in ("probe", "callback"))
+        print(f"{name:<10} probe {p:7.2f} us  callback {c:7.2f} us  callback - probe "
+              f"{c - p:+6.2f} us/step", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
