@@ -79,6 +79,7 @@ class RefrunCallback(keras.callbacks.Callback):
             logs, state = self._train_function(state, data)
         except BaseException:
             recorder.end_step()
+            self._restore()  # Keras skips on_train_end when fit raises
             raise
         loss = logs.get("loss") if isinstance(logs, dict) else None
         if loss is not None:
@@ -101,8 +102,13 @@ class RefrunCallback(keras.callbacks.Callback):
                  if k.startswith("val_") and isinstance(v, int | float)}
         self.recorder.log_eval(self._n - 1 if self._n else None, evals)
 
-    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+    def _restore(self) -> None:
+        """Put Keras's own train function back (the wrapper lives only during a fit)."""
         if self._train_function is not None:
-            self.model.train_function = self._train_function
+            if self.model is not None and self.model.train_function == self._step:
+                self.model.train_function = self._train_function
             self._train_function = None
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._restore()
         self.recorder.close()
