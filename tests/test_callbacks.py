@@ -215,3 +215,24 @@ def test_keras_callback_keeps_batch_ends_async_and_times_steps_by_readiness(stor
                                            enumerate(expected)]
     assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(6))
     assert store.client().get_run(rid).data.tags[schema.TAG_STEP_TIME_KIND] == "ready"
+
+
+def test_keras_callback_puts_the_train_function_back_when_fit_raises(store) -> None:
+    """Keras skips on_train_end when fit raises: the wrapper must not outlive the fit."""
+    keras = pytest.importorskip("keras")
+    import refrun.keras
+
+    class Boom(keras.Sequential):
+        def train_step(self, state, data):
+            raise ArithmeticError("boom in the train step")
+
+    model = Boom([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((4, 2), dtype="float32")
+    run = start(store, "candidate", "jax")
+    cb = refrun.keras.RefrunCallback(run, instrument={"monitors": None, "fresh_caches": False})
+    with pytest.raises(ArithmeticError, match="boom"):
+        model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[cb])
+    assert model.train_function is not None and model.train_function != cb._step
+    run.close()
+    assert cb.recorder.probe is not None and cb.recorder.probe.current_step == 0
