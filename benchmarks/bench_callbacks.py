@@ -469,7 +469,14 @@ def main() -> None:
     ap.add_argument("--only", choices=tuple(TRAINERS), default=None)
     ap.add_argument("--hook-steps", type=int, default=3000)
     ap.add_argument("--skip-training", action="store_true", help="hook loops only")
+    ap.add_argument("--gc-off", action="store_true",
+                    help="disable Python's cyclic GC (tells GC pauses, which land in whichever "
+                         "code allocates when a collection is due, from refrun's own work)")
     args = ap.parse_args()
+    if args.gc_off:
+        import gc
+
+        gc.disable()
     root = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cpus); "
           f"{args.steps} steady steps after {args.warmup}, {args.repeats} repeats ABC")

@@ -69,11 +69,12 @@ class TrainerRecorder:
             self.probe.progress(samples=samples)
 
     def end_step(self, **metrics: Any) -> None:
-        """The step ends: log ``metrics`` (e.g. ``loss=``) in it, then close it."""
+        """The step ends: log ``metrics`` (e.g. ``loss=``; never None: a callback leaves
+        out what it does not have) in it, then close it."""
         if self._step_cm is None or self.probe is None:
             return
-        if metrics:
-            self.probe.log(**{k: v for k, v in metrics.items() if v is not None})
+        if metrics:  # passed on as is: no per-step copy (allocations invite GC pauses)
+            self.probe.log(**metrics)
         cm, self._step_cm = self._step_cm, None
         cm.__exit__(None, None, None)
 
