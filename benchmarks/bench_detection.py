@@ -65,6 +65,9 @@ class Workload:
     candidates: list[digits.Variant]
     held_out: list[digits.Variant]
     intent: dict[str, tuple[str, ...]]  # defect variant -> metric/counter/kind prefixes
+    # The pipeline records a parity gradient check for every candidate (``gradcheck``
+    # module of the workload) and the file requires it (calibrate --require-gradcheck).
+    gradcheck: str | None = None
 
     @property
     def all(self) -> list[digits.Variant]:  # what pipelines.demo.train_all trains
@@ -135,7 +138,8 @@ def digits_workload(held_out: int) -> Workload:
 def charlm_workload(held_out: int) -> Workload:
     p = charlm.plan(held_out)
     return Workload("charlm", p.references, p.candidates, p.held_out,
-                    {v.name: v.expect for v in charlm.DEFECTS})
+                    {v.name: v.expect for v in charlm.DEFECTS},
+                    gradcheck="pipelines.charlm.gradcheck")
 
 
 WORKLOADS = {"digits": digits_workload, "charlm": charlm_workload}
@@ -148,10 +152,12 @@ def _watched(criterion: object) -> tuple[str, ...]:
 
 
 # --- steps -------------------------------------------------------------------------------
-def calibrate(ref_ids: list[str], uri: str, out: Path) -> None:
-    """``refrun calibrate --reference ... -o out``: the one source of the criteria."""
+def calibrate(ref_ids: list[str], uri: str, out: Path, gradcheck: bool = False) -> None:
+    """``refrun calibrate --reference ... -o out`` (``--require-gradcheck`` for a workload
+    whose pipeline records gradient checks): the one source of the criteria."""
     cmd = [sys.executable, "-m", "refrun", "calibrate", "--reference", *ref_ids,
-           "--tracking-uri", uri, "-o", str(out)]
+           "--tracking-uri", uri, "-o", str(out)] + (["--require-gradcheck"] if gradcheck
+                                                       else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():
         raise SystemExit(f"refrun calibrate failed (exit {proc.returncode}):\n"
@@ -202,15 +208,54 @@ def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
                          spool_dir=str(store / "spool"), jobs=jobs)
         ids |= train_batches(held, quick=quick, uri=uri, spool_dir=str(store / "spool"),
                              jobs=jobs)
+    if w.gradcheck:
+        record_gradchecks(w, ids, uri, quick=quick, spool_dir=str(store / "spool"))
     ref_ids = [ids[v.name] for v in w.references]
     crit_path = store / f"{w.name}.toml"
-    calibrate(ref_ids, uri, crit_path)
+    calibrate(ref_ids, uri, crit_path, gradcheck=bool(w.gradcheck))
     group = ref_ids[: group_size(crit_path, len(ref_ids))]
     print(f"[{w.name}] calibrated {crit_path} from {len(ref_ids)} reference seeds; "
           f"assessing against {len(group)} of them", flush=True)
     cands = [assess_one(crit_path, group, v, ids[v.name], uri) for v in w.candidates]
     held = [assess_one(crit_path, group, v, ids[v.name], uri) for v in w.held_out]
     return Result(w, crit_path, cands, held, time.perf_counter() - t0)
+
+
+_GRADCHECK = ("import json, sys\nfrom importlib import import_module\n"
+              "main = import_module(sys.argv[1]).main\n"
+              "for argv in json.loads(sys.argv[2]):\n    assert main(argv) == 0\n")
+
+
+def record_gradchecks(w: Workload, ids: dict[str, str], uri: str, *, quick: bool,
+                      spool_dir: str) -> None:
+    """The pipeline's gradient check for every candidate and held-out seed that has a run
+    but no gradcheck run recorded for it yet (one process per backend: the checks are one
+    batch each, so a store trained before the checks existed is completed, not re-trained)."""
+    from mlflow.tracking import MlflowClient
+
+    from refrun import schema
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(w.name)
+    done = {r.data.tags.get(schema.TAG_GRADCHECK_CANDIDATE) for r in client.search_runs(
+        [exp.experiment_id], f"tags.`{schema.TAG_ROLE}` = 'gradcheck'", max_results=5000)}
+    todo = [v for v in [*w.candidates, *w.held_out] if v.name in ids and ids[v.name] not in done]
+    for backend in sorted({v.backend for v in todo}):
+        group = [v for v in todo if v.backend == backend]
+        argvs = [["--backend", v.backend, "--seed", str(v.seed), "--candidate", ids[v.name],
+                  "--tracking-uri", uri, "--spool-dir", spool_dir,
+                  *[a for d in v.defects for a in ("--defect", d)],
+                  *(["--quick"] if quick else [])] for v in group]
+        env = group[0].environment()
+        env["REFRUN_DELIVERY"] = "thread"
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", _GRADCHECK, w.gradcheck, json.dumps(argvs)],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"gradient checks ({backend}) failed (exit {proc.returncode}):\n"
+                               f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        print(f"< {len(group)} {backend} gradient checks: {time.perf_counter() - t0:.0f} s",
+              flush=True)
 
 
 _BATCH = ("import json, sys\nfrom importlib import import_module\n"

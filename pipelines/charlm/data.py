@@ -89,3 +89,15 @@ def dropout_mask(seed: int, step: int, shape: tuple[int, ...], rate: float) -> n
         return np.ones(shape, dtype=np.float32)
     keep = np.random.default_rng([2_000_003 + seed, step]).random(shape) >= rate
     return (keep / (1.0 - rate)).astype(np.float32)
+
+
+EVAL_MASK_SEED = {"val": 3_000_017, "test": 3_000_019}
+
+
+def eval_keep(defects: frozenset[str], split: str, step: int, shape: tuple[int, ...],
+              rate: float) -> np.ndarray | None:
+    """The dropout multipliers an evaluation applies: None (no dropout, the correct
+    evaluation) unless the ``eval_dropout`` defect leaves dropout on."""
+    if "eval_dropout" not in defects:
+        return None
+    return dropout_mask(EVAL_MASK_SEED[split], step, shape, rate)

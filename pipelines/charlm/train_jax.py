@@ -32,7 +32,15 @@ from jax.sharding import PartitionSpec as P
 import refrun.jax
 from pipelines.charlm import cli
 from pipelines.charlm.config import Config
-from pipelines.charlm.data import VOCAB, batch_starts, dropout_mask, eval_starts, load, windows
+from pipelines.charlm.data import (
+    VOCAB,
+    batch_starts,
+    dropout_mask,
+    eval_keep,
+    eval_starts,
+    load,
+    windows,
+)
 from pipelines.charlm.model import LN_EPS, group_of, init_params
 from pipelines.charlm.train_torch import MASKED, schedule
 
@@ -105,18 +113,27 @@ def group_norms(grads: Params) -> dict[str, jax.Array]:
     return {k: jnp.sqrt(s) for k, s in sq.items()}
 
 
+def make_loss(cfg: Config, defects: frozenset[str]):
+    """``(params, x, y, keep) -> loss``: the training loss of this port, with the model
+    defects (the step differentiates it; the gradient check compares it)."""
+    leak, scale = "causal_leak" in defects, "no_attn_scale" not in defects
+    double_shift = "double_shift" in defects
+
+    def loss_fn(p: Params, x: jax.Array, y: jax.Array, keep: jax.Array) -> jax.Array:
+        return lm_loss(forward(p, x, keep, cfg, leak, scale), y, double_shift)
+
+    return loss_fn
+
+
 def make_train_step(mesh: Mesh, cfg: Config, defects: frozenset[str]):
     """The jitted data-parallel step
     ``(params, m, v, x, y, keep, sched) -> (params, m, v, loss, group norms)``."""
-    leak, scale = "causal_leak" in defects, "no_attn_scale" not in defects
-    double_shift, per_device = "double_shift" in defects, "clip_per_device" in defects
+    per_device = "clip_per_device" in defects
     mean = partial(jax.lax.pmean, axis_name="data")
+    loss_of = make_loss(cfg, defects)
 
     def per_device_step(params, m, v, x, y, keep, sched):
-        def loss_fn(p: Params) -> jax.Array:
-            return lm_loss(forward(p, x, keep, cfg, leak, scale), y, double_shift)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        loss, grads = jax.value_and_grad(loss_of)(params, x, y, keep)
         if per_device:  # the defect: each device clips its own gradient, then average
             grads = mean(clip_by_global_norm(grads, cfg.clip_norm))
         else:           # correct: average across devices, clip the global gradient once
@@ -143,6 +160,11 @@ def make_evaluate(cfg: Config):
         logits = forward(params, x, keep, cfg)
         return lm_loss(logits, y), jnp.mean(jnp.argmax(logits, axis=-1) == y)
     return evaluate
+
+
+def _or_ones(mask: np.ndarray | None, ones: np.ndarray) -> np.ndarray:
+    """The evaluation's mask, all ones when it applies none (one compiled program)."""
+    return ones if mask is None else mask
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss, grad_norm=norms)
             if step in eval_steps:
-                keep_eval = dropout_mask(3_000_017, step, eval_shape, cfg.dropout) \
-                    if args.has("eval_dropout") else no_drop
+                keep_eval = _or_ones(eval_keep(args.defects, "val", step, eval_shape,
+                                               cfg.dropout), no_drop)
                 val_loss, val_acc = evaluate(params, *val, keep_eval)
                 probe.log_eval(step, val_loss=val_loss, val_accuracy=val_acc)
                 cli.progress(args, step, float(val_loss))  # outside the step
@@ -200,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 with np.load(ckpt) as z:
                     params, m, v = ({k: jax.device_put(jnp.asarray(z[f"{kind}/{k}"]), replicated)
                                      for k in weights} for kind in ("params", "m", "v"))
-        keep_test = dropout_mask(3_000_019, cfg.steps, eval_shape, cfg.dropout) \
-            if args.has("eval_dropout") else no_drop
+        keep_test = _or_ones(eval_keep(args.defects, "test", cfg.steps, eval_shape,
+                                       cfg.dropout), no_drop)
         test_loss, test_acc = evaluate(params, *test, keep_test)
         probe.log_eval(cfg.steps - 1, test_loss=test_loss, test_accuracy=test_acc)
         probe.close()

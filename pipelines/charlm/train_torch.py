@@ -28,7 +28,15 @@ import torch.nn.functional as F
 import refrun.torch
 from pipelines.charlm import cli
 from pipelines.charlm.config import Config
-from pipelines.charlm.data import VOCAB, batch_starts, dropout_mask, eval_starts, load, windows
+from pipelines.charlm.data import (
+    VOCAB,
+    batch_starts,
+    dropout_mask,
+    eval_keep,
+    eval_starts,
+    load,
+    windows,
+)
 from pipelines.charlm.model import LN_EPS, group_of, init_params
 
 MASKED = -1e9  # score of a masked key (finite: the same constant in every port)
@@ -144,6 +152,11 @@ def group_norms(named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.
     return {g: s.sqrt() for g, s in sq.items()}
 
 
+def as_tensor(mask: np.ndarray | None) -> torch.Tensor | None:
+    """A NumPy dropout mask as a tensor (None stays None)."""
+    return None if mask is None else torch.from_numpy(mask)
+
+
 @torch.no_grad()
 def evaluate(model: CharLM, x: torch.Tensor, y: torch.Tensor,
              keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,9 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss.detach(), grad_norm=group_norms(named))
             if step in eval_steps:
-                keep_eval = torch.from_numpy(dropout_mask(3_000_017, step, eval_shape,
-                                                          cfg.dropout)) \
-                    if args.has("eval_dropout") else None
+                keep_eval = as_tensor(eval_keep(args.defects, "val", step, eval_shape,
+                                                cfg.dropout))
                 val_loss, val_acc = evaluate(model, x_val, y_val, keep_eval)
                 probe.log_eval(step, val_loss=val_loss, val_accuracy=val_acc)
                 cli.progress(args, step, float(val_loss))  # outside the step
@@ -211,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                                         [*state["params"], *state["m"], *state["v"]],
                                         strict=True):
                         dst.copy_(src)
-        keep_test = torch.from_numpy(dropout_mask(3_000_019, cfg.steps, eval_shape, cfg.dropout)) \
-            if args.has("eval_dropout") else None
+        keep_test = as_tensor(eval_keep(args.defects, "test", cfg.steps, eval_shape,
+                                        cfg.dropout))
         test_loss, test_acc = evaluate(model, x_test, y_test, keep_test)
         probe.log_eval(cfg.steps - 1, test_loss=test_loss, test_accuracy=test_acc)
         probe.close()

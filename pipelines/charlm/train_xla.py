@@ -33,7 +33,7 @@ import torch_xla
 
 import refrun.xla
 from pipelines.charlm import cli
-from pipelines.charlm.data import batch_starts, dropout_mask, eval_starts, load, windows
+from pipelines.charlm.data import batch_starts, dropout_mask, eval_keep, eval_starts, load, windows
 from pipelines.charlm.train_torch import (
     adam_update,
     build_model,
@@ -48,6 +48,11 @@ def ragged_length(step: int, context: int) -> int:
     """Sequence length the ``shape_storm`` loader yields at ``step``: 8 distinct lengths
     from ``context - 7`` to ``context``, all met within the first 8 steps."""
     return context - (step * 3) % 8
+
+
+def _on(mask, device):
+    """A NumPy dropout mask on the device (None stays None)."""
+    return None if mask is None else torch.from_numpy(mask).to(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,9 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss.detach(), grad_norm=norms, **extra)
             if step in eval_steps:
-                keep_eval = torch.from_numpy(dropout_mask(3_000_017, step, eval_shape,
-                                                          cfg.dropout)).to(device) \
-                    if args.has("eval_dropout") else None
+                keep_eval = _on(eval_keep(args.defects, "val", step, eval_shape, cfg.dropout),
+                                device)
                 val_loss, val_acc = evaluate(model, x_val, y_val, keep_eval)
                 torch_xla.sync()
                 probe.log_eval(step, val_loss=val_loss, val_accuracy=val_acc)
@@ -130,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                                         [*state["params"], *state["m"], *state["v"]],
                                         strict=True):
                         dst.copy_(src.to(device))
-        keep_test = torch.from_numpy(dropout_mask(3_000_019, cfg.steps, eval_shape, cfg.dropout)
-                                     ).to(device) if args.has("eval_dropout") else None
+        keep_test = _on(eval_keep(args.defects, "test", cfg.steps, eval_shape, cfg.dropout),
+                        device)
         test_loss, test_acc = evaluate(model, x_test, y_test, keep_test)
         torch_xla.sync()
         probe.log_eval(cfg.steps - 1, test_loss=test_loss, test_accuracy=test_acc)

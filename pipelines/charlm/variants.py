@@ -71,14 +71,26 @@ DEFECTS = [
     Variant("charlm-jax-causal-leak", "jax", 5, defects=("causal_leak",),
             expect=("loss",),
             mirrors="causal mask off by one: each position sees the character it predicts"),
+    # The defect changes the computation, but its effect on the loss, gradient norms and
+    # evaluation metrics after 300 steps is below the seeds' spread (measured: every
+    # seed-calibrated envelope accepts it), so no L3 curve criterion can see it; the
+    # gradient check (L1: parity of loss and gradients against the PyTorch reference on one
+    # batch with shared weights) does, by a factor ~200 over its tolerance.
     Variant("charlm-xla-no-attn-scale", "torch_xla", 5, defects=("no_attn_scale",),
-            expect=("loss",), mirrors="attention scores not scaled by 1/sqrt(d_head)"),
+            expect=("gradcheck",), mirrors="attention scores not scaled by 1/sqrt(d_head)"),
     Variant("charlm-jax-double-shift", "jax", 5, defects=("double_shift",),
             expect=("loss",), mirrors="labels shifted twice (data and loss both shift)"),
     Variant("charlm-jax-no-warmup", "jax", 5, defects=("no_warmup",),
             expect=("loss",), mirrors="learning-rate warm-up skipped"),
+    # Dropout (rate 0.1, embeddings only) left on in evaluation changes what evaluation
+    # computes, but not enough to move the evaluation metrics beyond the seeds: measured
+    # on the 300-step runs, its val_loss stays within |z| <= 2.1 of 4 reference seeds
+    # while held-out seeds of the reference code reach 4.1, and its test loss lies inside
+    # the 20 held-out seeds' range.  The gradient check's evaluation parity (the port's
+    # evaluation logits vs the reference's, same weights) sees it: L1, not L3.
     Variant("charlm-xla-eval-dropout", "torch_xla", 5, defects=("eval_dropout",),
-            expect=("eval/",), mirrors="dropout left on in evaluation (validation and test)"),
+            expect=("gradcheck",),
+            mirrors="dropout left on in evaluation (validation and test)"),
     Variant("charlm-jax-4dev-clip-per-device", "jax", 5, devices=4,
             defects=("clip_per_device",), expect=("grad_norm/",),
             mirrors="four-chip run: gradients clipped per chip before averaging (§IV-B)"),

@@ -165,6 +165,12 @@ STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_O
 # the decision rests on and the number of reference seeds behind it.
 EV_INTERVAL = "interval"
 EV_N_REFERENCE = "n_reference"
+# Gradient checks as acceptance evidence (issue 13, cal): a run of role gradcheck names the
+# candidate run it checked; the `gradcheck` criterion finds it by this tag.
+TAG_GRADCHECK_CANDIDATE = "refrun.gradcheck.candidate"  # run id of the checked candidate
+TAG_GRADCHECK_PASSED = "refrun.gradcheck.passed"  # "true" / "false"
+TAG_GRADCHECK_FAILED = "refrun.gradcheck.failed"  # labels of failing checks, comma-separated
+GRADCHECK_METRIC_PREFIX = "gradcheck/"  # gradcheck/<label>/<measure>; .../passed is 1 or 0
 
 # --- report (issue 16): what `refrun report` adds to a comparison run so that MLflow's own
 # run comparison is useful (select comparison runs, chart these per compared metric).

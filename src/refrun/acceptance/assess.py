@@ -21,6 +21,7 @@ from refrun.acceptance.alignment import alignment_of
 from refrun.acceptance.calibration import calibration_digest
 from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
+from refrun.acceptance.gradchecks import GradcheckRun, find_gradchecks
 from refrun.acceptance.results import (
     NOT_APPLICABLE,
     NOT_EVALUABLE,
@@ -143,7 +144,8 @@ def backend_scope(crit: CriteriaFile, runs: Sequence[RunData], candidate: RunDat
 
 def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData,
            latest: dict[str, dict] | None = None,
-           allow_cross_workload: bool = False) -> Assessment:
+           allow_cross_workload: bool = False,
+           gradchecks: list[GradcheckRun] | None = None) -> Assessment:
     """Assess ``candidate`` against ``references`` with the criteria ``crit``.
 
     Every criterion yields pass, fail, not_evaluable or not_applicable (scoped by
@@ -157,7 +159,7 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     cross = identity.check_workloads(candidate, refs, crit.workload, crit.path,
                                      allow=allow_cross_workload)
     comparison, why = run_comparison(crit, refs, candidate)
-    ctx = checks.Context(crit, refs, candidate, comparison, why)
+    ctx = checks.Context(crit, refs, candidate, comparison, why, gradchecks=gradchecks)
     results: list[CriterionResult] = levels.builtin_l0(candidate, refs, crit.l0, crit.settings.keep)
     for lv in ("L0", "L1", "L2", "L3"):
         results += [checks.evaluate(c, ctx) for c in crit.criteria if c.level == lv]
@@ -209,11 +211,21 @@ def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candid
     return refs, cand, latest
 
 
+def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | None
+                   ) -> list[GradcheckRun] | None:
+    """The gradient-check runs recorded for ``candidate`` when the file has a
+    ``gradcheck`` criterion (one MLflow search), else None (not looked up)."""
+    if not any(c.KIND == "gradcheck" for c in crit.criteria):
+        return None
+    return find_gradchecks(candidate, tracking_uri)
+
+
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
                tracking_uri: str | None = None, allow_cross_workload: bool = False
                ) -> tuple[Assessment, dict[str, Any]]:
     """Load the runs by id and assess; returns the assessment and its evidence document."""
     refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri,
                                              allow_cross_workload)
-    a = assess(crit, refs, cand, latest, allow_cross_workload)
+    a = assess(crit, refs, cand, latest, allow_cross_workload,
+               gradchecks=gradchecks_for(crit, cand, tracking_uri))
     return a, build_evidence(crit.sha256, a.results, refs, cand, latest)

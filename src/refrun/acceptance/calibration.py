@@ -13,7 +13,8 @@ the seeds disagree, and no constant of any one workload enters.
 What is calibrated, for every metric all references share (any cadence):
 
 * per-step metrics (``loss``, ``grad_norm/...``, ``eval/val_loss`` ...): an ``envelope``
-  (std band, ``k`` calibrated on a log scale for ``min_fraction`` of the steps) and a
+  (std band, ``k`` a tolerance limit on log k for ``min_fraction`` of the steps, capped by
+  the Student-t prediction bound of one new seed, :func:`envelope_k`) and a
   final-window ``closeness`` of the window means (``abs_tol``);
 * one-point metrics (one value per run, e.g. ``eval/test_accuracy``): a min-max
   ``envelope`` whose ``abs_tol`` is the limit of the signed distance outside the group's
@@ -45,7 +46,7 @@ from refrun.acceptance import checks
 from refrun.acceptance import runview as rv
 from refrun.acceptance.criteria import CriteriaFile, Settings, parse_criteria
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
-from refrun.acceptance.statistics import symmetric_limit, upper_limit
+from refrun.acceptance.statistics import prediction_z, symmetric_limit, upper_limit
 from refrun.comparison import RunData, compare, warmup_end
 from refrun.comparison.measures import final_window_size
 from refrun.errors import RefrunInputError
@@ -53,7 +54,8 @@ from refrun.errors import RefrunInputError
 METHOD = ("held-out seeds: each reference seed judged against groups of the others; "
           "threshold = max(worst trial, mean + k s) of what the held-out trials needed, k the "
           "one-sided normal tolerance factor for N seeds (coverage 1 - false_alarm_rate / "
-          "criteria, confidence)")
+          "criteria, confidence); a per-step envelope's k capped by the Student-t prediction "
+          "bound of one new seed")
 MIN_RUNS = 3
 # Backends whose refrun probe records each integrity counter (docs/{jax,xla}.md): a
 # criterion on evidence only these record is scoped to them.
@@ -89,6 +91,10 @@ class CalibrationOptions:
     min_steps: int = 3  # fewer common points: a one-point metric
     metrics: tuple[str, ...] | None = None  # only these metrics (default: all shared)
     exclude_kinds: tuple[str, ...] = ()  # leave out criteria of these kinds
+    # Require a passed gradient-check run for every candidate (an L1 `gradcheck`
+    # criterion, no threshold): off by default, so no workload without recorded checks
+    # gets a new failure.
+    require_gradcheck: bool = False
     settings: Settings = field(default_factory=Settings)
 
     def __post_init__(self) -> None:
@@ -211,9 +217,28 @@ def _clean_float(x: float) -> float:
 
 def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
                ) -> tuple[float, float, float, np.ndarray] | None:
-    """``(k, worst, median std, needs)`` of a per-step std envelope: each held-out seed
-    needs the ``min_fraction`` quantile of |x - mean| / std over the common steps (std of
-    the group, ddof=1); the limit is taken on log k (k is a scale factor)."""
+    """``(k, worst, median std, needs)`` of a per-step std envelope.
+
+    Each held-out seed needs the ``min_fraction`` quantile of ``z = |x - mean| / std``
+    over the common steps (mean and std, ddof=1, of a group of ``g`` others).  Then
+
+        k = max(worst need, min(exp(L), k_pred))
+
+    * ``L``: the upper tolerance limit of the N seeds' log needs (``upper_limit``; k is a
+      scale factor), which uses ``min_fraction`` when the steps' deviations are weakly
+      correlated;
+    * ``k_pred = sqrt(1 + 1/g) t_{1-a/2, g-1}``, ``a = 1 - cov``
+      (:func:`refrun.acceptance.statistics.prediction_z`): if a seed's value at a step is
+      a normal draw exchangeable with the group's, ``P(z > k_pred) = a`` at every step,
+      whatever the spread, so a candidate-seed is rejected with probability at most
+      ``a`` when its deviations persist over the steps (the worst case of a fraction
+      rule) and less when they do not.  The cap matters with few seeds and few points
+      (5 seeds, 12 evaluation points): there the needs scatter widely and the
+      tolerance factor for N = 5 at Bonferroni coverage turned log-limits into k of
+      about 110 (a blind envelope).  The simulation in
+      ``tests/test_calibration_envelope.py`` measures both false-alarm rates on null
+      data.
+    """
     def need(i: int, grp: tuple[int, ...]) -> float:
         steps, mat, x = _common([series[j] for j in grp], series[i])
         if len(steps) == 0:
@@ -228,10 +253,14 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
         return None
     logs = np.log(np.maximum(needs, 1e-6))
     lim, _ = upper_limit(logs, cov, opts.confidence, n=len(series))
+    worst = float(needs.max())
+    n_steps = len(_all_common(series))
+    per_step = 1.0 - (1.0 - cov) * max(1.0 - opts.min_fraction, 1.0 / max(n_steps, 1))
+    k = max(worst, min(math.exp(lim), prediction_z(g, per_step)))
     stds = [np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, st)]
                                         for s in series]), 0, ddof=1))
             for st in [_all_common(series)]]
-    return math.exp(lim), float(needs.max()), float(stds[0]), needs
+    return k, worst, float(stds[0]), needs
 
 
 def _all_common(series: list[_Series]) -> np.ndarray:
@@ -388,6 +417,8 @@ def calibrate(references: Sequence[RunData],
     if has_time:
         out.append(_step_time(runs, opts, g, cov))
     out += integrity(runs, opts, cov)
+    if opts.require_gradcheck:
+        out.append(_gradcheck())
     out = [d for d in out if d.table["kind"] not in opts.exclude_kinds]
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -468,6 +499,18 @@ def _step_time(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float
     return Derived(table, worst, ratio - worst, det,
                    [_held_out_line(worst, ratio - worst, len(runs), "ratio"),
                     f"detects: {det}"], len(runs))
+
+
+def _gradcheck() -> Derived:
+    src = ("required by `refrun calibrate --require-gradcheck`: a broken computation whose "
+           "effect on the curves is below the seeds' spread shows in a gradient check "
+           "(parity of loss and gradients against the reference implementation), not in a "
+           "seed-calibrated envelope")
+    return Derived({"id": "gradient-checks", "kind": "gradcheck", "level": "L1",
+                    "description": "every gradient-check run recorded for the candidate "
+                                   "passed; none recorded fails. " + src,
+                    "calibration": {"structural": 1.0}}, None, None,
+                   "any failed gradient check, or none recorded for the candidate", [src])
 
 
 # --- integrity counters ------------------------------------------------------------------------
@@ -608,7 +651,10 @@ def render(c: Calibrated) -> str:
               f"backend = {_toml(c.backend)}",
               f"false_alarm_rate = {_toml(float(o.false_alarm_rate))}",
               f"confidence = {_toml(float(o.confidence))}", f"date = {_toml(c.created_utc)}",
-              f"refrun_version = {_toml(__version__)}", ""]
+              f"refrun_version = {_toml(__version__)}"]
+    if o.require_gradcheck:
+        lines.append("require_gradcheck = true")
+    lines.append("")
     settings = {k: v for k, v in asdict(o.settings).items()
                 if v != getattr(Settings(), k)}
     lines += ["[settings]"] + [f"{k} = {_toml(v)}" for k, v in settings.items()] + [""]

@@ -25,6 +25,7 @@ from refrun.acceptance.criteria import (
     Envelope,
     Equivalence,
     Fallback,
+    Gradcheck,
     Hardware,
     HostTransfers,
     StepTime,
@@ -57,6 +58,10 @@ class Context:
     comparison: Comparison | None
     comparison_error: str = ""
     cache: dict[str, Any] = field(default_factory=dict)
+    # Gradient-check runs recorded for the candidate (refrun.acceptance.gradchecks); None
+    # when nobody looked them up (no tracking store): a gradcheck criterion is then not
+    # evaluable, never passed.
+    gradchecks: list[Any] | None = None
 
     @property
     def keep(self) -> str:
@@ -636,11 +641,46 @@ def convergence(c: Convergence, ctx: Context) -> CriterionResult:
                    f"one-sided t-test alpha={c.alpha:g})", ev)
 
 
+def gradcheck(c: Gradcheck, ctx: Context) -> CriterionResult:
+    """Every gradcheck run recorded for the candidate finished and passed, and together
+    they hold the required ``labels``.  No run at all is a failure: the file requires the
+    evidence (a missing check must never read as a pass)."""
+    runs = ctx.gradchecks
+    if runs is None:
+        return _result(c, NOT_EVALUABLE, "gradient-check runs were not looked up (the "
+                       "assessment had no tracking store)")
+    cand = ctx.candidate.run_id
+    ev: dict[str, Any] = {"gradcheck_runs": [r.run_id for r in runs],
+                          "statuses": {r.run_id: r.status for r in runs},
+                          "failed_checks": {r.run_id: r.failed for r in runs if r.failed},
+                          "labels": sorted({lab for r in runs for lab in r.labels}),
+                          "required_labels": list(c.labels)}
+    if not runs:
+        return _result(c, FAIL, f"no gradient-check run recorded for candidate {cand} (role "
+                       f"gradcheck, tag {schema.TAG_GRADCHECK_CANDIDATE}); the criteria "
+                       "file requires one", ev)
+    bad = [r for r in runs if not r.ok]
+    if bad:
+        why = "; ".join(
+            f"run {r.run_id}: " + (f"status {r.status}" if r.status != "FINISHED" else
+                                   f"failed {', '.join(r.failed)}" if r.failed else
+                                   f"{schema.TAG_GRADCHECK_PASSED} = "
+                                   f"{'missing' if r.passed is None else 'false'}")
+            for r in bad[:5])
+        return _result(c, FAIL, f"{len(bad)}/{len(runs)} gradient-check run(s) did not pass: "
+                       f"{why}", ev)
+    missing = [lab for lab in c.labels if lab not in ev["labels"]]
+    if missing:
+        return _result(c, FAIL, f"required check(s) not recorded: {', '.join(missing)}", ev)
+    return _result(c, PASS, f"{len(runs)} gradient-check run(s) passed "
+                   f"({len(ev['labels'])} checks)", ev)
+
+
 CHECKS: dict[str, Callable[[Any, Context], CriterionResult]] = {
     "closeness": closeness, "envelope": envelope, "claim": claim, "hardware": hardware,
     "fallback": fallback, "compilation": compilation, "host_transfers": host_transfers,
     "utilization": utilization, "step_time": step_time, "cost": cost,
-    "equivalence": equivalence, "convergence": convergence,
+    "equivalence": equivalence, "convergence": convergence, "gradcheck": gradcheck,
 }
 
 

@@ -105,6 +105,8 @@ class Calibration:
     confidence: float = key("confidence of the tolerance limits", 0.9, gt=0, le=0.999)
     date: str = key("UTC time of the calibration", "")
     refrun_version: str = key("refrun version that calibrated", "")
+    require_gradcheck: bool = key("the file requires a passed gradient-check run for every "
+                                  "candidate (refrun calibrate --require-gradcheck)", False)
 
 
 # --- criteria -------------------------------------------------------------------------
@@ -361,9 +363,22 @@ class Convergence(Criterion):
                                          "the test is the same", None, gt=0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Gradcheck(Criterion):
+    KIND: ClassVar[str] = "gradcheck"
+    DOC: ClassVar[str] = ("every gradient-check run recorded for the candidate (role "
+                          "gradcheck, tag refrun.gradcheck.candidate = the candidate's run id, "
+                          "refrun.gradcheck.record) finished and passed; a candidate without "
+                          "one fails")
+
+    labels: list[str] = key("labels of checks that must be among those recorded (and "  # noqa: RUF009
+                            "passed), e.g. 'parity/loss'; default: any", [])
+
+
 CRITERION_KINDS: dict[str, type[Criterion]] = {
     c.KIND: c for c in (Closeness, Envelope, Claim, Hardware, Fallback, Compilation,
-                        HostTransfers, Utilization, StepTime, Cost, Equivalence, Convergence)
+                        HostTransfers, Utilization, StepTime, Cost, Equivalence, Convergence,
+                        Gradcheck)
 }
 
 

@@ -5,7 +5,9 @@
 * :func:`mlperf_limits`: MLPerf Training's rule for reference convergence points
   (olympic mean of the reference runs, one-sided Student t-test at alpha = 0.05);
 * :func:`tolerance_factor`: the one-sided normal tolerance factor (noncentral t) that
-  inflates small-N held-out spreads in :mod:`refrun.acceptance.calibration`.
+  inflates small-N held-out spreads in :mod:`refrun.acceptance.calibration`;
+* :func:`prediction_z`: the Student-t prediction bound of one new seed's standardised
+  distance from a group's mean (caps the calibrated width of a per-step envelope).
 
 No function here reads a run; the checks and the calibration pass arrays in.
 """
@@ -203,3 +205,22 @@ def symmetric_limit(values: np.ndarray, coverage: float, confidence: float,
     k2 = tolerance_factor(min(n or len(v), len(v)), 1.0 - (1.0 - coverage) / 2.0, confidence)
     return max(worst, abs(float(v.mean())) + k2 * float(v.std(ddof=1))), worst
 
+
+
+def prediction_z(group_size: int, coverage: float) -> float:
+    """Two-sided prediction bound of ``|x - mean| / s`` for one new draw ``x``.
+
+    ``mean`` and ``s`` (ddof=1) are those of a group of ``group_size`` = g independent
+    draws of the same normal distribution as ``x``; then
+    ``(x - mean) / (s sqrt(1 + 1/g))`` is Student t with g - 1 degrees of freedom, so
+    ``P(|x - mean| / s > sqrt(1 + 1/g) t_{1-a/2, g-1}) = a`` exactly, ``a = 1 - coverage``
+    (the normal prediction interval for one future observation: Hahn, Meeker & Escobar,
+    *Statistical Intervals*, 2nd ed., Wiley 2017, eq. 4.7; NIST/SEMATECH e-Handbook
+    7.1.4 "prediction interval").  It depends on no estimated spread, so it holds with
+    few seeds where a tolerance limit fitted to a handful of held-out values explodes.
+    g >= 2."""
+    if group_size < 2:
+        raise ValueError(f"a prediction bound needs a group of >= 2, got {group_size}")
+    a = 1.0 - coverage
+    return math.sqrt(1.0 + 1.0 / group_size) * float(stats.t.ppf(1.0 - a / 2.0,
+                                                                 group_size - 1))

@@ -67,6 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "references ran on other machines than the candidates will")
     p.add_argument("--warmup-steps", type=int, default=None, metavar="S",
                    help="warm-up steps for step time and counters (default: 10%% of the run)")
+    p.add_argument("--require-gradcheck", action="store_true",
+                   help="add an L1 'gradcheck' criterion: every candidate needs a passed "
+                        "gradient-check run recorded for it (refrun.gradcheck.record with "
+                        "candidate_run_id); off by default")
     add_tracking_uri(p)
     p.set_defaults(func=run)
 
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         group_size=args.group_size, min_fraction=args.min_fraction,
         max_groups=args.max_groups,
         metrics=tuple(args.metric) if args.metric else None,
-        exclude_kinds=tuple(args.exclude),
+        exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
         settings=Settings(warmup_steps=args.warmup_steps))
     result = calibrate(runs, opts)
     if args.output is None:

@@ -12,7 +12,10 @@ precision, update-delta, gate self-tests).  What it contains:
 * artifacts ``refrun/gradcheck.json`` (every result in full) and
   ``refrun/gradcheck_fd.html`` (the V curves, self-contained plotly).
 
-Acceptance criteria find the run by ``refrun.role = gradcheck`` and the workload.
+Acceptance finds the run by ``refrun.role = gradcheck`` in the workload's experiment and
+the tag ``refrun.gradcheck.candidate`` naming the candidate run it checked
+(``candidate_run_id``): the ``gradcheck`` criterion (:mod:`refrun.acceptance.gradchecks`)
+fails a candidate whose check failed or that has none.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from refrun import schema
 from refrun.errors import RefrunInputError
 
-TAG_PASSED = "refrun.gradcheck.passed"
+TAG_PASSED = schema.TAG_GRADCHECK_PASSED
 TAG_CHECKS = "refrun.gradcheck.checks"
-TAG_FAILED = "refrun.gradcheck.failed"
+TAG_FAILED = schema.TAG_GRADCHECK_FAILED
+TAG_CANDIDATE = schema.TAG_GRADCHECK_CANDIDATE
 TAG_VERDICT = "refrun.gradcheck.verdict"
 ARTIFACT_JSON = "refrun/gradcheck.json"
 ARTIFACT_FD_HTML = "refrun/gradcheck_fd.html"
@@ -68,11 +73,14 @@ def _clean(obj: Any) -> Any:
 def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str | None = None,
                      spool_dir: str | Path | None = None, backend: str | None = None,
                      hardware: str = "cpu", run_name: str | None = None,
-                     tags: dict[str, Any] | None = None, plot: bool = True) -> str | None:
+                     tags: dict[str, Any] | None = None, plot: bool = True,
+                     candidate_run_id: str | None = None) -> str | None:
     """Record ``results`` as one MLflow run (role ``gradcheck``); returns its run id.
 
     Each result needs ``label``, ``kind``, ``passed``, ``summary()`` and
     ``record_metrics()`` (all refrun.gradcheck results have them).
+    ``candidate_run_id``: the candidate run these checks were made for (tag
+    ``refrun.gradcheck.candidate``), by which ``refrun accept`` finds them.
     """
     import refrun
     from refrun.gradcheck.finite_diff import VERDICTS, FiniteDiffResult
@@ -86,6 +94,11 @@ def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str
                                 TAG_CHECKS: len(results), TAG_FAILED: ",".join(failed)}
     if fds:
         run_tags[TAG_VERDICT] = max((r.verdict for r in fds), key=VERDICTS.index)
+    if candidate_run_id is not None:
+        if not re.fullmatch(r"[0-9a-f]{32}", candidate_run_id):
+            raise RefrunInputError(f"candidate_run_id: {candidate_run_id!r} is not an MLflow "
+                                   "run id (32 hex digits)")
+        run_tags[TAG_CANDIDATE] = candidate_run_id
     run_tags.update(tags or {})
     with refrun.start_run(workload, "gradcheck", hardware=hardware, backend=backend,
                           tracking_uri=tracking_uri, spool_dir=spool_dir, run_name=run_name,
