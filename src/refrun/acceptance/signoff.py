@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from refrun._version import __version__
+from refrun.acceptance.alignment import recorded_axis, with_axis
 from refrun.acceptance.assess import assess, gradchecks_for, load_for_assessment
 from refrun.acceptance.criteria import CriteriaFile, parse_criteria
 from refrun.acceptance.evidence import (
@@ -131,6 +132,7 @@ def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None
     cand_id = rec.assessment.get("candidate", "")
     # A cross-workload assessment was allowed explicitly (and says so): re-assess alike.
     cross = bool(rec.assessment.get("cross_workload"))
+    crit = with_axis(crit, recorded_axis(rec.assessment))  # the basis it was assessed on
     refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri, cross)
     a = assess(crit, refs, cand, latest, cross,
                gradchecks=gradchecks_for(crit, cand, tracking_uri))
