@@ -1,13 +1,23 @@
 """Overhead of the trainer callbacks on a step of a few ms, as ratios measured in one run.
 
 For each trainer (PyTorch Lightning, Hugging Face ``Trainer``, Keras 3 on JAX) the same
-training is timed without and with ``RefrunCallback`` (recording into a local sqlite
-store, psutil sampler on), interleaved ``--repeats`` times; the table prints the median
-time per step of each and their ratio (target: within 1 % beyond the probe's own cost,
-see benchmarks/bench_torch_probe.py).  Wall-clock ratios on a shared machine are noisy:
-read the median of several runs, never one number.
+training (a small local model, ``--steps`` steps after ``--warmup``) runs three ways:
 
-Usage: python benchmarks/bench_callbacks.py [--steps 60] [--repeats 3]
+* ``plain``: no refrun at all;
+* ``probe``: the backend's probe driven by hand, the minimum a recording needs (a bench
+  callback / step wrapper entering ``probe.step(n)``, ``probe.log(loss=...)`` and leaving
+  the step): the probe's own cost inside that trainer;
+* ``callback``: ``refrun.<trainer>.RefrunCallback``.
+
+Every variant records into a local sqlite store with the psutil sampler on (1 s).  The
+variants are interleaved (plain, probe, callback, plain, ...) ``--repeats`` times so drift
+on a shared machine hits all three; the table prints the median time per steady step of
+each (from the start of step ``warmup`` to the end of the last step, measured by the same
+tiny timing hook in every variant: run start, probe creation and close are outside it)
+and the ratios callback/plain and callback/probe.  Target: callback/probe <= 1.01.
+
+Usage: python benchmarks/bench_callbacks.py [--steps 400] [--warmup 20] [--repeats 5]
+       [--only lightning|hf|keras]
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("USE_TORCH_XLA", "0")  # keep the HF Trainer on the CPU device
@@ -28,13 +39,68 @@ import torch
 
 import refrun
 
+# One intra-op thread: on a shared 2-core machine more threads make every variant's step
+# time depend on who else runs, and the ratios drown in that noise.
+torch.set_num_threads(1)
+
+Variant = Literal["plain", "probe", "callback"]
+VARIANTS: tuple[Variant, ...] = ("plain", "probe", "callback")
 WIDTH = 256
+KERAS_HIDDEN = 1024
+BATCH = 64
+
+
+class Clock:
+    """The timing hook shared by all variants: ``t0`` at the start of the first steady
+    step, ``t1`` at the end of the last one."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.t0 = self.t1 = (0.0, 0.0)
+
+    @staticmethod
+    def now() -> tuple[float, float]:
+        """(wall seconds, this process's CPU seconds: every thread, refrun's included)."""
+        return time.perf_counter(), time.process_time()
+
+    def per_step(self, steps: int) -> tuple[float, float]:
+        return ((self.t1[0] - self.t0[0]) / steps, (self.t1[1] - self.t0[1]) / steps)
+
+
+class HookTimer:
+    """CPU time of this thread spent inside a callback's per-step hooks (what the
+    callback or the hand-driven probe adds to the step, without the step's own noise)."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.steps = 0
+
+    def wrap(self, obj: Any, names: tuple[str, ...], counting: str) -> None:
+        for name in names:
+            fn = getattr(obj, name)
+
+            def timed(*a: Any, _fn: Any = fn, _count: bool = name == counting, **k: Any):
+                t = time.thread_time_ns()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    self.ns += time.thread_time_ns() - t
+                    self.steps += _count
+
+            setattr(obj, name, timed)
+
+    def per_step_us(self) -> float:
+        return self.ns / 1e3 / max(self.steps, 1)
+
+
+HOOK_US: dict[tuple[str, Variant], list[float]] = {}
 
 
 def start(store: Path, name: str, backend: str) -> refrun.RunSession:
     return refrun.start_run(f"bench-callbacks-{name}", "candidate", hardware="cpu",
                             backend=backend, tracking_uri=f"sqlite:///{store}/mlflow.db",
-                            spool_dir=store / "spool", snapshot_environment=False)
+                            spool_dir=store / "spool", snapshot_environment=False,
+                            global_batch=BATCH)
 
 
 def data(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -43,10 +109,16 @@ def data(n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, x[:, :1].copy()
 
 
-def lightning_fit(steps: int, store: Path | None) -> float:
+# --- Lightning ----------------------------------------------------------------------------
+def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[float, float]:
     import pytorch_lightning as pl
+    from lightning_fabric.accelerators.xla import XLAAccelerator
 
     import refrun.lightning
+    import refrun.torch
+
+    XLAAccelerator.is_available = staticmethod(lambda: False)  # no TPU metadata query
+    torch.manual_seed(0)
 
     class M(pl.LightningModule):
         def __init__(self) -> None:
@@ -61,97 +133,386 @@ def lightning_fit(steps: int, store: Path | None) -> float:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    x, y = (torch.from_numpy(a) for a in data(64 * steps))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
-    run = start(store, "lightning", "torch") if store else None
-    cbs = [refrun.lightning.RefrunCallback(run)] if run else []
+    total = warmup + steps
+    clock = Clock(warmup)
+
+    class Timer(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == clock.warmup:
+                clock.t0 = clock.now()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            clock.t1 = clock.now()
+
+    class ByHand(pl.Callback):
+        """The probe's own cost: step in, log the loss tensor, step out."""
+
+        def __init__(self, run: refrun.RunSession) -> None:
+            self.run, self.probe, self.cm = run, None, None
+
+        def on_fit_start(self, trainer, pl_module):
+            self.probe = refrun.torch.instrument(self.run, pl_module, trainer.optimizers[0])
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.cm = self.probe.step(trainer.global_step)
+            self.cm.__enter__()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.probe.log(loss=outputs["loss"])
+            self.cm.__exit__(None, None, None)
+
+        def on_fit_end(self, trainer, pl_module):
+            self.probe.close()
+
+    x, y = (torch.from_numpy(a) for a in data(BATCH * total))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                         batch_size=BATCH)
+    run = start(store, "lightning", "torch") if variant != "plain" else None
+    cbs: list[Any] = [Timer()]
+    if variant == "probe":
+        cbs.append(ByHand(run))
+    elif variant == "callback":
+        cbs.append(refrun.lightning.RefrunCallback(run))
+    hooks = HookTimer()
+    if variant != "plain":
+        hooks.wrap(cbs[-1], ("on_train_batch_start", "on_train_batch_end"),
+                   "on_train_batch_end")
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", callbacks=cbs)
-    t0 = time.perf_counter()
     trainer.fit(M(), loader)
-    dt = time.perf_counter() - t0
+    HOOK_US.setdefault(("lightning", variant), []).append(hooks.per_step_us())
     if run:
         run.close()
-    return dt / steps
+    return clock.per_step(steps)
 
 
-def hf_train(steps: int, store: Path | None) -> float:
+# --- Hugging Face --------------------------------------------------------------------------
+def hf_train(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[float, float]:
     import transformers
 
     import refrun.hf
+    import refrun.torch
 
+    total = warmup + steps
+    clock = Clock(warmup)
+
+    class Timer(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == clock.warmup:
+                clock.t0 = clock.now()
+
+        def on_step_end(self, args, state, control, **kw):
+            clock.t1 = clock.now()
+
+    class ByHand(transformers.TrainerCallback):
+        """The probe's own cost: step in/out, the loss the Trainer logged (a float)."""
+
+        def __init__(self, run: refrun.RunSession) -> None:
+            self.run, self.probe, self.cm = run, None, None
+
+        def on_train_begin(self, args, state, control, model=None, optimizer=None, **kw):
+            self.probe = refrun.torch.instrument(self.run, model, optimizer)
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.cm = self.probe.step(state.global_step)
+            self.cm.__enter__()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.cm.__exit__(None, None, None)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:  # the values the callback records
+                self.probe.log(state.global_step - 1, loss=logs["loss"],
+                               **{f"train/{k}": logs[k] for k in ("grad_norm", "learning_rate")
+                                  if k in logs})
+
+        def on_train_end(self, args, state, control, **kw):
+            self.probe.close()
+
+    torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2))
-    ids = np.random.default_rng(0).integers(0, 64, size=(8 * steps, 32))
+    ids = np.random.default_rng(0).integers(0, 64, size=(8 * total, 32))
     rows = [{"input_ids": torch.tensor(r), "labels": torch.tensor(r)} for r in ids]
-    tmp = tempfile.mkdtemp(prefix="bench-hf-")
+    tmp = tempfile.mkdtemp(prefix="bench-hf-", dir=store)
     args = transformers.TrainingArguments(
-        output_dir=tmp, per_device_train_batch_size=8, max_steps=steps, logging_steps=1,
+        output_dir=tmp, per_device_train_batch_size=8, max_steps=total, logging_steps=1,
         save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True)
-    run = start(store, "hf", "torch") if store else None
-    cbs = [refrun.hf.RefrunCallback(run)] if run else []
+    run = start(store, "hf", "torch") if variant != "plain" else None
+    cbs: list[Any] = [Timer()]
+    if variant == "probe":
+        cbs.append(ByHand(run))
+    elif variant == "callback":
+        cbs.append(refrun.hf.RefrunCallback(run))
+    hooks = HookTimer()
+    if variant != "plain":
+        hooks.wrap(cbs[-1], ("on_step_begin", "on_step_end", "on_log"), "on_step_end")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=cbs)
-    t0 = time.perf_counter()
     trainer.train()
-    dt = time.perf_counter() - t0
+    HOOK_US.setdefault(("hf", variant), []).append(hooks.per_step_us())
     if run:
         run.close()
-    return dt / steps
+    return clock.per_step(steps)
 
 
-def keras_fit(steps: int, store: Path | None) -> float:
+# --- Keras ----------------------------------------------------------------------------------
+def keras_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[float, float]:
     import keras
 
+    import refrun.jax
     import refrun.keras
 
-    x, y = data(64 * steps)
-    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(512, "relu"),
-                              keras.layers.Dense(1)])
+    total = warmup + steps
+    clock = Clock(warmup)
+
+    class Timer(keras.callbacks.Callback):
+        """No batch-end method: that alone would make Keras read the logs to the host on
+        the training thread every batch.  ``t1`` at epoch end: Keras has read the epoch's
+        logs there, so every step has finished on the device."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == clock.warmup:
+                clock.t0 = clock.now()
+
+        def on_epoch_end(self, epoch, logs=None):
+            clock.t1 = clock.now()
+
+    class ByHand(keras.callbacks.Callback):
+        """The probe's own cost: each call of Keras's compiled train function is a probe
+        step that logs the loss device value (the probe reads it without a sync)."""
+
+        def __init__(self, run: refrun.RunSession) -> None:
+            super().__init__()
+            self.run, self.probe, self.n, self.fn = run, None, 0, None
+
+        def on_train_begin(self, logs=None):
+            params = [v.value for v in self.model.trainable_variables]  # as the callback
+            self.probe = refrun.jax.instrument(self.run, params=params, fresh_caches=False)
+            self.fn = fn = self.model.train_function
+
+            def wrapped(state, iterator):
+                with self.probe.step(self.n):
+                    out, state = fn(state, iterator)
+                    self.probe.log(loss=out["loss"])
+                self.n += 1
+                return out, state
+
+            self.model.train_function = wrapped
+
+        def on_train_end(self, logs=None):
+            self.model.train_function = self.fn
+            self.probe.close()
+
+    keras.utils.set_random_seed(0)
+    x, y = data(BATCH * total)
+    # wider than the torch models: XLA's fused CPU step is fast; this gives a few ms
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(KERAS_HIDDEN, "relu"),
+                              keras.layers.Dense(KERAS_HIDDEN, "relu"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-    model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0)  # compile outside
-    class BatchNoOp(keras.callbacks.Callback):
-        """Any batch-level callback makes Keras read the batch logs to the host every
-        step; the baseline has one too, so the ratio is refrun's own cost."""
-
-        def on_train_batch_end(self, batch, logs=None):
-            return None
-
-    run = start(store, "keras", "jax") if store else None
-    cbs = [refrun.keras.RefrunCallback(run, instrument={"fresh_caches": False})] if run \
-        else [BatchNoOp()]
-    t0 = time.perf_counter()
-    model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=cbs)
-    dt = time.perf_counter() - t0
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # compile
+    run = start(store, "keras", "jax") if variant != "plain" else None
+    cbs: list[Any] = [Timer()]
+    if variant == "probe":
+        cbs.append(ByHand(run))
+    elif variant == "callback":
+        cbs.append(refrun.keras.RefrunCallback(run, instrument={"fresh_caches": False}))
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=cbs, shuffle=False)
     if run:
         run.close()
-    return dt / steps
+    return clock.per_step(steps)
 
 
-def measure(fn: Callable[[int, Path | None], float], steps: int, repeats: int,
-            root: Path) -> tuple[float, float]:
-    plain, recorded = [], []
-    for i in range(repeats):  # interleaved, so drift on a shared machine hits both
-        plain.append(fn(steps, None))
-        store = root / f"{fn.__name__}-{i}"
-        store.mkdir()
-        recorded.append(fn(steps, store))
-    return statistics.median(plain), statistics.median(recorded)
+# --- hook loops: the per-step hooks alone, called many times on real trainer objects ---------
+def lightning_hooks(variant: Variant, n: int, store: Path) -> float:
+    """Thread CPU microseconds per step of the two per-step hooks (no training: what the
+    probe, or the callback, costs the training thread, without the step's noise)."""
+    import pytorch_lightning as pl
+
+    import refrun.lightning
+    import refrun.torch
+
+    module = pl.LightningModule()
+    module.net = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    steps = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step
+    batch, outputs = (torch.randn(BATCH, 8), torch.randn(BATCH, 1)), {"loss": torch.tensor(1.)}
+    run = start(store, "lightning-hooks", "torch")
+    probe = refrun.torch.instrument(run, module, opt)
+    cb = refrun.lightning.RefrunCallback(run)
+    cb._module, cb._optimizer = module, opt
+    cb.recorder.probe = probe  # the same probe for both variants' code paths
+    t = time.thread_time_ns()
+    for i in range(n):
+        steps.total.completed = i  # trainer.global_step
+        if variant == "callback":
+            cb.on_train_batch_start(trainer, module, batch, i)
+            cb.on_train_batch_end(trainer, module, outputs, batch, i)
+        else:  # what the bench's ByHand callback does
+            cm = probe.step(trainer.global_step)
+            cm.__enter__()
+            probe.log(loss=outputs["loss"])
+            cm.__exit__(None, None, None)
+    us = (time.thread_time_ns() - t) / n / 1e3
+    probe.close()
+    run.close()
+    return us
+
+
+def hf_hooks(variant: Variant, n: int, store: Path) -> float:
+    """As :func:`lightning_hooks` for the Hugging Face callback (with ``on_log`` of the
+    Trainer's per-step logs: loss, grad_norm, learning_rate, epoch)."""
+    import transformers
+
+    import refrun.hf
+    import refrun.torch
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    args = transformers.TrainingArguments(output_dir=str(store / "hf"), use_cpu=True,
+                                          per_device_train_batch_size=BATCH, report_to=[])
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    run = start(store, "hf-hooks", "torch")
+    probe = refrun.torch.instrument(run, model, opt)
+    cb = refrun.hf.RefrunCallback(run)
+    cb.recorder.probe = probe
+    t = time.thread_time_ns()
+    for i in range(n):
+        state.global_step = i
+        logs = {"loss": 1.0 / (i + 1), "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 0.1}
+        if variant == "callback":
+            cb.on_step_begin(args, state, control)
+            cb.on_step_end(args, state, control)
+            state.global_step = i + 1
+            cb.on_log(args, state, control, logs=logs)
+        else:
+            cm = probe.step(state.global_step)
+            cm.__enter__()
+            cm.__exit__(None, None, None)
+            state.global_step = i + 1
+            probe.log(i, loss=logs["loss"], **{f"train/{k}": logs[k]
+                                                for k in ("grad_norm", "learning_rate")})
+    us = (time.thread_time_ns() - t) / n / 1e3
+    probe.close()
+    run.close()
+    return us
+
+
+def keras_hooks(variant: Variant, n: int, store: Path) -> float:
+    """As :func:`lightning_hooks` for the Keras callback: its ``train_function`` wrapper
+    around a function that returns an already computed loss array, against the bench's
+    hand-written wrapper (the probe step and ``probe.log`` of the loss)."""
+    import jax.numpy as jnp
+    import keras
+
+    import refrun.jax
+    import refrun.keras
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    out = ({"loss": jnp.float32(1.0)}, None)
+    model.train_function = lambda state, data: out
+    run = start(store, "keras-hooks", "jax")
+    probe = refrun.jax.instrument(run, params=[v.value for v in model.trainable_variables],
+                                  fresh_caches=False)
+    cb = refrun.keras.RefrunCallback(run)
+    cb.set_model(model)
+    cb.recorder.probe = probe
+    cb.on_train_begin()
+    fn = cb._train_function
+    t = time.thread_time_ns()
+    if variant == "callback":
+        for _ in range(n):
+            model.train_function(None, None)
+    else:
+        for i in range(n):
+            with probe.step(i):
+                logs, _ = fn(None, None)
+                probe.log(loss=logs["loss"])
+    us = (time.thread_time_ns() - t) / n / 1e3
+    probe.close()
+    run.close()
+    return us
+
+
+HOOK_LOOPS: dict[str, Callable[[Variant, int, Path], float]] = {
+    "lightning": lightning_hooks, "hf": hf_hooks, "keras": keras_hooks}
+
+
+TRAINERS: dict[str, Callable[[Variant, int, int, Path], tuple[float, float]]] = {
+    "lightning": lightning_fit, "hf": hf_train, "keras": keras_fit}
+
+
+def measure(fn: Callable[[Variant, int, int, Path], tuple[float, float]], steps: int, warmup: int,
+            repeats: int, root: Path) -> dict[Variant, tuple[float, float]]:
+    """Median (wall, process CPU) seconds per steady step of each variant, interleaved
+    ABCABC... after one untimed round (first-use costs of the process)."""
+    times: dict[Variant, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    for i in range(repeats + 1):
+        for v in VARIANTS:
+            store = root / f"{fn.__name__}-{v}-{i}"
+            store.mkdir()
+            got = fn(v, steps if i else max(steps // 4, 10), warmup, store)
+            if i:
+                times[v].append(got)
+    return {v: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))
+            for v, ts in times.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", choices=("lightning", "hf", "keras"), default=None)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", choices=tuple(TRAINERS), default=None)
+    ap.add_argument("--hook-steps", type=int, default=3000)
+    ap.add_argument("--skip-training", action="store_true", help="hook loops only")
+    ap.add_argument("--gc-off", action="store_true",
+                    help="disable Python's cyclic GC (tells GC pauses, which land in whichever "
+                         "code allocates when a collection is due, from refrun's own work)")
     args = ap.parse_args()
+    if args.gc_off:
+        import gc
+
+        gc.disable()
     root = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
-    print(f"{'trainer':<12} {'plain ms/step':>14} {'callback ms/step':>17} {'ratio':>7}")
-    for name, fn in (("lightning", lightning_fit), ("hf", hf_train), ("keras", keras_fit)):
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cpus); "
+          f"{args.steps} steady steps after {args.warmup}, {args.repeats} repeats ABC")
+    print("per steady step, medians; 'cpu' = the process's CPU time (all threads), robust "
+          "to other processes' load; 'wall' = elapsed time")
+    print(f"{'trainer':<10} {'clock':<5} {'plain ms':>9} {'probe ms':>9} {'callback ms':>12} "
+          f"{'probe/plain':>12} {'cb/plain':>9} {'cb/probe':>9}")
+    for name, fn in TRAINERS.items():
+        if args.only not in (None, name) or args.skip_training:
+            continue
+        m = measure(fn, args.steps, args.warmup, args.repeats, root)
+        for i, clock in ((0, "wall"), (1, "cpu")):
+            a, b, c = (m[v][i] for v in VARIANTS)
+            print(f"{name:<10} {clock:<5} {a * 1e3:>9.3f} {b * 1e3:>9.3f} {c * 1e3:>12.3f} "
+                  f"{b / a:>12.3f} {c / a:>9.3f} {c / b:>9.3f}", flush=True)
+        probe_us, cb_us = (HOOK_US.get((name, v)) for v in ("probe", "callback"))
+        if probe_us and cb_us:
+            # the untimed first round included; medians
+            print(f"{name:<10} hooks (thread CPU per step): probe "
+                  f"{statistics.median(probe_us):.1f} us, callback "
+                  f"{statistics.median(cb_us):.1f} us", flush=True)
+    print(f"hook loops ({args.hook_steps} steps, {args.repeats} repeats interleaved; thread "
+          "CPU per step of the per-step hooks alone, same probe object for both):")
+    for name, fn in HOOK_LOOPS.items():
         if args.only not in (None, name):
             continue
-        plain, rec = measure(fn, args.steps, args.repeats, root)
-        print(f"{name:<12} {plain * 1e3:>14.2f} {rec * 1e3:>17.2f} {rec / plain:>7.3f}")
+        us: dict[str, list[float]] = {"probe": [], "callback": []}
+        for i in range(args.repeats):
+            for v in ("probe", "callback"):
+                store = root / f"hooks-{name}-{v}-{i}"
+                store.mkdir()
+                us[v].append(fn(v, args.hook_steps, store))  # type: ignore[arg-type]
+        p, c = (statistics.median(us[v]) for v in ("probe", "callback"))
+        print(f"{name:<10} probe {p:7.2f} us  callback {c:7.2f} us  callback - probe "
+              f"{c - p:+6.2f} us/step", flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,9 @@ BAD = [
     ('kind = "closeness"', 'kind = "vibes"', 10,
      "criteria[0].kind (id 'loss'): 'vibes' is not one of"),
     ('version = 1', 'version = 2', 1, "version: must be <= 1"),
+    # [calibration] backend is an identity name like every other backend key.
+    ('abs_tol = 0.1\n', 'abs_tol = 0.1\n\n[calibration]\nbackend = "torch,pytorch-xla-ish"\n',
+     15, "calibration.backend: 'pytorch-xla-ish' is not a known backend"),
     ('metric = "loss"', 'metric = "loss"\nover = "eval_points"', 12,
      "criteria[0].over (id 'loss'): 'eval_points' needs an evaluation metric"),
 ]
@@ -105,6 +108,43 @@ def test_bad_file_names_file_line_and_key(tmp_path: Path, old: str, new: str,
     err = capsys.readouterr().err
     assert text in err and err.count("\n") == 1
     assert not (tmp_path / "none.db").exists()
+
+
+def test_calibration_backend_is_normalised_and_checked_by_calibrate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD + '\n[calibration]\nbackend = "PyTorch, torch-xla"\n')
+    assert load_criteria(p).calibration.backend == "torch,torch_xla"
+    p.write_text(GOOD + '\n[calibration]\nbackend = "tpu magic"\n')
+    rc = main(["calibrate", "--check", str(p), "--reference", "a", "b", "c",
+               "--tracking-uri", f"sqlite:///{tmp_path}/none.db"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{p}:15: calibration.backend: 'tpu magic' is not a known backend" in err
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_cli_error_on_a_brand_new_store_is_the_only_stderr_line(tmp_path: Path) -> None:
+    """The real ``refrun`` console script on a new (empty) sqlite file: MLflow creates its
+    tables there (INFO lines by default) before the error; stderr is that one error."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD)
+    db = tmp_path / "new.db"
+    db.touch()
+    exe = shutil.which("refrun", path=str(Path(sys.executable).parent)) or "refrun"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"}
+    proc = subprocess.run([exe, "accept", "--criteria", str(p), "--reference", "r-missing",
+                           "--candidate", "c", "--tracking-uri", f"sqlite:///{db}"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"refrun accept: error: run 'r-missing': not found in sqlite:///{db}"], proc.stderr
+    assert db.stat().st_size > 0  # the store was opened (and its tables created)
 
 
 def test_duplicate_ids_and_claim_needs_one_direction(tmp_path: Path) -> None:

@@ -101,6 +101,36 @@ def test_verify_reports_replaced_curves(store, signed, tmp_path: Path, capsys) -
     assert "[evidence] criterion loss: outcome: pass -> fail" in out
 
 
+@pytest.mark.slow  # the signed fixture (two recorded runs, accept, sign-off): ~23 s on 2 cores
+def test_verify_names_points_switching_from_artifact_to_history(store, signed,
+                                                                 capsys) -> None:
+    """The candidate's curves artifact deleted after sign-off: its points now come from
+    MLflow's metric history, and verify says so by name (not only as a digest)."""
+    from refrun.acceptance.evidence import build_evidence
+    from refrun.comparison import load_run
+
+    comp, _, _, cand = signed
+    client = MlflowClient(store.tracking_uri)
+    evidence = json.loads(Path(client.download_artifacts(comp, "refrun/evidence.json"))
+                          .read_text())
+    assert evidence["format_version"] == "2"
+    assert evidence["runs"][cand.run_id]["points_from"].startswith(
+        "curves artifact refrun/curves.parquet")
+    # Evidence recorded before points_from (format 1) is recomputed without it, so an
+    # older sign-off still verifies against unchanged data.
+    v1 = build_evidence("x", [], [], load_run(cand.run_id, tracking_uri=store.tracking_uri,
+                                              progress=False), None, "1")
+    assert v1["format_version"] == "1" and "points_from" not in v1["runs"][cand.run_id]
+
+    root = Path(client.get_run(cand.run_id).info.artifact_uri.removeprefix("file://"))
+    (root / "refrun" / "curves.parquet").unlink()
+    assert main(["verify", comp]) == 1
+    out = capsys.readouterr().out
+    assert (f"[runs] run {cand.run_id} (candidate): points_from: curves artifact "
+            "refrun/curves.parquet") in out
+    assert "-> MLflow metric history" in out
+
+
 def test_accepting_a_failed_assessment_needs_override(store, tmp_path: Path, capsys) -> None:
     ref = record(store.tracking_uri, store.spool_dir, "reference", {"loss": base_loss()})
     cand = record(store.tracking_uri, store.spool_dir, "candidate", {"loss": base_loss() + 1})

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from acceptance_helpers import base_loss, record, write_criteria
+from acceptance_helpers import base_loss, error_line, record, write_criteria
 from mlflow.tracking import MlflowClient
 
 import refrun
@@ -122,6 +122,20 @@ def test_watch_cli_once(store, partial, tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "INVESTIGATE" in out and "smoke" in out
     assert "reject" not in out.lower()
+    # The workload rule of accept/compare/report: a criteria file for another workload is
+    # refused before any check (one line, exit 2), unless --allow-cross-workload.
+    other = write_criteria(tmp_path, 'workload = "other-wl"\n' + RULES, "other.toml")
+    args = ["watch", "--criteria", str(other), "--run", run.run_id, "--reference",
+            ref.run_id, "--once"]
+    assert main(args) == 2
+    cap = capsys.readouterr()
+    assert "INVESTIGATE" not in cap.out
+    line = error_line(cap.err)
+    assert f"candidate {run.run_id} is workload 'accept-test'" in line
+    assert f"criteria file {other} is for 'other-wl'" in line
+    assert main([*args, "--allow-cross-workload"]) == 1
+    out = capsys.readouterr().out
+    assert "note: cross-workload (" in out and "INVESTIGATE" in out
 
 
 def test_watcher_inside_the_loop(store, tmp_path) -> None:

@@ -164,3 +164,75 @@ def test_keras_jax_callback_records_compilations_by_step(store) -> None:
     assert graphs[0] >= 1 and sum(graphs[1:]) == 0
     assert sum(v for _, v in history(store, rid, schema.M_COMPILE_OTHER)) >= 1
     assert history(store, rid, schema.M_PROGRESS_SAMPLES)[-1] == (7, 128.0)
+
+
+def test_keras_callback_keeps_batch_ends_async_and_times_steps_by_readiness(store) -> None:
+    """With only refrun's callback, Keras keeps dispatching batch ends off the training
+    thread (no per-batch ``pythonify_logs`` sync on it), yet every batch's loss is
+    recorded (the train function's device value) and step times come from readiness."""
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "jax":
+        pytest.fail("Keras was imported with another backend before this test")
+    import refrun.keras
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(48, 3)).astype("float32")
+    y = x.sum(1, keepdims=True)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+
+    class Own(keras.callbacks.Callback):
+        """Keras's own batch logs, read on Keras's worker threads (async_safe)."""
+
+        async_safe = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.epoch = 0
+            self.losses: dict[tuple[int, int], float] = {}
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.losses[(self.epoch, batch)] = float(logs["loss"])
+
+    cb, own = None, Own()
+    run = start(store, "candidate", "jax", global_batch=16)
+    cb = refrun.keras.RefrunCallback(run)
+    # Keras's own switch: batch ends go to its thread pool only when no callback
+    # needs them synchronously on the training thread.
+    assert keras.callbacks.CallbackList([cb, own], model=model)._async_train
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, own])
+    run.close()
+    assert model.train_function is not None
+    assert model.train_function != cb._step  # Keras's own function restored
+    rid = run.run_id
+    expected = [own.losses[k] for k in sorted(own.losses)]
+    assert len(expected) == 6  # 3 batches x 2 epochs
+    assert history(store, rid, "loss") == [(n, pytest.approx(v)) for n, v in
+                                           enumerate(expected)]
+    assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(6))
+    assert store.client().get_run(rid).data.tags[schema.TAG_STEP_TIME_KIND] == "ready"
+
+
+def test_keras_callback_puts_the_train_function_back_when_fit_raises(store) -> None:
+    """Keras skips on_train_end when fit raises: the wrapper must not outlive the fit."""
+    keras = pytest.importorskip("keras")
+    import refrun.keras
+
+    class Boom(keras.Sequential):
+        def train_step(self, state, data):
+            raise ArithmeticError("boom in the train step")
+
+    model = Boom([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((4, 2), dtype="float32")
+    run = start(store, "candidate", "jax")
+    cb = refrun.keras.RefrunCallback(run, instrument={"monitors": None, "fresh_caches": False})
+    with pytest.raises(ArithmeticError, match="boom"):
+        model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[cb])
+    assert model.train_function is not None and model.train_function != cb._step
+    run.close()
+    assert cb.recorder.probe is not None and cb.recorder.probe.current_step == 0

@@ -159,3 +159,34 @@ def test_help_lists_every_sub_command_without_importing_mlflow() -> None:
         helps = {a.dest: a.help for a in sub._choices_actions}
         assert helps[name] == help_, name
         assert sub.choices[name].add_help  # the real parser, not the placeholder
+
+
+def test_compare_records_a_run_whose_hardware_tag_predates_validation(store, capsys) -> None:
+    """A store written before hardware validation holds free-text refrun.hardware tags
+    (written here straight through MlflowClient): recording the comparison still works,
+    the comparison run's hardware is unset and the text is kept in its own tag."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store.tracking_uri)
+    exp = client.create_experiment("legacy")
+    ids = {}
+    for role, hw, scale in (("reference", "a100", 1.0), ("candidate", "H100 (sxm)", 1.5)):
+        rid = client.create_run(exp, tags={"refrun.workload": "legacy", "refrun.role": role,
+                                           "refrun.hardware": hw}).info.run_id
+        client.log_batch(rid, metrics=[Metric("loss", scale * (10 - i), 1000 + i, i)
+                                       for i in range(10)])
+        client.set_terminated(rid, "FINISHED")
+        ids[role] = rid
+    capsys.readouterr()
+    rc = main(["compare", "--reference", ids["reference"], "--candidate", ids["candidate"],
+               "--tracking-uri", store.tracking_uri])
+    assert rc == 0, capsys.readouterr().err
+    (cmp_run,) = client.search_runs([exp], "tags.`refrun.role` = 'comparison'")
+    tags = cmp_run.data.tags
+    assert "refrun.hardware" not in tags
+    assert tags["refrun.compared.candidate_hardware"] == "H100 (sxm)"
+    assert tags["refrun.compared.candidate"] == ids["candidate"]
+    # diff/loss = candidate - reference = 0.5 * (10 - step), computed by hand
+    hist = client.get_metric_history(cmp_run.info.run_id, "diff/loss")
+    assert [(m.step, m.value) for m in hist] == [(i, 0.5 * (10 - i)) for i in range(10)]

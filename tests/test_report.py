@@ -173,6 +173,31 @@ def test_in_memory_single_reference_and_assessment_dict(tmp_path: Path) -> None:
     assert "No acceptance criteria were applied" in no_assessment
 
 
+def test_runs_table_says_where_each_runs_points_came_from() -> None:
+    """The runs table shows points_from (short; the full sentence as the cell's title),
+    not the bare source: a run read from MLflow's history is a bounded view."""
+    import dataclasses
+
+    steps = np.arange(1200)
+    base = pd.DataFrame({"metric": "loss", "step": steps, "value": 1.0 / (steps + 1)})
+    ref = dataclasses.replace(RunData.from_curves(base, "r1", tags={"refrun.role": "reference"}),
+                              source="artifact")
+    cand = dataclasses.replace(RunData.from_curves(base.iloc[:51], "c1",
+                                                   tags={"refrun.role": "candidate"}),
+                               source="history")
+    html = build_report(compare(ref, cand, progress=False)).html
+    body = re.search(r'<table class="runs" id="runs-table">.*?<tbody>(.*?)</tbody>', html,
+                     re.S).group(1)
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)]
+    last = {row[1]: row[-1] for row in cells}
+    assert re.fullmatch(r'<span title="curves artifact refrun/curves.parquet: 1,200 points '
+                        r'\(every point\)">artifact: 1,200 points</span>',
+                        last["<code>r1</code>"])
+    assert last["<code>c1</code>"].endswith(">MLflow history: 51 points</span>")
+    assert 'title="MLflow metric history: 51 points (no curves artifact' in last[
+        "<code>c1</code>"]
+
+
 # --- command line and MLflow -------------------------------------------------------------
 
 def test_cli_writes_report_and_logs_it_to_the_comparison_run(runs: Runs, tmp_path: Path,

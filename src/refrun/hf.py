@@ -34,9 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RefrunCallback"]
 
-# Trainer log keys that are bookkeeping, not metrics of the model.
-_SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second",
-         "train_steps_per_second", "train_loss", "grad_norm", "learning_rate"}
+# Trainer log keys recorded as train/<key>, and evaluation keys that are bookkeeping.
+_TRAIN = frozenset({"grad_norm", "learning_rate"})
+_EVAL_SKIP = frozenset({"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
 
 
 class RefrunCallback(TrainerCallback):
@@ -67,9 +67,11 @@ class RefrunCallback(TrainerCallback):
         self.recorder.start()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        samples = (int(args.per_device_train_batch_size)
-                   * int(args.gradient_accumulation_steps) * int(args.world_size))
-        self.recorder.begin_step(int(state.global_step), samples)
+        samples = None
+        if self.recorder.needs_samples:  # args.world_size is a property chain: only then
+            samples = (int(args.per_device_train_batch_size)
+                       * int(args.gradient_accumulation_steps) * int(args.world_size))
+        self.recorder.begin_step(state.global_step, samples)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.recorder.end_step()
@@ -79,14 +81,17 @@ class RefrunCallback(TrainerCallback):
         if not logs:
             return
         step = max(int(state.global_step) - 1, 0)  # the step that just ended
-        train = {("loss" if k == "loss" else f"train/{k}"): float(v)
-                 for k, v in logs.items()
-                 if isinstance(v, int | float) and not k.startswith("eval_")
-                 and (k == "loss" or k in ("grad_norm", "learning_rate"))}
-        evals = {k[len("eval_"):]: float(v) for k, v in logs.items()
-                 if k.startswith("eval_") and isinstance(v, int | float)
-                 and k[len("eval_"):] not in ("runtime", "samples_per_second",
-                                              "steps_per_second")}
+        train: dict[str, float] = {}
+        evals: dict[str, float] = {}
+        for k, v in logs.items():  # one pass: this runs every step with logging_steps=1
+            if not isinstance(v, int | float):
+                continue
+            if k == "loss":
+                train["loss"] = float(v)
+            elif k in _TRAIN:
+                train[f"train/{k}"] = float(v)
+            elif k.startswith("eval_") and k not in _EVAL_SKIP:
+                evals[k[len("eval_"):]] = float(v)
         self.recorder.log(step, **train)
         self.recorder.log_eval(step, evals)
 

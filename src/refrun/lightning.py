@@ -67,6 +67,7 @@ class RefrunCallback(_Callback):
         self.recorder = TrainerRecorder(self._make_probe, run, start_run)
         self._module: Any = None
         self._optimizer: Any = None
+        self._world_size = 1
 
     def _make_probe(self, run: RunSession) -> Any:
         import refrun.torch
@@ -78,18 +79,24 @@ class RefrunCallback(_Callback):
         self._module = pl_module
         opts = trainer.optimizers
         self._optimizer = opts[0] if opts else None
+        self._world_size = int(trainer.world_size)  # fixed for a fit; a property chain
         self.recorder.start()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
-        n = batch_size(batch)
-        self.recorder.begin_step(int(trainer.global_step),
-                                 None if n is None else n * int(trainer.world_size))
+        # Walk the batch only when the run declared no global batch (the per-step cost a
+        # callback adds beyond the probe's own; see docs/callbacks.md).
+        n = batch_size(batch) if self.recorder.needs_samples else None
+        self.recorder.begin_step(trainer.global_step,
+                                 None if n is None else n * self._world_size)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self.recorder.end_step(loss=loss if isinstance(loss, torch.Tensor | float) else None)
+        if isinstance(loss, torch.Tensor | float):
+            self.recorder.end_step(loss=loss)
+        else:
+            self.recorder.end_step()
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking:

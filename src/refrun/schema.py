@@ -261,3 +261,10 @@ def rank_artifact(rank: int, name: str) -> str:
     warnings ...): ``refrun/ranks/rank-<k>/<file name>``."""
     return f"{ARTIFACT_RANKS_DIR}/{rank_name(rank)}/{name.rsplit('/', 1)[-1]}"
 # --- end of multi-process block ---------------------------------------------------------------
+
+# --- legacy-store hygiene (engineer hyg) ---------------------------------------------------
+# The candidate's refrun.hardware tag as stored, when it is not (or not written as) a
+# canonical hardware name: a store written before hardware validation may hold free text,
+# which must neither stop a comparison from being recorded nor be lost.
+TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
+# --- end of legacy-store hygiene block -----------------------------------------------------

@@ -49,23 +49,32 @@ class TrainerRecorder:
             self._own_run = True
         self.probe = self.make_probe(self.run)
 
+    @property
+    def needs_samples(self) -> bool:
+        """True when the samples of each step must come from the trainer (the run declared
+        no ``refrun.global_batch``): only then is it worth a callback's time to count a
+        batch on the training thread."""
+        return self.probe is None or self.probe.global_batch is None
+
     def begin_step(self, n: int, samples: int | None = None) -> None:
         """An optimizer step ``n`` begins (``samples``: what its batch holds, all ranks)."""
         if self.probe is None:
             self.start()
         assert self.probe is not None
-        self.end_step()  # a trainer that skipped "end" (an exception, a skipped batch)
+        if self._step_cm is not None:
+            self.end_step()  # a trainer that skipped "end" (an exception, a skipped batch)
         self._step_cm = self.probe.step(n)
         self._step_cm.__enter__()
         if samples is not None and self.probe.global_batch is None:
             self.probe.progress(samples=samples)
 
     def end_step(self, **metrics: Any) -> None:
-        """The step ends: log ``metrics`` (e.g. ``loss=``) in it, then close it."""
+        """The step ends: log ``metrics`` (e.g. ``loss=``; never None: a callback leaves
+        out what it does not have) in it, then close it."""
         if self._step_cm is None or self.probe is None:
             return
-        if metrics:
-            self.probe.log(**{k: v for k, v in metrics.items() if v is not None})
+        if metrics:  # passed on as is: no per-step copy (allocations invite GC pauses)
+            self.probe.log(**metrics)
         cm, self._step_cm = self._step_cm, None
         cm.__exit__(None, None, None)
 

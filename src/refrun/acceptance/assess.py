@@ -17,6 +17,7 @@ from typing import Any
 
 from refrun import identity, schema
 from refrun.acceptance import checks, levels
+from refrun.acceptance.alignment import alignment_of
 from refrun.acceptance.calibration import calibration_digest
 from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
@@ -186,7 +187,7 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
         candidate_id=candidate.run_id, results=results, levels=lvls,
         highest_level=levels.highest_level(lvls), verdict=levels.verdict(results),
         measurements=measurements(comparison), created_utc=utc_now(), warnings=warnings,
-        cross_workload=cross)
+        cross_workload=cross, alignment=alignment_of(crit))
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
                                calibration_sha256=calibration_digest(crit))

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from refrun import schema
+from refrun import identity, schema
 from refrun._version import __version__
 from refrun.acceptance import checks
 from refrun.acceptance import runview as rv
@@ -351,7 +351,9 @@ def _check_runs(runs: Sequence[RunData], opts: CalibrationOptions) -> tuple[int,
     if len(workloads) > 1:
         raise RefrunInputError(f"reference runs of different workloads: "
                                f"{', '.join(sorted(workloads))}")
-    backends = {(r.backend or "").strip().lower() for r in runs}
+    # Canonical names (the criteria reader validates [calibration] backend against them).
+    backends = {identity.canonical_backend(r.backend) or (r.backend or "").strip().lower()
+                for r in runs}
     return g, workloads.pop(), ",".join(sorted(backends))
 
 

@@ -99,7 +99,8 @@ class Calibration:
     n: int = key("number of reference runs (seeds)", 0, ge=0)
     group_size: int = key("reference runs per held-out group (use as many references "
                           "with refrun accept)", 0, ge=0)
-    backend: str = key("refrun.backend of the reference runs", "")
+    backend: str = key("refrun.backend of the reference runs (comma-separated when they "
+                       "differ; each a known backend name)", "", names="backend")
     false_alarm_rate: float = key("target probability that a benign candidate fails one "
                                   "criterion", 0.05, gt=0, le=0.5)
     confidence: float = key("confidence of the tolerance limits", 0.9, gt=0, le=0.999)
@@ -687,6 +688,11 @@ class _Validator:
                 self.fail(kp, f"expected a string, got {_show(val)}", ident)
             if meta.get("enum") and val not in meta["enum"]:
                 self.fail(kp, f"{val!r} is not one of: {', '.join(meta['enum'])}", ident)
+            if meta.get("names"):
+                # A name list in one string ("jax,torch"): each part is an identity name,
+                # so a typo fails here instead of being carried as provenance.
+                return ",".join(self.name(part.strip(), meta, kp, ident)
+                                for part in val.split(",")) if val.strip() else val
             return val
         if tp is int:
             if isinstance(val, bool) or not isinstance(val, int):

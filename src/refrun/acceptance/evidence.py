@@ -2,10 +2,12 @@
 
 The evidence is what a sign-off vouches for: the criteria file's digest, every assessed
 value (criterion, outcome, evidence values), and a fingerprint of each run they came
-from: status, end time, ``refrun.*`` tags, params, MLflow's latest value of every metric,
-and a digest of every curve (each metric's points in logging order: step int64 and value
-float64 bytes, NaN canonicalised).  Canonical JSON: sorted keys, no spaces, finite floats
-by ``repr`` and non-finite ones as null.  :func:`diff_evidence` says what differs between
+from: status, end time, where its points came from (``source`` and, from format version
+2, ``points_from``: curves artifact or MLflow history, and how many), ``refrun.*`` tags,
+params, MLflow's latest value of every metric, and a digest of every curve (each
+metric's points in logging order: step int64 and value float64 bytes, NaN
+canonicalised).  Canonical JSON: sorted keys, no spaces, finite floats by ``repr`` and
+non-finite ones as null.  :func:`diff_evidence` says what differs between
 two evidence documents, key by key.
 """
 
@@ -24,7 +26,10 @@ from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
 FORMAT = "refrun.evidence"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
+# Version 2 added each run's ``points_from``; evidence recorded as version 1 is recomputed
+# as version 1, so an older sign-off still verifies against unchanged data.
+FORMAT_VERSIONS = ("1", "2")
 
 
 def canonical_json(obj: Any) -> str:
@@ -62,9 +67,10 @@ def latest_metrics(run_ids: Sequence[str], tracking_uri: str | None) -> dict[str
     return {rid: dict(client.get_run(rid).data.metrics) for rid in run_ids}
 
 
-def run_fingerprint(run: RunData, role: str, latest: dict[str, float] | None) -> dict[str, Any]:
+def run_fingerprint(run: RunData, role: str, latest: dict[str, float] | None,
+                    format_version: str = FORMAT_VERSION) -> dict[str, Any]:
     """Everything about a run that the assessment could depend on."""
-    return {
+    out = {
         "role": role,
         "status": run.status,
         "end_time_ms": run.end_time_ms,
@@ -74,17 +80,28 @@ def run_fingerprint(run: RunData, role: str, latest: dict[str, float] | None) ->
         "latest_metrics": latest,
         "curves": curve_digests(run),
     }
+    if format_version != "1":
+        # Named in a verification when the points switch between the curves artifact and
+        # MLflow's (bounded) history, e.g. after the artifact was deleted.
+        out["points_from"] = run.points_from
+    return out
 
 
 def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
                    references: Sequence[RunData], candidate: RunData,
-                   latest: dict[str, dict] | None = None) -> dict[str, Any]:
-    """The canonical evidence document (see the module docstring)."""
+                   latest: dict[str, dict] | None = None,
+                   format_version: str = FORMAT_VERSION) -> dict[str, Any]:
+    """The canonical evidence document (see the module docstring); ``format_version``:
+    one of :data:`FORMAT_VERSIONS` (an older one to recompute older recorded evidence)."""
+    if format_version not in FORMAT_VERSIONS:
+        format_version = FORMAT_VERSION  # unknown: recompute as now (the digest will differ)
     latest = latest or {}
-    runs = {r.run_id: run_fingerprint(r, "reference", latest.get(r.run_id)) for r in references}
-    runs[candidate.run_id] = run_fingerprint(candidate, "candidate", latest.get(candidate.run_id))
+    runs = {r.run_id: run_fingerprint(r, "reference", latest.get(r.run_id), format_version)
+            for r in references}
+    runs[candidate.run_id] = run_fingerprint(candidate, "candidate",
+                                             latest.get(candidate.run_id), format_version)
     return clean({
-        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "format": FORMAT, "format_version": format_version,
         "criteria_sha256": criteria_sha256,
         "reference": [r.run_id for r in references], "candidate": candidate.run_id,
         "runs": runs,

@@ -74,6 +74,8 @@ class Assessment:
     # run has, a candidate backend refrun does not know, a cross-workload assessment.
     warnings: list[str] = field(default_factory=list)
     cross_workload: str = ""  # the note when --allow-cross-workload let workloads differ
+    # The axis runs were aligned on and its source (refrun.acceptance.alignment).
+    alignment: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -103,6 +105,7 @@ class Assessment:
             "results": [r.to_dict() for r in self.results],
             "measurements": self.measurements,
             "warnings": self.warnings, "cross_workload": self.cross_workload,
+            "alignment": self.alignment,
         })
 
     def write_json(self, path: str | Path) -> Path:

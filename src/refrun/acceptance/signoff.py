@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from refrun._version import __version__
+from refrun.acceptance.alignment import recorded_axis, with_axis
 from refrun.acceptance.assess import assess, gradchecks_for, load_for_assessment
 from refrun.acceptance.criteria import CriteriaFile, parse_criteria
 from refrun.acceptance.evidence import (
+    FORMAT_VERSION,
     _change,
     _leaf_diffs,
     build_evidence,
@@ -130,10 +132,13 @@ def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None
     cand_id = rec.assessment.get("candidate", "")
     # A cross-workload assessment was allowed explicitly (and says so): re-assess alike.
     cross = bool(rec.assessment.get("cross_workload"))
+    crit = with_axis(crit, recorded_axis(rec.assessment))  # the basis it was assessed on
     refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri, cross)
     a = assess(crit, refs, cand, latest, cross,
                gradchecks=gradchecks_for(crit, cand, tracking_uri))
-    return a, build_evidence(crit.sha256, a.results, refs, cand, latest)
+    # Recomputed in the recorded evidence's format version (older evidence lacks newer keys).
+    version = str((rec.evidence or {}).get("format_version", FORMAT_VERSION))
+    return a, build_evidence(crit.sha256, a.results, refs, cand, latest, version)
 
 
 # What a reader of the verdict sees, compared field by field.  ``created_utc`` is when the

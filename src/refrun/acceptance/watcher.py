@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from refrun import identity
 from refrun.acceptance.criteria import CriteriaFile, load_criteria
 from refrun.acceptance.stopping import StopReport, evaluate_stopping
 from refrun.comparison import RunData, load_run
@@ -92,13 +93,25 @@ class Watcher:
 def watch_run(crit: CriteriaFile, run_id: str, reference_ids: Sequence[str] = (),
               every_s: float = 60.0, max_checks: int | None = None,
               tracking_uri: str | None = None,
-              on_report: Callable[[StopReport], None] | None = None) -> StopReport:
+              on_report: Callable[[StopReport], None] | None = None,
+              allow_cross_workload: bool = False,
+              on_note: Callable[[str], None] | None = None) -> StopReport:
     """Evaluate the rules on a run in the store every ``every_s`` seconds until it is no
-    longer RUNNING or ``max_checks`` evaluations were made; returns the last report."""
+    longer RUNNING or ``max_checks`` evaluations were made; returns the last report.
+
+    The run's workload must match the criteria file's and the references' (the rule of
+    ``refrun accept``, :func:`refrun.identity.check_workloads`): otherwise
+    :class:`~refrun.errors.RefrunInputError` before the first evaluation, unless
+    ``allow_cross_workload`` (then ``on_note`` gets the one-line note)."""
     refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
     checks = 0
     while True:
         run = load_run(run_id, tracking_uri=tracking_uri, progress=False, allow_partial=True)
+        if checks == 0:
+            note = identity.check_workloads(run, refs, crit.workload, crit.path,
+                                            allow=allow_cross_workload)
+            if note and on_note is not None:
+                on_note(note)
         report = evaluate_stopping(crit, run, refs)
         checks += 1
         if on_report is not None:

@@ -116,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         _own_process_gc()
     # MLflow announces database migrations on INFO; a CLI's stderr is for its own errors.
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # MLflow resets its loggers when it is imported (lazily, later), from this variable;
+    # the levels cover an MLflow already imported.  The CLI only: never in library use.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(argv))

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from refrun import schema
+from refrun.acceptance.alignment import AXES, with_axis
 from refrun.acceptance.assess import assess_ids
 from refrun.acceptance.criteria import load_criteria
 from refrun.acceptance.record import record_assessment
@@ -24,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", required=True, nargs="+", action="extend", metavar="ID",
                    help="reference run id(s); several ids form a group of seeds")
     p.add_argument("--candidate", required=True, metavar="ID", help="candidate run id")
+    p.add_argument("--axis", choices=AXES, default=None,
+                   help="align on steps or cumulative samples/tokens seen, when the criteria "
+                        "file's [settings] axis does not say (a different one: exit 2)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT",
                    help="also write the full assessment as JSON to OUT")
     p.add_argument("--no-record", action="store_true",
@@ -35,12 +39,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _hardware(uri: str, run_id: str) -> str | None:
+    """The candidate's ``refrun.hardware`` tag, for the comparison run's identity."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri).get_run(run_id).data.tags.get(schema.TAG_HARDWARE)
+
+
 def run(args: argparse.Namespace) -> int:
-    crit = load_criteria(args.criteria)
+    crit = with_axis(load_criteria(args.criteria), args.axis)
     uri = existing_store_uri(args.tracking_uri)
     assessment, evidence = assess_ids(crit, args.reference, args.candidate, uri,
                                       args.allow_cross_workload)
     print(assessment.table())
+    al = assessment.alignment
+    print(f"aligned on {al.get('axis')} (from {al.get('source')})")
     for r in assessment.results:  # statistical criteria: the interval and its seeds
         if schema.EV_INTERVAL in r.evidence:
             lo, hi = r.evidence[schema.EV_INTERVAL]
@@ -51,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         assessment.write_json(args.json)
     if not args.no_record:
-        run_id = record_assessment(assessment, crit, evidence, tracking_uri=uri)
+        run_id = record_assessment(assessment, crit, evidence, tracking_uri=uri,
+                                   candidate_hardware=_hardware(uri, args.candidate))
         print(f"recorded on comparison run {run_id} "
               f"(evidence sha256 {assessment.evidence_sha256})")
     return assessment.exit_code

@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from refrun.errors import RefrunInputError
     from refrun.tracking import existing_store_uri
 
+    # A bad --check file is refused before any store is opened (one line, exit 2).
+    crit = load_criteria(args.check) if args.check is not None else None
     uri = existing_store_uri(args.tracking_uri)
     ids = list(args.reference or reference_ids(args.workload, uri))
     if args.workload and not ids:
@@ -101,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup_steps is not None and args.warmup_steps < 0:
         raise RefrunInputError(f"--warmup-steps: {args.warmup_steps} must be >= 0")
     runs = [load_run(i, tracking_uri=uri, progress=False) for i in ids]
-    if args.check is not None:
-        crit = load_criteria(args.check)
+    if crit is not None:
         report = check_file(crit, runs, args.group_size,
                             max_groups=args.max_groups if args.max_groups != 20 else 5)
         print(report.text())

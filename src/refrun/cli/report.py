@@ -147,6 +147,21 @@ def _compare(args: argparse.Namespace, candidate: str, metrics: list[str] | None
     return cmp, None
 
 
+def _describe_assessed(run_id: str, assessment: dict[str, Any], uri: str) -> None:
+    """Name the comparison run ``accept <candidate> vs N refs: <verdict>`` and put the
+    verdict and failing criteria in its description, like `refrun accept`'s run."""
+    from mlflow.tracking import MlflowClient
+
+    from refrun import mlflow_ui
+
+    results = assessment.get("results") or []
+    verdict = mlflow_ui.Verdict(
+        str(assessment.get("verdict")), assessment.get("highest_level"),
+        tuple((r["id"], r.get("reason", "")) for r in results if r.get("outcome") == "fail"),
+        tuple(r["id"] for r in results if r.get("outcome") == "not_evaluable"))
+    mlflow_ui.describe_comparison(MlflowClient(uri), run_id, "accept", verdict)
+
+
 def run(args: argparse.Namespace) -> int:
     # Every output is checked before anything is compared or recorded: a report that
     # cannot be written must not leave a comparison run behind.
@@ -172,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
             run_id = args.comparison_run
         elif not args.no_record:
             run_id = record_comparison(cmp, tracking_uri=uri)
+            if assessment is not None:  # named and described as `refrun accept` does
+                _describe_assessed(run_id, assessment, uri)
         candidates.append(Candidate(cmp, assessment, run_id))
     path, matrix = write_multi_report(candidates, out, plotlyjs=args.plotlyjs,
                                       max_points=args.max_points,

@@ -2,7 +2,9 @@
 file's stopping rules on a run in progress, every ``--every`` seconds, until it ends.
 
 A triggered rule prints ``INVESTIGATE`` with its evidence; nothing is stopped or rejected.
-Exit codes: 0 no rule triggered at the last check, 1 a rule says investigate, 2 bad input.
+Exit codes: 0 no rule triggered at the last check, 1 a rule says investigate, 2 bad input
+(including a run of another workload than the criteria file's or the references', unless
+``--allow-cross-workload``, the rule of ``refrun accept``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-checks", type=int, default=None, metavar="N")
     p.add_argument("--json", type=Path, default=None, metavar="OUT",
                    help="write the last report as JSON to OUT")
+    p.add_argument("--allow-cross-workload", action="store_true",
+                   help="watch a run of another workload than the criteria file's or the "
+                        "references' (refused otherwise; the output says so)")
     add_tracking_uri(p)
     p.set_defaults(func=run)
 
@@ -47,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         print(report.text(), flush=True)
 
     report = watch_run(crit, args.run, args.reference, args.every,
-                       1 if args.once else args.max_checks, uri, show)
+                       1 if args.once else args.max_checks, uri, show,
+                       args.allow_cross_workload, lambda note: print(f"note: {note}"))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")

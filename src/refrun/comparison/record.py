@@ -31,6 +31,7 @@ from refrun.complete_run import (
     string_tags,
     write_complete_run,
 )
+from refrun.identity import canonical_hardware
 from refrun.thinning import MLFLOW_MAX_POINTS
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
@@ -70,8 +71,13 @@ def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
     del spool_dir
     cand = comparison.candidate
     ref0 = comparison.reference[0]
+    # A legacy free-text hardware tag must not stop recording: the canonical name when
+    # there is one, else unset, and the stored text kept in its own tag.
+    hardware = canonical_hardware(cand.hardware)
     tags = identity_tags(cand.workload or ref0.workload or "comparison", "comparison",
-                         hardware=cand.hardware, backend="comparison")
+                         hardware=hardware, backend="comparison")
+    if cand.hardware and cand.hardware != hardware:
+        tags[schema.TAG_COMPARED_CANDIDATE_HARDWARE] = cand.hardware
     tags.update(string_tags({
         schema.TAG_COMPARED_REFERENCE: ",".join(comparison.reference_ids),
         schema.TAG_COMPARED_CANDIDATE: cand.run_id,

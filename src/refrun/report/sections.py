@@ -86,6 +86,17 @@ def _versions(r: RunData) -> str:
     return ", ".join(parts)
 
 
+def points_from_cell(r: RunData) -> Raw:
+    """Where the run's points came from, short (``artifact: N points`` / ``MLflow history:
+    N points``), with :attr:`RunData.points_from`'s full sentence as the hover title: a
+    history-read run is a bounded view, and the reader must see which one was compared."""
+    n = f"{r.points:,} point{'s' if r.points != 1 else ''}"
+    short = {"artifact": f"artifact: {n}", "history": f"MLflow history: {n}",
+             "spool": f"live spool: {n}", "memory": f"in memory: {n}"
+             }.get(r.source, f"{r.source}: {n}")
+    return tag("span", short, title=r.points_from)
+
+
 def runs_table(cmp: Comparison) -> Raw:
     """One row per run: identity, versions, status, duration, where its points came from."""
     rows = []
@@ -93,7 +104,7 @@ def runs_table(cmp: Comparison) -> Raw:
         rows.append((label, tag("code", r.run_id), r.tags.get("mlflow.runName", ""),
                      r.workload or "", r.hardware or "", r.backend or "",
                      r.tags.get(schema.TAG_CHIPS, ""), r.seed or "", _versions(r),
-                     r.status, _duration(r), r.source))
+                     r.status, _duration(r), points_from_cell(r)))
     return table(("run", "run id", "name", "workload", "hardware", "backend", "chips", "seed",
                   "versions", "status", "duration", "points from"), rows, "runs",
                  "runs-table")
