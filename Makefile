@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PJRT_DEVICE ?= CPU
+# Test worker processes (pytest-xdist; each runs whole files, so module fixtures run once).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench
 
@@ -14,7 +16,7 @@ demo:
 test:
 	@scripts/bootstrap.sh --with-test-deps
 	@$(PY) -m ruff check src tests pipelines benchmarks
-	@$(PY) -m pytest $(ARGS)
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 $(ARGS)
 
 lint:
 	@$(PY) -m ruff check src tests pipelines benchmarks

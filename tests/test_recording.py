@@ -238,6 +238,7 @@ CONCURRENT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.fresh_store
 def test_eight_trainers_start_at_once_on_a_new_sqlite_store(store, tmp_path):
     script = tmp_path / "many.py"
     script.write_text(CONCURRENT_SCRIPT)
