@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from refrun.acceptance.criteria import CriteriaFile, locate
 from refrun.errors import RefrunInputError
+from refrun.schema import AXES
 
 AxisSource = Literal["criteria", "--axis", "default"]
-AXES = ("step", "samples", "tokens")
 DEFAULT_AXIS = "step"
 
 

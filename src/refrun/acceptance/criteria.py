@@ -54,7 +54,7 @@ class Settings:
     interpolate: str = key("align different cadences by linear interpolation of one side",
                            "none", enum=("none", "candidate", "reference"))
     axis: str = key("align on 'step', or on cumulative 'samples' / 'tokens' seen (runs with "
-                    "different global batches)", "step", enum=("step", "samples", "tokens"))
+                    "different global batches)", "step", enum=schema.AXES)
     eps: float = key("floor of the relative-difference denominator", 1e-12, gt=0)
     final_fraction: float = key("final window: the last ceil(fraction * n) aligned steps",
                                 0.1, gt=0, le=1)

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from refrun import schema
-from refrun.acceptance.alignment import AXES, with_axis
+from refrun.acceptance.alignment import with_axis
 from refrun.acceptance.assess import assess_ids
 from refrun.acceptance.criteria import load_criteria
 from refrun.acceptance.record import record_assessment
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", required=True, nargs="+", action="extend", metavar="ID",
                    help="reference run id(s); several ids form a group of seeds")
     p.add_argument("--candidate", required=True, metavar="ID", help="candidate run id")
-    p.add_argument("--axis", choices=AXES, default=None,
+    p.add_argument("--axis", choices=schema.AXES, default=None,
                    help="align on steps or cumulative samples/tokens seen, when the criteria "
                         "file's [settings] axis does not say (a different one: exit 2)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT",

@@ -18,6 +18,7 @@ from refrun.comparison.engine import CompareOptions, Comparison, compare
 from refrun.comparison.record import record_comparison
 from refrun.errors import RefrunInputError
 from refrun.identity import check_workloads
+from refrun.schema import AXES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="value kept for a step written more than once (default: last)")
     p.add_argument("--interpolate", choices=("none", "candidate", "reference"),
                    default="none", help="interpolate one run onto the other's steps")
-    p.add_argument("--axis", choices=("step", "samples", "tokens"), default="step",
+    p.add_argument("--axis", choices=AXES, default="step",
                    help="align on steps, or on cumulative samples/tokens seen (default: step)")
     p.add_argument("--final-fraction", type=float, default=0.1,
                    help="final window: the last fraction of aligned steps (default 0.1)")

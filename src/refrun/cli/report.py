@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the file's [settings] decide)")
     p.add_argument("--interpolate", choices=("none", "candidate", "reference"),
                    default=None, help="interpolate one run onto the other's steps")
-    p.add_argument("--axis", choices=("step", "samples", "tokens"), default=None,
+    p.add_argument("--axis", choices=schema.AXES, default=None,
                    help="align on steps, or on cumulative samples/tokens seen (default: step)")
     p.add_argument("--max-points", type=int, default=DEFAULT_MAX_POINTS,
                    help=f"most points drawn per trace (default {DEFAULT_MAX_POINTS}); "
