@@ -268,3 +268,18 @@ def rank_artifact(rank: int, name: str) -> str:
 # which must neither stop a comparison from being recorded nor be lost.
 TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
 # --- end of legacy-store hygiene block -----------------------------------------------------
+
+# --- same-seed pairs (issue 21 item 4, engineer paired; see docs/acceptance.md#paired) -------
+# A run that starts from the same initial weights and the same data order as one reference
+# seed (a port of that seed, or a rerun of it) declares its pair with these tags
+# (refrun.pairing.pair_tags, passed to start_run(tags=...)); `paired` criteria compare its
+# per-step curves with that seed's run directly.
+TAG_PAIR_SEED = "refrun.pair.seed"  # int: the reference seed whose start it shares
+TAG_PAIR_REFERENCE = "refrun.pair.reference"  # run id of that reference run (optional)
+# Known-good pair evidence: why this pair is known to be numerically benign (e.g. "rerun of
+# the reference with the input features permuted (summation order)"); `refrun calibrate`
+# derives the paired tolerance from such runs.  Never an independent seed.
+TAG_PAIR_KNOWN_GOOD = "refrun.pair.known_good"
+PAIR_TAGS = (TAG_PAIR_SEED, TAG_PAIR_REFERENCE, TAG_PAIR_KNOWN_GOOD)
+# Evidence key of a paired result: first step where the pair's divergence left the band.
+EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"

@@ -17,6 +17,7 @@ from typing import Any
 
 from refrun import identity, schema
 from refrun.acceptance import checks, levels
+from refrun.acceptance import paired as pairs
 from refrun.acceptance.alignment import alignment_of
 from refrun.acceptance.calibration import calibration_digest
 from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
@@ -145,7 +146,8 @@ def backend_scope(crit: CriteriaFile, runs: Sequence[RunData], candidate: RunDat
 def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData,
            latest: dict[str, dict] | None = None,
            allow_cross_workload: bool = False,
-           gradchecks: list[GradcheckRun] | None = None) -> Assessment:
+           gradchecks: list[GradcheckRun] | None = None,
+           pair: pairs.PairLookup | None = None) -> Assessment:
     """Assess ``candidate`` against ``references`` with the criteria ``crit``.
 
     Every criterion yields pass, fail, not_evaluable or not_applicable (scoped by
@@ -159,7 +161,8 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     cross = identity.check_workloads(candidate, refs, crit.workload, crit.path,
                                      allow=allow_cross_workload)
     comparison, why = run_comparison(crit, refs, candidate)
-    ctx = checks.Context(crit, refs, candidate, comparison, why, gradchecks=gradchecks)
+    ctx = checks.Context(crit, refs, candidate, comparison, why, gradchecks=gradchecks,
+                         pair=pair)
     results: list[CriterionResult] = levels.builtin_l0(candidate, refs, crit.l0, crit.settings.keep)
     for lv in ("L0", "L1", "L2", "L3"):
         results += [checks.evaluate(c, ctx) for c in crit.criteria if c.level == lv]
@@ -178,6 +181,9 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
                 metric=getattr(c, "metric", None), description=c.description,
                 evaluated=False))
     results, warnings = backend_scope(crit, [*refs, candidate], candidate, results)
+    warnings += [f"criterion {r.id!r} not applied: {r.reason}" for r in results
+                 if r.kind == "paired" and r.outcome != PASS and r.reason.startswith(
+                     pairs.NO_PAIR)]
     if cross:
         warnings.insert(0, cross)
     lvls = levels.summarize(results)
@@ -187,8 +193,10 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
         candidate_id=candidate.run_id, results=results, levels=lvls,
         highest_level=levels.highest_level(lvls), verdict=levels.verdict(results),
         measurements=measurements(comparison), created_utc=utc_now(), warnings=warnings,
-        cross_workload=cross, alignment=alignment_of(crit))
-    evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
+        cross_workload=cross, alignment=alignment_of(crit),
+        pair=pair.to_dict() if pair is not None and pair.declared else {})
+    evidence = build_evidence(crit.sha256, results, refs, candidate, latest,
+                              pair=pair_run(pair, refs))
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
                                calibration_sha256=calibration_digest(crit))
 
@@ -220,12 +228,38 @@ def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | N
     return find_gradchecks(candidate, tracking_uri)
 
 
+def pair_for(crit: CriteriaFile, candidate: RunData, references: Sequence[RunData],
+             tracking_uri: str | None, latest: dict[str, dict],
+             explicit: str | None = None) -> pairs.PairLookup | None:
+    """The candidate's same-seed reference when the file has a ``paired`` criterion (or
+    ``explicit``, ``refrun accept --pair``, is given), else None (not looked up); adds the
+    pair's latest MLflow metric values to ``latest`` (its evidence fingerprint)."""
+    if not explicit and not any(c.KIND == "paired" for c in crit.criteria):
+        return None
+    lookup = pairs.find_pair(candidate, references, tracking_uri, explicit)
+    run = pair_run(lookup, references)
+    if run is not None and run.run_id not in latest:
+        latest.update(latest_metrics([run.run_id], tracking_uri))
+    return lookup
+
+
+def pair_run(pair: pairs.PairLookup | None, references: Sequence[RunData]) -> RunData | None:
+    """The pair's run when it is not already one of the references (its own evidence)."""
+    if pair is None or pair.run is None:
+        return None
+    return None if any(r.run_id == pair.run.run_id for r in references) else pair.run
+
+
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
-               tracking_uri: str | None = None, allow_cross_workload: bool = False
-               ) -> tuple[Assessment, dict[str, Any]]:
-    """Load the runs by id and assess; returns the assessment and its evidence document."""
+               tracking_uri: str | None = None, allow_cross_workload: bool = False,
+               pair_id: str | None = None) -> tuple[Assessment, dict[str, Any]]:
+    """Load the runs by id and assess; returns the assessment and its evidence document.
+    ``pair_id``: the candidate's same-seed reference run (``refrun accept --pair``),
+    overriding what its tags declare."""
     refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri,
                                              allow_cross_workload)
+    pair = pair_for(crit, cand, refs, tracking_uri, latest, pair_id)
     a = assess(crit, refs, cand, latest, allow_cross_workload,
-               gradchecks=gradchecks_for(crit, cand, tracking_uri))
-    return a, build_evidence(crit.sha256, a.results, refs, cand, latest)
+               gradchecks=gradchecks_for(crit, cand, tracking_uri), pair=pair)
+    return a, build_evidence(crit.sha256, a.results, refs, cand, latest,
+                             pair=pair_run(pair, refs))

@@ -43,6 +43,7 @@ import numpy as np
 from refrun import identity, schema
 from refrun._version import __version__
 from refrun.acceptance import checks
+from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.criteria import CriteriaFile, Settings, parse_criteria
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
@@ -50,6 +51,7 @@ from refrun.acceptance.statistics import prediction_z, symmetric_limit, upper_li
 from refrun.comparison import RunData, compare, warmup_end
 from refrun.comparison.measures import final_window_size
 from refrun.errors import RefrunInputError
+from refrun.pairing import declares_pair
 
 METHOD = ("held-out seeds: each reference seed judged against groups of the others; "
           "threshold = max(worst trial, mean + k s) of what the held-out trials needed, k the "
@@ -136,6 +138,8 @@ class Calibrated:
     criteria: list[Derived]
     skipped: dict[str, str]
     created_utc: str
+    # Lines the user must read beside the file: e.g. why no paired criterion was written.
+    notes: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         """The criteria file (TOML)."""
@@ -341,6 +345,10 @@ def _check_runs(runs: Sequence[RunData], opts: CalibrationOptions) -> tuple[int,
         raise RefrunInputError(f"calibration needs at least {MIN_RUNS} reference runs "
                                f"(seeds), got {len(runs)}")
     ids = [r.run_id for r in runs]
+    paired_runs = [r.run_id for r in runs if declares_pair(r.tags)]
+    if paired_runs:
+        raise RefrunInputError(f"run(s) {', '.join(paired_runs)} declare a same-seed pair "
+                               f"({schema.TAG_PAIR_SEED}): not independent reference seeds")
     if len(set(ids)) != len(ids):
         raise RefrunInputError(f"reference runs given twice: {', '.join(ids)}")
     g = opts.group_size or len(runs) - 1
@@ -358,8 +366,14 @@ def _check_runs(runs: Sequence[RunData], opts: CalibrationOptions) -> tuple[int,
 
 
 def calibrate(references: Sequence[RunData],
-              options: CalibrationOptions | None = None) -> Calibrated:
+              options: CalibrationOptions | None = None,
+              known_good: Sequence[RunData] = ()) -> Calibrated:
     """Derive a criteria file from ``references`` (N >= 3 seeds of one workload).
+
+    ``known_good``: known-good same-seed pair evidence (runs tagged
+    ``refrun.pair.known_good``, :func:`refrun.acceptance.paired.known_good_ids`); those whose
+    pair is one of ``references`` give a ``paired`` criterion on the loss
+    (:func:`refrun.acceptance.paired.derive_band`); otherwise ``notes`` says why none.
 
     Returns a :class:`Calibrated` (``.text()`` is the TOML file, ``.power()`` the
     smallest detectable shifts).  Raises :class:`RefrunInputError` for fewer than 3 runs,
@@ -421,10 +435,43 @@ def calibrate(references: Sequence[RunData],
     out += integrity(runs, opts, cov)
     if opts.require_gradcheck:
         out.append(_gradcheck())
+    notes: list[str] = []
+    if "paired" not in opts.exclude_kinds:
+        band, why = pairs.derive_band(known_good, runs, schema.M_LOSS, keep) \
+            if schema.M_LOSS in metrics else (None, f"no paired criterion: the references "
+                                               f"share no finite {schema.M_LOSS!r}")
+        if band is not None:
+            out.append(_paired(band))
+        if why:
+            notes.append(why if band is None else f"paired: {why}")
     out = [d for d in out if d.table["kind"] not in opts.exclude_kinds]
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-                      .replace("+00:00", "Z"))
+                      .replace("+00:00", "Z"), notes)
+
+
+def _paired(b: pairs.PairedBand) -> Derived:
+    structural = b.max_ratio == pairs.STRUCTURAL_MAX_RATIO
+    src = (f"band = {b.max_ratio:.4g} x the running max |diff| of {len(b.pairs)} known-good "
+           "pair(s) (" + "; ".join(f"{k} vs {r}: {why}" for k, r, why in b.pairs) + "); "
+           + ("max_ratio is the structural 2^6.5 (geometric middle of float32 and TF32 "
+              "rounding)" if structural else
+              f"max_ratio raised to the known-good pairs' worst leave-one-out need "
+              f"{max(b.needs):.4g}"))
+    cal = {"pairs": float(len(b.pairs)), "floor": _clean_float(b.floor),
+           "structural": 1.0 if structural else 0.0}
+    if b.needs:
+        cal["worst"] = _clean_float(max(b.needs))
+    det = (f"a same-seed port whose divergence from its seed exceeds {b.max_ratio:.3g} x the "
+           f"known-good pairs' at any step (e.g. bfloat16 or TF32 matmuls)")
+    return Derived({"id": f"{_slug(b.metric)}-paired", "kind": "paired", "level": "L1",
+                    "metric": b.metric, "max_ratio": b.max_ratio, "band_steps": b.band_steps,
+                    "band_values": [float(f"{v:.4g}") for v in b.band_values],
+                    "description": "a port of one reference seed (same seed, initial weights "
+                                   "and data order) tracks that seed's run as closely as "
+                                   "known-good evidence does; " + src,
+                    "calibration": cal}, max(b.needs) if b.needs else None, None, det,
+                   [src, f"detects: {det}"], len(b.pairs))
 
 
 def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
@@ -640,6 +687,8 @@ def render(c: Calibrated) -> str:
     lines += ["#", "# Power (the smallest shift each criterion detects with these seeds):"]
     for d in c.criteria:
         lines += _comment(f"  {d.id}: {d.detectable}")
+    for note in c.notes:
+        lines += ["#", *_comment(note)]
     if c.skipped:
         lines += ["#", "# Metrics without a criterion:"]
         for m, why in c.skipped.items():
@@ -673,8 +722,21 @@ def calibrate_ids(run_ids: Sequence[str], tracking_uri: str | None = None,
     """Load the reference runs by id and :func:`calibrate`."""
     from refrun.comparison import load_run
 
-    return calibrate([load_run(i, tracking_uri=tracking_uri, progress=False)
-                      for i in run_ids], options)
+    runs = [load_run(i, tracking_uri=tracking_uri, progress=False) for i in run_ids]
+    return calibrate(runs, options, known_good_runs(runs, tracking_uri))
+
+
+def known_good_runs(references: Sequence[RunData], tracking_uri: str | None
+                    ) -> list[RunData]:
+    """The known-good same-seed pair runs of the references' workload in the store
+    (``refrun.pair.known_good``), loaded; empty when the references share no workload."""
+    from refrun.comparison import load_run
+
+    workload = references[0].workload if references else None
+    if not workload:
+        return []
+    return [load_run(i, tracking_uri=tracking_uri, progress=False)
+            for i in pairs.known_good_ids(workload, tracking_uri)]
 
 
 def reference_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
@@ -685,7 +747,9 @@ def reference_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
 
     ids = find_run_ids(workload, schema.ROLES[0], tracking_uri=tracking_uri)
     client = MlflowClient(tracking_uri)
-    done = [i for i in ids if client.get_run(i).info.status == "FINISHED"]
+    # A run that declares a same-seed pair (a rerun of a seed) is no independent seed.
+    done = [i for i in ids if (r := client.get_run(i)).info.status == "FINISHED"
+            and not declares_pair(r.data.tags)]
     return list(reversed(done))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from refrun import identity, schema
+from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance import statistics as stats
 from refrun.acceptance.criteria import (
@@ -62,6 +63,9 @@ class Context:
     # when nobody looked them up (no tracking store): a gradcheck criterion is then not
     # evaluable, never passed.
     gradchecks: list[Any] | None = None
+    # The candidate's same-seed reference (refrun.acceptance.paired.find_pair); None when
+    # nobody looked in a store: a `paired` check then looks among the references only.
+    pair: pairs.PairLookup | None = None
 
     @property
     def keep(self) -> str:
@@ -681,6 +685,7 @@ CHECKS: dict[str, Callable[[Any, Context], CriterionResult]] = {
     "fallback": fallback, "compilation": compilation, "host_transfers": host_transfers,
     "utilization": utilization, "step_time": step_time, "cost": cost,
     "equivalence": equivalence, "convergence": convergence, "gradcheck": gradcheck,
+    "paired": pairs.check,
 }
 
 

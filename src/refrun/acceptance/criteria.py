@@ -376,10 +376,29 @@ class Gradcheck(Criterion):
                             "passed), e.g. 'parity/loss'; default: any", [])
 
 
+@dataclass(frozen=True, kw_only=True)
+class Paired(Criterion):
+    KIND: ClassVar[str] = "paired"
+    DOC: ClassVar[str] = ("a port of one reference seed (same seed, initial weights and data "
+                          "order; tag refrun.pair.seed or refrun accept --pair) against that "
+                          "seed's run: the running max of |candidate - reference| stays within "
+                          "max_ratio x the known-good pairs' divergence at every step "
+                          "(refrun.acceptance.paired); not applicable to a candidate that "
+                          "declares no pair, not evaluable when its declared pair is missing")
+
+    metric: str = key("per-step metric compared with the same-seed reference", schema.M_LOSS)
+    band_steps: list[int] = key("steps of the known-good envelope's knots, increasing "  # noqa: RUF009
+                                "(written by refrun calibrate)", min_items=1)
+    band_values: list[float] = key("known-good divergence (running max of |diff|, metric "  # noqa: RUF009
+                                   "units) from each knot's step on", min_items=1, gt=0)
+    max_ratio: float = key("largest allowed ratio of the candidate's divergence to the "
+                           "known-good envelope at the same step", gt=1)
+
+
 CRITERION_KINDS: dict[str, type[Criterion]] = {
     c.KIND: c for c in (Closeness, Envelope, Claim, Hardware, Fallback, Compilation,
                         HostTransfers, Utilization, StepTime, Cost, Equivalence, Convergence,
-                        Gradcheck)
+                        Gradcheck, Paired)
 }
 
 
@@ -633,6 +652,12 @@ class _Validator:
         if over == "eval_points" and not metric.startswith(schema.EVAL_PREFIX):
             self.fail((*kp, "over"), f"'eval_points' needs an evaluation metric "
                       f"({schema.EVAL_PREFIX}<name>), got metric {metric!r}", obj.id)
+        if isinstance(obj, Paired):
+            if len(obj.band_steps) != len(obj.band_values):
+                self.fail((*kp, "band_values"), f"has {len(obj.band_values)} values for "
+                          f"{len(obj.band_steps)} band_steps", obj.id)
+            if any(b <= a for a, b in zip(obj.band_steps, obj.band_steps[1:], strict=False)):
+                self.fail((*kp, "band_steps"), "must be strictly increasing", obj.id)
         if isinstance(obj, Criterion) and not obj.id.strip():
             self.fail((*kp, "id"), "must not be empty")
         if isinstance(obj, Criterion) and obj.backends is not None:
@@ -648,6 +673,13 @@ class _Validator:
         inner, _optional = split_optional(tp)
         meta = f.metadata
         origin = typing.get_origin(inner)
+        if origin is list and typing.get_args(inner)[0] in (int, float):
+            item = typing.get_args(inner)[0]
+            if not isinstance(val, list):
+                self.fail(kp, f"expected an array of numbers, got {_show(val)}", ident)
+            if meta.get("min_items") and len(val) < meta["min_items"]:
+                self.fail(kp, f"needs at least {meta['min_items']} item(s)", ident)
+            return [self._scalar(x, item, meta, (*kp, j), ident) for j, x in enumerate(val)]
         if origin is list:
             if not isinstance(val, list) or not all(isinstance(x, str) for x in val):
                 self.fail(kp, f"expected an array of strings, got {_show(val)}", ident)

@@ -90,9 +90,12 @@ def run_fingerprint(run: RunData, role: str, latest: dict[str, float] | None,
 def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
                    references: Sequence[RunData], candidate: RunData,
                    latest: dict[str, dict] | None = None,
-                   format_version: str = FORMAT_VERSION) -> dict[str, Any]:
+                   format_version: str = FORMAT_VERSION,
+                   pair: RunData | None = None) -> dict[str, Any]:
     """The canonical evidence document (see the module docstring); ``format_version``:
-    one of :data:`FORMAT_VERSIONS` (an older one to recompute older recorded evidence)."""
+    one of :data:`FORMAT_VERSIONS` (an older one to recompute older recorded evidence).
+    ``pair``: the candidate's same-seed reference when it is not one of ``references``
+    (a ``paired`` criterion read it: its fingerprint is evidence too, role ``pair``)."""
     if format_version not in FORMAT_VERSIONS:
         format_version = FORMAT_VERSION  # unknown: recompute as now (the digest will differ)
     latest = latest or {}
@@ -100,6 +103,9 @@ def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
             for r in references}
     runs[candidate.run_id] = run_fingerprint(candidate, "candidate",
                                              latest.get(candidate.run_id), format_version)
+    if pair is not None and pair.run_id not in runs:
+        runs[pair.run_id] = run_fingerprint(pair, "pair", latest.get(pair.run_id),
+                                            format_version)
     return clean({
         "format": FORMAT, "format_version": format_version,
         "criteria_sha256": criteria_sha256,

@@ -34,7 +34,11 @@ def _value_schema(tp: Any, meta: Any) -> dict[str, Any]:
     origin = typing.get_origin(inner)
     out: dict[str, Any]
     if origin is list:
-        out = {"type": "array", "items": {"type": "string"}}
+        item = typing.get_args(inner)[0]
+        items: dict[str, Any] = {"type": {int: "integer", float: "number"}.get(item, "string")}
+        if item in (int, float):
+            _bounds(items, meta)
+        out = {"type": "array", "items": items}
         if meta.get("min_items"):
             out["minItems"] = meta["min_items"]
     elif origin is dict:

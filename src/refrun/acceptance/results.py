@@ -76,6 +76,9 @@ class Assessment:
     cross_workload: str = ""  # the note when --allow-cross-workload let workloads differ
     # The axis runs were aligned on and its source (refrun.acceptance.alignment).
     alignment: dict[str, str] = field(default_factory=dict)
+    # The candidate's same-seed pair (refrun.acceptance.paired.PairLookup.to_dict()): what
+    # it declared, the run found and how; empty when it declares none.
+    pair: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +96,9 @@ class Assessment:
         return next(lv for lv in self.levels if lv.level == name)
 
     def to_dict(self) -> dict[str, Any]:
+        # "pair" only when the candidate declared one: assessments recorded before it
+        # existed still verify unchanged.
+        extra = {"pair": self.pair} if self.pair else {}
         return clean({
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "created_utc": self.created_utc, "workload": self.workload,
@@ -105,7 +111,7 @@ class Assessment:
             "results": [r.to_dict() for r in self.results],
             "measurements": self.measurements,
             "warnings": self.warnings, "cross_workload": self.cross_workload,
-            "alignment": self.alignment,
+            "alignment": self.alignment, **extra,
         })
 
     def write_json(self, path: str | Path) -> Path:

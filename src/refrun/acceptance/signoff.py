@@ -26,7 +26,13 @@ from typing import Any
 
 from refrun._version import __version__
 from refrun.acceptance.alignment import recorded_axis, with_axis
-from refrun.acceptance.assess import assess, gradchecks_for, load_for_assessment
+from refrun.acceptance.assess import (
+    assess,
+    gradchecks_for,
+    load_for_assessment,
+    pair_for,
+    pair_run,
+)
 from refrun.acceptance.criteria import CriteriaFile, parse_criteria
 from refrun.acceptance.evidence import (
     FORMAT_VERSION,
@@ -134,11 +140,18 @@ def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None
     cross = bool(rec.assessment.get("cross_workload"))
     crit = with_axis(crit, recorded_axis(rec.assessment))  # the basis it was assessed on
     refs, cand, latest = load_for_assessment(crit, refs_ids, cand_id, tracking_uri, cross)
+    # A pair given on the command line (--pair) is used again; one found from the
+    # candidate's tags is looked up again (a changed store shows as changed evidence).
+    recorded_pair = rec.assessment.get("pair") or {}
+    pair = pair_for(crit, cand, refs, tracking_uri, latest,
+                    recorded_pair.get("run_id") if recorded_pair.get("source") == "--pair"
+                    else None)
     a = assess(crit, refs, cand, latest, cross,
-               gradchecks=gradchecks_for(crit, cand, tracking_uri))
+               gradchecks=gradchecks_for(crit, cand, tracking_uri), pair=pair)
     # Recomputed in the recorded evidence's format version (older evidence lacks newer keys).
     version = str((rec.evidence or {}).get("format_version", FORMAT_VERSION))
-    return a, build_evidence(crit.sha256, a.results, refs, cand, latest, version)
+    return a, build_evidence(crit.sha256, a.results, refs, cand, latest, version,
+                             pair=pair_run(pair, refs))
 
 
 # What a reader of the verdict sees, compared field by field.  ``created_utc`` is when the

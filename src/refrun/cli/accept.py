@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--axis", choices=schema.AXES, default=None,
                    help="align on steps or cumulative samples/tokens seen, when the criteria "
                         "file's [settings] axis does not say (a different one: exit 2)")
+    p.add_argument("--pair", default=None, metavar="ID",
+                   help="the candidate's same-seed reference run (it starts from that seed's "
+                        "initial weights and data order), for `paired` criteria; default: "
+                        "what the candidate's refrun.pair.* tags declare")
     p.add_argument("--json", type=Path, default=None, metavar="OUT",
                    help="also write the full assessment as JSON to OUT")
     p.add_argument("--no-record", action="store_true",
@@ -50,8 +54,15 @@ def run(args: argparse.Namespace) -> int:
     crit = with_axis(load_criteria(args.criteria), args.axis)
     uri = existing_store_uri(args.tracking_uri)
     assessment, evidence = assess_ids(crit, args.reference, args.candidate, uri,
-                                      args.allow_cross_workload)
+                                      args.allow_cross_workload, pair_id=args.pair)
     print(assessment.table())
+    for r in assessment.results:  # paired criteria: the pair and where it first diverged
+        if r.kind == "paired" and r.evidence.get("pair_run"):
+            first = r.evidence.get(schema.EV_FIRST_DIVERGENCE_STEP)
+            print(f"{r.id}: pair {r.evidence['pair_run']} "
+                  f"({(r.evidence.get('pair') or {}).get('source')}); "
+                  + ("never left the band" if first is None else
+                     f"first diverges at step {first}"))
     al = assessment.alignment
     print(f"aligned on {al.get('axis')} (from {al.get('source')})")
     for r in assessment.results:  # statistical criteria: the interval and its seeds

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         CalibrationOptions,
         calibrate,
         check_file,
+        known_good_runs,
         reference_ids,
         write_file,
     )
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=tuple(args.metric) if args.metric else None,
         exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
         settings=Settings(warmup_steps=args.warmup_steps))
-    result = calibrate(runs, opts)
+    result = calibrate(runs, opts, known_good_runs(runs, uri))
     if args.output is None:
         print(result.text())
         return 0
@@ -125,4 +126,6 @@ def run(args: argparse.Namespace) -> int:
     print("power (smallest shift each criterion detects):")
     for line in result.power():
         print(f"  {line}")
+    for note in result.notes:
+        print(f"note: {note}")
     return 0
