@@ -35,12 +35,18 @@ STEPS, D, H, K, B = 200, 16, 64, 4, 32
 W_TRUE = torch.randn(D, K, generator=torch.Generator().manual_seed(99))
 
 
+EVAL_X = torch.randn(1024, D, generator=torch.Generator().manual_seed(98))
+EVAL_Y = (EVAL_X @ W_TRUE + torch.randn(1024, K, generator=torch.Generator().manual_seed(97))
+          ).argmax(1)
+
+
 def train(seed: int, mode: str = "fp32") -> np.ndarray:
-    """Per-step training losses of a 2-layer tanh MLP on fresh noisy batches (the data
-    order is the seed's own stream; labels 1 std of noise from a linear teacher, so the
-    loss stays noisy and seeds differ at every step).  ``mode``: ``fp32`` the reference,
-    ``perm`` input features permuted (the same sums in another order), ``f64`` first
-    layer accumulated in float64, ``bf16`` every matmul in bfloat16."""
+    """Per-step training losses, then the final evaluation loss, of a 2-layer tanh MLP on
+    fresh noisy batches (the data order is the seed's own stream; labels 1 std of noise
+    from a linear teacher, so the loss stays noisy and seeds differ at every step).
+    ``mode``: ``fp32`` the reference, ``perm`` input features permuted (the same sums
+    in another order), ``f64`` first layer accumulated in float64, ``bf16`` every matmul
+    in bfloat16."""
     g = torch.Generator().manual_seed(seed)
     w1 = (torch.randn(H, D, generator=g) / D ** 0.5).requires_grad_()
     b1 = torch.zeros(H, requires_grad=True)
@@ -74,7 +80,9 @@ def train(seed: int, mode: str = "fp32") -> np.ndarray:
         loss.backward()
         opt.step()
         losses[s] = loss.item()
-    return losses
+    with torch.no_grad():  # the final evaluation, appended after the training losses
+        ev = torch.nn.functional.cross_entropy(layer2(torch.tanh(layer1(EVAL_X))), EVAL_Y)
+    return np.r_[losses, ev.item()]
 
 
 @dataclass
@@ -93,8 +101,9 @@ def _record(w: World, name: str, role: str, seed: int, losses: np.ndarray,
                           planned_steps=STEPS, tracking_uri=w.uri, spool_dir=w.tmp / "spool",
                           tags=tags or {}, snapshot_environment=False,
                           delivery="thread") as run:
-        for s, v in enumerate(losses):
+        for s, v in enumerate(losses[:-1]):
             run.log(s, loss=float(v))
+        run.log_eval(len(losses) - 2, val_loss=float(losses[-1]))
     assert run.run_id is not None
     w.losses[name] = losses
     return run.run_id
@@ -135,7 +144,8 @@ def _assess(w: World, name: str, **kw):
 
 
 def _running_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.maximum.accumulate(np.abs(a - b))
+    """Running max of |a - b| over the training losses (the last entry is the eval)."""
+    return np.maximum.accumulate(np.abs(a[:-1] - b[:-1]))
 
 
 def test_calibrate_writes_the_band_from_the_known_good_rerun(world: World) -> None:
@@ -165,7 +175,8 @@ def test_seed_bands_accept_the_bf16_port_and_the_paired_criterion_rejects_it(
     for r in a.results:
         by_kind.setdefault(r.kind, []).append(r)
     # Every seed-band criterion calibrate wrote accepts the bfloat16 port ...
-    bands = by_kind["envelope"] + by_kind["closeness"]
+    bands = [r for r in a.results if r.kind in ("envelope", "closeness", "equivalence")]
+    assert {r.metric for r in bands} >= {"loss", "eval/val_loss"}
     assert bands and all(r.outcome == "pass" for r in bands), \
         [(r.id, r.reason) for r in bands if r.outcome != "pass"]
     # ... the paired one does not, and says where the pair first diverged.
@@ -251,12 +262,12 @@ def test_calibrate_without_known_good_evidence_says_why(store: Store) -> None:
     w = World(uri=store.tracking_uri, tmp=store.tmp)
     rng = np.random.default_rng(0)
     ids = [_record(w, f"s{s}", "reference", s, 1.0 + rng.normal(0, 0.1, 40))
-           for s in range(3)]
+           for s in range(3)]  # 39 training losses, then an evaluation
     c = calibrate_ids(ids, w.uri, CalibrationOptions())
     assert not [d for d in c.criteria if d.table["kind"] == "paired"]
     assert len(c.notes) == 1 and c.notes[0].startswith("no paired criterion: the store "
                                                        "holds no known-good")
-    assert "# no paired criterion: the store holds no known-good" in c.text()
+    assert "#   no paired criterion: the store holds no known-good" in c.text()
     # A rerun that declares a pair is never taken as a seed.
     with pytest.raises(RefrunInputError, match="declare a same-seed pair"):
         calibrate_ids([*ids, _record(w, "r", "reference", 0, 1.0 + rng.normal(0, 0.1, 40),

@@ -24,6 +24,7 @@ from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
 from refrun.acceptance.gradchecks import GradcheckRun, find_gradchecks
 from refrun.acceptance.results import (
+    NO_CRITERIA,
     NOT_APPLICABLE,
     NOT_EVALUABLE,
     PASS,
@@ -184,6 +185,9 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     warnings += [f"criterion {r.id!r} not applied: {r.reason}" for r in results
                  if r.kind == "paired" and r.outcome != PASS and r.reason.startswith(
                      pairs.NO_PAIR)]
+    held = held_back(crit, gate)
+    if held:
+        warnings.append(held)
     if cross:
         warnings.insert(0, cross)
     lvls = levels.summarize(results)
@@ -199,6 +203,16 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
                               pair=pair_run(pair, refs))
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
                                calibration_sha256=calibration_digest(crit))
+
+
+def held_back(crit: CriteriaFile, gate: str) -> str:
+    """One line when the file's L4 criteria are held back because it has no L3 criterion
+    at all (nothing a candidate could pass to reach L4), else ""."""
+    if gate != NO_CRITERIA or not any(c.level == "L4" for c in crit.criteria):
+        return ""
+    return (f"L4 held back: {crit.path} has no {levels.L4_GATE} (project goal) criterion, "
+            f"and L4 is judged only after {levels.L4_GATE} passed; add one (refrun "
+            "calibrate --goal METRIC>=VALUE, or a [[criteria]] table with level = \"L3\")")
 
 
 def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
