@@ -27,8 +27,10 @@ from refrun.acceptance.criteria import load_criteria, parse_criteria
 from refrun.acceptance.paired import STRUCTURAL_MAX_RATIO
 from refrun.acceptance.signoff import sign_off, verify
 from refrun.cli import main
+from refrun.comparison import compare
 from refrun.errors import RefrunInputError
 from refrun.pairing import pair_tags
+from refrun.report import build_report
 from tests.conftest import Store, migrated_sqlite
 
 STEPS, D, H, K, B = 200, 16, 64, 4, 32
@@ -194,6 +196,12 @@ def test_seed_bands_accept_the_bf16_port_and_the_paired_criterion_rejects_it(
     assert p.evidence["divergence_at_first"] == pytest.approx(div[first])
     # Orders of magnitude beyond the known-good pair, not a borderline call.
     assert p.evidence["max_ratio_observed"] > 10 * crit.max_ratio
+    # The report's acceptance section shows the pair and where it first diverged.
+    cmp = compare([world.refs[s] for s in range(4)], world.runs["bf16"],
+                  tracking_uri=world.uri, progress=False)
+    html = build_report(cmp, assessment=a, plotlyjs="cdn").html
+    table = html.split('id="paired"')[1].split("</table>")[0]
+    assert f"step {first}" in table and world.refs[2] in table and "(references)" in table
 
 
 def test_the_benign_port_passes_with_its_pair_from_the_store(world: World) -> None:

@@ -23,6 +23,9 @@ EPILOG = textwrap.dedent("""\
       date, refrun version).  Use as many references with `refrun accept` as the group
       size.  Every evaluation metric (eval/...) gets an L3 criterion from its final
       evaluation; without any, --goal states the project's goal (else exit 2).
+      When the store holds known-good same-seed evidence (a run tagged
+      refrun.pair.known_good with the refrun.pair.seed of a reference seed), a `paired`
+      criterion on the loss is written from it; otherwise a note says why not.
 
     examples:
       refrun calibrate --workload digits-mlp -o criteria.toml

@@ -241,7 +241,35 @@ def assessment_section(a: dict[str, Any]) -> Raw:
     crit = table((*head_cols, "evidence"), rows, "criteria", "acceptance-criteria") \
         if rows else Raw('<p class="note">The assessment lists no criterion results.</p>')
     return join([head, _levels(a), Raw('<div class="scroll">'), crit, Raw("</div>"),
-                 calibration_table(a)])
+                 paired_table(a), calibration_table(a)])
+
+
+def paired_table(a: dict[str, Any]) -> Raw:
+    """Same-seed paired comparisons (``paired`` criteria): the candidate's pair and where
+    the pair first diverged beyond the known-good band; empty without such a criterion."""
+    rows = []
+    for r in results(a):
+        if r.get("kind") != "paired":
+            continue
+        ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
+        pair = ev.get("pair") if isinstance(ev.get("pair"), dict) else {}
+        first = ev.get("first_divergence_step")
+        where = ("never left the band" if first is None and ev.get("pair_run") else
+                 "—" if first is None else f"step {first}")
+        rows.append((tag("code", str(r.get("id", ""))), badge(r.get("outcome")),
+                     f"{pair.get('run_id') or 'none'} ({pair.get('source') or 'not found'})",
+                     where, ev.get("divergence_at_first"), ev.get("band_at_first"),
+                     ev.get("max_ratio_observed"), ev.get("max_ratio"),
+                     ev.get("steps_compared"), r.get("reason", "")))
+    if not rows:
+        return Raw("")
+    return join([tag("h3", "Same-seed pair"),
+                 tag("p", "A port of one reference seed compared with that seed's run: the "
+                          "running max of |candidate − reference| against max_ratio × the "
+                          "known-good pairs' divergence at the same step.", "note"),
+                 table(("criterion", "outcome", "pair run (found by)", "first diverges",
+                        "|diff| so far there", "band there", "max ratio to known-good",
+                        "max_ratio", "steps", "reason"), rows, "criteria", "paired")])
 
 
 def _criteria_file(c: Any) -> str:
