@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -24,10 +25,10 @@ from refrun import schema
 from refrun.acceptance.assess import assess_ids
 from refrun.acceptance.calibration import CalibrationOptions, calibrate_ids, write_file
 from refrun.acceptance.criteria import load_criteria, parse_criteria
-from refrun.acceptance.paired import STRUCTURAL_MAX_RATIO
+from refrun.acceptance.paired import STRUCTURAL_MAX_RATIO, derive_band
 from refrun.acceptance.signoff import sign_off, verify
 from refrun.cli import main
-from refrun.comparison import compare
+from refrun.comparison import RunData, compare
 from refrun.errors import RefrunInputError
 from refrun.pairing import pair_tags
 from refrun.report import build_report
@@ -292,3 +293,34 @@ def test_paired_criterion_validation_names_the_key() -> None:
         parse_criteria(base + "band_steps = [0, 5]\nband_values = [1e-7, 0.0]\n", "c.toml")
     with pytest.raises(RefrunInputError, match="has 1 values for 2 band_steps"):
         parse_criteria(base + "band_steps = [0, 5]\nband_values = [1e-7]\n", "c.toml")
+
+
+def _mem(run_id: str, values: np.ndarray, tags: dict[str, str]) -> RunData:
+    t = np.arange(len(values))
+    return RunData.from_curves(pd.DataFrame({"metric": "loss", "step": t, "value": values}),
+                               run_id, tags)
+
+
+def test_disagreeing_known_good_pairs_raise_max_ratio_to_their_worst_need() -> None:
+    t = np.arange(120)
+    base = np.exp(-t / 40)
+    refs = [_mem(f"r{s}", base + 0.1 * s, {schema.TAG_SEED: str(s)}) for s in range(3)]
+    growth = 1e-7 * np.exp(t / 20)
+    kg = [_mem("kg0", base + growth, pair_tags(0, known_good="rerun, order reversed")),
+          # 200 x the first pair's divergence at every step: a worse "known-good" pair.
+          _mem("kg1", base + 0.1 + 200 * growth, pair_tags(1, known_good="port B")),
+          _mem("kg2", base + 0.2, pair_tags(2, known_good="changed nothing"))]
+    band, note = derive_band(kg, refs, "loss")
+    assert band is not None
+    assert "kg2: identical to r2 at every step" in note
+    # kg1 needs 200 x kg0's envelope (up to 10 % more where the band's knots round down);
+    # kg0 needs 1/200 of kg1's.
+    assert 200 * (1 - 1e-9) <= max(band.needs) <= 220 * (1 + 1e-9)
+    assert min(band.needs) <= 1 / 200 * 1.1
+    assert band.max_ratio >= max(band.needs) > STRUCTURAL_MAX_RATIO
+    # The envelope is the larger pair's running max |diff|, held between knots.
+    env = 200 * growth  # increasing: its own running max
+    held = np.array(band.band_values)[np.searchsorted(band.band_steps, t, side="right") - 1]
+    assert np.all(held <= env * (1 + 1e-9)) and np.all(held >= env / 1.1 * (1 - 1e-9))
+    # No evidence at all: said, and nothing written.
+    assert derive_band([], refs, "loss")[0] is None
