@@ -29,7 +29,7 @@ from refrun.acceptance.criteria import CriteriaFile
 from refrun.acceptance.results import Assessment
 from refrun.errors import RefrunInputError
 from refrun.recording.session import start_run
-from refrun.tracking import existing_store_uri
+from refrun.store.client import client as store_client
 
 TAG_PREFIX = "refrun.acceptance."
 TAG_VERDICT = schema.TAG_ACCEPTANCE_VERDICT
@@ -78,7 +78,7 @@ def record_assessment(a: Assessment, crit: CriteriaFile, evidence: dict[str, Any
                        snapshot_environment=False) as run:
             if run.run_id is not None:  # names and links from the store (else: spooled)
                 run.set_tags(mlflow_ui.comparison_ui_tags(
-                    MlflowClient(run.tracking_uri), run.run_id, "accept", ui_verdict(a)))
+                    store_client(run.tracking_uri), run.run_id, "accept", ui_verdict(a)))
             run.log_json(ARTIFACT_ASSESSMENT, a.to_dict())
             run.log_json(ARTIFACT_EVIDENCE, evidence)
             run.log_artifact(crit_copy, ARTIFACT_CRITERIA)
@@ -101,7 +101,8 @@ class Recorded:
 
 
 def client_for(tracking_uri: str | None) -> MlflowClient:
-    return MlflowClient(existing_store_uri(tracking_uri))
+    """The store's client for a reader (:func:`refrun.store.client.client`)."""
+    return store_client(tracking_uri)
 
 
 def load_recorded(comparison_id: str, tracking_uri: str | None = None) -> Recorded:

@@ -16,7 +16,7 @@ from refrun.acceptance.assess import assess_ids
 from refrun.acceptance.criteria import load_criteria
 from refrun.acceptance.record import record_assessment
 from refrun.cli import add_tracking_uri
-from refrun.tracking import existing_store_uri
+from refrun.store.uri import existing_store_uri
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,9 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _hardware(uri: str, run_id: str) -> str | None:
     """The candidate's ``refrun.hardware`` tag, for the comparison run's identity."""
-    from mlflow.tracking import MlflowClient
+    from refrun.store.client import client as store_client
 
-    return MlflowClient(uri).get_run(run_id).data.tags.get(schema.TAG_HARDWARE)
+    return store_client(uri).get_run(run_id).data.tags.get(schema.TAG_HARDWARE)
 
 
 def run(args: argparse.Namespace) -> int:
