@@ -159,3 +159,16 @@ def test_sweep_bad_input_records_nothing(sweep: dict,
     assert main([*base, good, sweep["refs"][0]]) == 2
     assert "also given as a reference" in error_line(capsys.readouterr().err)
     assert len(comparison_runs(sweep["uri"])) == before
+
+
+def test_lazy_package_keeps_its_names() -> None:
+    """The package's names load on first use; ``assess`` stays the function although the
+    import system binds the loaded submodule of that name to the package."""
+    import refrun.acceptance as acceptance
+
+    assert callable(assess_module.assess) and assess_module.__name__ == "refrun.acceptance.assess"
+    from refrun.acceptance import assess
+
+    assert assess is assess_module.assess
+    for name in acceptance.__all__:
+        assert getattr(acceptance, name) is not None

@@ -10,6 +10,8 @@ pandas and SciPy through every other one.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 # public name -> the submodule that defines it
@@ -43,6 +45,21 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """The package module.  Once a submodule is loaded the import system binds it to its
+    name on the package; where a public name is a function of the same name as its
+    module (``assess``), the function is kept there, as the eager imports of earlier
+    versions left it: ``from refrun.acceptance import assess`` is always the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # static analysis sees the eager imports
