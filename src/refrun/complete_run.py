@@ -154,6 +154,8 @@ class CompleteRun:
     run_name: str | None = None
     json_artifacts: dict[str, Any] = field(default_factory=dict)
     """Artifact path (``refrun/comparison.json``) -> JSON-able document."""
+    file_artifacts: dict[str, bytes] = field(default_factory=dict)
+    """Artifact path -> its exact bytes (e.g. the criteria file an assessment used)."""
     end_tags: dict[str, str] = field(default_factory=dict)
     """Tags set once everything else is written."""
     max_points: int = MLFLOW_MAX_POINTS
@@ -238,6 +240,10 @@ def _write_artifact_tree(run: CompleteRun, root: Path) -> dict[str, str]:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    for name, data in run.file_artifacts.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
     return table_summary_tags(run.table)
 
 
