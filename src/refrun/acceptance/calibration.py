@@ -929,12 +929,11 @@ def known_good_runs(references: Sequence[RunData], tracking_uri: str | None
 
 def reference_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
     """Finished runs of ``workload`` with role reference, oldest first."""
-    from mlflow.tracking import MlflowClient
-
     from refrun.comparison import find_run_ids
+    from refrun.store.client import client as store_client
 
     ids = find_run_ids(workload, schema.ROLES[0], tracking_uri=tracking_uri)
-    client = MlflowClient(tracking_uri)
+    client = store_client(tracking_uri)
     # A run that declares a same-seed pair (a rerun of a seed) is no independent seed.
     done = [i for i in ids if (r := client.get_run(i)).info.status == "FINISHED"
             and not declares_pair(r.data.tags)]

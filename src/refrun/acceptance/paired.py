@@ -337,9 +337,9 @@ def find_pair(candidate: RunData, references: Sequence[RunData],
 
 
 def _search(flt: str, tracking_uri: str | None) -> list[Any]:
-    from mlflow.tracking import MlflowClient
+    from refrun.store.client import client as store_client
 
-    client = MlflowClient(tracking_uri)
+    client = store_client(tracking_uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     return list(client.search_runs(exps, flt, max_results=1000,
                                    order_by=["attributes.start_time ASC"]))

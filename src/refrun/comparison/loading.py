@@ -42,7 +42,8 @@ from refrun import schema
 from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
 from refrun.runs import list_runs
-from refrun.tracking import resolve_tracking_uri
+from refrun.store.client import client as store_client
+from refrun.store.uri import resolve_tracking_uri
 
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
 
@@ -80,6 +81,9 @@ class RunData:
     experiment_id: str = ""
     job: JobSummary | None = None
     """The ranks of a multi-process run (how many reported, straggler); None otherwise."""
+    latest_metrics: dict[str, float] | None = field(default=None, repr=False)
+    """MLflow's latest value of each metric, read with the run's tags (the same request);
+    None for a run not loaded from a store."""
 
     @property
     def points(self) -> int:
@@ -172,7 +176,7 @@ class RunData:
 
 def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
     uri = resolve_tracking_uri(tracking_uri)
-    return MlflowClient(uri), uri
+    return store_client(uri), uri
 
 
 @contextlib.contextmanager
@@ -230,7 +234,8 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     return RunData(run_id=run_id, tags=dict(run.data.tags), params=dict(run.data.params),
                    status=run.info.status, start_time_ms=run.info.start_time,
                    end_time_ms=run.info.end_time, curves=curves, source=source,
-                   experiment_id=run.info.experiment_id, job=job)
+                   experiment_id=run.info.experiment_id, job=job,
+                   latest_metrics=dict(run.data.metrics))
 
 
 def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,

@@ -95,7 +95,7 @@ def _candidate_sections(c: Candidate, a: dict[str, Any] | None, ids: S.FigureIds
             S.metrics_section(cmp, ids, red, deps, a, ns),
             S.eval_section(cmp, ids, red, deps, a, ns),
             S.acceptance_section(a, ns),
-            S.runtime_section(cmp, ids, red, ns),
+            S.runtime_section(cmp, ids, red, ns, deps),
             S.runs_section(cmp, c.comparison_run_id, ns),
             S.alignment_section(cmp, ns)]
     return [s for s in secs if s is not None], deps
@@ -269,11 +269,10 @@ def log_report(path: str | os.PathLike[str], run_id: str,
     """Log the report file as artifact ``refrun/report.html`` of ``run_id`` (e.g. the
     comparison run) so it opens from the MLflow UI's artifact view; returns the artifact
     path."""
-    from mlflow.tracking import MlflowClient
 
-    from refrun.tracking import resolve_tracking_uri
+    from refrun.store.client import client as store_client
 
-    client = MlflowClient(resolve_tracking_uri(tracking_uri))
+    client = store_client(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="refrun-report-") as tmp:
         named = Path(tmp) / Path(ARTIFACT_REPORT).name
         shutil.copyfile(path, named)
