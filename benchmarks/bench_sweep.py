@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sweep_runs import CRITERIA, Spec, complete_run, expected_failures, sweep_specs
 
-from refrun.complete_run import write_complete_run
+from refrun.store.complete import write_complete_run
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
