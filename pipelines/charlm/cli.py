@@ -30,13 +30,19 @@ DEFECTS: dict[str, str] = {
     "host_sync": "a .item() host synchronisation inside every training step",
     "shape_storm": "ragged sequence lengths: 8 lengths, each a new compilation of the step",
     "cpu_fallback": "an operation without an XLA lowering runs on the CPU every step",
+    "float_loss": "float(loss) inside every training step (a NaN guard): a host read of a "
+                  "device array per step (JAX)",
+    "bf16_matmul": "every matmul computed in bfloat16 (float32 accumulation), the rest "
+                   "float32 (JAX)",
+    "cpu_copy": "loss.cpu() inside every training step (a NaN guard): a device-to-host copy "
+                "per step (PyTorch/XLA)",
 }
 
 GENERIC = ("causal_leak", "no_attn_scale", "double_shift", "no_warmup", "eval_dropout")
 PORT_DEFECTS: dict[str, tuple[str, ...]] = {
     "torch": GENERIC,
-    "jax": (*GENERIC, "clip_per_device"),
-    "torch_xla": (*GENERIC, "host_sync", "shape_storm", "cpu_fallback"),
+    "jax": (*GENERIC, "clip_per_device", "float_loss", "bf16_matmul"),
+    "torch_xla": (*GENERIC, "host_sync", "shape_storm", "cpu_fallback", "cpu_copy"),
 }
 
 
