@@ -23,6 +23,7 @@ from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
 from refrun.acceptance.gradchecks import GradcheckRun, find_gradchecks
 from refrun.acceptance.results import (
+    NO_CRITERIA,
     NOT_APPLICABLE,
     NOT_EVALUABLE,
     PASS,
@@ -178,6 +179,9 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
                 metric=getattr(c, "metric", None), description=c.description,
                 evaluated=False))
     results, warnings = backend_scope(crit, [*refs, candidate], candidate, results)
+    held = held_back(crit, gate)
+    if held:
+        warnings.append(held)
     if cross:
         warnings.insert(0, cross)
     lvls = levels.summarize(results)
@@ -191,6 +195,16 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
                                calibration_sha256=calibration_digest(crit))
+
+
+def held_back(crit: CriteriaFile, gate: str) -> str:
+    """One line when the file's L4 criteria are held back because it has no L3 criterion
+    at all (nothing a candidate could pass to reach L4), else ""."""
+    if gate != NO_CRITERIA or not any(c.level == "L4" for c in crit.criteria):
+        return ""
+    return (f"L4 held back: {crit.path} has no {levels.L4_GATE} (project goal) criterion, "
+            f"and L4 is judged only after {levels.L4_GATE} passed; add one (refrun "
+            "calibrate --goal METRIC>=VALUE, or a [[criteria]] table with level = \"L3\")")
 
 
 def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,

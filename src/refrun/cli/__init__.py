@@ -136,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except RefrunInputError as exc:
-        print(f"refrun {args.command}: error: {exc}", file=sys.stderr)
+        from refrun.printable import escape
+
+        # One line, whatever the message quotes (a tag, a file name, a --by value).
+        print(f"refrun {args.command}: error: {escape(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("refrun: interrupted", file=sys.stderr)

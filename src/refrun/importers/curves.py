@@ -70,11 +70,41 @@ class ImportedCurves:
         return rows["step"].tolist(), rows["value"].tolist()
 
 
-def read_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
-    """The file's text; a missing, unreadable or empty file is bad input."""
-    p = Path(path)
+# Largest file an importer reads (it is read whole into memory, then parsed): 1 GiB holds
+# tens of millions of points in any of the formats; ``$REFRUN_IMPORT_MAX_BYTES`` changes it.
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+def max_import_bytes() -> int:
+    """The file-size bound of the importers (``$REFRUN_IMPORT_MAX_BYTES``, default 1 GiB)."""
+    raw = os.environ.get("REFRUN_IMPORT_MAX_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
     try:
-        text = p.read_text(encoding="utf-8")
+        value = int(raw)
+    except ValueError:
+        raise RefrunInputError(f"$REFRUN_IMPORT_MAX_BYTES={raw!r}: expected a number of "
+                               "bytes") from None
+    if value <= 0:
+        raise RefrunInputError(f"$REFRUN_IMPORT_MAX_BYTES={raw!r}: must be > 0")
+    return value
+
+
+def read_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
+    """The file's text; a missing, unreadable, empty or too large file is bad input.
+
+    A leading UTF-8 byte-order mark (what spreadsheet programs write in front of a CSV
+    file) is not part of the text: ``utf-8-sig`` drops it, so the first column's name is
+    what the user sees.
+    """
+    p = Path(path)
+    limit = max_import_bytes()
+    try:
+        size = p.stat().st_size
+        if size > limit:
+            raise RefrunInputError(f"{p}: {size:,} bytes, larger than the import limit of "
+                                   f"{limit:,} bytes ($REFRUN_IMPORT_MAX_BYTES)")
+        text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError as exc:
         raise RefrunInputError(f"{p}: no such file") from exc
     except (OSError, UnicodeDecodeError) as exc:
