@@ -229,7 +229,10 @@ def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
     t0 = time.perf_counter()
     uri = f"sqlite:///{store / (w.name + '.db')}"
     init_store(uri, w.name)
-    ids = ids_from_store(w, uri, missing_ok=reuse or partial)
+    # Without --reuse / --assess-only every variant is trained anew (a store's earlier runs
+    # are not looked at); --assess-only needs every run unless --partial.
+    ids = ids_from_store(w, uri, missing_ok=reuse or partial) if (reuse or assess_only) \
+        else {}
     load0 = os.getloadavg()[0]
     if partial:  # judge what was trained; the table says what is missing
         w = replace(w, candidates=[v for v in w.candidates if v.name in ids],
