@@ -77,10 +77,13 @@ class Workload:
     # The pipeline records a parity gradient check for every candidate (``gradcheck``
     # module of the workload) and the file requires it (calibrate --require-gradcheck).
     gradcheck: str | None = None
+    # Known-good same-seed pair evidence (refrun.pairing): trained before calibration, read
+    # by ``refrun calibrate`` for the ``paired`` tolerance, never assessed.
+    evidence: list[digits.Variant] = field(default_factory=list)
 
     @property
     def all(self) -> list[digits.Variant]:  # what pipelines.demo.train_all trains
-        return [*self.references, *self.candidates, *self.held_out]
+        return [*self.references, *self.evidence, *self.candidates, *self.held_out]
 
 
 @dataclass
@@ -156,21 +159,22 @@ def digits_workload(held_out: int) -> Workload:
                            mirrors="a held-out seed of the reference code")
             for s in range(100, 100 + held_out)]
     return Workload("digits-mlp", refs,
-                    [*digits.BENIGN, *digits.DETECTION_BENIGN, *defects], held, intent)
+                    [*digits.BENIGN, *digits.DETECTION_BENIGN, *defects], held, intent,
+                    evidence=list(digits.DETECTION_EVIDENCE))
 
 
 def charlm_workload(held_out: int) -> Workload:
     p = charlm.plan(held_out)
     return Workload("charlm", p.references, p.candidates, p.held_out,
                     {v.name: v.expect for v in charlm.DEFECTS},
-                    gradcheck="pipelines.charlm.gradcheck")
+                    gradcheck="pipelines.charlm.gradcheck", evidence=list(charlm.EVIDENCE))
 
 
 def markov_workload(held_out: int) -> Workload:
     """The GRU classifier added for issue 21: nothing in refrun was tuned on it."""
     p = markov.plan(held_out)
     return Workload("markov-gru", p.references, p.candidates, p.held_out,
-                    {v.name: v.expect for v in markov.DEFECTS})
+                    {v.name: v.expect for v in markov.DEFECTS}, evidence=list(markov.EVIDENCE))
 
 
 WORKLOADS = {"digits": digits_workload, "charlm": charlm_workload, "markov": markov_workload}
@@ -223,7 +227,7 @@ def group_size(crit_path: Path, n_refs: int) -> int:
 
 def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
                  assess_only: bool, reuse: bool = False, partial: bool = False,
-                 goal: str | None = None) -> Result:
+                 goal: str | None = None, retrain: frozenset[str] = frozenset()) -> Result:
     from pipelines.demo import init_store, train_all
 
     t0 = time.perf_counter()
@@ -238,8 +242,9 @@ def run_workload(w: Workload, *, quick: bool, store: Path, jobs: int,
         w = replace(w, candidates=[v for v in w.candidates if v.name in ids],
                     held_out=[v for v in w.held_out if v.name in ids])
     if not assess_only:
-        todo = replace(w, **{k: [v for v in getattr(w, k) if v.name not in ids]
-                             for k in ("references", "candidates", "held_out")})
+        todo = replace(w, **{k: [v for v in getattr(w, k) if v.name not in ids
+                                 or v.backend in retrain]
+                             for k in ("references", "evidence", "candidates", "held_out")})
         # Held-out seeds are plain reference-code runs: trained a batch per process (one
         # interpreter start-up and one framework import for many runs).
         held = todo.held_out
@@ -486,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="train nothing: calibrate and assess the runs already in --store")
     ap.add_argument("--reuse", action="store_true",
                     help="train only the variants --store has no finished run of")
+    ap.add_argument("--retrain", action="append", default=[], metavar="BACKEND",
+                    choices=("torch", "jax", "torch_xla"),
+                    help="with --reuse: train this backend's variants anew (their recording "
+                         "changed), reuse the others' runs")
     ap.add_argument("--partial", action="store_true",
                     help="with --assess-only: judge the candidates and held-out seeds that "
                          "have a run, leave out the others (the counts say how many)")
@@ -506,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
               f"; load {os.getloadavg()[0]:.1f}", flush=True)
         results.append(run_workload(w, quick=args.quick, store=store, jobs=args.jobs,
                                     assess_only=args.assess_only, reuse=args.reuse,
-                                    partial=args.partial, goal=goals.get(name)))
+                                    partial=args.partial, goal=goals.get(name),
+                                    retrain=frozenset(args.retrain)))
     md = []
     for r in results:
         print(f"\n== {r.workload.name} ({r.seconds:.0f} s; criteria: {r.criteria})")

@@ -70,9 +70,17 @@ BENIGN = [
             mirrors="another logging cadence: the reference code logging every 10 steps"),
     Variant("charlm-torch-eval50", "torch", 12, extra_args=("--eval-every", "50"),
             mirrors="another evaluation cadence: validation every 50 steps (not 25)"),
-    Variant("charlm-jax-seed0", "jax", 0,
+    Variant("charlm-jax-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0: same initial weights, batches and "
-                    "dropout masks"),
+                    "dropout masks (declared pair)"),
+]
+
+# Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
+# before calibration, never assessed (refrun.pairing: a port known to be good).
+EVIDENCE = [
+    Variant("charlm-knowngood-jax-seed1", "jax", 1,
+            extra_args=("--pair", "--known-good", "the JAX port in float32 of reference "
+                        "seed 1: the same math, XLA's own summation order")),
 ]
 
 DEFECTS = [
@@ -120,6 +128,7 @@ DEFECTS = [
     Variant("charlm-xla-cpu-copy", "torch_xla", 5, defects=("cpu_copy",),
             expect=("xfer/d2h",), mirrors="loss.cpu() in every PyTorch/XLA step"),
     Variant("charlm-jax-bf16", "jax", 0, defects=("bf16_matmul",), expect=("paired",),
+            extra_args=("--pair",),
             mirrors="a port computing its matmuls in bfloat16"),
 ]
 

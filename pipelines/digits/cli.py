@@ -68,6 +68,8 @@ class Args:
     quiet: bool
     mlflow_every: int = 1
     resume: Resume | None = None
+    pair: bool = False
+    known_good: str | None = None
 
     def has(self, defect: str) -> bool:
         return defect in self.defects
@@ -106,6 +108,12 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     ap.add_argument("--resume", type=_resume, default=None, metavar="K,M",
                     help="checkpoint after step K, stop after step M, restart from the "
                          "checkpoint (steps K+1..M are logged again; PyTorch reference)")
+    ap.add_argument("--pair", action="store_true",
+                    help="declare a same-seed pair: this run starts from the same initial "
+                         "weights and data order as the reference run of --seed")
+    ap.add_argument("--known-good", default=None, metavar="WHY",
+                    help="with --pair: declare this run known-good pair evidence (why it is "
+                         "numerically benign), for refrun calibrate's paired tolerance")
     ap.add_argument("--variant", default=None, help="variant name recorded as a tag")
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--spool-dir", default=None)
@@ -114,6 +122,8 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
                          "artifact and evaluation metrics always keep every point)")
     ap.add_argument("--quiet", action="store_true")
     ns = ap.parse_args(argv)
+    if ns.known_good is not None and not ns.pair:
+        ap.error("--known-good needs --pair (known-good evidence is a same-seed pair)")
     cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
                       eval_every=ns.eval_every)
     if cfg.batch % ns.devices:
@@ -127,6 +137,7 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
                 defects=frozenset(ns.defect), devices=ns.devices,
                 variant=ns.variant or f"{backend}-seed{ns.seed}", tracking_uri=ns.tracking_uri,
                 spool_dir=ns.spool_dir, quiet=ns.quiet, mlflow_every=ns.mlflow_every,
+                pair=ns.pair, known_good=ns.known_good,
                 resume=ns.resume)
 
 
@@ -148,8 +159,19 @@ def start_run(args: Args, hardware: str) -> RunSession:
         params=params, tracking_uri=args.tracking_uri, spool_dir=args.spool_dir,
         run_name=args.variant, mlflow_every=args.mlflow_every,
         tags={"pipeline.variant": args.variant,
-              "pipeline.defects": ",".join(sorted(args.defects)) or "none"},
+              "pipeline.defects": ",".join(sorted(args.defects)) or "none",
+              **pair_tags(args)},
     )
+
+
+def pair_tags(args: Args) -> dict[str, str]:
+    """The same-seed pair declaration (``refrun.pairing.pair_tags``) when ``--pair``: the
+    ports start from the seed's named NumPy weights and replay its data order."""
+    if not args.pair:
+        return {}
+    from refrun.pairing import pair_tags as declare
+
+    return declare(seed=args.seed, known_good=args.known_good)
 
 
 def progress(args: Args, step: int, loss: float, val_acc: float) -> None:

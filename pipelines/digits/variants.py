@@ -141,7 +141,7 @@ def plan() -> Plan:
 # defect, ``expect`` here names the *metric, counter or criterion kind* whose criterion
 # must reject it (prefixes: ``xfer/d2h``, ``paired``), since the benchmark's criteria come
 # from ``refrun calibrate``.  Expected outcomes, written before the first assessment
-# (2026-12-01 15:55 UTC): the three benign runs accepted; ``float_loss`` rejected by a
+# (2026-12-01 15:55 UTC): the benign runs accepted; ``float_loss`` rejected by a
 # host-transfer counter (``xfer/``); ``cpu_copy`` by device-to-host copies (``xfer/d2h``);
 # the bfloat16 port, paired with reference seed 0 (same weights, same batches), by the
 # same-seed ``paired`` criterion.
@@ -153,6 +153,16 @@ DETECTION_BENIGN = [
     Variant("torch-resume", "torch", 6, extra_args=("--resume", "150,180"),
             mirrors="resumed mid-run: checkpoint at step 150, restart after step 180 "
                     "(steps 151-180 logged twice)"),
+    Variant("jax-pair-seed0", "jax", 0, extra_args=("--pair",),
+            mirrors="the JAX port of reference seed 0 declaring its same-seed pair"),
+]
+
+# Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
+# before calibration, never assessed (refrun.pairing: a port known to be good).
+DETECTION_EVIDENCE = [
+    Variant("knowngood-jax-seed1", "jax", 1,
+            extra_args=("--pair", "--known-good", "the JAX port in float32 of reference "
+                        "seed 1: the same math, XLA's own summation order")),
 ]
 
 DETECTION_DEFECTS = [
@@ -161,5 +171,6 @@ DETECTION_DEFECTS = [
     Variant("xla-cpu-copy", "torch_xla", 7, defects=("cpu_copy",), expect=("xfer/d2h",),
             mirrors="loss.cpu() in every PyTorch/XLA step (§IV-A RQ2)"),
     Variant("jax-bf16", "jax", 0, defects=("bf16_matmul",), expect=("paired",),
+            extra_args=("--pair",),
             mirrors="a port computing its matmuls in bfloat16"),
 ]

@@ -87,8 +87,17 @@ BENIGN = [
     Variant("markov-jax-resume", "jax", 11, extra_args=("--resume", "100,120"),
             mirrors="resumed mid-run: checkpoint at step 100, restart after step 120 "
                     "(steps 101-120 logged twice)"),
-    Variant("markov-jax-seed0", "jax", 0,
-            mirrors="the JAX port of reference seed 0: same initial weights and batches"),
+    Variant("markov-jax-seed0", "jax", 0, extra_args=("--pair",),
+            mirrors="the JAX port of reference seed 0: same initial weights and batches "
+                    "(declared pair)"),
+]
+
+# Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
+# before calibration, never assessed (refrun.pairing: a port known to be good).
+EVIDENCE = [
+    Variant("markov-knowngood-jax-seed1", "jax", 1,
+            extra_args=("--pair", "--known-good", "the JAX port in float32 of reference "
+                        "seed 1: the same math, XLA's own summation order")),
 ]
 
 DEFECTS = [
@@ -98,8 +107,10 @@ DEFECTS = [
             defects=("clip_per_device",), expect=("grad_norm/",),
             mirrors="four-chip run: gradients clipped per chip before averaging (§IV-B)"),
     Variant("markov-jax-gate-swap", "jax", 0, defects=("gate_swap",), expect=("paired",),
+            extra_args=("--pair",),
             mirrors="the GRU update gate in Keras/Flax's convention, torch's weights"),
     Variant("markov-jax-bf16", "jax", 0, defects=("bf16_matmul",), expect=("paired",),
+            extra_args=("--pair",),
             mirrors="a port computing its matmuls in bfloat16"),
     Variant("markov-jax-float-loss", "jax", 5, defects=("float_loss",), expect=("xfer/",),
             mirrors="float(loss) in every JAX step: a host read per step"),
