@@ -169,8 +169,12 @@ def pair_tags(args: Args) -> dict[str, str]:
     ports start from the seed's named NumPy weights and replay its data order."""
     if not args.pair:
         return {}
-    from refrun.pairing import pair_tags as declare
-
+    try:
+        from refrun.pairing import pair_tags as declare
+    except ImportError:  # a refrun before same-seed pairs: record the run undeclared
+        print(f"[{args.variant}] this refrun cannot declare a same-seed pair "
+              "(no refrun.pairing): recorded without", flush=True)
+        return {}
     return declare(seed=args.seed, known_good=args.known_good)
 
 
