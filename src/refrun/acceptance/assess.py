@@ -157,6 +157,20 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     only when L3 passed; the evidence digest covers the criteria
     file, the results and the runs' data (see :mod:`refrun.acceptance.evidence`).
     """
+    return assess_with_evidence(crit, references, candidate, latest, allow_cross_workload,
+                                gradchecks, pair)[0]
+
+
+def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
+                         candidate: RunData, latest: dict[str, dict] | None = None,
+                         allow_cross_workload: bool = False,
+                         gradchecks: list[GradcheckRun] | None = None,
+                         pair: pairs.PairLookup | None = None
+                         ) -> tuple[Assessment, dict[str, Any]]:
+    """:func:`assess`, and the evidence document its digest is computed over (built
+    once: digesting every curve of every run is a good part of an assessment's cost).
+    ``pair``: the candidate's same-seed reference (:func:`pair_for`), for ``paired``
+    criteria; its run's fingerprint joins the evidence when it is not a reference."""
     refs = list(references)
     if not refs:
         raise RefrunInputError("reference: at least one reference run is required")
@@ -203,7 +217,7 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest,
                               pair=pair_run(pair, refs))
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
-                               calibration_sha256=calibration_digest(crit))
+                               calibration_sha256=calibration_digest(crit)), evidence
 
 
 def held_back(crit: CriteriaFile, gate: str) -> str:
@@ -349,12 +363,11 @@ def assess_many(crit: CriteriaFile, reference_ids: Sequence[str],
     for cid in candidate_ids:
         cand, latest = load_candidate(crit, refs, cid, tracking_uri, allow_cross_workload)
         pair = pair_for(crit, cand, refs.runs, tracking_uri, latest, pair_id)
-        a = assess(crit, refs.runs, cand, latest, allow_cross_workload,
-                   gradchecks=gradchecks_for(crit, cand, tracking_uri), pair=pair)
+        a, evidence = assess_with_evidence(crit, refs.runs, cand, latest,
+                                           allow_cross_workload,
+                                           gradchecks_for(crit, cand, tracking_uri), pair)
         names = {r.run_id: r.tags.get(schema.TAG_RUN_NAME, "") for r in [*refs.runs, cand]}
-        yield Assessed(a, build_evidence(crit.sha256, a.results, refs.runs, cand, latest,
-                                         pair=pair_run(pair, refs.runs)),
-                       cand.hardware, names)
+        yield Assessed(a, evidence, cand.hardware, names)
 
 
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
@@ -366,7 +379,5 @@ def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: s
     refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri,
                                              allow_cross_workload)
     pair = pair_for(crit, cand, refs, tracking_uri, latest, pair_id)
-    a = assess(crit, refs, cand, latest, allow_cross_workload,
-               gradchecks=gradchecks_for(crit, cand, tracking_uri), pair=pair)
-    return a, build_evidence(crit.sha256, a.results, refs, cand, latest,
-                             pair=pair_run(pair, refs))
+    return assess_with_evidence(crit, refs, cand, latest, allow_cross_workload,
+                                gradchecks_for(crit, cand, tracking_uri), pair)
