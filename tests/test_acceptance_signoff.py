@@ -59,9 +59,32 @@ def test_signoff_record_and_clean_verify(store, signed, capsys) -> None:
     assert tags["refrun.signoff.evidence_sha256"] == tags["refrun.acceptance.evidence_sha256"]
     assert main(["verify", comp, "--criteria", str(crit)]) == 0
     assert "verified: runs, criteria and evidence unchanged" in capsys.readouterr().out
-    # A second sign-off of the same assessment is refused.
+    # A second sign-off of the same assessment is refused, naming how the first was signed.
     assert main(["signoff", "--comparison", comp, "--decision", "reject", "--by", "Bob"]) == 2
-    assert "already signed off" in capsys.readouterr().err
+    assert "already signed off (accept by Ada (unauthenticated) at " in capsys.readouterr().err
+
+    # Someone who can write the store forges the signer: a newline starts a fake line and
+    # an escape sequence would hide "(unauthenticated)" on a terminal.  verify prints
+    # the stored text escaped, on its own line, and names the edit.
+    forged = "Ada (unauthenticated)\nsign-off of " + comp + ": accept by admin " \
+        "(mlflow-basic-auth)\x1b[8m"
+    record = json.loads(Path(client.download_artifacts(comp, "refrun/signoff.json")).read_text())
+    record["by"] = forged
+    p = Path(store.tmp) / "forge" / "signoff.json"
+    p.parent.mkdir()
+    p.write_text(json.dumps(record))
+    client.log_artifact(comp, str(p), "refrun")
+    client.set_tag(comp, "refrun.signoff.by", forged)
+    assert main(["verify", comp]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "mlflow-basic-auth" not in out.split("\n")[0].split("\\n")[0]
+    lines = out.splitlines()
+    assert lines[0].startswith(f"sign-off of {comp}: accept by Ada (unauthenticated)\\nsign-off")
+    assert lines[0].endswith("(mlflow-basic-auth)\\x1b[8m (unauthenticated) at "
+                             + tags["refrun.signoff.time_utc"])
+    assert lines[1].startswith("CHANGED since sign-off")
+    assert all(line.startswith("  [") for line in lines[2:]), out
+    assert any("the sign-off record was edited" in line for line in lines[2:]), out
 
 
 def test_verify_reports_changed_criteria_file(signed, tmp_path: Path, capsys) -> None:
@@ -149,3 +172,60 @@ def test_accepting_a_failed_assessment_needs_override(store, tmp_path: Path, cap
     comp2 = _accept(store, write_criteria(tmp_path, BODY), ref.run_id, cand.run_id, capsys)
     assert main(["verify", comp2]) == 2
     assert main(["signoff", "--comparison", comp2, "--decision", "reject", "--by", "Ada"]) == 0
+
+
+@pytest.mark.parametrize("by", ["Ada\nsign-off of x: accept by admin (mlflow-basic-auth)",
+                                "Ada\x1b[8m", "Ada\u202e", "\x07", "x" * 201])
+def test_signoff_by_must_be_printable_text(store, by: str, capsys) -> None:
+    # Refused before the store is read (the comparison id does not even exist).
+    assert main(["signoff", "--comparison", "0" * 32, "--decision", "accept",
+                 "--by", by]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "\x1b" not in err and "\x07" not in err, err
+    assert err.startswith("refrun signoff: error: --by ") and (
+        "non-printable character" in err or "at most 200" in err), err
+
+
+class _UserEndpoint:
+    """A real HTTP server on 127.0.0.1 whose ``/api/2.0/mlflow/users/current`` answers
+    ``status`` with an empty body (what a failing proxy or server does)."""
+
+    def __init__(self, status: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from threading import Thread
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        Thread(target=self.server.serve_forever, daemon=True).start()
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 302, 429])
+def test_a_failing_user_endpoint_is_an_error_not_unauthenticated(status: int) -> None:
+    # Who signs off cannot be told: nothing may be recorded as "unauthenticated".
+    from refrun.acceptance.signer import current_user
+    from refrun.errors import RefrunInputError
+
+    server = _UserEndpoint(status)
+    try:
+        with pytest.raises(RefrunInputError, match=f"users/current answered HTTP {status}"):
+            current_user(server.uri)
+    finally:
+        server.close()
+    missing = _UserEndpoint(404)  # a server without MLflow's authentication app
+    try:
+        assert current_user(missing.uri) is None
+    finally:
+        missing.close()

@@ -256,3 +256,42 @@ def test_names_and_steps_mlflow_refuses_are_one_line_errors_and_nothing_is_recor
                         tracking_uri=store.tracking_uri)
     assert load_run(run_id, tracking_uri=store.tracking_uri).metric_names == \
         sorted(["perte/époque", "m" * 250])
+
+
+# --- hostile files (issue 22) -------------------------------------------------------------
+def test_csv_saved_with_a_bom_is_read(tmp_path: Path) -> None:
+    # Spreadsheet programs write a UTF-8 byte-order mark in front of a CSV file.
+    p = tmp_path / "sheet.csv"
+    p.write_bytes(b"\xef\xbb\xbfstep,loss\n0,1.5\n1,0.75\n")
+    assert parse_csv(p).series("loss") == ([0, 1], [1.5, 0.75])
+
+
+def test_megatron_repeated_step_key_is_refused_not_collapsed(tmp_path: Path) -> None:
+    # json.loads keeps the last of two equal keys silently; the file says two values.
+    p = write(tmp_path, "g.json", '{"lm loss": {"values": {"1": 2.0, "2": 1.5, "1": 3.0}}}')
+    with pytest.raises(RefrunInputError, match=r'key "1" appears twice') as exc:
+        parse_megatron(p)
+    assert str(p) in str(exc.value) and "\n" not in str(exc.value)
+    # Two spellings of one step are two JSON keys but one step.
+    p2 = write(tmp_path, "g2.json", '{"lm loss": {"values": {"1": 2.0, "01": 3.0}}}')
+    with pytest.raises(RefrunInputError, match=r'key "lm loss".values: step 1 given 2 times'):
+        parse_megatron(p2)
+
+
+def test_hostile_files_are_one_line_errors_from_the_cli(store, tmp_path: Path, capsys,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    deep = write(tmp_path, "deep.json", '{"lm loss": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    big = write(tmp_path, "big.txt", "".join(f"{i} 1.0\n" for i in range(2_000)))
+    for args, needle, limit in [
+        (["megatron", str(deep)], f"{deep}: JSON nested too deeply", None),
+        (["torchtitan", str(big)], f"{big}: {big.stat().st_size:,} bytes, larger than the "
+                                   "import limit of 10,000 bytes", "10000"),
+    ]:
+        if limit:
+            monkeypatch.setenv("REFRUN_IMPORT_MAX_BYTES", limit)
+        rc = main(["import", *args, "--workload", "w", "--role", "reference",
+                   "--hardware", "cpu", "--tracking-uri", store.tracking_uri])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and needle in err and len(err.splitlines()) == 1, err
+    assert _count_runs(store.tracking_uri) == 0

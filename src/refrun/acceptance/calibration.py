@@ -30,11 +30,13 @@ What is calibrated, for every metric all references share (any cadence):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import itertools
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,7 +49,7 @@ from refrun.acceptance import checks
 from refrun.acceptance import runview as rv
 from refrun.acceptance.criteria import CriteriaFile, Settings, parse_criteria
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
-from refrun.acceptance.statistics import prediction_z, symmetric_limit, upper_limit
+from refrun.acceptance.statistics import prediction_z, symmetric_limit, tost, upper_limit
 from refrun.comparison import RunData, compare, warmup_end
 from refrun.comparison.measures import final_window_size
 from refrun.errors import RefrunInputError
@@ -83,7 +85,47 @@ STRUCTURAL_MAX_COMPILATIONS = 4
 # fractional warm-up (10 % of 600 steps) hid a recompilation storm that ended by step 16.
 COMPILE_WARMUP_CALLS = 2
 STRUCTURAL_SYNCS_PER_STEP = 0.5
+# TOST equivalence of a one-value quantity is written when each group has at least this
+# many references: with one candidate the interval is t_{1-alpha, g-1} wide, and at g = 2
+# (t = 6.3) it says nothing a min-max envelope does not.
+TOST_MIN_GROUP = 3
+TOST_ALPHA = 0.05
+NO_CONVERGENCE = ("no convergence (MLPerf steps-to-target) criterion written: steps to a "
+                  "target are counted at evaluation points, so a candidate evaluating at "
+                  "another cadence would be judged by its cadence, and the target is the "
+                  "project's to declare; add one by hand (kind = \"convergence\") when the "
+                  "candidates evaluate at the references' cadence")
 SKIP_PREFIXES = ("sys/", "perf/", "compile/", "xfer/", "fallback/", "exec/", "health/")
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A project goal given on the command line: ``metric >= value`` or ``<= value``."""
+
+    metric: str
+    at_least: bool  # True: metric >= value; False: metric <= value
+    value: float
+
+    @property
+    def op(self) -> str:
+        return ">=" if self.at_least else "<="
+
+
+_GOAL = re.compile(r"^\s*(?P<metric>[^<>=\s][^<>=]*?)\s*(?P<op>>=|<=)\s*(?P<value>\S+)\s*$")
+
+
+def parse_goal(text: str) -> Goal:
+    """``"eval/accuracy>=0.9"`` -> :class:`Goal`; a one-line :class:`RefrunInputError`
+    naming ``--goal`` otherwise."""
+    m = _GOAL.match(text)
+    value = math.nan
+    if m:
+        with contextlib.suppress(ValueError):
+            value = float(m.group("value"))
+    if not m or not math.isfinite(value):
+        raise RefrunInputError(f"--goal {text!r}: expected METRIC>=VALUE or METRIC<=VALUE "
+                               "with a finite number, e.g. --goal eval/accuracy>=0.9")
+    return Goal(m.group("metric"), m.group("op") == ">=", value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +144,8 @@ class CalibrationOptions:
     # criterion, no threshold): off by default, so no workload without recorded checks
     # gets a new failure.
     require_gradcheck: bool = False
+    # The project's stated goals (``--goal METRIC>=VALUE``): one L3 ``claim`` each.
+    goals: tuple[Goal, ...] = ()
     settings: Settings = field(default_factory=Settings)
 
     def __post_init__(self) -> None:
@@ -143,6 +187,7 @@ class Calibrated:
     criteria: list[Derived]
     skipped: dict[str, str]
     created_utc: str
+    notes: list[str] = field(default_factory=list)  # said in the file and by the CLI
 
     def text(self) -> str:
         """The criteria file (TOML)."""
@@ -311,6 +356,55 @@ def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: flo
     return max(0.0, lim), worst, needs
 
 
+def final_values(series: list[_Series]) -> tuple[int, np.ndarray]:
+    """``(step, values)``: each reference's value at the last evaluation step they all
+    share (a periodically evaluated metric treated as a one-value metric)."""
+    common = _all_common(series)
+    step = int(common[-1])
+    return step, np.array([s.values[np.searchsorted(s.steps, step)] for s in series])
+
+
+def tost_half_width(values: np.ndarray, g: int, alpha: float = 0.05) -> float:
+    """Typical half-width of TOST's (1 - 2 alpha) interval for one candidate against
+    ``g`` references: ``t_{1-alpha, g-1} s sqrt(1 + 1/g)``, ``s`` the seeds' std."""
+    from scipy import stats as sps
+
+    return float(sps.t.ppf(1 - alpha, g - 1)) * float(np.std(values, ddof=1)) * \
+        math.sqrt(1 + 1 / g)
+
+
+def equivalence_margin(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float
+                       ) -> tuple[float, float, np.ndarray]:
+    """``(margin, worst, needs)`` of a TOST equivalence criterion: a held-out seed needs
+    the margin at which TOST just declares it equivalent to its group, the larger bound
+    of the (1 - 2 alpha) interval of its difference from the group's mean,
+    ``|d| + t_{1-alpha, g-1} s_g sqrt(1 + 1/g)``
+    (:func:`refrun.acceptance.statistics.tost`); the margin is the upper tolerance limit
+    of those needs."""
+    def need(i: int, grp: tuple[int, ...]) -> float:
+        t = tost(values[list(grp)], values[[i]], -1.0, 1.0, TOST_ALPHA)
+        return float(max(abs(t.interval[0]), abs(t.interval[1])))
+
+    needs = _worst_by_seed(len(values), opts, g, need)
+    lim, worst = upper_limit(needs, cov, opts.confidence, n=len(values))
+    return max(lim, tost_margin_floor(values, g, cov)), worst, needs
+
+
+def tost_margin_floor(values: np.ndarray, g: int, cov: float) -> float:
+    """A margin one more seed meets with probability about ``cov`` whatever the few
+    held-out needs showed: ``sqrt(1 + 1/g) s (t_{1-a/2, N-1} + t_{1-alpha, g-1})``,
+    ``a = 1 - cov``, ``s`` the std of the N seeds' values: the first term bounds the
+    candidate's distance from a group mean (Student-t prediction bound), the second is the
+    TOST interval's half-width at the typical spread.  Five held-out needs alone left
+    benign seeds outside the margin (their groups' spreads happened to be small)."""
+    from scipy import stats as sps
+
+    n = len(values)
+    s = float(np.std(values, ddof=1))
+    return math.sqrt(1 + 1 / g) * s * (float(sps.t.ppf(1 - (1 - cov) / 2, n - 1))
+                                       + float(sps.t.ppf(1 - TOST_ALPHA, g - 1)))
+
+
 def step_time_limit(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float,
                     metric: str = schema.M_STEP_TIME
                     ) -> tuple[float, float, np.ndarray, int]:
@@ -407,7 +501,18 @@ def calibrate(references: Sequence[RunData],
         skipped[schema.M_STEP_TIME] = ("left out (--exclude step_time)"
                                        if "step_time" in opts.exclude_kinds
                                        else "references of different backends")
-    n_crit = 2 * len(per_step) + len(one_point) + int(bool(has_time))
+    # One-value quantities (judged at L3): one-point metrics as logged, and the final
+    # evaluation of every periodically evaluated metric (its last shared point).
+    finals = {m: final_values([_series(r, m, keep) for r in runs])
+              for m in per_step if m.startswith(schema.EVAL_PREFIX)}
+    one_values = {m: (None, np.array([_series(r, m, keep).values[-1] for r in runs]))
+                  for m in one_point}
+    one_values.update(finals)
+    tost_ok = g >= TOST_MIN_GROUP
+    n_tost = sum(tost_ok and float(np.std(v)) > 0 for _, v in one_values.values())
+    goals = [_goal(goal, runs, metrics, keep) for goal in opts.goals]
+    n_crit = (2 * len(per_step) - len(finals) + len(one_values) + n_tost + len(goals)
+              + int(bool(has_time)))
     cov = _cov(opts, n_crit)
     out: list[Derived] = []
     for m in per_step:
@@ -420,18 +525,42 @@ def calibrate(references: Sequence[RunData],
         if not m.startswith(schema.EVAL_PREFIX):
             out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
                                      len(runs)))
-    for m in one_point:
-        values = np.array([_series(r, m, keep).values[-1] for r in runs])
-        out.append(_one_point(m, values, one_point_tol(values, opts, g, cov), len(runs)))
+    notes: list[str] = []
+    for m, (step, values) in one_values.items():
+        env_d = _one_point(m, values, one_point_tol(values, opts, g, cov), len(runs), step)
+        out.append(env_d)
+        if not (tost_ok and float(np.std(values)) > 0):
+            continue
+        eq = _equivalence(m, values, equivalence_margin(values, opts, g, cov), g, step)
+        # Written only where it adds power: a TOST that detects no smaller shift than the
+        # range criterion on the same value would only add false alarms.
+        det_eq = float(eq.table["calibration"]["detectable_shift"])
+        det_env = float(env_d.table["abs_tol"]) + float(np.ptp(values)) / 2
+        if det_eq < det_env:
+            out.append(eq)
+        else:
+            notes.append(f"{m}: no TOST equivalence criterion written: with {g} references "
+                         f"and one candidate run it detects only shifts above "
+                         f"{det_eq:.3g}, the range criterion {env_d.id} about "
+                         f"{det_env:.3g} (abs_tol + half the seeds' range)")
+    out += goals
     if has_time:
         out.append(_step_time(runs, opts, g, cov))
     out += integrity(runs, opts, cov)
     if opts.require_gradcheck:
         out.append(_gradcheck())
     out = [d for d in out if d.table["kind"] not in opts.exclude_kinds]
+    if not any(d.table["level"] == "L3" for d in out):
+        raise RefrunInputError(
+            "calibrate: no L3 (project goal) criterion can be derived from these "
+            "references (no evaluation metric eval/... or one-value metric shared by all "
+            "of them), so no candidate could reach L3 or be judged at L4; state the "
+            "project's goal with --goal METRIC>=VALUE (or METRIC<=VALUE), e.g. --goal "
+            f"{schema.M_LOSS}<=0.5; nothing written")
+    notes += [NO_CONVERGENCE] if finals else []
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-                      .replace("+00:00", "Z"))
+                      .replace("+00:00", "Z"), notes)
 
 
 def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
@@ -477,22 +606,82 @@ def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: Calibration
                     f"detects: {det}"], n)
 
 
-def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], n: int
-               ) -> Derived:
+def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], n: int,
+               step: int | None = None) -> Derived:
+    """A min-max envelope of one value per run (``step`` None), or of a periodically
+    evaluated metric's final evaluation (``step``: the last evaluation step the
+    references share; the check judges the last aligned evaluation)."""
     tol, worst, _ = op
     tol = _round_up(tol) if tol > 0 else 0.0
     spread = float(values.max() - values.min())
     det = (f"a value more than {tol:.3g} outside the reference group's range (seeds span "
            f"{spread:.3g})")
-    table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": "L3", "metric": m,
-             "band": "minmax", "abs_tol": tol,
-             "description": f"{m} (one value per run) within the reference group's range "
-                            "+- abs_tol (calibrated)",
-             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(tol - worst),
-                             "seeds": n, "detectable_shift": _clean_float(tol)}}
+    cal = {"worst": _clean_float(worst), "margin": _clean_float(tol - worst),
+           "seeds": n, "detectable_shift": _clean_float(tol)}
+    if step is None:
+        table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": "L3",
+                 "metric": m, "band": "minmax", "abs_tol": tol,
+                 "description": f"{m} (one value per run) within the reference group's "
+                                "range +- abs_tol (calibrated)", "calibration": cal}
+    else:
+        cal["step"] = float(step)
+        table = {"id": f"{_slug(m)}-final", "kind": "envelope", "level": "L3",
+                 "metric": m, "band": "minmax", "abs_tol": tol, "over": "last",
+                 "description": f"final evaluation of {m} (the last evaluation the "
+                                f"candidate shares with the references; calibrated at "
+                                f"step {step}) within the reference group's range "
+                                "+- abs_tol (calibrated)", "calibration": cal}
     return Derived(table, worst, tol - worst, det,
                    [_held_out_line(worst, tol - worst, n, "distance outside the range "
                                    "(negative: inside)"), f"detects: {det}"], n)
+
+
+def _equivalence(m: str, values: np.ndarray, eq: tuple[float, float, np.ndarray], g: int,
+                 step: int | None) -> Derived:
+    """A TOST ``equivalence`` criterion on a one-value quantity with a calibrated margin."""
+    margin, worst, _ = eq
+    margin = _round_up(margin)
+    n = len(values)
+    half = tost_half_width(values, g, TOST_ALPHA)
+    det = (f"a final value shifted by more than about {max(margin - half, 0.0):.3g} from "
+           f"the reference seeds' mean (margin {margin:.3g} minus the {1 - 2 * TOST_ALPHA:.0%} "
+           f"interval's half-width {half:.3g} for {g} references)")
+    what = "final evaluation" if step is not None else "value"
+    cal = {"worst": _clean_float(worst), "margin": _clean_float(margin - worst), "seeds": n,
+           "group_size": g, "detectable_shift": _clean_float(max(margin - half, 0.0))}
+    if step is not None:
+        cal["step"] = float(step)
+    table = {"id": f"{_slug(m)}-equivalence", "kind": "equivalence", "level": "L3",
+             "metric": m, "margin": margin, "alpha": TOST_ALPHA, "statistic": "last",
+             "description": f"{what} of {m} equivalent to the reference seeds' (TOST, "
+                            f"alpha {TOST_ALPHA:g}, margin calibrated on held-out seeds)",
+             "calibration": cal}
+    return Derived(table, worst, margin - worst, det,
+                   [_held_out_line(worst, margin - worst, n, "TOST interval bound"),
+                    f"detects: {det}"], n)
+
+
+def _goal(goal: Goal, runs: list[RunData], shared: list[str], keep: str) -> Derived:
+    """The project's stated goal as an L3 ``claim`` (last finite value of the run)."""
+    if goal.metric not in shared:
+        raise RefrunInputError(f"--goal {goal.metric}{goal.op}{goal.value:g}: metric "
+                               f"{goal.metric!r} is not recorded (with a finite value) in "
+                               f"every reference run; known: {', '.join(shared[:20])}")
+    finals = [float(_series(r, goal.metric, keep).values[-1]) for r in runs]
+    missed = [r.run_id for r, v in zip(runs, finals, strict=True)
+              if not (v >= goal.value if goal.at_least else v <= goal.value)]
+    src = (f"the project's goal (refrun calibrate --goal {goal.metric}{goal.op}{goal.value:g}); "
+           f"reference final values {min(finals):.4g}..{max(finals):.4g}")
+    if missed:
+        src += (f"; {len(missed)} of {len(runs)} reference seeds miss it "
+                f"({', '.join(missed)}): a benign candidate may miss it too")
+    table = {"id": f"goal-{_slug(goal.metric)}", "kind": "claim", "level": "L3",
+             "metric": goal.metric,
+             ("at_least" if goal.at_least else "at_most"): float(goal.value),
+             "statistic": "last", "description": src,
+             "calibration": {"structural": 1.0, "seeds_missing_goal": float(len(missed))}}
+    det = f"a final {goal.metric} {'below' if goal.at_least else 'above'} {goal.value:g}"
+    return Derived(table, None, None, det, [src], len(runs))
 
 
 def _step_time(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float) -> Derived:
@@ -686,6 +875,10 @@ def render(c: Calibrated) -> str:
     lines += ["#", "# Power (the smallest shift each criterion detects with these seeds):"]
     for d in c.criteria:
         lines += _comment(f"  {d.id}: {d.detectable}")
+    if c.notes:
+        lines += ["#", "# Notes:"]
+        for note in c.notes:
+            lines += _comment(f"  {note}")
     if c.skipped:
         lines += ["#", "# Metrics without a criterion:"]
         for m, why in c.skipped.items():
@@ -848,6 +1041,7 @@ def check_file(crit: CriteriaFile, references: Sequence[RunData], group_size: in
                        gaps)
 
 
-__all__ = ["Calibrated", "CalibrationOptions", "CheckReport", "Derived", "Rejection",
-           "calibrate", "calibrate_ids", "calibration_digest", "check_file", "reference_ids",
+__all__ = ["Calibrated", "CalibrationOptions", "CheckReport", "Derived", "Goal", "Rejection",
+           "calibrate", "calibrate_ids", "calibration_digest", "check_file", "parse_goal",
+           "reference_ids",
            "render", "write_file"]

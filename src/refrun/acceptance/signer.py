@@ -20,6 +20,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from refrun.errors import RefrunInputError
+from refrun.printable import escape, name_problem
 
 Authentication = Literal["mlflow-basic-auth", "unauthenticated"]
 UNAUTHENTICATED: Authentication = "unauthenticated"
@@ -66,8 +67,14 @@ def current_user(uri: str) -> tuple[str, bool] | None:
         raise RefrunInputError(f"tracking server {uri} requires authentication and refused "
                                f"the credentials (HTTP {resp.status_code}); set "
                                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+    if resp.status_code == 404:
+        return None  # no such endpoint: the server runs without the authentication app
     if resp.status_code != 200:
-        return None
+        # A server error (5xx), a redirect or a throttle says nothing about who is
+        # calling: recording the sign-off as "unauthenticated" would hide the failure.
+        raise RefrunInputError(f"tracking server {uri}: {CURRENT_USER} answered HTTP "
+                               f"{resp.status_code}; cannot tell who signs off, nothing "
+                               "recorded (try again)")
     try:
         user = resp.json()["user"]
         return str(user["username"]), bool(user.get("is_admin"))
@@ -86,13 +93,24 @@ def experiment_permission(uri: str, username: str, experiment_id: str) -> str:
         return f"unknown (HTTP {resp.status_code})"
 
 
+def check_by(by: str | None) -> str:
+    """``--by`` stripped; refused (one line) when it is not printable text: a newline or a
+    terminal escape in a name would forge or hide lines wherever the name is printed."""
+    declared = (by or "").strip()
+    if by is not None and by.strip():
+        problem = name_problem(declared)
+        if problem is not None:
+            raise RefrunInputError(f"--by {escape(declared)[:80]!r}: {problem}")
+    return declared
+
+
 def resolve_signer(tracking_uri: str, user: tuple[str, bool] | None, by: str | None,
                    experiment_id: str, what: str) -> Signer:
     """The signer of a sign-off on ``what`` (a run in ``experiment_id``), from the
     authenticated ``user`` (:func:`current_user`) or ``by``; see the module docstring.
     Raises :class:`RefrunInputError` when the server authenticates and the user may not
     write to the experiment, or when no name is known at all."""
-    declared = (by or "").strip()
+    declared = check_by(by)
     if user is None:
         if not declared:
             raise RefrunInputError("--by: a name is required (the tracking store does not "

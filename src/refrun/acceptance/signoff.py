@@ -50,8 +50,9 @@ from refrun.acceptance.record import (
     load_recorded,
 )
 from refrun.acceptance.results import PASS, Assessment
-from refrun.acceptance.signer import UNAUTHENTICATED, current_user, resolve_signer
+from refrun.acceptance.signer import UNAUTHENTICATED, check_by, current_user, resolve_signer
 from refrun.errors import RefrunInputError
+from refrun.printable import escape
 
 TAG_SIGNOFF_PREFIX = "refrun.signoff."
 DECISIONS = ("accept", "reject")
@@ -108,16 +109,27 @@ class Verification:
         return not self.changes
 
     def text(self) -> str:
+        """What ``refrun verify`` prints.  Every value read from the store is escaped
+        (:func:`refrun.printable.escape`): a stored newline or terminal escape can neither
+        add a line nor hide one."""
         s = self.signoff
-        head = (f"sign-off of {self.comparison_id}: {s.get('decision')} by {s.get('by')} "
-                f"({s.get('authentication', UNAUTHENTICATED)}) at {s.get('time_utc')}"
-                + (" (override)" if s.get("override") else ""))
+        head = f"sign-off of {escape(self.comparison_id)}: {signed_by(s)}" + (
+            " (override)" if s.get("override") else "")
         if self.ok:
             return head + "\nverified: runs, criteria and evidence unchanged " \
-                          f"(evidence sha256 {s.get('evidence_sha256')})"
+                          f"(evidence sha256 {escape(s.get('evidence_sha256'))})"
         lines = [head, f"CHANGED since sign-off ({len(self.changes)} change(s)):"]
-        lines += [f"  [{c['what']}] {c['key']}: {c['change']}" for c in self.changes]
+        lines += [f"  [{escape(c['what'])}] {escape(c['key'])}: {escape(c['change'])}"
+                  for c in self.changes]
         return "\n".join(lines)
+
+
+def signed_by(s: dict[str, Any]) -> str:
+    """``accept by NAME (authentication) at TIME`` of a recorded sign-off, escaped; the
+    authentication marker is always shown (a record without one is "unauthenticated")."""
+    return (f"{escape(s.get('decision'))} by {escape(s.get('by'))} "
+            f"({escape(s.get('authentication') or UNAUTHENTICATED)}) at "
+            f"{escape(s.get('time_utc'))}")
 
 
 def _stored_criteria(rec: Recorded) -> CriteriaFile:
@@ -199,6 +211,7 @@ def sign_off(comparison_id: str, decision: str, by: str | None, note: str = "",
     (:mod:`refrun.acceptance.signer`)."""
     if decision not in DECISIONS:
         raise RefrunInputError(f"--decision {decision!r}: not one of {', '.join(DECISIONS)}")
+    check_by(by)  # before the store is read: a forged name is refused whatever the store
     client = client_for(tracking_uri)
     user = current_user(client.tracking_uri)  # first: refused credentials say so at once
     rec = load_recorded(comparison_id, tracking_uri)
@@ -206,8 +219,7 @@ def sign_off(comparison_id: str, decision: str, by: str | None, note: str = "",
         comparison_id).info.experiment_id, f"comparison {comparison_id}")
     if rec.signoff is not None:
         raise RefrunInputError(f"comparison {comparison_id}: already signed off "
-                               f"({rec.signoff.get('decision')} by {rec.signoff.get('by')} at "
-                               f"{rec.signoff.get('time_utc')}); record a new assessment")
+                               f"({signed_by(rec.signoff)}); record a new assessment")
     recorded_sha = rec.assessment.get("criteria", {}).get("sha256")
     crit = _stored_criteria(rec)
     if crit.sha256 != recorded_sha:
@@ -337,4 +349,4 @@ def verify(comparison_id: str, tracking_uri: str | None = None,
     return Verification(comparison_id, s, changes, digest)
 
 
-__all__ = ["DECISIONS", "TAG_PREFIX", "SignOff", "Verification", "sign_off", "verify"]
+__all__ = ["DECISIONS", "TAG_PREFIX", "SignOff", "Verification", "sign_off", "signed_by", "verify"]

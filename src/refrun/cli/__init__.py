@@ -35,7 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("refrun.cli.runs", "list the runs of a workload"),
     "sync": ("refrun.cli.sync", "deliver spooled points to the tracking store"),
     "compare": ("refrun.cli.compare", "compare a candidate run with reference run(s)"),
-    "import": ("refrun.cli.imports", "import reference curves (Megatron, torchtitan, CSV)"),
+    "import": ("refrun.cli.imports", "import reference curves (Megatron, torchtitan, CSV, "
+                                     "TensorBoard, MLPerf result logs)"),
     "gradcheck": ("refrun.cli.gradcheck",
                   "gradient checks: prove the gate rejects its defects"),
     "report": ("refrun.cli.report", "write the HTML comparison report of a candidate run"),
@@ -136,7 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except RefrunInputError as exc:
-        print(f"refrun {args.command}: error: {exc}", file=sys.stderr)
+        from refrun.printable import escape
+
+        # One line, whatever the message quotes (a tag, a file name, a --by value).
+        print(f"refrun {args.command}: error: {escape(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("refrun: interrupted", file=sys.stderr)

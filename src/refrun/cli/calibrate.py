@@ -21,10 +21,12 @@ EPILOG = textwrap.dedent("""\
       or disagree.  The file states, per criterion, the worst held-out value, the margin
       and the smallest shift it detects, plus a [calibration] table (runs, N, method,
       date, refrun version).  Use as many references with `refrun accept` as the group
-      size.
+      size.  Every evaluation metric (eval/...) gets an L3 criterion from its final
+      evaluation; without any, --goal states the project's goal (else exit 2).
 
     examples:
       refrun calibrate --workload digits-mlp -o criteria.toml
+      refrun calibrate --workload W --goal eval/accuracy>=0.9 -o criteria.toml
       refrun calibrate --reference ID1 ID2 ID3 ID4 --group-size 3 -o criteria.toml
       refrun calibrate --check criteria.toml --workload digits-mlp
       refrun accept --criteria criteria.toml --reference ID1 ID2 ID3 --candidate CAND
@@ -67,6 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "references ran on other machines than the candidates will")
     p.add_argument("--warmup-steps", type=int, default=None, metavar="S",
                    help="warm-up steps for step time and counters (default: 10%% of the run)")
+    p.add_argument("--goal", action="append", default=[], metavar="METRIC>=VALUE",
+                   help="the project's stated goal, e.g. eval/accuracy>=0.9 or "
+                        "eval/val_loss<=1.2 (repeatable): an L3 'claim' criterion each. "
+                        "Needed when the references log no evaluation metric: without an "
+                        "L3 criterion no candidate reaches L3 and L4 is never judged")
     p.add_argument("--require-gradcheck", action="store_true",
                    help="add an L1 'gradcheck' criterion: every candidate needs a passed "
                         "gradient-check run recorded for it (refrun.gradcheck.record with "
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         CalibrationOptions,
         calibrate,
         check_file,
+        parse_goal,
         reference_ids,
         write_file,
     )
@@ -88,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from refrun.errors import RefrunInputError
     from refrun.tracking import existing_store_uri
 
-    # A bad --check file is refused before any store is opened (one line, exit 2).
+    # A bad --check file or --goal is refused before any store is opened (one line, exit 2).
+    goals = tuple(parse_goal(g) for g in args.goal)
     crit = load_criteria(args.check) if args.check is not None else None
     uri = existing_store_uri(args.tracking_uri)
     ids = list(args.reference or reference_ids(args.workload, uri))
@@ -114,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         max_groups=args.max_groups,
         metrics=tuple(args.metric) if args.metric else None,
         exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
+        goals=goals,
         settings=Settings(warmup_steps=args.warmup_steps))
     result = calibrate(runs, opts)
     if args.output is None:
@@ -125,4 +135,6 @@ def run(args: argparse.Namespace) -> int:
     print("power (smallest shift each criterion detects):")
     for line in result.power():
         print(f"  {line}")
+    for note in result.notes:
+        print(f"note: {note}")
     return 0

@@ -13,8 +13,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from refrun.acceptance.signoff import DECISIONS, sign_off, verify
+from refrun.acceptance.signoff import DECISIONS, sign_off, signed_by, verify
 from refrun.cli import add_tracking_uri
+from refrun.printable import escape
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_signoff(args: argparse.Namespace) -> int:
     so = sign_off(args.comparison, args.decision, args.by, args.note, args.override,
                   args.tracking_uri)
-    print(f"signed off {so.comparison_id}: {so.decision} by {so.by} ({so.authentication}) "
-          f"at {so.time_utc}"
+    # The name may come from the server (its authenticated user): escaped like verify's.
+    print(f"signed off {escape(so.comparison_id)}: {signed_by(asdict(so))}"
           + (" (override of a failed assessment)" if so.override else ""))
     print(f"evidence sha256 {so.evidence_sha256}; criteria sha256 {so.criteria_sha256}")
     return 0

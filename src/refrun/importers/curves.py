@@ -37,20 +37,29 @@ class ImportedCurves:
     sources: list[Path]
     frame: pd.DataFrame = field(repr=False)
     params: dict[str, str] = field(default_factory=dict)
+    timestamp_ms: np.ndarray | None = field(default=None, repr=False)
+    """Each point's wall time (ms since the epoch) when the file records one (TensorBoard,
+    MLPerf logs); None: the points are stamped with the time the run is written."""
 
     @classmethod
     def from_columns(cls, format: str, sources: Sequence[Path],
                      metrics: Sequence[str] | np.ndarray | pd.Categorical,
                      steps: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
-                     params: dict[str, str] | None = None) -> ImportedCurves:
-        """Curves from three equally long columns in logging order."""
+                     params: dict[str, str] | None = None,
+                     timestamp_ms: Sequence[int] | np.ndarray | None = None
+                     ) -> ImportedCurves:
+        """Curves from three (four, with wall times) equally long columns in logging
+        order."""
         frame = pd.DataFrame({
             "metric": metrics if isinstance(metrics, pd.Categorical)
             else pd.Categorical(np.asarray(metrics, dtype=object)),
             "step": np.asarray(steps, dtype=np.int64),
             "value": np.asarray(values, dtype=np.float64),
         })
-        return cls(format, list(sources), frame, dict(params or {}))
+        stamps = None if timestamp_ms is None else np.asarray(timestamp_ms, dtype=np.int64)
+        if stamps is not None and len(stamps) != len(frame):
+            raise ValueError("timestamp_ms: one wall time per point")
+        return cls(format, list(sources), frame, dict(params or {}), stamps)
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -70,11 +79,41 @@ class ImportedCurves:
         return rows["step"].tolist(), rows["value"].tolist()
 
 
-def read_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
-    """The file's text; a missing, unreadable or empty file is bad input."""
-    p = Path(path)
+# Largest file an importer reads (it is read whole into memory, then parsed): 1 GiB holds
+# tens of millions of points in any of the formats; ``$REFRUN_IMPORT_MAX_BYTES`` changes it.
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+def max_import_bytes() -> int:
+    """The file-size bound of the importers (``$REFRUN_IMPORT_MAX_BYTES``, default 1 GiB)."""
+    raw = os.environ.get("REFRUN_IMPORT_MAX_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
     try:
-        text = p.read_text(encoding="utf-8")
+        value = int(raw)
+    except ValueError:
+        raise RefrunInputError(f"$REFRUN_IMPORT_MAX_BYTES={raw!r}: expected a number of "
+                               "bytes") from None
+    if value <= 0:
+        raise RefrunInputError(f"$REFRUN_IMPORT_MAX_BYTES={raw!r}: must be > 0")
+    return value
+
+
+def read_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
+    """The file's text; a missing, unreadable, empty or too large file is bad input.
+
+    A leading UTF-8 byte-order mark (what spreadsheet programs write in front of a CSV
+    file) is not part of the text: ``utf-8-sig`` drops it, so the first column's name is
+    what the user sees.
+    """
+    p = Path(path)
+    limit = max_import_bytes()
+    try:
+        size = p.stat().st_size
+        if size > limit:
+            raise RefrunInputError(f"{p}: {size:,} bytes, larger than the import limit of "
+                                   f"{limit:,} bytes ($REFRUN_IMPORT_MAX_BYTES)")
+        text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError as exc:
         raise RefrunInputError(f"{p}: no such file") from exc
     except (OSError, UnicodeDecodeError) as exc:

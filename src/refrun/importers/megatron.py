@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,13 +39,42 @@ FORMAT = "megatron"
 RENAME = {"lm loss": schema.M_LOSS, "iteration-time": schema.M_STEP_TIME}
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """JSON object hook: a key given twice is refused (``json`` would keep the last value
+    silently, and a golden-values file with one step twice has no meaning to choose)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _RepeatedKey(k)
+            seen.add(k)
+    return d
+
+
 def _load_json(path: str | os.PathLike[str]) -> tuple[Path, Any]:
     p, text = read_text(path)
     try:
-        return p, json.loads(text)
+        return p, json.loads(text, object_pairs_hook=_unique_object)
     except json.JSONDecodeError as exc:
         raise RefrunInputError(f"{p}:{exc.lineno}: not valid JSON ({exc.msg}, column "
                                f"{exc.colno})") from None
+    except _RepeatedKey as exc:
+        raise RefrunInputError(f'{p}: key "{exc.key}" appears twice in one object (a '
+                               "repeated step or metric; refused rather than keeping one "
+                               "value silently)") from None
+    except RecursionError:
+        # The format is three levels deep; Python's parser recurses once per level and
+        # gives up near sys.getrecursionlimit().
+        raise RefrunInputError(f"{p}: JSON nested too deeply (more than "
+                               f"{sys.getrecursionlimit()} levels; the format has 3)"
+                               ) from None
 
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps int64, values float64), sorted by step
@@ -68,7 +98,13 @@ def _read_values(p: Path, doc: Any) -> dict[str, Series]:
         if steps is None or vals is None:
             steps, vals = _checked_series(p, str(metric), values)
         order = np.argsort(steps, kind="stable")
-        out[str(metric)] = (steps[order], vals[order])
+        steps, vals = steps[order], vals[order]
+        twice = np.flatnonzero(np.diff(steps) == 0)
+        if len(twice):  # "1" and "01" are two JSON keys but one step
+            raise RefrunInputError(f'{p}: key "{metric}".values: step {int(steps[twice[0]])} '
+                                   f"given {int(np.count_nonzero(steps == steps[twice[0]]))} "
+                                   "times (refused rather than keeping one value silently)")
+        out[str(metric)] = (steps, vals)
     return out
 
 
