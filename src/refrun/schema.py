@@ -222,6 +222,9 @@ TAG_JAX_TRANSFERS = "refrun.jax.h2d_transfers"  # total implicit h2d transfers c
 # Which host reads of jax.Arrays inside the step are counted as xfer/host_syncs
 # ("counted: ...", or "off (...)"): refrun.probes.host_reads.
 TAG_JAX_HOST_READS = "refrun.jax.host_reads"
+# Whether the PyTorch probe counts CUDA host syncs inside the step as xfer/host_syncs
+# ("counted: ..." on CUDA, "off (...)" elsewhere): refrun.probes.torch.CudaSyncCounter.
+TAG_TORCH_CUDA_SYNCS = "refrun.torch.cuda_syncs"
 ARTIFACT_XLA_SUMMARY = "refrun/xla_summary.json"
 ARTIFACT_FALLBACK_OPS = "refrun/fallback_ops.json"
 ARTIFACT_JAX_COMPILATIONS = "refrun/jax_compilations.json"
