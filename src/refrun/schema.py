@@ -121,6 +121,10 @@ M_HOST_SYNCS = "xfer/host_syncs"
 M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
 M_NONFINITE = "health/nonfinite"
 SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
+# System and runtime signals (how the run executed, not what it computed): the report ranks
+# them in their own group, beside the runtime evidence, after training and evaluation
+# signals.  health/* (non-finite counts) is numerical and stays with the training signals.
+RUNTIME_PREFIXES = (SYS_PREFIX, "perf/", "xfer/", "compile/", "exec/", "fallback/", "job/")
 
 # Tags written by probes (device truth and placement).
 TAG_EXEC_HARDWARE = "refrun.exec.hardware"  # hardware that actually executed
@@ -283,3 +287,13 @@ def rank_artifact(rank: int, name: str) -> str:
 # which must neither stop a comparison from being recorded nor be lost.
 TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
 # --- end of legacy-store hygiene block -----------------------------------------------------
+
+# Candidates of a sweep on one report page are labelled by their run name and by the
+# params and tags in which they differ (refrun.report.labels): every param, every tag
+# outside the refrun./mlflow. namespaces (a user's own), and these identity tags.  Not
+# counters or bookkeeping (step counts, refused points, local ids), which differ between
+# any two runs and say nothing about what was run.
+LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
+              TAG_EXEC_HARDWARE, TAG_EXEC_DEVICES, TAG_EXEC_WORLD_SIZE, TAG_GIT_COMMIT,
+              TAG_IMPORT_SOURCE, TAG_VERSION)
+LABEL_TAG_PREFIXES = (TAG_FW_PREFIX,)  # framework versions (refrun.fw.torch ...)

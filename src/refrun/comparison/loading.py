@@ -39,10 +39,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
+from refrun.comparison.alignment import Series, resolve_series
 from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
 from refrun.runs import list_runs
-from refrun.tracking import resolve_tracking_uri
+from refrun.store.client import client as store_client
+from refrun.store.uri import resolve_tracking_uri
 
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
 
@@ -155,6 +157,17 @@ class RunData:
         return (c["step"].to_numpy()[rows], c["value"].to_numpy()[rows],
                 c["seq"].to_numpy()[rows])
 
+    def resolved(self, metric: str, keep: str = "last") -> Series:
+        """The metric with one value per step (:func:`~refrun.comparison.alignment.
+        resolve_series`), computed once per ``(metric, keep)``: a sweep compares every
+        candidate with the same reference runs, whose series are resolved only once."""
+        cache: dict[tuple[str, str], Series] = self.__dict__.setdefault("_resolved", {})
+        key = (metric, keep)
+        if key not in cache:
+            steps, values, seq = self.series(metric)
+            cache[key] = resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+        return cache[key]
+
     def _index(self) -> dict[str, np.ndarray]:
         # Row positions per metric, computed once from the integer category codes: a
         # 5M-row table is split in milliseconds instead of one string scan per metric.
@@ -175,7 +188,7 @@ class RunData:
 
 def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
     uri = resolve_tracking_uri(tracking_uri)
-    return MlflowClient(uri), uri
+    return store_client(uri), uri
 
 
 @contextlib.contextmanager
