@@ -289,8 +289,15 @@ def test_ranking_equals_comparison_json_and_numpy(runs: Runs) -> None:
     engine = cmp.to_dict()
     deps = rank_departures(engine)
     assert {d.metric for d in deps} == set(engine["metrics"])
-    scored = [d.score for d in deps if d.score is not None]
-    assert scored == sorted(scored, reverse=True) and len(scored) >= 2
+    # training and evaluation signals first, then system/runtime, each ranked on its own
+    groups = [d.group for d in deps]
+    assert groups == sorted(groups, key=["training", "runtime"].index)
+    assert all((d.group == "runtime") == d.metric.startswith(("sys/", "perf/", "xfer/",
+                                                              "compile/")) for d in deps)
+    for g in ("training", "runtime"):
+        scored = [d.score for d in deps if d.score is not None and d.group == g]
+        assert scored == sorted(scored, reverse=True)
+    assert len([d for d in deps if d.score is not None]) >= 2
     for d in deps:
         g = engine["metrics"][d.metric]["group"]
         assert d.measure == "mean_abs_z"

@@ -99,9 +99,13 @@ FIRST_SCREEN = """() => ['verdict', 'departures', 'strip'].map(id => {
             svg: e.querySelectorAll('svg.main-svg .heatmaplayer image, svg .hm').length};
   })"""
 
-RANKING = """() => Array.from(document.querySelectorAll('#departures tbody tr')).map(tr => {
+# The first screen's ranking (training and evaluation signals), then the system and runtime
+# metrics' ranking of the runtime evidence, in page order.
+RANKING = """() => Array.from(document.querySelectorAll(
+    '#departures tbody tr, #runtime-departures tbody tr')).map(tr => {
     const nums = Array.from(tr.querySelectorAll('.num')).map(n => n.dataset.value);
-    return {metric: tr.querySelector('code').textContent, nums: nums}; })"""
+    return {metric: tr.querySelector('code').textContent, nums: nums,
+            table: tr.closest('table').id}; })"""
 
 
 def test_first_screen_answers_and_every_plot_renders_offline(  # type: ignore[no-untyped-def]
@@ -141,10 +145,15 @@ def test_first_screen_answers_and_every_plot_renders_offline(  # type: ignore[no
             if g["max_abs_z"] is None:  # "—" stands for max |z| and its step
                 want = [want[0], None, *want[3:]]
             assert got == want, r
-            scores.append(g["mean_abs_z"])
-        ranked = [v for v in scores if v is not None]
-        assert ranked == sorted(ranked, reverse=True)
-        assert scores[len(ranked):] == [None] * (len(scores) - len(ranked))
+            scores.append((r["table"], g["mean_abs_z"]))
+        runtime = ("sys/", "perf/", "xfer/", "compile/")
+        assert all((r["table"] == "runtime-departures") == r["metric"].startswith(runtime)
+                   for r in rows)
+        for group in ("departures", "runtime-departures"):  # each ranked on its own
+            g_scores = [v for t, v in scores if t == group]
+            ranked = [v for v in g_scores if v is not None]
+            assert ranked == sorted(ranked, reverse=True)
+            assert g_scores[len(ranked):] == [None] * (len(g_scores) - len(ranked))
         # Every plot drawn with the traces it was given.
         plots = page.evaluate("""() => Array.from(document.querySelectorAll('.plot')).map(
             e => ({title: e.dataset.title, expected: Number(e.dataset.traces),

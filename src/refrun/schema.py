@@ -128,6 +128,10 @@ M_HOST_SYNCS = "xfer/host_syncs"  # .item()-style scalar syncs
 M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
 M_NONFINITE = "health/nonfinite"
 SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
+# System and runtime signals (how the run executed, not what it computed): the report ranks
+# them in their own group, beside the runtime evidence, after training and evaluation
+# signals.  health/* (non-finite counts) is numerical and stays with the training signals.
+RUNTIME_PREFIXES = (SYS_PREFIX, "perf/", "xfer/", "compile/", "exec/", "fallback/", "job/")
 
 # Tags written by probes (device truth and placement).
 TAG_EXEC_HARDWARE = "refrun.exec.hardware"  # hardware that actually executed

@@ -95,7 +95,7 @@ def _candidate_sections(c: Candidate, a: dict[str, Any] | None, ids: S.FigureIds
             S.metrics_section(cmp, ids, red, deps, a, ns),
             S.eval_section(cmp, ids, red, deps, a, ns),
             S.acceptance_section(a, ns),
-            S.runtime_section(cmp, ids, red, ns),
+            S.runtime_section(cmp, ids, red, ns, deps),
             S.runs_section(cmp, c.comparison_run_id, ns),
             S.alignment_section(cmp, ns)]
     return [s for s in secs if s is not None], deps

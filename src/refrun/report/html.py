@@ -216,6 +216,7 @@ table.runs td:nth-child(9) { font-size: 12px; color: var(--muted); min-width: 24
 .level b { display: block; font-size: 15px; }
 ul.notes { margin: 4px 0 10px; padding-left: 20px; color: #333; }
 .warn { color: #a01818; font-weight: 600; }
+.badge.xb { background: #e8eaf6; color: #283593; font-size: 11px; white-space: nowrap; }
 footer { color: var(--muted); font-size: 12px; padding: 0 28px 30px; }
 details { margin: 6px 0 10px; }
 details > summary { cursor: pointer; color: #0b5cad; font-size: 13px; }
