@@ -29,7 +29,7 @@ from refrun.report.downsample import DEFAULT_MAX_POINTS
 from refrun.report.mlflow_summary import log_summary
 from refrun.report.output import check_writable
 from refrun.report.overview import Departure
-from refrun.tracking import existing_store_uri
+from refrun.store.uri import existing_store_uri
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -119,10 +119,11 @@ def with_calibration(assessment: dict[str, Any], crit: Any) -> dict[str, Any]:
 
 def _check_comparison_run(run_id: str, cmp: Comparison, uri: str) -> None:
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+
+    from refrun.store.client import client as store_client
 
     try:
-        tags = MlflowClient(uri).get_run(run_id).data.tags
+        tags = store_client(uri).get_run(run_id).data.tags
     except MlflowException as exc:
         raise RefrunInputError(f"--comparison-run {run_id!r}: not found in {uri}") from exc
     want = {schema.TAG_ROLE: "comparison",
@@ -150,16 +151,15 @@ def _compare(args: argparse.Namespace, candidate: str, metrics: list[str] | None
 def _describe_assessed(run_id: str, assessment: dict[str, Any], uri: str) -> None:
     """Name the comparison run ``accept <candidate> vs N refs: <verdict>`` and put the
     verdict and failing criteria in its description, like `refrun accept`'s run."""
-    from mlflow.tracking import MlflowClient
-
     from refrun import mlflow_ui
+    from refrun.store.client import client as store_client
 
     results = assessment.get("results") or []
     verdict = mlflow_ui.Verdict(
         str(assessment.get("verdict")), assessment.get("highest_level"),
         tuple((r["id"], r.get("reason", "")) for r in results if r.get("outcome") == "fail"),
         tuple(r["id"] for r in results if r.get("outcome") == "not_evaluable"))
-    mlflow_ui.describe_comparison(MlflowClient(uri), run_id, "accept", verdict)
+    mlflow_ui.describe_comparison(store_client(uri), run_id, "accept", verdict)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ from refrun import schema
 from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
 from refrun.runs import list_runs
-from refrun.tracking import resolve_tracking_uri
+from refrun.store.client import client as store_client
+from refrun.store.uri import resolve_tracking_uri
 
 T = TypeVar("T")
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
@@ -180,7 +181,7 @@ class RunData:
 
 def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
     uri = resolve_tracking_uri(tracking_uri)
-    return MlflowClient(uri), uri
+    return store_client(uri), uri
 
 
 @contextlib.contextmanager

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from refrun import mlflow_ui, schema
 from refrun.keys import key_problem, step_problem
 from refrun.recording import view
-from refrun.recording.curves import summary_tags, write_curves
 from refrun.recording.spool import (
     Cursor,
     Point,
@@ -45,6 +44,10 @@ from refrun.recording.spool import (
     disk_full,
     unlock,
 )
+from refrun.store import limits
+from refrun.store.client import client as store_client
+from refrun.store.client import ensure_experiment, transient
+from refrun.store.curves import summary_tags, write_curves
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -52,12 +55,10 @@ if TYPE_CHECKING:
 SESSION_LOCK = "lock"
 DELIVERY_LOCK = "delivery.lock"
 STATUS_FILE = "delivery.json"
-# MLflow's documented log_batch limits.
-MAX_METRICS_PER_BATCH = 1000
-MAX_TAGS_PER_BATCH = 100
 MAX_SKIPPED_REASONS = 20
 
-Outcome = Literal["delivered", "complete", "live", "error"]
+Outcome = Literal["delivered", "complete", "live", "error", "store"]
+"""``store``: not attempted, the spool's store is unusable (``refrun sync`` says why)."""
 T = TypeVar("T")
 
 
@@ -124,63 +125,10 @@ def read_status(spool: Spool) -> DeliveryStatus | None:
 
 
 # --- the store ------------------------------------------------------------------------
-_clients: dict[str, MlflowClient] = {}
-
-
 def client_for(uri: str) -> MlflowClient:
-    """An MLflow client for ``uri`` whose store is ready (one per process and URI).
-
-    A new sqlite store is created and migrated by the first client; several processes
-    doing that at once fail (``table _alembic_tmp_... already exists``), so for sqlite the
-    store is opened under an exclusive file lock beside the database.
-    """
-    client = _clients.get(uri)
-    if client is not None:
-        return client
-    from mlflow.tracking import MlflowClient
-
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        db.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{db}.refrun-init.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            client = MlflowClient(tracking_uri=uri)  # opens the store: creates/migrates it
-        finally:
-            os.close(fd)
-    else:
-        client = MlflowClient(tracking_uri=uri)
-    _clients[uri] = client
-    return client
-
-
-def local_store(uri: str) -> bool:
-    """True for a store in a local database file (it answers or fails by itself)."""
-    return uri.startswith("sqlite:")
-
-
-def transient(exc: BaseException) -> bool:
-    """True for a store error worth retrying (unreachable, timeout, 5xx, database busy);
-    False for a refusal of the request itself (MLflow's 4xx: a bad name, value or step)."""
-    from mlflow.exceptions import MlflowException
-
-    if not isinstance(exc, MlflowException):
-        return True
-    return not 400 <= exc.get_http_status_code() < 500 or exc.get_http_status_code() == 429
-
-
-def ensure_experiment(client: MlflowClient, name: str) -> str:
-    """Id of the experiment called ``name``, created if missing (safe under races)."""
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name)
-    except Exception:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    """The store's client for a writer (:func:`refrun.store.client.client`, ``create=True``):
+    a new sqlite store is created once, under a file lock."""
+    return store_client(uri, create=True)
 
 
 def ensure_run(spool: Spool) -> str:
@@ -261,8 +209,8 @@ def deliver_tags_params(spool: Spool, client: MlflowClient, run_id: str) -> None
 
     refused: list[str] = []
     skipped = 0
-    for i in range(0, len(items), MAX_TAGS_PER_BATCH):
-        skipped += _send_skipping_refused(send, items[i:i + MAX_TAGS_PER_BATCH],
+    for i in range(0, len(items), limits.TAGS_PER_BATCH):
+        skipped += _send_skipping_refused(send, items[i:i + limits.TAGS_PER_BATCH],
                                           "tag/param", refused)
     _record_skipped(spool, skipped, refused)
 
@@ -280,8 +228,8 @@ def _send_points(spool: Spool, client: MlflowClient, run_id: str, points: list) 
 
     refused: list[str] = []
     skipped = 0
-    for i in range(0, len(points), MAX_METRICS_PER_BATCH):
-        skipped += _send_skipping_refused(send, points[i:i + MAX_METRICS_PER_BATCH],
+    for i in range(0, len(points), limits.METRICS_PER_BATCH):
+        skipped += _send_skipping_refused(send, points[i:i + limits.METRICS_PER_BATCH],
                                           "point", refused)
     _record_skipped(spool, skipped, refused)
 
@@ -317,7 +265,7 @@ def deliver_points(spool: Spool, client: MlflowClient, run_id: str, every: int =
     state = start.view
     lines = start.lines
     for i, (batch, lines_after, bytes_after) in enumerate(
-        spool.iter_undelivered(MAX_METRICS_PER_BATCH)
+        spool.iter_undelivered(limits.METRICS_PER_BATCH)
     ):
         if max_batches is not None and i >= max_batches:
             break

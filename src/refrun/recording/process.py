@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import TextIO
 
 from refrun.recording import delivery
-from refrun.recording.settings import bound_http_requests, settings
 from refrun.recording.spool import Spool, SpoolMeta, unlock
+from refrun.settings import settings
+from refrun.store.client import bound_http_requests
 
 LOG_FILE = "delivery.log"
 

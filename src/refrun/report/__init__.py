@@ -269,11 +269,10 @@ def log_report(path: str | os.PathLike[str], run_id: str,
     """Log the report file as artifact ``refrun/report.html`` of ``run_id`` (e.g. the
     comparison run) so it opens from the MLflow UI's artifact view; returns the artifact
     path."""
-    from mlflow.tracking import MlflowClient
 
-    from refrun.tracking import resolve_tracking_uri
+    from refrun.store.client import client as store_client
 
-    client = MlflowClient(resolve_tracking_uri(tracking_uri))
+    client = store_client(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="refrun-report-") as tmp:
         named = Path(tmp) / Path(ARTIFACT_REPORT).name
         shutil.copyfile(path, named)
