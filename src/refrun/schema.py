@@ -288,3 +288,13 @@ def rank_artifact(rank: int, name: str) -> str:
 # which must neither stop a comparison from being recorded nor be lost.
 TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
 # --- end of legacy-store hygiene block -----------------------------------------------------
+
+# Candidates of a sweep on one report page are labelled by their run name and by the
+# params and tags in which they differ (refrun.report.labels): every param, every tag
+# outside the refrun./mlflow. namespaces (a user's own), and these identity tags.  Not
+# counters or bookkeeping (step counts, refused points, local ids), which differ between
+# any two runs and say nothing about what was run.
+LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
+              TAG_EXEC_HARDWARE, TAG_EXEC_DEVICES, TAG_EXEC_WORLD_SIZE, TAG_GIT_COMMIT,
+              TAG_IMPORT_SOURCE, TAG_VERSION)
+LABEL_TAG_PREFIXES = (TAG_FW_PREFIX,)  # framework versions (refrun.fw.torch ...)

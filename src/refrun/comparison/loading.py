@@ -39,6 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
+from refrun.comparison.alignment import Series, resolve_series
 from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
 from refrun.runs import list_runs
@@ -160,6 +161,17 @@ class RunData:
         c = self.curves
         return (c["step"].to_numpy()[rows], c["value"].to_numpy()[rows],
                 c["seq"].to_numpy()[rows])
+
+    def resolved(self, metric: str, keep: str = "last") -> Series:
+        """The metric with one value per step (:func:`~refrun.comparison.alignment.
+        resolve_series`), computed once per ``(metric, keep)``: a sweep compares every
+        candidate with the same reference runs, whose series are resolved only once."""
+        cache: dict[tuple[str, str], Series] = self.__dict__.setdefault("_resolved", {})
+        key = (metric, keep)
+        if key not in cache:
+            steps, values, seq = self.series(metric)
+            cache[key] = resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+        return cache[key]
 
     def _index(self) -> dict[str, np.ndarray]:
         # Row positions per metric, computed once from the integer category codes: a
