@@ -33,6 +33,8 @@ Tags (all strings, prefix ``refrun.``):
 ``refrun.truncated``      tag/param values cut to MLflow's length limit (each warned)
 ``refrun.skipped``        points/tags the store refused at delivery (skipped, see warnings)
 ``refrun.curves.missing`` why the curves artifact could not be written (disk full)
+``refrun.sync.pending``   spooled points not yet delivered (disk full): run incomplete
+``refrun.lost.estimate``  points a hard kill took before they reached the spool (estimate)
 ``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
 ========================  ====================================================
 
@@ -85,7 +87,15 @@ TAG_TRUNCATED = "refrun.truncated"
 # Points or tags the store still refused at delivery; skipped (reasons in warnings.json).
 TAG_SKIPPED = "refrun.skipped"
 # Set when the curves artifact could not be written (e.g. disk full): the reason.
+# Removed by `refrun sync` once the artifact is delivered.
 TAG_CURVES_MISSING = "refrun.curves.missing"
+# Points a hard kill (SIGKILL, OOM) is estimated to have taken with the trainer: accepted
+# by log() but not yet written to the spool (refrun.recording.delivery.lost_estimate).
+TAG_LOST_ESTIMATE = "refrun.lost.estimate"
+# Set when the run was terminated in the store while spooled points could not be delivered
+# (the spool's disk full): how many, and where; readers treat the run as incomplete until
+# `refrun sync` delivers them and removes the tag.
+TAG_SYNC_PENDING = "refrun.sync.pending"
 # MLflow's source tag, set on every recorded run.
 TAG_MLFLOW_SOURCE = "mlflow.source.name"
 SOURCE_NAME = "refrun"
