@@ -8,11 +8,17 @@ store in a temporary directory:
   artifact holds every point (checked), beside the time pandas/pyarrow take to write the
   same long frame to Parquet (the floor: what any importer must at least do);
 * the same for 100,000 points;
+* ``refrun import tensorboard`` of an event file of 1M scalars (4 tags x 250,000 steps,
+  ``simple_value`` as ``torch.utils.tensorboard.SummaryWriter`` writes them), checked
+  complete; the file is framed here with the writer's format (SummaryWriter itself needs
+  ~2.5 min for 1M scalars on this machine), and TensorBoard's own ``EventFileLoader``
+  reads its first records back identically before it is timed;
 * ``refrun compare`` of the two 1.75M-point runs with recording and with ``--no-record``;
 * ``refrun --version`` and ``refrun --help``.
 
 Run: ``.venv/bin/python benchmarks/bench_import.py [--steps 350000]``.
-Targets: 1.75M points <= 10 s, 100k points <= 2 s, compare with recording within 1.5x of
+Targets: 1.75M points <= 10 s, 100k points <= 2 s, 1M TensorBoard scalars <= 10 s,
+compare with recording within 1.5x of
 ``--no-record``, ``--version``/``--help`` <= 0.5 s.  Prints a table; asserts nothing.
 """
 
@@ -47,6 +53,59 @@ def golden_values(path: Path, steps: int, seed: int) -> int:
                      "values": dict(zip(map(str, s.tolist()), vals, strict=True))}
     path.write_text(json.dumps(doc))
     return steps * len(METRICS)
+
+
+TB_TAGS = ("train/loss", "lr", "grad_norm", "eval/acc")
+
+
+def event_file(path: Path, scalars: int) -> int:
+    """An event file of ``scalars`` scalars (``simple_value``, 4 tags per step) in the
+    TFRecord framing TensorBoard writes; returns the number of scalars."""
+    import struct
+
+    import google_crc32c
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    def masked(data: bytes) -> int:
+        c = google_crc32c.value(data)
+        return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    def record(ev: event_pb2.Event) -> bytes:
+        data = ev.SerializeToString()
+        head = struct.pack("<Q", len(data))
+        return head + struct.pack("<I", masked(head)) + data + struct.pack("<I", masked(data))
+
+    steps = scalars // len(TB_TAGS)
+    rng = np.random.default_rng(4)
+    out = [record(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2"))]
+    for s, noise in enumerate(rng.normal(0, 1e-3, steps).tolist()):
+        for i, tag in enumerate(TB_TAGS):
+            out.append(record(event_pb2.Event(
+                wall_time=1.7e9 + s * 0.01, step=s,
+                summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+                    tag=tag, simple_value=10.0 / (s + 1) + noise + i)]))))
+    path.write_bytes(b"".join(out))
+    return steps * len(TB_TAGS)
+
+
+def check_event_file(path: Path, records: int = 1000) -> None:
+    """TensorBoard's own loader reads the file's first ``records`` events as written."""
+    import itertools
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    got = list(itertools.islice(EventFileLoader(str(path)).Load(), records))
+    assert got[0].file_version == "brain.Event:2"
+    tags = [v.tag for ev in got[1:] for v in ev.summary.value]
+    assert tags == list(TB_TAGS) * ((records - 1) // 4) + list(TB_TAGS)[:(records - 1) % 4]
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process's finished children."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def refrun(args: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -107,6 +166,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=350_000, help="steps per metric (x5)")
     ap.add_argument("--small-steps", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=5, help="startup timings (median)")
+    ap.add_argument("--tb-scalars", type=int, default=1_000_000)
     args = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
     with tempfile.TemporaryDirectory(prefix="refrun-bench-import-") as tmp_s:
@@ -123,6 +183,20 @@ def main() -> None:
         sec, rid = import_file(small, "reference", uri, env)
         rows.append((f"import megatron, {n_small:,} points (target <= 2 s)", sec,
                      check_complete(rid, uri, n_small)))
+
+        tb_dir = tmp / "tb"
+        tb_dir.mkdir()
+        tb_file = tb_dir / "events.out.tfevents.1700000000.bench"
+        n_tb = event_file(tb_file, args.tb_scalars)
+        check_event_file(tb_file)
+        cpu0 = _children_cpu()
+        sec, out = refrun(["import", "tensorboard", str(tb_dir), "--workload", "bench-tb",
+                           "--role", "reference", "--hardware", "h100",
+                           "--tracking-uri", uri], env)
+        rows.append((f"import tensorboard, {n_tb:,} scalars, "
+                     f"{tb_file.stat().st_size / 1e6:.0f} MB (target <= 10 s)", sec,
+                     f"{check_complete(out.split()[-1], uri, n_tb)}; "
+                     f"{_children_cpu() - cpu0:.2f} s CPU (the machine's load inflates wall)"))
 
         big_a, big_b = tmp / "golden_values_a.json", tmp / "golden_values_b.json"
         n_big = golden_values(big_a, args.steps, 2)

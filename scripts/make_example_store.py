@@ -25,6 +25,11 @@ when opened from the store (``mlruns.example/artifacts/<exp>/<run>/artifacts/ref
 report.html`` in a browser); in the MLflow UI's artifact view, where a page cannot reach
 a sibling file (MLflow shows it from a ``blob:`` URL), it falls back to plotly's CDN.
 
+Freshness: the store carries ``DESCRIPTION.json`` and ``DIGEST``, the deterministic
+content that matters (run names, descriptions, acceptance tags, tag/param/metric names,
+each report's structure) and its SHA-256 (``pipelines/example_store.py``);
+``tests/test_example_store_fresh.py`` fails when the current code would produce another.
+
 No path of the machine that made the store stays in it: the criteria file is named
 relative to the clone, and every text artifact (``environment.json``,
 ``assessment.json``, the reports) has the clone root, the scratch directory, the Python
@@ -50,6 +55,7 @@ from urllib.request import url2pathname
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `pipelines` is a directory of the clone, not installed
 
+from pipelines import example_store  # noqa: E402
 from pipelines.demo import CRITERIA_QUICK, assess_all, init_store, table, train_all  # noqa: E402
 from pipelines.digits.variants import Plan, plan  # noqa: E402
 
@@ -59,6 +65,7 @@ from pipelines.digits.variants import Plan, plan  # noqa: E402
 CANDIDATES = ("jax-4dev", "jax-4dev-clip-per-device", "xla-host-sync", "jax-no-best-reload")
 MLFLOW_EVERY = 10
 MAX_BYTES = 12 * 2**20
+NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
 PLOTLY_NAME = "plotly.min.js"
 # From <store>/artifacts/<exp>/<run>/artifacts/refrun/report.html up to <store>/.
 PLOTLY_FROM_REPORT = "../../../../../" + PLOTLY_NAME
@@ -189,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns.example",
                     help="the store directory to (re)write (default: mlruns.example)")
     ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
+    ap.add_argument("--no-notebook", dest="notebook", action="store_false",
+                    help="do not re-execute notebooks/explore.ipynb on the new store")
     args = ap.parse_args(argv)
     out = args.out.resolve()
     try:
@@ -220,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reports drawing from the store's {PLOTLY_NAME}: {add_fallbacks(staged)}")
         paths = machine_paths(work)
         print(f"machine paths replaced in {len(scrub(staged, paths))} files")
+        # after the scrub (it describes what is committed), before the leak check
+        description = example_store.describe(
+            staged, ids, example_store.comparison_ids(staged, ids))
+        print(f"content digest {example_store.write(staged, description)} "
+              f"({example_store.DESCRIPTION}, {example_store.DIGEST})")
         left = leaks(staged, paths)
         if left:
             print("machine paths left in the store: mlruns.example left unchanged\n  "
@@ -233,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(staged, out)
+        if args.notebook and out == ROOT / "mlruns.example":
+            # The notebook's committed outputs (tables, plots as PNG) come from this store.
+            import nbformat
+
+            nb = example_store.execute_notebook(NOTEBOOK, ROOT, work / "nb")
+            nbformat.write(nb, NOTEBOOK)
+            print(f"executed {NOTEBOOK.relative_to(ROOT)} on the new store (outputs saved)")
     print(f"\nwrote {out} ({size / 2**20:.2f} MB, {len(ids)} training runs + "
           f"{len(outcomes)} comparison runs) in {time.perf_counter() - t0:.0f} s")
     print(f"browse it from {out.parent}:\n  .venv/bin/mlflow ui --backend-store-uri "

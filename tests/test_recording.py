@@ -82,7 +82,14 @@ def test_points_and_params_the_store_refuses_are_skipped_not_blocking(store, tmp
     run.log_params({"lr": 0.1})
     wait_for(lambda: run.spool.read_meta().tags_delivered >= run.spool.read_meta().tags_version,
              "the first params to be delivered")
-    run.log_params({"lr": 0.2})  # MLflow params are immutable: the store refuses this
+    run.log_params({"lr": 0.2})  # refused at entry: params keep their first value
+    assert run.points_refused == 1
+
+    def change_behind_the_session(m) -> None:  # e.g. an older refrun, another tool
+        m.params["lr"] = "0.2"
+        m.tags_version += 1
+
+    run.spool.update_meta(change_behind_the_session)  # MLflow refuses this one
     for s in range(50):
         run.log(s, loss=float(s))
     # Lines written into the spool by something other than this session's checks

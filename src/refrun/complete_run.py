@@ -61,14 +61,16 @@ _TAGS_PER_BATCH = 100
 
 
 def identity_tags(workload: str, role: str, *, hardware: str | None, backend: str,
-                  seed: int | None = None, chips: int | None = None) -> dict[str, str]:
+                  seed: int | None = None, chips: int | None = None,
+                  global_batch: int | None = None) -> dict[str, str]:
     """The identity tags a recorded run gets (the session's own function, so imported and
     comparison runs are found and compared like any other), for a run this process did
     not train.  Raises :class:`RefrunInputError` for a bad workload, role, seed or chips
     (the session's own validation, :class:`~refrun.recording.config.RunConfig`)."""
     config = RunConfig(workload=workload, role=role, tracking_uri="unused",
                        spool_root=Path("unused"), hardware=hardware, backend=backend,
-                       seed=seed, chips=chips, snapshot_environment=False)
+                       seed=seed, chips=chips, global_batch=global_batch,
+                       snapshot_environment=False)
     return _session_identity_tags(config)
 
 
@@ -78,16 +80,19 @@ def now_ms() -> int:
 
 def curves_table(metrics: Sequence[str] | np.ndarray | pd.Categorical,
                  steps: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
-                 timestamp_ms: int) -> pd.DataFrame:
+                 timestamp_ms: int | np.ndarray) -> pd.DataFrame:
     """The curves artifact's long table from columns in logging order: ``metric``
-    categorical, ``seq`` 0, 1, 2 ..., every point stamped ``timestamp_ms`` (the time the
-    run is written: imported files and comparisons carry no per-point times)."""
+    categorical, ``seq`` 0, 1, 2 ..., every point stamped ``timestamp_ms``: one time (the
+    time the run is written, for files and comparisons without per-point times) or one per
+    point (an imported file's own wall times)."""
     n = len(steps)
+    stamps = (np.asarray(timestamp_ms, dtype=np.int64) if np.ndim(timestamp_ms)
+              else np.full(n, timestamp_ms, dtype=np.int64))
     return pd.DataFrame({
         "metric": metrics if isinstance(metrics, pd.Categorical) else pd.Categorical(metrics),
         "step": np.asarray(steps, dtype=np.int64),
         "value": np.asarray(values, dtype=np.float64),
-        "timestamp_ms": np.full(n, timestamp_ms, dtype=np.int64),
+        "timestamp_ms": stamps,
         "seq": np.arange(n, dtype=np.int64),
     }, copy=False)  # no consolidation of the int64 columns into one block: 40x faster
 
@@ -149,6 +154,8 @@ class CompleteRun:
     run_name: str | None = None
     json_artifacts: dict[str, Any] = field(default_factory=dict)
     """Artifact path (``refrun/comparison.json``) -> JSON-able document."""
+    file_artifacts: dict[str, bytes] = field(default_factory=dict)
+    """Artifact path -> its exact bytes (e.g. the criteria file an assessment used)."""
     end_tags: dict[str, str] = field(default_factory=dict)
     """Tags set once everything else is written."""
     max_points: int = MLFLOW_MAX_POINTS
@@ -233,6 +240,10 @@ def _write_artifact_tree(run: CompleteRun, root: Path) -> dict[str, str]:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    for name, data in run.file_artifacts.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
     return table_summary_tags(run.table)
 
 

@@ -267,10 +267,13 @@ def comparison_description(*, kind: ComparisonKind, experiment_id: str, run_id: 
 
 
 def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
-                       verdict: Verdict | None = None) -> dict[str, str]:
+                       verdict: Verdict | None = None,
+                       names: Mapping[str, str] | None = None) -> dict[str, str]:
     """Name and description tags for comparison run ``run_id`` (already created, with its
     ``refrun.compared.*`` tags), with the candidate's and references' run names looked up
-    in the store; marks the run's experiment as a training experiment on the way.
+    in the store (unless given in ``names``, run id -> run name: a sweep knows them and
+    saves a request per run); marks the run's experiment as a training experiment on the
+    way.
 
     The caller sets the returned tags through its run session, so a later re-delivery of
     the session's tags cannot put the defaults back.
@@ -283,6 +286,8 @@ def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
     cand_id = tags.get(schema.TAG_COMPARED_CANDIDATE, "")
 
     def name_of(rid: str) -> str:
+        if names and names.get(rid):
+            return names[rid]
         try:
             return client.get_run(rid).info.run_name or rid[:8]
         except Exception:  # a run of another store: its id is all we know

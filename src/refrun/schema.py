@@ -26,7 +26,11 @@ Tags (all strings, prefix ``refrun.``):
 ``refrun.steps.*``        written at the end: count, first, last, repeated, backwards
 ``refrun.nonfinite``      number of NaN/Inf points recorded
 ``refrun.dropped``        points not kept: in-memory queue full or spool disk full
-``refrun.refused``        points refused at ``log`` (a name, key or step MLflow refuses)
+``refrun.refused``        points, tags and params refused at entry (a name, key or step
+                          MLflow refuses, a value that is not a real number or too large
+                          for a float, a param logged again with another value); each
+                          named in ``refrun/warnings.json`` (``refused``)
+``refrun.truncated``      tag/param values cut to MLflow's length limit (each warned)
 ``refrun.skipped``        points/tags the store refused at delivery (skipped, see warnings)
 ``refrun.curves.missing`` why the curves artifact could not be written (disk full)
 ``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
@@ -76,6 +80,8 @@ TAG_COMPARED_CANDIDATE = "refrun.compared.candidate"
 # --- recording path (refrun.recording; issue 14) --------------------------------------
 # Points refused where they entered (bad name/key/step, see refrun.keys); never queued.
 TAG_REFUSED = "refrun.refused"
+# Tag and param values cut to MLflow's length limit at entry (each warned).
+TAG_TRUNCATED = "refrun.truncated"
 # Points or tags the store still refused at delivery; skipped (reasons in warnings.json).
 TAG_SKIPPED = "refrun.skipped"
 # Set when the curves artifact could not be written (e.g. disk full): the reason.

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from refrun import identity, schema
@@ -207,6 +208,51 @@ def held_back(crit: CriteriaFile, gate: str) -> str:
             "calibrate --goal METRIC>=VALUE, or a [[criteria]] table with level = \"L3\")")
 
 
+@dataclass(frozen=True, eq=False)
+class References:
+    """Reference runs loaded once for any number of candidates, with MLflow's latest
+    metric values of each (for the evidence)."""
+
+    runs: list[RunData]
+    latest: dict[str, dict]
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.run_id for r in self.runs]
+
+
+def load_references(reference_ids: Sequence[str], tracking_uri: str | None = None
+                    ) -> References:
+    """Load the reference runs (each once) and their latest metric values."""
+    if not reference_ids:
+        raise RefrunInputError("--reference: at least one reference run id is required")
+    refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
+    return References(refs, latest_of(refs, tracking_uri))
+
+
+def latest_of(runs: Sequence[RunData], tracking_uri: str | None) -> dict[str, dict]:
+    """MLflow's latest metric values per run: read with each run when it was loaded from
+    the store (one request per run, not two), else asked for."""
+    known = {r.run_id: dict(r.latest_metrics) for r in runs if r.latest_metrics is not None}
+    missing = [r.run_id for r in runs if r.latest_metrics is None]
+    return {**known, **(latest_metrics(missing, tracking_uri) if missing else {})}
+
+
+def load_candidate(crit: CriteriaFile, refs: References, candidate_id: str,
+                   tracking_uri: str | None = None, allow_cross_workload: bool = False
+                   ) -> tuple[RunData, dict[str, dict]]:
+    """Load a candidate against already loaded references: refuse one of another
+    workload (unless ``allow_cross_workload``), check the criteria's metrics against the
+    runs; returns the run and the latest metric values of references and candidate."""
+    if candidate_id in refs.ids:
+        raise RefrunInputError(f"--candidate {candidate_id}: also given as a reference")
+    cand = load_run(candidate_id, tracking_uri=tracking_uri, progress=False)
+    identity.check_workloads(cand, refs.runs, crit.workload, crit.path,
+                             allow=allow_cross_workload)
+    check_metrics_exist(crit, [*refs.runs, cand], cand)
+    return cand, {**refs.latest, **latest_of([cand], tracking_uri)}
+
+
 def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
                         tracking_uri: str | None = None, allow_cross_workload: bool = False
                         ) -> tuple[list[RunData], RunData, dict[str, dict]]:
@@ -217,12 +263,9 @@ def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candid
         raise RefrunInputError("--reference: at least one reference run id is required")
     if candidate_id in reference_ids:
         raise RefrunInputError(f"--candidate {candidate_id}: also given as a reference")
-    refs = [load_run(r, tracking_uri=tracking_uri, progress=False) for r in reference_ids]
-    cand = load_run(candidate_id, tracking_uri=tracking_uri, progress=False)
-    identity.check_workloads(cand, refs, crit.workload, crit.path, allow=allow_cross_workload)
-    check_metrics_exist(crit, [*refs, cand], cand)
-    latest = latest_metrics([*reference_ids, candidate_id], tracking_uri)
-    return refs, cand, latest
+    refs = load_references(reference_ids, tracking_uri)
+    cand, latest = load_candidate(crit, refs, candidate_id, tracking_uri, allow_cross_workload)
+    return refs.runs, cand, latest
 
 
 def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | None
@@ -232,6 +275,50 @@ def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | N
     if not any(c.KIND == "gradcheck" for c in crit.criteria):
         return None
     return find_gradchecks(candidate, tracking_uri)
+
+
+@dataclass(frozen=True, eq=False)
+class Assessed:
+    """One candidate's assessment, its evidence document, its hardware tag (for the
+    comparison run's identity) and the compared runs' names by run id."""
+
+    assessment: Assessment
+    evidence: dict[str, Any]
+    candidate_hardware: str | None
+    run_names: dict[str, str]
+
+
+def check_candidate_ids(reference_ids: Sequence[str], candidate_ids: Sequence[str]) -> None:
+    """Refuse an empty, repeated or reference candidate list before anything is loaded."""
+    if not candidate_ids:
+        raise RefrunInputError("--candidate: at least one candidate run id is required")
+    seen: set[str] = set()
+    for c in candidate_ids:
+        if c in seen:
+            raise RefrunInputError(f"--candidate {c}: given twice")
+        if c in reference_ids:
+            raise RefrunInputError(f"--candidate {c}: also given as a reference")
+        seen.add(c)
+
+
+def assess_many(crit: CriteriaFile, reference_ids: Sequence[str],
+                candidate_ids: Sequence[str], tracking_uri: str | None = None,
+                allow_cross_workload: bool = False) -> Iterator[Assessed]:
+    """Assess each candidate against the same references, loaded once.
+
+    A generator: one candidate's runs are in memory at a time (a sweep of a hundred
+    candidates of a million points each never holds them all).  Bad input (an unknown
+    run, a metric no run has) raises :class:`RefrunInputError` when that candidate is
+    reached."""
+    check_candidate_ids(reference_ids, candidate_ids)
+    refs = load_references(reference_ids, tracking_uri)
+    for cid in candidate_ids:
+        cand, latest = load_candidate(crit, refs, cid, tracking_uri, allow_cross_workload)
+        a = assess(crit, refs.runs, cand, latest, allow_cross_workload,
+                   gradchecks=gradchecks_for(crit, cand, tracking_uri))
+        names = {r.run_id: r.tags.get(schema.TAG_RUN_NAME, "") for r in [*refs.runs, cand]}
+        yield Assessed(a, build_evidence(crit.sha256, a.results, refs.runs, cand, latest),
+                       cand.hardware, names)
 
 
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,15 @@ from mlflow.tracking import MlflowClient
 from refrun import mlflow_ui, schema
 from refrun.acceptance.criteria import CriteriaFile
 from refrun.acceptance.results import Assessment
+from refrun.complete_run import (
+    CompleteRun,
+    curves_table,
+    identity_tags,
+    now_ms,
+    write_complete_run,
+)
 from refrun.errors import RefrunInputError
-from refrun.recording.session import start_run
+from refrun.identity import canonical_hardware
 from refrun.tracking import existing_store_uri
 
 TAG_PREFIX = "refrun.acceptance."
@@ -60,32 +68,64 @@ def ui_verdict(a: Assessment) -> mlflow_ui.Verdict:
         tuple(r.id for r in a.results if r.outcome == "not_evaluable"))
 
 
+def assessment_run(a: Assessment, crit: CriteriaFile, evidence: dict[str, Any],
+                   candidate_hardware: str | None = None,
+                   run_names: Mapping[str, str] | None = None) -> CompleteRun:
+    """The comparison run that records ``a``: identity and level tags, the assessment,
+    the evidence and the criteria file's exact bytes, and no points (an assessment is
+    a document; its measurements are in ``refrun/assessment.json``).  Its name and
+    description (which link to the run's own id) are set as it is finished;
+    ``run_names`` (run id -> name) spares looking the compared runs' names up."""
+    # A legacy free-text hardware tag must not stop recording (as for a comparison): the
+    # canonical name when there is one, and the stored text kept in its own tag.
+    hardware = canonical_hardware(candidate_hardware)
+    tags = identity_tags(a.workload or "acceptance", "comparison", hardware=hardware,
+                         backend="acceptance")
+    if candidate_hardware and candidate_hardware != hardware:
+        tags[schema.TAG_COMPARED_CANDIDATE_HARDWARE] = candidate_hardware
+    tags.update({schema.TAG_COMPARED_REFERENCE: ",".join(a.reference_ids),
+                 schema.TAG_COMPARED_CANDIDATE: a.candidate_id, **level_tags(a)})
+    verdict = ui_verdict(a)
+
+    def ui_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
+        return mlflow_ui.comparison_ui_tags(client, run_id, "accept", verdict, run_names)
+
+    return CompleteRun(
+        experiment=tags[schema.TAG_WORKLOAD], tags=tags,
+        table=curves_table([], [], [], now_ms()),
+        run_name=mlflow_ui.comparison_run_name("accept", a.candidate_id[:8],
+                                               len(a.reference_ids), a.verdict),
+        file_artifacts={
+            # The same JSON text the run session wrote (``default=str``, NaN kept): the
+            # evidence digest is recomputed from these bytes by `refrun verify`.
+            ARTIFACT_ASSESSMENT: _json_bytes(a.to_dict()),
+            ARTIFACT_EVIDENCE: _json_bytes(evidence),
+            ARTIFACT_CRITERIA: crit.text.encode("utf-8"),
+        },
+        tags_for_run=ui_tags)
+
+
+def _json_bytes(doc: Any) -> bytes:
+    return json.dumps(doc, indent=1, default=str).encode("utf-8")
+
+
 def record_assessment(a: Assessment, crit: CriteriaFile, evidence: dict[str, Any],
                       tracking_uri: str | None = None,
                       spool_dir: str | os.PathLike[str] | None = None,
-                      candidate_hardware: str | None = None) -> str:
-    """Record ``a`` as a new comparison run; returns its MLflow run id."""
-    tags = {schema.TAG_COMPARED_REFERENCE: ",".join(a.reference_ids),
-            schema.TAG_COMPARED_CANDIDATE: a.candidate_id, **level_tags(a)}
-    with tempfile.TemporaryDirectory(prefix="refrun-accept-") as tmp:
-        crit_copy = Path(tmp) / "criteria.toml"
-        crit_copy.write_text(crit.text, encoding="utf-8", newline="")
-        with start_run(workload=a.workload or "acceptance", role="comparison",
-                       hardware=candidate_hardware, backend="acceptance", tags=tags,
-                       run_name=mlflow_ui.comparison_run_name(
-                           "accept", a.candidate_id[:8], len(a.reference_ids), a.verdict),
-                       tracking_uri=tracking_uri, spool_dir=spool_dir,
-                       snapshot_environment=False) as run:
-            if run.run_id is not None:  # names and links from the store (else: spooled)
-                run.set_tags(mlflow_ui.comparison_ui_tags(
-                    MlflowClient(run.tracking_uri), run.run_id, "accept", ui_verdict(a)))
-            run.log_json(ARTIFACT_ASSESSMENT, a.to_dict())
-            run.log_json(ARTIFACT_EVIDENCE, evidence)
-            run.log_artifact(crit_copy, ARTIFACT_CRITERIA)
-    if run.run_id is None:
-        raise RefrunInputError(f"tracking store {run.tracking_uri} unreachable: the "
-                               f"assessment is spooled as {run.local_id} (`refrun sync`)")
-    return run.run_id
+                      candidate_hardware: str | None = None,
+                      run_names: Mapping[str, str] | None = None) -> str:
+    """Record ``a`` as a new comparison run, FINISHED when this returns; returns its MLflow
+    run id.  ``run_names``: the compared runs' names by run id, when known (else looked
+    up).
+
+    Written directly as a complete run (:mod:`refrun.complete_run`): its content is known,
+    so no run session, spool or delivery process is involved.  ``spool_dir`` is accepted
+    for compatibility and unused.  Raises :class:`RefrunInputError` (one line) when the
+    store cannot be written; a run created before the failure is deleted.
+    """
+    del spool_dir
+    return write_complete_run(assessment_run(a, crit, evidence, candidate_hardware,
+                                             run_names), tracking_uri)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
-from scipy import stats
+
+
+def _scipy_stats() -> ModuleType:
+    """``scipy.stats``, imported on first use: it costs about a second of start-up and
+    most commands (``refrun accept`` without a statistical criterion) never need it."""
+    from scipy import stats
+
+    return stats
 
 
 @dataclass(frozen=True)
@@ -81,8 +89,8 @@ def tost(reference: np.ndarray, candidate: np.ndarray, low: float, high: float,
         p_l = p_u = 0.0 if inside else 1.0
         return Tost(d, 0.0, df, low, high, p_l, p_u, max(p_l, p_u), alpha, (d, d), nr, nc)
     t_l, t_u = (d - low) / se, (d - high) / se
-    p_l, p_u = float(stats.t.sf(t_l, df)), float(stats.t.cdf(t_u, df))
-    half = float(stats.t.ppf(1 - alpha, df)) * se
+    p_l, p_u = float(_scipy_stats().t.sf(t_l, df)), float(_scipy_stats().t.cdf(t_u, df))
+    half = float(_scipy_stats().t.ppf(1 - alpha, df)) * se
     return Tost(d, se, df, low, high, p_l, p_u, max(p_l, p_u), alpha, (d - half, d + half),
                 nr, nc)
 
@@ -141,7 +149,7 @@ def mlperf_limits(reference: np.ndarray, n_candidate: int = 1,
     if s == 0:
         lo = hi = m
     else:
-        half = float(stats.t.ppf(1 - alpha, n_r + n_candidate - 2)) * s * \
+        half = float(_scipy_stats().t.ppf(1 - alpha, n_r + n_candidate - 2)) * s * \
             math.sqrt(1 / n_r + 1 / n_candidate)
         lo, hi = m - half, m + half
     return ConvergenceLimits(m, s, n_r, n_candidate, alpha, lo, hi,
@@ -167,8 +175,8 @@ def tolerance_factor(n: int, coverage: float, confidence: float) -> float:
     e-Handbook 7.2.6.3).  n >= 2."""
     if n < 2:
         raise ValueError(f"a tolerance factor needs n >= 2, got {n}")
-    nc = float(stats.norm.ppf(coverage)) * math.sqrt(n)
-    return float(stats.nct.ppf(confidence, n - 1, nc)) / math.sqrt(n)
+    nc = float(_scipy_stats().norm.ppf(coverage)) * math.sqrt(n)
+    return float(_scipy_stats().nct.ppf(confidence, n - 1, nc)) / math.sqrt(n)
 
 
 def upper_limit(values: np.ndarray, coverage: float, confidence: float,
@@ -222,5 +230,5 @@ def prediction_z(group_size: int, coverage: float) -> float:
     if group_size < 2:
         raise ValueError(f"a prediction bound needs a group of >= 2, got {group_size}")
     a = 1.0 - coverage
-    return math.sqrt(1.0 + 1.0 / group_size) * float(stats.t.ppf(1.0 - a / 2.0,
+    return math.sqrt(1.0 + 1.0 / group_size) * float(_scipy_stats().t.ppf(1.0 - a / 2.0,
                                                                  group_size - 1))

@@ -35,7 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("refrun.cli.runs", "list the runs of a workload"),
     "sync": ("refrun.cli.sync", "deliver spooled points to the tracking store"),
     "compare": ("refrun.cli.compare", "compare a candidate run with reference run(s)"),
-    "import": ("refrun.cli.imports", "import reference curves (Megatron, torchtitan, CSV)"),
+    "import": ("refrun.cli.imports", "import reference curves (Megatron, torchtitan, CSV, "
+                                     "TensorBoard, MLPerf result logs)"),
     "gradcheck": ("refrun.cli.gradcheck",
                   "gradient checks: prove the gate rejects its defects"),
     "report": ("refrun.cli.report", "write the HTML comparison report of a candidate run"),

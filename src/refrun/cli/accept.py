@@ -1,22 +1,36 @@
-"""``refrun accept --criteria FILE --reference ID... --candidate ID``: assess a candidate
-against a workload's criteria, level by level, and record the assessment.
+"""``refrun accept --criteria FILE --reference ID... --candidate ID...``: assess one or
+many candidates against a workload's criteria, level by level, and record each
+assessment as a comparison run.
 
-Exit codes: 0 every criterion passed, 1 one failed or could not be evaluated, 2 bad usage
-or input (nothing recorded).
+With several candidates (a sweep) the references are loaded once, every candidate is
+assessed before anything is recorded (bad input for one of them: exit 2, nothing
+recorded), then each assessment is recorded and printed as one line, followed by a
+summary.
+
+Exit codes: 0 every criterion of every candidate passed, 1 one failed or could not be
+evaluated, 2 bad usage or input (nothing recorded).
+
+Only argparse and :mod:`refrun.schema` are imported to build the parser: the
+assessment stack (MLflow, pandas, Arrow) is imported when the command runs, so
+``refrun accept --help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from refrun import schema
-from refrun.acceptance.alignment import with_axis
-from refrun.acceptance.assess import assess_ids
-from refrun.acceptance.criteria import load_criteria
-from refrun.acceptance.record import record_assessment
 from refrun.cli import add_tracking_uri
-from refrun.tracking import existing_store_uri
+
+if TYPE_CHECKING:
+    from refrun.acceptance.assess import Assessed
+    from refrun.acceptance.results import Assessment
+
+SWEEP_FORMAT = "refrun.accept.sweep"
+SWEEP_FORMAT_VERSION = "1"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,12 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--criteria", required=True, type=Path, help="criteria file (TOML)")
     p.add_argument("--reference", required=True, nargs="+", action="extend", metavar="ID",
                    help="reference run id(s); several ids form a group of seeds")
-    p.add_argument("--candidate", required=True, metavar="ID", help="candidate run id")
+    p.add_argument("--candidate", required=True, nargs="+", action="extend", metavar="ID",
+                   help="candidate run id(s); several: each is assessed against the same "
+                        "references (loaded once), one line each and a summary")
     p.add_argument("--axis", choices=schema.AXES, default=None,
                    help="align on steps or cumulative samples/tokens seen, when the criteria "
                         "file's [settings] axis does not say (a different one: exit 2)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT",
-                   help="also write the full assessment as JSON to OUT")
+                   help="also write the full assessment as JSON to OUT (several "
+                        f"candidates: one {SWEEP_FORMAT} document holding every assessment)")
     p.add_argument("--no-record", action="store_true",
                    help="do not record the assessment as a comparison run")
     p.add_argument("--allow-cross-workload", action="store_true",
@@ -39,18 +56,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _hardware(uri: str, run_id: str) -> str | None:
-    """The candidate's ``refrun.hardware`` tag, for the comparison run's identity."""
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(uri).get_run(run_id).data.tags.get(schema.TAG_HARDWARE)
-
-
 def run(args: argparse.Namespace) -> int:
+    from refrun.acceptance.alignment import with_axis
+    from refrun.acceptance.assess import assess_many
+    from refrun.acceptance.criteria import load_criteria
+    from refrun.tracking import existing_store_uri
+
     crit = with_axis(load_criteria(args.criteria), args.axis)
     uri = existing_store_uri(args.tracking_uri)
-    assessment, evidence = assess_ids(crit, args.reference, args.candidate, uri,
-                                      args.allow_cross_workload)
+    # Every candidate is assessed before anything is recorded: bad input for any of them
+    # (exit 2) leaves the store as it was.  Assessments are small documents; only one
+    # candidate's points are in memory at a time.
+    done = list(assess_many(crit, args.reference, args.candidate, uri,
+                            args.allow_cross_workload))
+    if len(done) == 1:
+        return _one(args, crit, uri, done[0])
+    return _sweep(args, crit, uri, done)
+
+
+def _record(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> str | None:
+    if args.no_record:
+        return None
+    from refrun.acceptance.record import record_assessment
+
+    return record_assessment(item.assessment, crit, item.evidence, tracking_uri=uri,
+                             candidate_hardware=item.candidate_hardware,
+                             run_names=item.run_names)
+
+
+def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
+    """One candidate: the full table, intervals, calibration digest."""
+    assessment = item.assessment
     print(assessment.table())
     al = assessment.alignment
     print(f"aligned on {al.get('axis')} (from {al.get('source')})")
@@ -63,9 +99,60 @@ def run(args: argparse.Namespace) -> int:
         print(f"calibration sha256 {assessment.calibration_sha256}")
     if args.json is not None:
         assessment.write_json(args.json)
-    if not args.no_record:
-        run_id = record_assessment(assessment, crit, evidence, tracking_uri=uri,
-                                   candidate_hardware=_hardware(uri, args.candidate))
+    run_id = _record(args, crit, uri, item)
+    if run_id is not None:
         print(f"recorded on comparison run {run_id} "
               f"(evidence sha256 {assessment.evidence_sha256})")
     return assessment.exit_code
+
+
+def candidate_line(a: Assessment, comparison_run_id: str | None) -> str:
+    """``<candidate id>  <VERDICT>  highest <level>  [failed: ...] [not evaluable: ...]
+    [-> comparison run <id>]``: one line per candidate of a sweep."""
+    failed = [r.id for r in a.results if r.outcome == "fail"]
+    # Criteria held back (L4 while L3 has not passed) are not missing evidence.
+    missing = [r.id for r in a.results if r.outcome == "not_evaluable" and r.evaluated]
+    parts = [a.candidate_id, a.verdict.upper(), f"highest {a.highest_level or 'none'}"]
+    if failed:
+        parts.append("failed: " + ",".join(failed))
+    if missing:
+        parts.append("not evaluable: " + ",".join(missing))
+    if a.warnings:
+        parts.append(f"{len(a.warnings)} warning(s)")
+    if comparison_run_id:
+        parts.append(f"comparison run {comparison_run_id}")
+    return "  ".join(parts)
+
+
+def summary(assessments: list[Assessment]) -> dict[str, int]:
+    """Candidates per verdict (pass, fail, incomplete), in that order, plus the total."""
+    counts = {"candidates": len(assessments), "pass": 0, "fail": 0, "incomplete": 0}
+    for a in assessments:
+        counts[a.verdict] = counts.get(a.verdict, 0) + 1
+    return counts
+
+
+def _sweep(args: argparse.Namespace, crit: Any, uri: str, done: list[Assessed]) -> int:
+    """Several candidates: one line each (recorded as it is printed), then a summary."""
+    rows = []
+    for item in done:
+        run_id = _record(args, crit, uri, item)
+        print(candidate_line(item.assessment, run_id), flush=True)
+        for warning in item.assessment.warnings:  # never hidden behind a verdict
+            print(f"  WARNING: {warning}")
+        rows.append({**item.assessment.to_dict(), "comparison_run_id": run_id})
+    assessments = [d.assessment for d in done]
+    counts = summary(assessments)
+    exit_code = max(a.exit_code for a in assessments)
+    print(f"{counts['candidates']} candidates: {counts['pass']} pass, {counts['fail']} fail, "
+          f"{counts['incomplete']} incomplete (criteria {Path(crit.path).name}, "
+          f"{len(args.reference)} reference(s))")
+    if args.json is not None:
+        doc = {"format": SWEEP_FORMAT, "format_version": SWEEP_FORMAT_VERSION,
+               "criteria": {"path": crit.path, "sha256": crit.sha256},
+               "reference": list(args.reference), "summary": counts,
+               "exit_code": exit_code, "candidates": rows}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n",
+                             encoding="utf-8")
+    return exit_code

@@ -80,6 +80,9 @@ class RunData:
     experiment_id: str = ""
     job: JobSummary | None = None
     """The ranks of a multi-process run (how many reported, straggler); None otherwise."""
+    latest_metrics: dict[str, float] | None = field(default=None, repr=False)
+    """MLflow's latest value of each metric, read with the run's tags (the same request);
+    None for a run not loaded from a store."""
 
     @property
     def points(self) -> int:
@@ -230,7 +233,8 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     return RunData(run_id=run_id, tags=dict(run.data.tags), params=dict(run.data.params),
                    status=run.info.status, start_time_ms=run.info.start_time,
                    end_time_ms=run.info.end_time, curves=curves, source=source,
-                   experiment_id=run.info.experiment_id, job=job)
+                   experiment_id=run.info.experiment_id, job=job,
+                   latest_metrics=dict(run.data.metrics))
 
 
 def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,

@@ -37,20 +37,29 @@ class ImportedCurves:
     sources: list[Path]
     frame: pd.DataFrame = field(repr=False)
     params: dict[str, str] = field(default_factory=dict)
+    timestamp_ms: np.ndarray | None = field(default=None, repr=False)
+    """Each point's wall time (ms since the epoch) when the file records one (TensorBoard,
+    MLPerf logs); None: the points are stamped with the time the run is written."""
 
     @classmethod
     def from_columns(cls, format: str, sources: Sequence[Path],
                      metrics: Sequence[str] | np.ndarray | pd.Categorical,
                      steps: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
-                     params: dict[str, str] | None = None) -> ImportedCurves:
-        """Curves from three equally long columns in logging order."""
+                     params: dict[str, str] | None = None,
+                     timestamp_ms: Sequence[int] | np.ndarray | None = None
+                     ) -> ImportedCurves:
+        """Curves from three (four, with wall times) equally long columns in logging
+        order."""
         frame = pd.DataFrame({
             "metric": metrics if isinstance(metrics, pd.Categorical)
             else pd.Categorical(np.asarray(metrics, dtype=object)),
             "step": np.asarray(steps, dtype=np.int64),
             "value": np.asarray(values, dtype=np.float64),
         })
-        return cls(format, list(sources), frame, dict(params or {}))
+        stamps = None if timestamp_ms is None else np.asarray(timestamp_ms, dtype=np.int64)
+        if stamps is not None and len(stamps) != len(frame):
+            raise ValueError("timestamp_ms: one wall time per point")
+        return cls(format, list(sources), frame, dict(params or {}), stamps)
 
     def __len__(self) -> int:
         return len(self.frame)

@@ -46,7 +46,8 @@ def _check_tags(tags: dict[str, Any]) -> None:
 
 def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: str,
                seed: int | None = None, chips: int | None = None,
-               run_name: str | None = None, tracking_uri: str | None = None,
+               global_batch: int | None = None, run_name: str | None = None,
+               tracking_uri: str | None = None,
                spool_dir: str | os.PathLike[str] | None = None,
                tags: dict[str, Any] | None = None,
                max_points: int = MLFLOW_MAX_POINTS) -> str:
@@ -63,14 +64,16 @@ def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: st
     if not hardware:
         raise RefrunInputError("hardware: a non-empty name is required")
     all_tags = identity_tags(workload, role, hardware=hardware, backend=BACKEND, seed=seed,
-                             chips=chips)
+                             chips=chips, global_batch=global_batch)
     user_tags = dict(tags or {})
     _check_tags(user_tags)
     if not len(curves):
         raise RefrunInputError(f"{curves.sources[0]}: no points to import")
     f = curves.frame
+    # The file's own wall times when it has them (TensorBoard, MLPerf), else the import's.
+    stamps = curves.timestamp_ms if curves.timestamp_ms is not None else now_ms()
     table = curves_table(f["metric"].array, f["step"].to_numpy(), f["value"].to_numpy(),
-                         now_ms())
+                         stamps)
     all_tags.update({
         # The importing machine is not the one that trained: say where the data came from.
         schema.TAG_DEVICE: f"imported from {curves.format} file",

@@ -62,6 +62,13 @@ from refrun.tracking import resolve_tracking_uri
 
 log = logging.getLogger("refrun")
 
+# MLflow's limits on a tag and a param value (characters).  Tags: older MLflow servers
+# accept 5,000 (3.x takes 8,000); a run must record on either.
+TAG_VALUE_MAX = 5000
+PARAM_VALUE_MAX = 6000
+# Distinct (name, reason) refusals listed in warnings.json; further ones are only counted.
+MAX_REFUSAL_ENTRIES = 100
+
 
 @dataclass(slots=True)
 class StepStats:
@@ -97,7 +104,11 @@ class RunSession:
         self._closed = False
         self._status: RunStatus | None = None
         self._dropped = 0  # queue full
-        self._refused = 0  # bad name/key/step at entry
+        self._refused = 0  # bad name/key/step/value/param at entry
+        # What was refused, by (name, reason): first step and count (refrun/warnings.json).
+        self._refusals: dict[tuple[str, str], dict[str, Any]] = {}
+        self._truncated = 0  # tag/param values cut to MLflow's limit
+        self._params: dict[str, str] = dict(spool.read_meta().params)  # as first logged
         self._writer = SpoolWriter(spool, flush_interval_s=config.flush_interval_s,
                                    max_queue=config.max_queue, on_warning=self.warn_once,
                                    deliver_inline=config.delivery == "thread")
@@ -190,8 +201,19 @@ class RunSession:
         """Evaluation metrics at ``step``, recorded as ``eval/<name>`` (always all in MLflow)."""
         self.log_metrics(step, {schema.EVAL_PREFIX + k: v for k, v in metrics.items()})
 
-    def _refuse(self, key: str, reason: str, n: int, step: int | None) -> None:
+    def _refuse(self, key: str, reason: str, n: int, step: int | None,
+                name: str = "", kind: str = "") -> None:
+        """Count ``n`` refused items (in ``refrun.refused``), name them (``name``: the
+        metric, tag or param; ``kind``: the reason's short form) in warnings.json's
+        ``refused`` list, and warn once per ``key``.  Refusals are rare: off the fast path."""
         self._refused += n
+        slot = (name, kind or reason)
+        entry = self._refusals.get(slot)
+        if entry is None and len(self._refusals) < MAX_REFUSAL_ENTRIES:
+            entry = self._refusals[slot] = {"name": name, "reason": reason,
+                                            "first_step": step, "count": 0}
+        if entry is not None:
+            entry["count"] += n
         self.warn_once(key, f"{reason}; not recorded (counted in {schema.TAG_REFUSED})", step)
 
     def _accept(self, step: Any, metrics: Mapping[str, Any], timestamp_ms: int | None) -> None:
@@ -200,7 +222,8 @@ class RunSession:
         if type(step) is not int or not STEP_MIN <= step <= STEP_MAX:
             problem = step_problem(step)
             if problem is not None:
-                self._refuse(f"step:{type(step).__name__}", problem, len(metrics), None)
+                self._refuse(f"step:{type(step).__name__}", problem, len(metrics), None,
+                             ",".join(sorted(map(str, metrics)))[:200], "step")
                 return
             step = int(step)
         ts = _now_ms() if timestamp_ms is None else int(timestamp_ms)
@@ -213,19 +236,29 @@ class RunSession:
             if key not in valid_keys:
                 problem = key_problem(key)
                 if problem is not None:
-                    self._refuse(f"key:{key!r}"[:80], problem, 1, step)
+                    self._refuse(f"key:{key!r}"[:80], problem, 1, step, str(key)[:250],
+                                 "name")
                     continue
                 valid_keys.add(key)
             # type() first: the numbers.Real ABC check is the slowest part of accepting.
             if type(value) is float:
                 v = value
             elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-                self.warn_once(f"type:{key}", f"metric {key!r}: value of type "
-                               f"{type(value).__name__} not accepted by the session (it could "
-                               "force a device sync); use a framework probe", step)
+                kind = type(value).__name__
+                self._refuse(f"type:{key}:{kind}", f"metric {key!r} at step {step}: value of "
+                             f"type {kind} not accepted by the session (only real numbers; "
+                             "a device value could force a sync: use a framework probe)",
+                             1, step, key, f"type {kind}")
                 continue
             else:
-                v = float(value)
+                try:
+                    v = float(value)
+                except OverflowError:  # an int beyond float's range, e.g. 10**400
+                    self._refuse(f"overflow:{key}", f"metric {key!r} at step {step}: value "
+                                 f"{type(value).__name__} too large for a float "
+                                 f"({len(str(abs(int(value))))} digits)", 1, step, key,
+                                 "too large for a float")
+                    continue
             st = stats.get(key)
             if st is None:
                 st = stats[key] = StepStats(first=step)
@@ -267,8 +300,36 @@ class RunSession:
         self._update_meta(tags=self._valid(tags, "tag key"))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        """Log params (immutable in MLflow: a second, different value is skipped there)."""
-        self._update_meta(params=self._valid(params, "param key"))
+        """Log params.  MLflow params are immutable, so the first value of a param is
+        the one recorded, always: the same value again is a no-op; a different value is
+        refused here (warned, counted in ``refrun.refused``, named in warnings.json),
+        whether or not the first one reached the store yet."""
+        new: dict[str, str] = {}
+        for k, v in self._valid(params, "param key").items():
+            value = self._fit("param", k, v)
+            old = self._params.get(k)
+            if old is None:
+                self._params[k] = new[k] = value
+            elif old != value:
+                self._refuse(f"param-changed:{k}"[:80], f"param {k!r} already logged as "
+                             f"{old[:80]!r}, the new value {value[:80]!r} is refused "
+                             "(MLflow params are immutable: log a value that changes as a "
+                             "tag or a metric)", 1, None, k, "param changed")
+        if new:
+            self._update_meta(params=new)
+
+    def _fit(self, what: str, key: str, value: Any) -> str:
+        """``value`` as the string MLflow stores, cut to MLflow's limit for a ``what``
+        ("tag" or "param") with a warning and a count (``refrun.truncated``)."""
+        text = _tag_value(value)
+        limit = TAG_VALUE_MAX if what == "tag" else PARAM_VALUE_MAX
+        if len(text) <= limit:
+            return text
+        self._truncated += 1
+        self.warn_once(f"truncated:{what}:{key}"[:80], f"{what} {key!r}: value of "
+                       f"{len(text):,} characters cut to MLflow's limit of {limit:,} "
+                       f"(counted in {schema.TAG_TRUNCATED})")
+        return text[:limit]
 
     def _valid(self, items: Mapping[str, Any], what: str) -> dict[str, Any]:
         good = {}
@@ -277,14 +338,18 @@ class RunSession:
             if problem is None:
                 good[k] = v
             else:
-                self._refuse(f"{what}:{k!r}"[:80], problem, 1, None)
+                self._refuse(f"{what}:{k!r}"[:80], problem, 1, None, str(k)[:250], what)
         return good
 
     def _update_meta(self, tags: Mapping[str, Any] | None = None,
                      params: Mapping[str, Any] | None = None) -> None:
+        tag_values = {k: self._fit("tag", k, v) for k, v in (tags or {}).items()}
+        param_values = dict(params or {})  # already fitted by log_params
+
         def change(meta: SpoolMeta) -> None:
-            meta.tags.update({k: _tag_value(v) for k, v in (tags or {}).items()})
-            meta.params.update({k: _tag_value(v)[:6000] for k, v in (params or {}).items()})
+            meta.tags.update(tag_values)
+            for k, v in param_values.items():
+                meta.params.setdefault(k, v)  # the first value stays (see log_params)
             meta.tags_version += 1
 
         if self._writer.is_alive():
@@ -488,19 +553,21 @@ class RunSession:
     def _seal(self, end_ms: int, status: RunStatus) -> None:
         self.log_json(schema.ARTIFACT_WARNINGS, {
             "warnings": self.warnings,
+            "refused": list(self._refusals.values()),
             "metrics": {k: dataclasses.asdict(v) for k, v in self._stats.items()},
         })
         delivery.seal(self.spool, status, end_ms=end_ms, extra_tags={
             schema.TAG_DROPPED: str(self.points_dropped),
             schema.TAG_REFUSED: str(self._refused),
+            schema.TAG_TRUNCATED: str(self._truncated),
             schema.TAG_WARNINGS: str(len(self._warnings)),
         })
 
 
 def _tag_value(v: Any) -> str:
-    s = v if isinstance(v, str) else json.dumps(v, default=str) if isinstance(
+    """A tag or param value as the string MLflow stores (uncut: see ``RunSession._fit``)."""
+    return v if isinstance(v, str) else json.dumps(v, default=str) if isinstance(
         v, dict | list | tuple) else str(v)
-    return s[:5000]
 
 
 def start_run(
@@ -582,8 +649,10 @@ def start_run(
     bound_http_requests(env)
     spool = Spool.create(config.spool_root, _spool_meta(config))
     session = RunSession(config, spool, spool.try_lock(SESSION_LOCK))
-    session._valid(config.tags, "tag key")
-    session._valid(config.params, "param key")
+    for what, items in (("tag", session._valid(config.tags, "tag key")),
+                        ("param", session._valid(config.params, "param key"))):
+        for k, v in items.items():
+            session._fit(what, k, v)  # warns about and counts a value cut in _spool_meta
     if config.snapshot_environment:
         session.log_json(schema.ARTIFACT_ENVIRONMENT, identity.environment_snapshot())
     session._begin()
@@ -592,14 +661,16 @@ def start_run(
 
 def _spool_meta(config: RunConfig) -> SpoolMeta:
     tags = identity_tags(config)
-    tags.update({k: _tag_value(v) for k, v in config.tags.items() if key_problem(k) is None})
+    # Cut to MLflow's limits here; start_run warns about and counts each cut afterwards.
+    tags.update({k: _tag_value(v)[:TAG_VALUE_MAX] for k, v in config.tags.items()
+                 if key_problem(k) is None})
     tags.setdefault(schema.TAG_NOTE, mlflow_ui.run_description(tags))
     local_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
     tags[schema.TAG_LOCAL_ID] = local_id
     return SpoolMeta(
         local_id=local_id, tracking_uri=config.tracking_uri,
         experiment=config.experiment or config.workload, start_ms=_now_ms(), tags=tags,
-        params={k: _tag_value(v)[:6000] for k, v in config.params.items()
+        params={k: _tag_value(v)[:PARAM_VALUE_MAX] for k, v in config.params.items()
                 if key_problem(k) is None},
         run_name=config.run_name or mlflow_ui.default_run_name(tags),
         mlflow_every=config.mlflow_every, pid=os.getpid(),

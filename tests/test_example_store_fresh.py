@@ -1,0 +1,71 @@
+"""mlruns.example cannot go stale: the committed store's content description (run names,
+descriptions, acceptance tags, tag/param/metric names, report structure; see
+pipelines/example_store.py) must be what the *current* code produces from the store's
+training runs.  A copy of the store is re-assessed and reported by the current pipeline
+code (no training) and described again; any difference fails, naming the entries.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipelines import example_store as ex
+
+ROOT = Path(__file__).resolve().parent.parent
+STORE = ROOT / "mlruns.example"
+
+
+def reassessed(tmp: Path, monkeypatch: pytest.MonkeyPatch,
+               only: tuple[str, ...] | None = None) -> tuple[dict, dict]:
+    """(description of the copy as committed, description after re-assessing the copy's
+    training runs with the current code) -- restricted to candidates ``only``."""
+    import importlib.util
+
+    from pipelines.demo import CRITERIA_QUICK, assess_all
+
+    clone = tmp / "clone"
+    shutil.copytree(STORE, clone / "mlruns.example")
+    crit = CRITERIA_QUICK.relative_to(ROOT)
+    (clone / crit).parent.mkdir(parents=True)
+    shutil.copyfile(CRITERIA_QUICK, clone / crit)
+    monkeypatch.chdir(clone)  # the store's artifact locations are relative to the clone
+    store = clone / "mlruns.example"
+    spec = importlib.util.spec_from_file_location("make_example_store",
+                                                  ROOT / "scripts" / "make_example_store.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    plan = gen.reduced_plan(only or gen.CANDIDATES)
+    training = ex.training_ids(store)
+    before = ex.describe(store, training, ex.comparison_ids(store, training))
+    assess_all(plan, training, uri=f"sqlite:///{store}/mlflow.db", reports=tmp / "reports",
+               criteria=crit, logged_plotlyjs=gen.PLOTLY_FROM_REPORT)
+    after = ex.describe(store, training, ex.comparison_ids(store, training))
+    if only:
+        for d in (before, after):
+            d["comparison_runs"] = {k: v for k, v in d["comparison_runs"].items()
+                                    if k in only}
+    return before, after
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_code_change_after_generation_is_caught(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an outdated store looks like: the code that names comparison runs changed
+    after the store was made.  The description of the re-assessed copy then differs from
+    the committed one at exactly that entry."""
+    from refrun import mlflow_ui
+
+    real = mlflow_ui.comparison_run_name
+    monkeypatch.setattr(mlflow_ui, "comparison_run_name",
+                        lambda *a, **k: "renamed: " + real(*a, **k))
+    before, after = reassessed(tmp_path, monkeypatch, only=("xla-host-sync",))
+    diff = ex.differences(before, after)
+    assert diff and all(d.startswith("comparison_runs.xla-host-sync.") for d in diff), diff
+    assert any(d.startswith("comparison_runs.xla-host-sync.name: ") and "renamed: " in d
+               for d in diff), diff
+    assert ex.digest(before) != ex.digest(after)
