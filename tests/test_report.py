@@ -289,8 +289,15 @@ def test_ranking_equals_comparison_json_and_numpy(runs: Runs) -> None:
     engine = cmp.to_dict()
     deps = rank_departures(engine)
     assert {d.metric for d in deps} == set(engine["metrics"])
-    scored = [d.score for d in deps if d.score is not None]
-    assert scored == sorted(scored, reverse=True) and len(scored) >= 2
+    # training and evaluation signals first, then system/runtime, each ranked on its own
+    groups = [d.group for d in deps]
+    assert groups == sorted(groups, key=["training", "runtime"].index)
+    assert all((d.group == "runtime") == d.metric.startswith(("sys/", "perf/", "xfer/",
+                                                              "compile/")) for d in deps)
+    for g in ("training", "runtime"):
+        scored = [d.score for d in deps if d.score is not None and d.group == g]
+        assert scored == sorted(scored, reverse=True)
+    assert len([d for d in deps if d.score is not None]) >= 2
     for d in deps:
         g = engine["metrics"][d.metric]["group"]
         assert d.measure == "mean_abs_z"
@@ -425,7 +432,7 @@ def test_many_candidates_matrix_matches_refrun_accept(runs: Runs, tmp_path: Path
         verdicts[row["candidate"]] = row["cells"]["loss-close"]["outcome"]
     assert verdicts == {runs.candidate: "fail", good: "pass"}
     html = out.read_text(encoding="utf-8")
-    assert html.count('<section class="candidate" id="cand-') == 2
+    assert html.count('<details class="candidate" id="cand-') == 2
     # One page, two candidates: every element id unique, every in-page link resolves.
     ids = re.findall(r' id="([^"]+)"', html)
     assert len(ids) == len(set(ids))

@@ -11,6 +11,13 @@ engine's :class:`~refrun.comparison.group.GroupEnvelope`), and metrics are ranke
 their mean ``|z|`` over the aligned steps.  With a single reference there is no spread to
 measure; metrics are then ranked by the mean relative difference
 ``|c - r| / max(|c|, |r|, eps)`` and the page says so.
+
+Two groups are ranked separately (:func:`signal_group`): training and evaluation signals
+first -- what numerical agreement is about -- then system and runtime metrics
+(``schema.RUNTIME_PREFIXES``: ``sys/*``, ``perf/*``, ``xfer/*``, ``compile/*`` ...), whose
+departure on another framework or backend (process memory, step time, compilations)
+says nothing about the numbers.  A metric compared between runs of different backends
+is marked (:attr:`Departure.cross_backend`).
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from refrun import schema
 from refrun.comparison import Comparison
 
 Measure = Literal["mean_abs_z", "mean_rel_diff"]
+Group = Literal["training", "runtime"]
 FirstSource = Literal["engine", "outside_seed_range", "none"]
 
 STRIP_BINS = 240  # columns of the all-metric picture (bins over the step axis)
@@ -50,6 +59,8 @@ class Departure:
     max_abs_diff: float | None
     step_of_max_abs_diff: int | None
     aligned_steps: int
+    group: Group = "training"
+    cross_backend: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,7 +90,33 @@ def first_departure(metric: Mapping[str, Any]) -> tuple[int | None, FirstSource]
     return None, "none"
 
 
-def departure(name: str, metric: Mapping[str, Any]) -> Departure:
+def signal_group(name: str, kind: str) -> Group:
+    """``runtime`` for system and runtime metrics (a name under
+    ``schema.RUNTIME_PREFIXES``, or the step-time kind), else ``training`` (the loss,
+    gradient norms, evaluation metrics, ``health/*``)."""
+    if kind == "step_time" or name.startswith(schema.RUNTIME_PREFIXES):
+        return "runtime"
+    return "training"
+
+
+def backends(comparison: Mapping[str, Any]) -> tuple[set[str], str | None]:
+    """The reference runs' backends and the candidate's, from the comparison JSON."""
+    refs = comparison.get("reference") or []
+    ref_b = {str(r["backend"]) for r in refs if isinstance(r, Mapping) and r.get("backend")}
+    cand = comparison.get("candidate") or {}
+    cb = cand.get("backend") if isinstance(cand, Mapping) else None
+    return ref_b, (str(cb) if cb else None)
+
+
+def is_cross_backend(comparison: Mapping[str, Any]) -> bool:
+    """True when the candidate ran on a backend none of the references ran on (both
+    known): every metric is then compared across backends."""
+    ref_b, cb = backends(comparison)
+    return bool(ref_b) and cb is not None and cb not in ref_b
+
+
+def departure(name: str, metric: Mapping[str, Any], cross_backend: bool = False
+              ) -> Departure:
     """One metric's :class:`Departure` from its comparison JSON."""
     group = metric.get("group") or None
     measures = metric.get("measures") or {}
@@ -95,14 +132,23 @@ def departure(name: str, metric: Mapping[str, Any]) -> Departure:
         max_abs_diff=measures.get("max_abs_diff"),
         step_of_max_abs_diff=measures.get("step_of_max_abs_diff"),
         aligned_steps=int((metric.get("alignment") or {}).get("aligned_steps") or 0),
+        group=signal_group(name, str(metric.get("kind", ""))), cross_backend=cross_backend,
     )
 
 
 def rank_departures(comparison: Mapping[str, Any]) -> list[Departure]:
-    """Every compared metric, largest departure first; metrics without a score last,
-    by their fraction of steps outside the reference range (stable: ties keep the
-    comparison's order)."""
-    deps = [departure(k, m) for k, m in (comparison.get("metrics") or {}).items()]
+    """Every compared metric: training and evaluation signals first, then system and
+    runtime metrics (:func:`signal_group`); within each group largest departure first,
+    metrics without a score last by their fraction of steps outside the reference range
+    (stable: ties keep the comparison's order).  So ``[0]`` is never a ``sys/*`` metric
+    while any training or evaluation signal was compared."""
+    xb = is_cross_backend(comparison)
+    deps = [departure(k, m, xb) for k, m in (comparison.get("metrics") or {}).items()]
+    return [d for g in ("training", "runtime")
+            for d in _ranked([d for d in deps if d.group == g])]
+
+
+def _ranked(deps: list[Departure]) -> list[Departure]:
     scored = sorted((d for d in deps if d.score is not None), key=lambda d: -float(d.score))
     # No z (the seeds agree exactly, e.g. counters or deterministic evals): by the
     # fraction of steps outside the seeds' range.

@@ -204,8 +204,10 @@ def _severity(d: O.Departure) -> str:
     return "high" if d.score >= 0.1 else "mid" if d.score >= 0.01 else "low"
 
 
-def ranking_table(cmp: Comparison, deps: list[O.Departure], ns: str) -> Raw:
-    """The ranked departures: one row per metric, numbers exactly those of the JSON."""
+def ranking_table(cmp: Comparison, deps: list[O.Departure], ns: str,
+                  table_id: str = "departures") -> Raw:
+    """The ranked departures: one row per metric, numbers exactly those of the JSON.  A
+    metric compared across backends carries a ``cross-backend`` badge."""
     group = any(d.measure == "mean_abs_z" for d in deps)
     top = max((float(d.score) for d in deps if d.score is not None), default=0.0) or 1.0
     rows = []
@@ -219,6 +221,8 @@ def ranking_table(cmp: Comparison, deps: list[O.Departure], ns: str) -> Raw:
         target = metric_anchor(ns, cmp, d.metric) if _is_curve(d.metric, m) or \
             m.kind == "eval" else f"{ns}runtime"
         link = Raw(f'<a href="#{esc(target)}"><code>{esc(d.metric)}</code></a>')
+        if d.cross_backend:
+            link = join([link, Raw(" "), _cross_backend_badge(cmp, d)])
         row: list[Any] = [i, link, score]
         if group:
             row += [_at(d.max_abs_z, d.step_of_max_abs_z),
@@ -230,7 +234,20 @@ def ranking_table(cmp: Comparison, deps: list[O.Departure], ns: str) -> Raw:
     if group:
         head += ["max |z| @ step", "outside seeds"]
     head += ["first out", "max |diff| @ step"]
-    return table(head, rows, "ranking", f"{ns}departures")
+    return table(head, rows, "ranking", f"{ns}{table_id}")
+
+
+def _backend_pair(cmp: Comparison) -> str:
+    ref_b = sorted({str(r.backend) for r in cmp.reference if r.backend})
+    return f"{', '.join(ref_b)} → {cmp.candidate.backend}"
+
+
+def _cross_backend_badge(cmp: Comparison, d: O.Departure) -> Raw:
+    why = ("system/runtime metric of another backend: says how the run executed, not "
+           "whether it computes the same numbers" if d.group == "runtime" else
+           "compared across backends: the differences include the backends' numerics")
+    return Raw(f'<span class="badge xb" title="{esc(why)}">cross-backend '
+               f"{esc(_backend_pair(cmp))}</span>")
 
 
 def _at(value: Any, step: Any) -> Raw:
@@ -267,6 +284,14 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
            "a single reference run has no seed spread: ranked by the mean relative "
            "difference |c − r| / max(|c|, |r|, eps); record several reference seeds to "
            "measure departures in units of their spread; first out = " + first_how)
+    training = [d for d in deps if d.group == "training"]
+    n_runtime = len(deps) - len(training)
+    if n_runtime:
+        how += (f"; {n_runtime} system and runtime metric(s) (sys/*, perf/*, xfer/*, "
+                "compile/* ...) are ranked apart, in the runtime evidence")
+    if deps and deps[0].cross_backend:
+        how += ("; candidate and references ran on different backends ("
+                f"{_backend_pair(cmp)}): every metric is compared across backends")
     st = O.strip(cmp, [d.metric for d in deps], saturate=F.Z_MAX)
     picture: Raw = tag("p", "Nothing to picture: no aligned steps.", "note")
     if st is not None:
@@ -282,7 +307,11 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
         verdict_banner(assessment, ns),
         Raw('<div class="ov-grid"><div>'),
         tag("h3", "Which signals depart, ranked"),
-        Raw('<div class="scroll">'), ranking_table(cmp, deps, ns), Raw("</div>"),
+        Raw('<div class="scroll">'),
+        ranking_table(cmp, training, ns) if training else
+        tag("p", "No training or evaluation signal was compared; system and runtime "
+                 "metrics are ranked in the runtime evidence.", "note"),
+        Raw("</div>"),
         tag("p", how, "note"),
         Raw("</div><div>"),
         tag("h3", "Where and when: every metric over the steps"),
@@ -494,9 +523,19 @@ def device_table(cmp: Comparison) -> Raw:
 
 
 def runtime_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
-                    ns: str = "") -> Section:
+                    ns: str = "", deps: list[O.Departure] | None = None) -> Section:
     parts: list[str] = []
     figs: list[F.FigureSpec] = []
+    runtime = [d for d in deps or [] if d.group == "runtime"]
+    if runtime:
+        parts += [tag("h3", "System and runtime metrics, ranked"),
+                  tag("p", "How the run executed (memory, step time, compilations, "
+                           "transfers), ranked by departure like the signals of the first "
+                           "screen but apart from them: on another framework or backend "
+                           "these differ by design and say nothing about numerical "
+                           "agreement.", "note"),
+                  Raw('<div class="scroll">'),
+                  ranking_table(cmp, runtime, ns, "runtime-departures"), Raw("</div>")]
     add: Callable[..., Raw] = lambda title, fig, cap="": _add(figs, ids, title, fig, cap)  # noqa: E731
     st_metric = schema.M_STEP_TIME
     parts.append(tag("h3", "Step time"))
