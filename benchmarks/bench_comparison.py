@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from refrun import schema
 from refrun.comparison import compare, load_run
 from refrun.comparison.engine import CompareOptions
-from refrun.recording.curves import write_curves
+from refrun.store.curves import write_curves
 
 METRICS = ("loss", "grad_norm", schema.M_STEP_TIME, schema.M_COMPILE_GRAPHS,
            schema.M_XFER_D2H)

@@ -25,7 +25,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
-from refrun.recording.curves import read_curves
+from refrun.store.curves import read_curves
 from tests.conftest import MlflowServer, Postgres, _postgres_bin, free_port
 
 TRAINER = textwrap.dedent("""

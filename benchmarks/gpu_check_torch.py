@@ -35,7 +35,7 @@ import refrun
 import refrun.torch
 from refrun import schema
 from refrun.probes.monitors import NvmlMonitor
-from refrun.recording.curves import read_curves
+from refrun.store.curves import read_curves
 
 RESULTS: list[tuple[str, bool, str]] = []
 

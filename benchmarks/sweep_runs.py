@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from refrun import schema
-from refrun.complete_run import CompleteRun, curves_table, identity_tags, now_ms
+from refrun.store.complete import CompleteRun, curves_table, identity_tags, now_ms
 
 WORKLOAD = "sweep-bench"
 METRICS = ("loss", "grad_norm", "perf/step_time_s", "compile/graphs", "sys/cpu_pct")

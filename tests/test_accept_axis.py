@@ -16,7 +16,13 @@ from mlflow.tracking import MlflowClient
 from refrun import schema
 from refrun.acceptance.signoff import sign_off, verify
 from refrun.cli import main
-from refrun.complete_run import CompleteRun, curves_table, identity_tags, now_ms, write_complete_run
+from refrun.store.complete import (
+    CompleteRun,
+    curves_table,
+    identity_tags,
+    now_ms,
+    write_complete_run,
+)
 
 CRITERIA = """
 workload = "axis-accept"

@@ -14,7 +14,7 @@ from acceptance_helpers import N, base_loss, record, write_criteria
 from mlflow.tracking import MlflowClient
 
 from refrun.cli import main
-from refrun.recording.curves import read_curves, write_curves
+from refrun.store.curves import read_curves, write_curves
 
 BODY = """
 [[criteria]]

@@ -1,4 +1,4 @@
-"""refrun.complete_run's fast table summaries against the general definitions."""
+"""refrun.store.complete's fast table summaries against the general definitions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from refrun import schema
-from refrun.complete_run import curves_table, table_summary_tags
+from refrun.store.complete import curves_table, table_summary_tags
 from refrun.thinning import sorted_unique
 
 

@@ -20,9 +20,9 @@ from mlflow.tracking import MlflowClient
 import refrun
 from refrun import schema
 from refrun.recording import delivery
-from refrun.recording.curves import read_curves
 from refrun.recording.spool import Cursor, Spool, list_spools
 from refrun.recording.sync import sync_all
+from refrun.store.curves import read_curves
 from tests.conftest import MlflowServer, free_port
 
 pytestmark = pytest.mark.server

@@ -11,7 +11,7 @@ import pytest
 
 from refrun import schema
 from refrun.errors import RefrunInputError
-from refrun.recording.settings import default_job_id, job_identity
+from refrun.settings import default_job_id, job_identity
 
 LAUNCHER_VARS = ("REFRUN_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
                  "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from refrun import schema
-from refrun.recording.curves import read_curves
+from refrun.store.curves import read_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).parent / "jax_helpers" / "distributed_worker.py"

@@ -139,7 +139,7 @@ def synced(job4: Job) -> Job:
 
 
 def rank_curves(job: Job, run_id: str, rank: int) -> pd.DataFrame:
-    from refrun.recording.curves import read_curves
+    from refrun.store.curves import read_curves
 
     root = Path(job.client().get_run(run_id).info.artifact_uri.removeprefix("file://"))
     path = root / (schema.ARTIFACT_CURVES if rank == 0 else schema.rank_curves_artifact(rank))

@@ -73,7 +73,7 @@ def test_scaling_demo_aligns_callback_reference_and_torchrun_candidate_by_sample
     own = [json.loads((store.tmp / f"losses.json.rank{k}").read_text()) for k in range(2)]
     np.testing.assert_allclose([cand_loss[s] for s in range(STEPS // 2)], own[0], rtol=0,
                                atol=1e-7)
-    from refrun.recording.curves import read_curves
+    from refrun.store.curves import read_curves
 
     root = Path(client.get_run(cand_id).info.artifact_uri.removeprefix("file://"))
     per_rank = [read_curves(root / schema.ARTIFACT_CURVES),

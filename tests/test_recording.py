@@ -25,8 +25,8 @@ import pytest
 import refrun
 from refrun import schema
 from refrun.recording import delivery
-from refrun.recording.curves import read_curves
 from refrun.recording.spool import Spool, append_points, list_spools
+from refrun.store.curves import read_curves
 from tests.test_durability import wait_for
 
 

@@ -18,7 +18,7 @@ import refrun
 from refrun import schema
 from refrun.cli import main as cli_main
 from refrun.errors import RefrunInputError
-from refrun.recording.curves import read_curves
+from refrun.store.curves import read_curves
 
 
 def _download_curves(client, run_id: str, tmp: Path) -> pd.DataFrame:

@@ -19,7 +19,7 @@ from refrun import schema
 from refrun.errors import RefrunInputError
 from refrun.probes.monitors import NvmlMonitor, PsutilMonitor, default_monitors
 from refrun.probes.torch import frame_compile_index
-from refrun.recording.curves import read_curves
+from refrun.store.curves import read_curves
 
 SYS_KEYS = {"sys/cpu_pct", "sys/mem_used_bytes", "sys/mem_pct", "sys/proc_cpu_pct",
             "sys/rss_bytes"}

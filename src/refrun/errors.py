@@ -9,3 +9,8 @@ class RefrunInputError(ValueError):
 
 class RefrunResourceError(RefrunInputError):
     """A resource ran out (e.g. the disk is full): one line naming the path, exit code 2."""
+
+
+class RefrunStoreError(RefrunInputError):
+    """The tracking store cannot be used as asked (missing, not a store, corrupt, truncated,
+    locked, unreachable): one line naming the store and the cause, exit code 2."""

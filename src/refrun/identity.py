@@ -9,6 +9,7 @@ just to read a version would cost seconds and could initialise a device).
 from __future__ import annotations
 
 import importlib.metadata as md
+import numbers
 import os
 import platform
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import typing
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -224,6 +226,69 @@ def validate_identity(role: str, backend: str | None, hardware: str | None
     return IdentityNames(normalize_role(role),
                          None if backend is None else normalize_backend(backend),
                          None if hardware is None else normalize_hardware(hardware))
+
+
+def require_int_or_none(name: str, value: object) -> None:
+    """Raise :class:`RefrunInputError` unless ``value`` is None or an integer (not a bool)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise RefrunInputError(f"{name}: expected an integer, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunIdentity:
+    """Who a run is: the values its ``refrun.*`` identity tags are made of, validated once.
+
+    Shared by both ways of writing a run (the live session and complete runs: imports,
+    comparisons, assessments), so a run is found and compared by the same tags however it
+    was written.  Invalid values raise :class:`RefrunInputError` from ``__post_init__``;
+    role, backend and hardware are stored in canonical form (aliases normalised).
+    """
+
+    workload: str
+    """Workload name (``refrun.workload``); also the default experiment name."""
+    role: str
+    """One of :data:`refrun.schema.ROLES` (aliases such as ``ref`` accepted)."""
+    hardware: str | None = None
+    """Where it ran (``refrun.hardware``): a kind of :data:`HARDWARE_KINDS` or a model name."""
+    backend: str | None = None
+    """Framework path (``refrun.backend``): one of :data:`refrun.schema.BACKENDS`."""
+    seed: int | None = None
+    chips: int | None = None
+    """Accelerator chips (or processes) the run used."""
+    global_batch: int | None = None
+    """Samples per optimizer step over all chips."""
+    planned_steps: int | None = None
+    """Steps the run is meant to take (lets a reader tell "short" from "still running")."""
+
+    def __post_init__(self) -> None:
+        if not self.workload or not isinstance(self.workload, str):
+            raise RefrunInputError("workload: a non-empty name is required")
+        names = validate_identity(self.role, self.backend, self.hardware)
+        object.__setattr__(self, "role", names.role)
+        object.__setattr__(self, "backend", names.backend)
+        object.__setattr__(self, "hardware", names.hardware)
+        for name in ("seed", "chips", "global_batch", "planned_steps"):
+            require_int_or_none(name, getattr(self, name))
+
+    def tags(self) -> dict[str, str]:
+        """The run's identity tags (schema version, refrun version and source included)."""
+        from refrun._version import __version__
+
+        tags = {
+            schema.TAG_SCHEMA: schema.SCHEMA_VERSION,
+            schema.TAG_WORKLOAD: self.workload,
+            schema.TAG_ROLE: self.role,
+            schema.TAG_VERSION: __version__,
+            schema.TAG_MLFLOW_SOURCE: schema.SOURCE_NAME,
+        }
+        optional = {
+            schema.TAG_HARDWARE: self.hardware, schema.TAG_BACKEND: self.backend,
+            schema.TAG_SEED: self.seed, schema.TAG_CHIPS: self.chips,
+            schema.TAG_GLOBAL_BATCH: self.global_batch,
+            schema.TAG_PLANNED_STEPS: self.planned_steps,
+        }
+        tags.update({k: str(v) for k, v in optional.items() if v is not None})
+        return tags
 
 
 # --- one workload per verdict (area: trust) -------------------------------------------------

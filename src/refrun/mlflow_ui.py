@@ -314,7 +314,7 @@ def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
 def describe_comparison(client: MlflowClient, run_id: str, kind: ComparisonKind,
                         verdict: Verdict | None = None, keep_name: bool = False) -> None:
     """Set the name and description of comparison run ``run_id`` (a run written in one
-    pass, :mod:`refrun.complete_run`) as :func:`comparison_ui_tags` makes them; the run
+    pass, :mod:`refrun.store.complete`) as :func:`comparison_ui_tags` makes them; the run
     keeps its name when ``keep_name`` (one its caller chose)."""
     tags = comparison_ui_tags(client, run_id, kind, verdict)
     if keep_name:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-from mlflow.tracking import MlflowClient
 
 from refrun import schema
-from refrun.tracking import existing_store_uri
+from refrun.store.client import client as store_client
 
 _COLUMNS = {
     "run_id": None,
@@ -42,7 +41,7 @@ def list_runs(workload: str, role: str | None = None, tracking_uri: str | None =
     Columns: run_id, role, hardware, backend, chips, seed, status, steps, last_step,
     repeated, backwards, nonfinite, experiment, start_time.
     """
-    client = MlflowClient(existing_store_uri(tracking_uri))
+    client = store_client(tracking_uri)
     flt = search_filter(workload=workload, role=role, **tags)
     exps = client.search_experiments()
     runs = []

@@ -33,6 +33,8 @@ Tags (all strings, prefix ``refrun.``):
 ``refrun.truncated``      tag/param values cut to MLflow's length limit (each warned)
 ``refrun.skipped``        points/tags the store refused at delivery (skipped, see warnings)
 ``refrun.curves.missing`` why the curves artifact could not be written (disk full)
+``refrun.sync.pending``   spooled points not yet delivered (disk full): run incomplete
+``refrun.lost.estimate``  points a hard kill took before they reached the spool (estimate)
 ``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
 ========================  ====================================================
 
@@ -85,7 +87,15 @@ TAG_TRUNCATED = "refrun.truncated"
 # Points or tags the store still refused at delivery; skipped (reasons in warnings.json).
 TAG_SKIPPED = "refrun.skipped"
 # Set when the curves artifact could not be written (e.g. disk full): the reason.
+# Removed by `refrun sync` once the artifact is delivered.
 TAG_CURVES_MISSING = "refrun.curves.missing"
+# Points a hard kill (SIGKILL, OOM) is estimated to have taken with the trainer: accepted
+# by log() but not yet written to the spool (refrun.recording.delivery.lost_estimate).
+TAG_LOST_ESTIMATE = "refrun.lost.estimate"
+# Set when the run was terminated in the store while spooled points could not be delivered
+# (the spool's disk full): how many, and where; readers treat the run as incomplete until
+# `refrun sync` delivers them and removes the tag.
+TAG_SYNC_PENDING = "refrun.sync.pending"
 # MLflow's source tag, set on every recorded run.
 TAG_MLFLOW_SOURCE = "mlflow.source.name"
 SOURCE_NAME = "refrun"
@@ -278,3 +288,13 @@ def rank_artifact(rank: int, name: str) -> str:
 # which must neither stop a comparison from being recorded nor be lost.
 TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
 # --- end of legacy-store hygiene block -----------------------------------------------------
+
+# Candidates of a sweep on one report page are labelled by their run name and by the
+# params and tags in which they differ (refrun.report.labels): every param, every tag
+# outside the refrun./mlflow. namespaces (a user's own), and these identity tags.  Not
+# counters or bookkeeping (step counts, refused points, local ids), which differ between
+# any two runs and say nothing about what was run.
+LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
+              TAG_EXEC_HARDWARE, TAG_EXEC_DEVICES, TAG_EXEC_WORLD_SIZE, TAG_GIT_COMMIT,
+              TAG_IMPORT_SOURCE, TAG_VERSION)
+LABEL_TAG_PREFIXES = (TAG_FW_PREFIX,)  # framework versions (refrun.fw.torch ...)

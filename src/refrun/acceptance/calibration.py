@@ -872,12 +872,11 @@ def calibrate_ids(run_ids: Sequence[str], tracking_uri: str | None = None,
 
 def reference_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
     """Finished runs of ``workload`` with role reference, oldest first."""
-    from mlflow.tracking import MlflowClient
-
     from refrun.comparison import find_run_ids
+    from refrun.store.client import client as store_client
 
     ids = find_run_ids(workload, schema.ROLES[0], tracking_uri=tracking_uri)
-    client = MlflowClient(tracking_uri)
+    client = store_client(tracking_uri)
     done = [i for i in ids if client.get_run(i).info.status == "FINISHED"]
     return list(reversed(done))
 

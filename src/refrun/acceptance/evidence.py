@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from mlflow.tracking import MlflowClient
 
 from refrun import schema
 from refrun.acceptance.results import CriterionResult, clean
@@ -61,9 +60,9 @@ def curve_digests(run: RunData) -> dict[str, str]:
 def latest_metrics(run_ids: Sequence[str], tracking_uri: str | None) -> dict[str, dict]:
     """MLflow's latest value of every metric per run (catches points logged to the store
     after the run's curves artifact was written)."""
-    from refrun.tracking import resolve_tracking_uri
+    from refrun.store.client import client as store_client
 
-    client = MlflowClient(resolve_tracking_uri(tracking_uri))
+    client = store_client(tracking_uri)
     return {rid: dict(client.get_run(rid).data.metrics) for rid in run_ids}
 
 

@@ -46,9 +46,10 @@ def find_gradchecks(candidate: RunData, tracking_uri: str | None = None
     status, deleted ones included: a run that did not finish, or a failed check deleted
     afterwards, is reported, never skipped)."""
     from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    from refrun.store.client import client as store_client
+
+    client = store_client(tracking_uri)
     exp = candidate.experiment_id or client.get_run(candidate.run_id).info.experiment_id
     filt = (f"tags.`{schema.TAG_ROLE}` = 'gradcheck' and "
             f"tags.`{schema.TAG_GRADCHECK_CANDIDATE}` = '{candidate.run_id}'")

@@ -28,16 +28,16 @@ from mlflow.tracking import MlflowClient
 from refrun import mlflow_ui, schema
 from refrun.acceptance.criteria import CriteriaFile
 from refrun.acceptance.results import Assessment
-from refrun.complete_run import (
+from refrun.errors import RefrunInputError
+from refrun.identity import canonical_hardware
+from refrun.store.client import client as store_client
+from refrun.store.complete import (
     CompleteRun,
     curves_table,
     identity_tags,
     now_ms,
     write_complete_run,
 )
-from refrun.errors import RefrunInputError
-from refrun.identity import canonical_hardware
-from refrun.tracking import existing_store_uri
 
 TAG_PREFIX = "refrun.acceptance."
 TAG_VERDICT = schema.TAG_ACCEPTANCE_VERDICT
@@ -118,7 +118,7 @@ def record_assessment(a: Assessment, crit: CriteriaFile, evidence: dict[str, Any
     run id.  ``run_names``: the compared runs' names by run id, when known (else looked
     up).
 
-    Written directly as a complete run (:mod:`refrun.complete_run`): its content is known,
+    Written directly as a complete run (:mod:`refrun.store.complete`): its content is known,
     so no run session, spool or delivery process is involved.  ``spool_dir`` is accepted
     for compatibility and unused.  Raises :class:`RefrunInputError` (one line) when the
     store cannot be written; a run created before the failure is deleted.
@@ -141,7 +141,8 @@ class Recorded:
 
 
 def client_for(tracking_uri: str | None) -> MlflowClient:
-    return MlflowClient(existing_store_uri(tracking_uri))
+    """The store's client for a reader (:func:`refrun.store.client.client`)."""
+    return store_client(tracking_uri)
 
 
 def load_recorded(comparison_id: str, tracking_uri: str | None = None) -> Recorded:

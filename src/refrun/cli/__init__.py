@@ -113,6 +113,10 @@ def _own_process_gc() -> None:
     atexit.register(gc.freeze)  # registered first, so it runs after every other handler
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         _own_process_gc()
@@ -141,6 +145,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # One line, whatever the message quotes (a tag, a file name, a --by value).
         print(f"refrun {args.command}: error: {escape(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # The store failed under the command (corrupt, locked, gone mid-way): one line
+        # naming the store and the cause, not a library's traceback.  refrun's own bugs
+        # still raise.
+        from refrun.store.client import store_error
+
+        err = store_error(exc)
+        if err is None:
+            raise
+        print(f"refrun {args.command}: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("refrun: interrupted", file=sys.stderr)

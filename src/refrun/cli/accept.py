@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from refrun.acceptance.alignment import with_axis
     from refrun.acceptance.assess import assess_many
     from refrun.acceptance.criteria import load_criteria
-    from refrun.tracking import existing_store_uri
+    from refrun.store.uri import existing_store_uri
 
     crit = with_axis(load_criteria(args.criteria), args.axis)
     uri = existing_store_uri(args.tracking_uri)

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from refrun.acceptance.criteria import Settings, load_criteria
     from refrun.comparison import load_run
     from refrun.errors import RefrunInputError
-    from refrun.tracking import existing_store_uri
+    from refrun.store.uri import existing_store_uri
 
     # A bad --check file or --goal is refused before any store is opened (one line, exit 2).
     goals = tuple(parse_goal(g) for g in args.goal)

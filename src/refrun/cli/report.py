@@ -29,7 +29,7 @@ from refrun.report.downsample import DEFAULT_MAX_POINTS
 from refrun.report.mlflow_summary import log_summary
 from refrun.report.output import check_writable
 from refrun.report.overview import Departure
-from refrun.tracking import existing_store_uri
+from refrun.store.uri import existing_store_uri
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-cross-workload", action="store_true",
                    help="report on a candidate of another workload than the references' "
                         "(or the criteria file's); refused otherwise")
+    p.add_argument("--mlflow-ui", default=None, metavar="URL",
+                   help="address of the MLflow UI on this store, e.g. http://127.0.0.1:5000: "
+                        "each comparison run is linked to its page there (default: the "
+                        "tracking URI when it is an http(s) server)")
     add_tracking_uri(p)
     p.set_defaults(func=run)
 
@@ -119,10 +123,11 @@ def with_calibration(assessment: dict[str, Any], crit: Any) -> dict[str, Any]:
 
 def _check_comparison_run(run_id: str, cmp: Comparison, uri: str) -> None:
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+
+    from refrun.store.client import client as store_client
 
     try:
-        tags = MlflowClient(uri).get_run(run_id).data.tags
+        tags = store_client(uri).get_run(run_id).data.tags
     except MlflowException as exc:
         raise RefrunInputError(f"--comparison-run {run_id!r}: not found in {uri}") from exc
     want = {schema.TAG_ROLE: "comparison",
@@ -150,16 +155,15 @@ def _compare(args: argparse.Namespace, candidate: str, metrics: list[str] | None
 def _describe_assessed(run_id: str, assessment: dict[str, Any], uri: str) -> None:
     """Name the comparison run ``accept <candidate> vs N refs: <verdict>`` and put the
     verdict and failing criteria in its description, like `refrun accept`'s run."""
-    from mlflow.tracking import MlflowClient
-
     from refrun import mlflow_ui
+    from refrun.store.client import client as store_client
 
     results = assessment.get("results") or []
     verdict = mlflow_ui.Verdict(
         str(assessment.get("verdict")), assessment.get("highest_level"),
         tuple((r["id"], r.get("reason", "")) for r in results if r.get("outcome") == "fail"),
         tuple(r["id"] for r in results if r.get("outcome") == "not_evaluable"))
-    mlflow_ui.describe_comparison(MlflowClient(uri), run_id, "accept", verdict)
+    mlflow_ui.describe_comparison(store_client(uri), run_id, "accept", verdict)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -178,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     uri = existing_store_uri(args.tracking_uri)
     metrics = _metrics(args.metrics)
     args.tracking_uri = uri
+    ui = ui_base(args.mlflow_ui, uri)
     compared = [_compare(args, c, metrics) for c in args.candidate]
     candidates = []
     for cmp, assessment in compared:
@@ -189,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
             run_id = record_comparison(cmp, tracking_uri=uri)
             if assessment is not None:  # named and described as `refrun accept` does
                 _describe_assessed(run_id, assessment, uri)
-        candidates.append(Candidate(cmp, assessment, run_id))
+        candidates.append(Candidate(cmp, assessment, run_id,
+                                    comparison_url(ui, run_id, uri) if run_id else None))
     path, matrix = write_multi_report(candidates, out, plotlyjs=args.plotlyjs,
                                       max_points=args.max_points,
                                       redact_paths=args.redact_path)
@@ -210,6 +216,27 @@ def run(args: argparse.Namespace) -> int:
             log_summary(c.comparison_run_id, uri, deps, assessment_dict(c.assessment))
             print(f"comparison run: {c.comparison_run_id} (artifact {ARTIFACT_REPORT})")
     return 0
+
+
+def ui_base(arg: str | None, uri: str) -> str | None:
+    """The MLflow UI's address: ``--mlflow-ui``, else the tracking server's (an http(s)
+    tracking URI serves the UI too), else None (a database store has no UI address)."""
+    base = arg or (uri if uri.startswith(("http://", "https://")) else None)
+    if arg is not None and not arg.startswith(("http://", "https://")):
+        raise RefrunInputError(f"--mlflow-ui {arg}: not an http(s) address")
+    return base.rstrip("/") if base else None
+
+
+def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
+    """The comparison run's page in the MLflow UI at ``base`` (None without one)."""
+    if base is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    from refrun import mlflow_ui
+
+    exp = MlflowClient(uri).get_run(run_id).info.experiment_id
+    return f"{base}/{mlflow_ui.run_link(exp, run_id)}"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from refrun.recording.settings import settings
 from refrun.recording.sync import sync_all
+from refrun.settings import settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +26,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"nothing to sync in {root}")
         return 0
     failed = 0
+    stores: dict[str, int] = {}  # one line per unusable store, not one per spool
     for r in results:
+        if r.outcome == "store":
+            stores[r.detail] = stores.get(r.detail, 0) + 1
+            continue
         print(f"{r.local_id}  {r.outcome:<10} run={r.run_id or '-'}  points={r.points}  {r.detail}")
         failed += r.outcome == "error"
-    return 1 if failed else 0
+    for cause, n in stores.items():
+        print(f"refrun sync: error: {cause} ({n} spool{'s' if n > 1 else ''} kept; run "
+              "`refrun sync` again once the store is usable)", file=sys.stderr)
+    return 2 if stores else 1 if failed else 0

@@ -18,7 +18,7 @@ from refrun.acceptance.stopping import StopReport
 from refrun.acceptance.watcher import watch_run
 from refrun.cli import add_tracking_uri
 from refrun.errors import RefrunInputError
-from refrun.tracking import existing_store_uri
+from refrun.store.uri import existing_store_uri
 
 
 def register(sub: argparse._SubParsersAction) -> None:

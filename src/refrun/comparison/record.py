@@ -9,7 +9,7 @@ metric units) and ``reldiff/<metric>``, and the comparison JSON as artifact
 ``max_points``; otherwise the first and last aligned step and each bucket's first point,
 extremes and first non-finite value, so a spike is never lost).
 
-Written directly (:mod:`refrun.complete_run`): FINISHED when the call returns, at a cost
+Written directly (:mod:`refrun.store.complete`): FINISHED when the call returns, at a cost
 that no longer grows with the number of aligned steps beyond the view.
 """
 
@@ -23,7 +23,8 @@ from mlflow.tracking import MlflowClient
 
 from refrun import mlflow_ui, schema
 from refrun.comparison.engine import Comparison
-from refrun.complete_run import (
+from refrun.identity import canonical_hardware
+from refrun.store.complete import (
     CompleteRun,
     curves_table,
     identity_tags,
@@ -31,7 +32,6 @@ from refrun.complete_run import (
     string_tags,
     write_complete_run,
 )
-from refrun.identity import canonical_hardware
 from refrun.thinning import MLFLOW_MAX_POINTS
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON

@@ -1,6 +1,6 @@
 """Recording validated imported curves as one complete, FINISHED refrun run.
 
-Written directly (:mod:`refrun.complete_run`), not through the live session: the curves
+Written directly (:mod:`refrun.store.complete`), not through the live session: the curves
 artifact gets every point, MLflow's metric history a bounded spike-preserving view per
 metric, and :func:`create_run` returns once the run is FINISHED.  A 1.75M-point file
 takes seconds (benchmarks/bench_import.py).
@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from refrun import schema
-from refrun.complete_run import (
+from refrun.errors import RefrunInputError
+from refrun.importers.curves import ImportedCurves
+from refrun.keys import key_problem
+from refrun.store.complete import (
     CompleteRun,
     curves_table,
     identity_tags,
@@ -22,9 +25,6 @@ from refrun.complete_run import (
     string_tags,
     write_complete_run,
 )
-from refrun.errors import RefrunInputError
-from refrun.importers.curves import ImportedCurves
-from refrun.keys import key_problem
 from refrun.thinning import MLFLOW_MAX_POINTS
 
 BACKEND = "import"

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from refrun.errors import RefrunInputError
-from refrun.identity import validate_identity
-from refrun.recording.settings import DELIVERIES, Delivery
-
-
-def _int_or_none(name: str, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-        raise RefrunInputError(f"{name}: expected an integer, got {value!r}")
+from refrun.identity import RunIdentity, require_int_or_none
+from refrun.settings import DELIVERIES, Delivery
 
 
 @dataclass(kw_only=True, slots=True)
@@ -28,7 +22,7 @@ class RunConfig:
     role: str
     """One of :data:`refrun.schema.ROLES`."""
     tracking_uri: str
-    """Resolved MLflow tracking URI (see :func:`refrun.tracking.resolve_tracking_uri`)."""
+    """Resolved MLflow tracking URI (see :func:`refrun.store.uri.resolve_tracking_uri`)."""
     spool_root: Path
     """Absolute directory under which this run's spool directory is created."""
     hardware: str | None = None
@@ -72,14 +66,18 @@ class RunConfig:
         """True for a rank > 0 of a multi-process job: it creates no MLflow run."""
         return self.multi_process and bool(self.rank)
 
+    @property
+    def identity(self) -> RunIdentity:
+        """The run's identity (validated in ``__post_init__``)."""
+        return RunIdentity(workload=self.workload, role=self.role, hardware=self.hardware,
+                           backend=self.backend, seed=self.seed, chips=self.chips,
+                           global_batch=self.global_batch, planned_steps=self.planned_steps)
+
     def __post_init__(self) -> None:
-        if not self.workload or not isinstance(self.workload, str):
-            raise RefrunInputError("workload: a non-empty name is required")
-        self.role, self.backend, self.hardware = validate_identity(  # aliases normalised
-            self.role, self.backend, self.hardware)
-        for name in ("seed", "chips", "global_batch", "planned_steps", "mlflow_every",
-                     "max_queue", "rank", "world_size"):
-            _int_or_none(name, getattr(self, name))
+        ident = self.identity  # validates; role, backend and hardware come back canonical
+        self.role, self.backend, self.hardware = ident.role, ident.backend, ident.hardware
+        for name in ("mlflow_every", "max_queue", "rank", "world_size"):
+            require_int_or_none(name, getattr(self, name))
         if self.mlflow_every < 1:
             raise RefrunInputError("mlflow_every: must be >= 1")
         if not self.flush_interval_s > 0:

@@ -44,28 +44,27 @@ from types import TracebackType
 from typing import Any
 
 from refrun import identity, mlflow_ui, schema
-from refrun._version import __version__
 from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
 from refrun.recording import delivery, process
 from refrun.recording.config import RunConfig
 from refrun.recording.delivery import SESSION_LOCK
-from refrun.recording.settings import (
+from refrun.recording.spool import RunStatus, Spool, SpoolMeta, disk_full, unlock
+from refrun.recording.writer import SpoolWriter
+from refrun.settings import (
     Delivery,
-    bound_http_requests,
     default_job_id,
     job_identity,
     settings,
 )
-from refrun.recording.spool import RunStatus, Spool, SpoolMeta, unlock
-from refrun.recording.writer import SpoolWriter
-from refrun.tracking import resolve_tracking_uri
+from refrun.store import limits
+from refrun.store.client import bound_http_requests
+from refrun.store.uri import local_store, resolve_tracking_uri
 
 log = logging.getLogger("refrun")
 
-# MLflow's limits on a tag and a param value (characters).  Tags: older MLflow servers
-# accept 5,000 (3.x takes 8,000); a run must record on either.
-TAG_VALUE_MAX = 5000
-PARAM_VALUE_MAX = 6000
+# MLflow's limits on a tag and a param value (characters), declared in refrun.store.limits.
+TAG_VALUE_MAX = limits.TAG_VALUE_LENGTH
+PARAM_VALUE_MAX = limits.PARAM_VALUE_LENGTH
 # Distinct (name, reason) refusals listed in warnings.json; further ones are only counted.
 MAX_REFUSAL_ENTRIES = 100
 
@@ -103,6 +102,7 @@ class RunSession:
         self._run_id: str | None = None
         self._closed = False
         self._status: RunStatus | None = None
+        self._end_ms = 0
         self._dropped = 0  # queue full
         self._refused = 0  # bad name/key/step/value/param at entry
         # What was refused, by (name, reason): first step and count (refrun/warnings.json).
@@ -425,7 +425,7 @@ class RunSession:
         if not failure:
             t.start()
             # A local database answers or fails by itself; a server may stay silent.
-            t.join(None if delivery.local_store(uri) else self.config.start_wait_s)
+            t.join(None if local_store(uri) else self.config.start_wait_s)
         if t.is_alive():
             self.warn_once("offline-start", f"tracking store {uri} did not answer within "
                            f"{self.config.start_wait_s:g} s; recording to {self.spool.path}")
@@ -473,7 +473,7 @@ class RunSession:
         self._status = status
         with contextlib.suppress(Exception):
             atexit.unregister(self._atexit)
-        end_ms = _now_ms()
+        end_ms = self._end_ms = _now_ms()
         self._writer.stop(timeout=self.close_timeout_s + 30)
         if not self._writer.is_alive():
             self._writer.apply_meta_changes()  # any queued after its last iteration
@@ -496,6 +496,10 @@ class RunSession:
             delivery.finalize(self.spool)
             return True
         except Exception as exc:
+            if disk_full(exc):  # the run must not stay RUNNING in the store: end it there
+                with contextlib.suppress(Exception):
+                    delivery.terminate_in_store(self.spool, delivery.Ending(
+                        self._status or "FINISHED", self._end_ms, self._end_tags()), exc)
             self._undelivered(f"{type(exc).__name__}: {str(exc)[:200]}")
             return False
         finally:
@@ -506,9 +510,11 @@ class RunSession:
         # session lock.  Wait while it makes progress (its heartbeat), and at most
         # close_timeout_s without: a store that is down or silent never holds the trainer.
         self._release_lock()
+        ending = delivery.Ending(self._status or "FINISHED", self._end_ms,
+                                 self._end_tags())
         with contextlib.suppress(OSError):
             assert proc.stdin is not None
-            proc.stdin.write(b"close\n")
+            proc.stdin.write(ending.to_line())
             proc.stdin.flush()
             proc.stdin.close()
         last_beat: float | None = None
@@ -556,12 +562,17 @@ class RunSession:
             "refused": list(self._refusals.values()),
             "metrics": {k: dataclasses.asdict(v) for k, v in self._stats.items()},
         })
-        delivery.seal(self.spool, status, end_ms=end_ms, extra_tags={
+        delivery.seal(self.spool, status, end_ms=end_ms, extra_tags=self._end_tags())
+
+    def _end_tags(self) -> dict[str, str]:
+        """The session's counts at the end of the run (also sent to the delivery process
+        with ``close``: they reach the store even when the spool's disk is full)."""
+        return {
             schema.TAG_DROPPED: str(self.points_dropped),
             schema.TAG_REFUSED: str(self._refused),
             schema.TAG_TRUNCATED: str(self._truncated),
             schema.TAG_WARNINGS: str(len(self._warnings)),
-        })
+        }
 
 
 def _tag_value(v: Any) -> str:
@@ -620,7 +631,7 @@ def start_run(
     commit, installed packages); False for runs recorded elsewhere, such as imports.
     ``rank``, ``world_size``, ``job``: this process's place in a multi-process job (default
     ``$RANK``, ``$WORLD_SIZE`` and the job-id rule of
-    :func:`refrun.recording.settings.default_job_id`; only for runs of this process).  With
+    :func:`refrun.settings.default_job_id`; only for runs of this process).  With
     ``world_size > 1`` the job records ONE run: rank 0 owns it; a rank > 0 creates no run
     and its delivery adds its full curves to rank 0's run as ``refrun/ranks/rank-<k>.parquet``
     when it ends (docs/multiprocess.md).
@@ -674,6 +685,7 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
                 if key_problem(k) is None},
         run_name=config.run_name or mlflow_ui.default_run_name(tags),
         mlflow_every=config.mlflow_every, pid=os.getpid(),
+        flush_interval_s=config.flush_interval_s,
         host=socket.gethostname(),
         **({"rank": config.rank, "world_size": config.world_size, "job": config.job}
            if config.multi_process else {}),
@@ -683,20 +695,7 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
 def identity_tags(config: RunConfig) -> dict[str, str]:
     """The ``refrun.*`` identity tags of a run (and, for runs of this process, its device,
     host, framework versions and git state)."""
-    tags = {
-        schema.TAG_SCHEMA: schema.SCHEMA_VERSION,
-        schema.TAG_WORKLOAD: config.workload,
-        schema.TAG_ROLE: config.role,
-        schema.TAG_VERSION: __version__,
-        schema.TAG_MLFLOW_SOURCE: schema.SOURCE_NAME,
-    }
-    optional = {
-        schema.TAG_HARDWARE: config.hardware, schema.TAG_BACKEND: config.backend,
-        schema.TAG_SEED: config.seed, schema.TAG_CHIPS: config.chips,
-        schema.TAG_GLOBAL_BATCH: config.global_batch,
-        schema.TAG_PLANNED_STEPS: config.planned_steps,
-    }
-    tags.update({k: str(v) for k, v in optional.items() if v is not None})
+    tags = config.identity.tags()
     if config.multi_process:
         tags.update({schema.TAG_JOB_ID: str(config.job), schema.TAG_JOB_RANK: str(config.rank),
                      schema.TAG_JOB_WORLD_SIZE: str(config.world_size)})

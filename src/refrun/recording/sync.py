@@ -12,16 +12,32 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from refrun.errors import RefrunResourceError
+from refrun.errors import RefrunResourceError, RefrunStoreError
 from refrun.recording.delivery import SpoolResult, finish_spool
 from refrun.recording.spool import Spool, disk_full, list_spools
+from refrun.store.client import answering
 
 
 def sync_all(root: Path, prune: bool = True) -> list[SpoolResult]:
     """Deliver every spool under ``root``; with ``prune`` (default) delete the completely
-    delivered ones afterwards (the store holds everything they had)."""
+    delivered ones afterwards (the store holds everything they had).
+
+    Each store is checked once before its spools (:func:`refrun.store.client.answering`;
+    a missing sqlite store may be created): the spools of a store that is unusable (down,
+    corrupt, locked ...) are kept and get outcome ``"store"`` with the store's one-line
+    cause, without waiting on it once per spool."""
     results = []
+    broken: dict[str, str] = {}
     for spool in sorted(list_spools(root), key=_rank_last):
+        uri = _store_of(spool)
+        if uri is not None and uri not in broken:
+            try:
+                answering(uri, create=True)
+            except RefrunStoreError as exc:
+                broken[uri] = str(exc)
+        if uri in broken:
+            results.append(SpoolResult(spool.local_id, "store", None, 0, broken[uri]))
+            continue
         try:
             result = finish_spool(spool)
         except Exception as exc:
@@ -35,6 +51,13 @@ def sync_all(root: Path, prune: bool = True) -> list[SpoolResult]:
         if prune and result.outcome in ("delivered", "complete"):
             shutil.rmtree(spool.path, ignore_errors=True)
     return results
+
+
+def _store_of(spool: Spool) -> str | None:
+    try:
+        return spool.read_meta().tracking_uri
+    except (OSError, ValueError):
+        return None  # an unreadable spool is reported by finish_spool
 
 
 def _rank_last(spool: Spool) -> bool:

@@ -67,11 +67,12 @@ def log_summary(run_id: str, tracking_uri: str, deps: Sequence[Departure],
     import time
 
     from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
+
+    from refrun.store.client import client as store_client
 
     now = int(time.time() * 1000)
     metrics = [Metric(k, v, now, 0) for k, v in summary_metrics(deps, assessment).items()]
     tags = [RunTag(k, v) for k, v in summary_tags(deps, assessment).items()]
-    client = MlflowClient(tracking_uri)
+    client = store_client(tracking_uri)
     for i in range(0, max(len(metrics), 1), 1000):  # MLflow's log_batch limit
         client.log_batch(run_id, metrics=metrics[i:i + 1000], tags=tags if i == 0 else [])

@@ -1,4 +1,4 @@
-"""Writing a run whose every point is known up front, directly into the store.
+"""The second way to write a run: one whose every point is known up front, in one pass.
 
 Imports and comparison runs are not live runs: all their points exist before anything is
 written.  They do not go through the session's spool and delivery process (whose cost
@@ -37,13 +37,14 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from refrun import mlflow_ui, schema
-from refrun.errors import RefrunInputError
-from refrun.recording.config import RunConfig
-from refrun.recording.curves import SCHEMA, summary_tags, write_curves
-from refrun.recording.delivery import client_for, ensure_experiment
-from refrun.recording.session import identity_tags as _session_identity_tags
+from refrun.errors import RefrunStoreError
+from refrun.identity import RunIdentity
+from refrun.store import health, limits
+from refrun.store.client import client as store_client
+from refrun.store.client import ensure_experiment
+from refrun.store.curves import SCHEMA, summary_tags, write_curves
+from refrun.store.uri import resolve_tracking_uri
 from refrun.thinning import MLFLOW_MAX_POINTS, bounded_view, sorted_unique
-from refrun.tracking import resolve_tracking_uri
 
 __all__ = [
     "CompleteRun",
@@ -55,23 +56,16 @@ __all__ = [
     "write_curves",
 ]
 
-# MLflow's documented log_batch limits.
-_METRICS_PER_BATCH = 1000
-_TAGS_PER_BATCH = 100
-
 
 def identity_tags(workload: str, role: str, *, hardware: str | None, backend: str,
                   seed: int | None = None, chips: int | None = None,
                   global_batch: int | None = None) -> dict[str, str]:
-    """The identity tags a recorded run gets (the session's own function, so imported and
-    comparison runs are found and compared like any other), for a run this process did
-    not train.  Raises :class:`RefrunInputError` for a bad workload, role, seed or chips
-    (the session's own validation, :class:`~refrun.recording.config.RunConfig`)."""
-    config = RunConfig(workload=workload, role=role, tracking_uri="unused",
-                       spool_root=Path("unused"), hardware=hardware, backend=backend,
-                       seed=seed, chips=chips, global_batch=global_batch,
-                       snapshot_environment=False)
-    return _session_identity_tags(config)
+    """The identity tags a recorded run gets (:meth:`refrun.identity.RunIdentity.tags`,
+    as the session's, so imported and comparison runs are found and compared like any
+    other), for a run this process did not train.  Raises :class:`RefrunInputError` for a
+    bad workload, role, hardware, backend, seed, chips or global batch."""
+    return RunIdentity(workload=workload, role=role, hardware=hardware, backend=backend,
+                       seed=seed, chips=chips, global_batch=global_batch).tags()
 
 
 def now_ms() -> int:
@@ -122,10 +116,10 @@ def mlflow_view(table: pd.DataFrame, max_points: int = MLFLOW_MAX_POINTS) -> lis
 
 
 def write_categorical_curves(table: pd.DataFrame, path: Path) -> Path:
-    """:func:`~refrun.recording.curves.write_curves` for a table whose ``metric`` is
+    """:func:`~refrun.store.curves.write_curves` for a table whose ``metric`` is
     categorical (as :func:`curves_table` makes it): the categories become the Parquet
     dictionary directly, without a string per row (3x faster for millions of points).
-    Same schema (:data:`refrun.recording.curves.SCHEMA`), compression and file."""
+    Same schema (:data:`refrun.store.curves.SCHEMA`), compression and file."""
     metric = table["metric"].array
     if not isinstance(metric, pd.Categorical):
         return write_curves(table, path)
@@ -180,16 +174,16 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
         files = pool.submit(_write_artifact_tree, run, Path(tmp))
         view = mlflow_view(run.table, run.max_points)
         try:
-            client = client_for(uri)  # a new sqlite store is created once, under a file lock
+            client = store_client(uri, create=True)  # a new sqlite store: created once, locked
             exp_id = ensure_experiment(client, run.experiment)
             mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
             run_id = client.create_run(
                 exp_id, start_time=now_ms(),
                 tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **run.tags},
                 run_name=run.run_name or mlflow_ui.default_run_name(run.tags)).info.run_id
-        except (MlflowException, OSError) as exc:
-            raise RefrunInputError(f"tracking store {uri}: cannot create the run "
-                                   f"({type(exc).__name__}: {_short(exc)})") from exc
+        except (MlflowException, OSError) as exc:  # RefrunStoreError passes through
+            raise RefrunStoreError(f"tracking store {uri}: cannot create the run "
+                                   f"({health.cause(exc)})") from exc
         try:
             _fill(client, run_id, run, view, files, Path(tmp))
         except BaseException as exc:
@@ -197,24 +191,19 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
                 client.set_terminated(run_id, "FAILED")
                 client.delete_run(run_id)
             if isinstance(exc, MlflowException | OSError):
-                raise RefrunInputError(f"tracking store {uri}: writing run {run_id} failed, "
-                                       f"run deleted ({type(exc).__name__}: {_short(exc)})"
-                                       ) from exc
+                raise RefrunStoreError(f"tracking store {uri}: writing run {run_id} failed, "
+                                       f"run deleted ({health.cause(exc)})") from exc
             raise
     return run_id
 
 
-def _short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
 def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric],
           files: Future[dict[str, str]], tree: Path) -> None:
-    params = [Param(k, str(v)[:6000]) for k, v in run.params.items()]
-    for i in range(0, len(params), _TAGS_PER_BATCH):
-        client.log_batch(run_id, params=params[i:i + _TAGS_PER_BATCH])
-    for i in range(0, len(view), _METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=view[i:i + _METRICS_PER_BATCH])
+    params = [Param(k, str(v)[:limits.PARAM_VALUE_LENGTH]) for k, v in run.params.items()]
+    for i in range(0, len(params), limits.TAGS_PER_BATCH):
+        client.log_batch(run_id, params=params[i:i + limits.TAGS_PER_BATCH])
+    for i in range(0, len(view), limits.METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=view[i:i + limits.METRICS_PER_BATCH])
     summary = files.result()  # raises what the writer raised
     client.log_artifacts(run_id, str(tree))  # the artifact tree, uploaded in one call
     end = {
@@ -227,8 +216,8 @@ def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric
         **(run.tags_for_run(client, run_id) if run.tags_for_run is not None else {}),
     }
     tags = [RunTag(k, v) for k, v in end.items()]
-    for i in range(0, len(tags), _TAGS_PER_BATCH):
-        client.log_batch(run_id, tags=tags[i:i + _TAGS_PER_BATCH])
+    for i in range(0, len(tags), limits.TAGS_PER_BATCH):
+        client.log_batch(run_id, tags=tags[i:i + limits.TAGS_PER_BATCH])
     client.set_terminated(run_id, "FINISHED", end_time=now_ms())
 
 
@@ -248,7 +237,7 @@ def _write_artifact_tree(run: CompleteRun, root: Path) -> dict[str, str]:
 
 
 def table_summary_tags(table: pd.DataFrame, main_metric: str = schema.M_LOSS) -> dict[str, str]:
-    """:func:`refrun.recording.curves.summary_tags` of a :func:`curves_table` (categorical
+    """:func:`refrun.store.curves.summary_tags` of a :func:`curves_table` (categorical
     ``metric``, rows in ``seq`` order), computed on the category codes with NumPy: no sort
     by ``seq``, no group-by, no string comparison per row (2x faster on millions of rows).
 
@@ -292,5 +281,5 @@ def mlflow_view_note(max_points: int, sent: int, total: int) -> str:
 def string_tags(tags: Mapping[str, Any]) -> dict[str, str]:
     """Tag values as MLflow stores them (strings, at most 5,000 characters)."""
     return {k: (v if isinstance(v, str) else json.dumps(v, default=str)
-                if isinstance(v, dict | list | tuple) else str(v))[:5000]
+                if isinstance(v, dict | list | tuple) else str(v))[:limits.TAG_VALUE_LENGTH]
             for k, v in tags.items()}

@@ -1,0 +1,172 @@
+"""The one MLflow client factory, with bounded waits, and the store operations every
+writer shares.
+
+:func:`client` is the only place in refrun that constructs an ``MlflowClient``:
+
+* **bounded HTTP**: before the first client, MLflow's request settings are bounded unless
+  the user set them: no retries inside one request (refrun's writers retry with their own
+  back-off; a reader fails and says so) and a connect/read timeout of two thirds of
+  ``$REFRUN_STORE_TIMEOUT_S`` (default 15 s, so 10 s).  MLflow's defaults (7 retries with
+  exponential back-off, 120 s per request) held a command for about four minutes on a
+  closed port.
+* **a reader never creates a store** (``create=False``, the default): a sqlite file is
+  checked before MLflow opens it (:func:`refrun.store.health.check_sqlite`: missing,
+  empty, not SQLite, truncated, locked, not an MLflow store), and a server must answer
+  one cheap request; either failure is one :class:`RefrunStoreError` line naming the store.
+* **writers** (``create=True``: the live delivery, complete runs, imports) may create a
+  sqlite store at a path where nothing exists yet; several processes doing that at once
+  would race MLflow's migrations (``table _alembic_tmp_... already exists``), so the
+  store is opened under an exclusive file lock beside the database.  An existing file is
+  checked as for a reader.
+
+One client per process and URI is kept (MLflow's clients are thread-safe and hold the
+engine / HTTP session).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from refrun.errors import RefrunStoreError
+from refrun.settings import Settings, settings
+from refrun.store import health
+from refrun.store.uri import resolve_tracking_uri, sqlite_path
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+T = TypeVar("T")
+_clients: dict[str, MlflowClient] = {}
+_checked: set[str] = set()  # URIs a reader has seen answer in this process
+_lock = threading.Lock()
+_last_uri: list[str] = []  # the store this process used last (for error messages)
+
+
+def bound_http_requests(s: Settings | None = None) -> None:
+    """Bound MLflow's HTTP client before it is first used in this process (values the user
+    set in MLflow's own variables win).  See the module docstring."""
+    s = s or settings()
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(max(1, s.http_timeout_s))))
+
+
+def client(uri: str | None = None, *, create: bool = False) -> MlflowClient:
+    """An MLflow client for the store ``uri`` (resolved by
+    :func:`~refrun.store.uri.resolve_tracking_uri`) that is known to be usable.
+
+    ``create=False`` (readers): the store must exist and answer.  ``create=True``
+    (writers): a sqlite store may be created where no file exists.  Raises
+    :class:`RefrunStoreError` (one line naming the store and the cause) otherwise.
+    """
+    cached = _clients.get(uri) if uri else None  # the delivery asks on every step: be quick
+    if cached is not None and (create or uri in _checked):
+        _last_uri[:] = [uri]
+        return cached
+    resolved = resolve_tracking_uri(uri)
+    _last_uri[:] = [resolved]
+    s = settings()
+    bound_http_requests(s)
+    with _lock:
+        made = _clients.get(resolved) or _open(resolved, create, s)
+        _clients[resolved] = made
+    if not create and resolved not in _checked:
+        _answers(made, resolved)
+        _checked.add(resolved)
+    return made
+
+
+def _open(uri: str, create: bool, s: Settings) -> MlflowClient:
+    path = sqlite_path(uri)
+    if path is None:
+        return _guarded(uri, lambda: _new_client(uri))
+    # Checked and opened under the lock a writer holds while MLflow creates and migrates a
+    # new store (exclusive for writers, shared for readers), so nobody sees it half-made.
+    lock = Path(f"{path}.refrun-init.lock")
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not lock.exists():
+        health.check_sqlite(path, uri, create=False, timeout_s=s.http_timeout_s)
+        return _guarded(uri, lambda: _new_client(uri))
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644) if create else os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if create else fcntl.LOCK_SH)
+        health.check_sqlite(path, uri, create=create, timeout_s=s.http_timeout_s)
+        return _guarded(uri, lambda: _new_client(uri))
+    finally:
+        os.close(fd)
+
+
+def _new_client(uri: str) -> MlflowClient:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)  # the only construction in refrun
+
+
+def _guarded(uri: str, make: Callable[[], T]) -> T:
+    try:
+        return make()
+    except Exception as exc:
+        if health.from_store_library(exc):
+            raise RefrunStoreError(f"tracking store {uri}: {health.cause(exc)}") from exc
+        raise
+
+
+def answering(uri: str | None = None, *, create: bool = False) -> MlflowClient:
+    """:func:`client`, and the store answers one request now (for a writer too: ``refrun
+    sync`` refuses a store that is down in one line instead of failing spool by spool)."""
+    c = client(uri, create=create)
+    resolved = resolve_tracking_uri(uri)
+    if resolved not in _checked:
+        _answers(c, resolved)
+        _checked.add(resolved)
+    return c
+
+
+def _answers(c: MlflowClient, uri: str) -> None:
+    """One cheap request, so that a reader finds out now, in one line, that the store is
+    unreachable, instead of later as "run not found"."""
+    _guarded(uri, lambda: c.search_experiments(max_results=1))
+
+
+def last_uri() -> str | None:
+    """The store this process last asked :func:`client` for (named in error messages)."""
+    return _last_uri[0] if _last_uri else None
+
+
+def store_error(exc: BaseException) -> RefrunStoreError | None:
+    """``exc`` as one line naming the store, when a store library raised it; else None."""
+    if isinstance(exc, RefrunStoreError):
+        return exc
+    if not health.from_store_library(exc):
+        return None
+    return RefrunStoreError(f"tracking store {last_uri() or '(unknown)'}: {health.cause(exc)}")
+
+
+def transient(exc: BaseException) -> bool:
+    """True for a store error worth retrying (unreachable, timeout, 5xx, database busy);
+    False for a refusal of the request itself (MLflow's 4xx: a bad name, value or step)."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(exc, MlflowException):
+        return True
+    return not 400 <= exc.get_http_status_code() < 500 or exc.get_http_status_code() == 429
+
+
+def ensure_experiment(c: MlflowClient, name: str) -> str:
+    """Id of the experiment called ``name``, created if missing (safe under races)."""
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name)
+    except Exception:
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+

@@ -1,0 +1,132 @@
+"""Is this store usable?  Checked before MLflow opens it, and one-line causes after.
+
+MLflow opens a sqlite store by creating it: a missing path, a 0-byte file or an SQLite
+file without tables silently becomes a new, empty store, and random bytes, a truncated
+file or a locked database surface as a SQLAlchemy traceback of some 80 lines.
+:func:`check_sqlite` looks at the file first, with the standard library only:
+
+* missing: an error for a reader; a writer (``create=True``) may create it;
+* not a regular file, empty (0 bytes), no ``SQLite format 3`` header: not a store;
+* shorter than the page count its header declares (valid when the header's
+  version-valid-for number equals its change counter, https://sqlite.org/fileformat.html
+  section 1.3): truncated;
+* a read of ``alembic_version`` (MLflow's schema version table) under a busy timeout:
+  locked by another process, corrupt (``malformed``), or not an MLflow store.
+
+:func:`cause` turns an error raised later by MLflow, SQLAlchemy or ``requests`` into the
+short reason a user can act on (connection refused, no answer, locked, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from refrun.errors import RefrunStoreError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_LIBRARIES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3")
+_CAUSES = (  # substring of an error's text (any in its chain) -> what the user is told
+    ("connection refused", "unreachable (connection refused)"),
+    ("name or service not known", "unreachable (unknown host)"),
+    ("temporary failure in name resolution", "unreachable (unknown host)"),
+    ("no route to host", "unreachable (no route to host)"),
+    ("read timed out", "no answer (read timed out)"),
+    ("connect timeout", "no answer (connect timed out)"),
+    ("timed out", "no answer (timed out)"),
+    ("database is locked", "locked by another process"),
+    ("file is not a database", "not an SQLite database (corrupt)"),
+    ("malformed", "corrupt (database disk image is malformed)"),
+    ("unable to open database", "cannot open the database file"),
+)
+
+
+def check_sqlite(path: Path, uri: str, *, create: bool, timeout_s: float) -> bool:
+    """Raise :class:`RefrunStoreError` (one line naming ``uri``) unless ``path`` is a
+    usable MLflow sqlite store.  Returns False when the store does not exist yet and
+    ``create`` allows MLflow to create it, True when it exists and is usable."""
+    def refuse(why: str) -> RefrunStoreError:
+        return RefrunStoreError(f"tracking store {uri}: {why}")
+
+    if not path.exists():
+        if create:
+            return False
+        raise refuse(f"no such store ({path} does not exist)")
+    if not path.is_file():
+        raise refuse("not a regular file")
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise refuse(f"cannot read {path} ({exc.strerror or exc})") from exc
+    if size == 0:
+        raise refuse("empty file (0 bytes), not an MLflow store; remove it to let "
+                     "a writer create a new store there")
+    if not header.startswith(SQLITE_MAGIC):
+        raise refuse("not an SQLite database (corrupt, or another kind of file)")
+    declared = declared_size(header)
+    if declared is not None and size < declared:
+        raise refuse(f"truncated ({size} of the {declared} bytes its header "
+                     "declares)")
+    _read_schema_version(path, timeout_s, refuse)
+    return True
+
+
+def declared_size(header: bytes) -> int | None:
+    """Bytes an SQLite file's 100-byte header says the database has, or None when the
+    header's page count is not valid (written by a library older than 3.7.0)."""
+    if len(header) < 100:
+        return 0 if header else None  # a header cut short: nothing valid declared
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    change_counter, valid_for = header[24:28], header[92:96]
+    if pages == 0 or change_counter != valid_for:
+        return None
+    return pages * page_size
+
+
+def _read_schema_version(path: Path, timeout_s: float,
+                         refuse: Callable[[str], RefrunStoreError]) -> None:
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s)
+    except sqlite3.Error as exc:
+        raise refuse(f"cannot open {path} ({exc})") from exc
+    try:
+        with contextlib.closing(con):
+            con.execute("SELECT version_num FROM alembic_version").fetchall()
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if "no such table" in text:
+            raise refuse("an SQLite database but not an MLflow store (no "
+                         "alembic_version table)") from exc
+        if "locked" in text:
+            raise refuse(f"locked by another process (waited {timeout_s:g} s; set "
+                         "$REFRUN_STORE_TIMEOUT_S to wait longer)") from exc
+        raise refuse(cause(exc)) from exc
+    except sqlite3.DatabaseError as exc:
+        raise refuse(cause(exc)) from exc
+
+
+def from_store_library(exc: BaseException) -> bool:
+    """True for an error raised by the libraries that talk to the store (MLflow,
+    SQLAlchemy, sqlite3, requests, urllib3), not by refrun's own code."""
+    return any(c.__module__.split(".")[0] in _LIBRARIES for c in type(exc).__mro__)
+
+
+def cause(exc: BaseException) -> str:
+    """A one-line, actionable reason for a store error (its chain searched for a known
+    cause; else the exception's type and first 200 characters)."""
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in seen and len(seen) < 8:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(x) for x in seen).lower()
+    for needle, reason in _CAUSES:
+        if needle in text:
+            return reason
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
