@@ -317,8 +317,7 @@ TAG_PAIR_REFERENCE = "refrun.pair.reference"  # run id of that reference run (op
 # derives the paired tolerance from such runs.  Never an independent seed.
 TAG_PAIR_KNOWN_GOOD = "refrun.pair.known_good"
 PAIR_TAGS = (TAG_PAIR_SEED, TAG_PAIR_REFERENCE, TAG_PAIR_KNOWN_GOOD)
-# Evidence key of a paired result: first step where the pair's divergence left the band.
-EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
+# A paired result's first step beyond the band is EV_FIRST_DIVERGENCE_STEP (above).
 
 # Candidates of a sweep on one report page are labelled by their run name and by the
 # params and tags in which they differ (refrun.report.labels): every param, every tag

@@ -714,11 +714,15 @@ def calibrate(references: Sequence[RunData],
             opts.group_size is None or opts.group_size <= left - 1):
         found = [dataclasses.replace(o, excluded=True) for o in found]
         runs = [r for r in runs if r.run_id not in bad]
-    c = _calibrate(runs, opts)
+    # Pairs are about numerics, not spread: a known-good rerun of an outlier seed still
+    # measures how a benign perturbation diverges, so every given reference can be a pair.
+    c = _calibrate(runs, opts, known_good, list(references))
     return dataclasses.replace(c, outliers=found)
 
 
-def _calibrate(runs: list[RunData], opts: CalibrationOptions) -> Calibrated:
+def _calibrate(runs: list[RunData], opts: CalibrationOptions,
+               known_good: Sequence[RunData] = (),
+               pair_references: Sequence[RunData] = ()) -> Calibrated:
     g, workload, backend = _check_runs(runs, opts)
     keep = opts.settings.keep
     metrics = shared_metrics(runs)
@@ -801,7 +805,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions) -> Calibrated:
     if opts.require_gradcheck:
         out.append(_gradcheck())
     if "paired" not in opts.exclude_kinds:
-        band, why = pairs.derive_band(known_good, runs, schema.M_LOSS, keep) \
+        band, why = pairs.derive_band(known_good, pair_references or runs, schema.M_LOSS,
+                                      keep) \
             if schema.M_LOSS in metrics else (None, f"no paired criterion: the references "
                                                f"share no finite {schema.M_LOSS!r}")
         if band is not None:
