@@ -188,6 +188,13 @@ STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_O
 # the decision rests on and the number of reference seeds behind it.
 EV_INTERVAL = "interval"
 EV_N_REFERENCE = "n_reference"
+# Where a per-step criterion's candidate first left the criterion's band (issue 21, calib):
+# {axis, at, step, first_outside_at, sustain, direction, outside_points, points} or null,
+# and the step alone (the report marks it on the metric's figure).
+EV_FIRST_DIVERGENCE = "first_divergence"
+EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
+# A failing per-step criterion's reason ends with this, then the axis value and side.
+FIRST_LEFT_REASON = "; first left the band at "
 # Gradient checks as acceptance evidence (issue 13, cal): a run of role gradcheck names the
 # candidate run it checked; the `gradcheck` criterion finds it by this tag.
 TAG_GRADCHECK_CANDIDATE = "refrun.gradcheck.candidate"  # run id of the checked candidate
