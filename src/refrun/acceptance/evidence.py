@@ -24,7 +24,7 @@ from refrun import schema
 from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
-FORMAT = "refrun.evidence"
+FORMAT = schema.FORMAT_EVIDENCE
 FORMAT_VERSION = "2"
 # Version 2 added each run's ``points_from``; evidence recorded as version 1 is recomputed
 # as version 1, so an older sign-off still verifies against unchanged data.

@@ -32,12 +32,12 @@ from refrun import schema
 from refrun.errors import RefrunInputError
 
 TAG_PASSED = schema.TAG_GRADCHECK_PASSED
-TAG_CHECKS = "refrun.gradcheck.checks"
+TAG_CHECKS = schema.TAG_GRADCHECK_CHECKS
 TAG_FAILED = schema.TAG_GRADCHECK_FAILED
 TAG_CANDIDATE = schema.TAG_GRADCHECK_CANDIDATE
-TAG_VERDICT = "refrun.gradcheck.verdict"
-ARTIFACT_JSON = "refrun/gradcheck.json"
-ARTIFACT_FD_HTML = "refrun/gradcheck_fd.html"
+TAG_VERDICT = schema.TAG_GRADCHECK_VERDICT
+ARTIFACT_JSON = schema.ARTIFACT_GRADCHECK
+ARTIFACT_FD_HTML = schema.ARTIFACT_GRADCHECK_FD_HTML
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
 
