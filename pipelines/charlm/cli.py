@@ -30,13 +30,19 @@ DEFECTS: dict[str, str] = {
     "host_sync": "a .item() host synchronisation inside every training step",
     "shape_storm": "ragged sequence lengths: 8 lengths, each a new compilation of the step",
     "cpu_fallback": "an operation without an XLA lowering runs on the CPU every step",
+    "float_loss": "float(loss) inside every training step (a NaN guard): a host read of a "
+                  "device array per step (JAX)",
+    "bf16_matmul": "every matmul computed in bfloat16 (float32 accumulation), the rest "
+                   "float32 (JAX)",
+    "cpu_copy": "loss.cpu() inside every training step (a NaN guard): a device-to-host copy "
+                "per step (PyTorch/XLA)",
 }
 
 GENERIC = ("causal_leak", "no_attn_scale", "double_shift", "no_warmup", "eval_dropout")
 PORT_DEFECTS: dict[str, tuple[str, ...]] = {
     "torch": GENERIC,
-    "jax": (*GENERIC, "clip_per_device"),
-    "torch_xla": (*GENERIC, "host_sync", "shape_storm", "cpu_fallback"),
+    "jax": (*GENERIC, "clip_per_device", "float_loss", "bf16_matmul"),
+    "torch_xla": (*GENERIC, "host_sync", "shape_storm", "cpu_fallback", "cpu_copy"),
 }
 
 
@@ -65,6 +71,8 @@ class Args:
     quiet: bool
     resume: Resume | None = None
     mlflow_every: int = 1
+    pair: bool = False
+    known_good: str | None = None
 
     def has(self, defect: str) -> bool:
         return defect in self.defects
@@ -103,6 +111,12 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     ap.add_argument("--resume", type=_resume, default=None, metavar="K,M",
                     help="checkpoint after step K, stop after step M, restart from the "
                          "checkpoint (steps K+1..M are logged again)")
+    ap.add_argument("--pair", action="store_true",
+                    help="declare a same-seed pair: this run starts from the same initial "
+                         "weights and data order as the reference run of --seed")
+    ap.add_argument("--known-good", default=None, metavar="WHY",
+                    help="with --pair: declare this run known-good pair evidence (why it is "
+                         "numerically benign), for refrun calibrate's paired tolerance")
     ap.add_argument("--variant", default=None, help="variant name recorded as a tag")
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--spool-dir", default=None)
@@ -111,6 +125,8 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
                          "artifact and evaluation metrics always keep every point)")
     ap.add_argument("--quiet", action="store_true")
     ns = ap.parse_args(argv)
+    if ns.known_good is not None and not ns.pair:
+        ap.error("--known-good needs --pair (known-good evidence is a same-seed pair)")
     cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
                       eval_every=ns.eval_every)
     if cfg.batch % ns.devices:
@@ -121,7 +137,8 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
                 defects=frozenset(ns.defect), devices=ns.devices,
                 variant=ns.variant or f"charlm-{backend}-seed{ns.seed}",
                 tracking_uri=ns.tracking_uri, spool_dir=ns.spool_dir, quiet=ns.quiet,
-                resume=ns.resume, mlflow_every=ns.mlflow_every)
+                resume=ns.resume, mlflow_every=ns.mlflow_every,
+                pair=ns.pair, known_good=ns.known_good)
 
 
 def start_run(args: Args, hardware: str, corpus_sha256: str) -> RunSession:
@@ -145,8 +162,23 @@ def start_run(args: Args, hardware: str, corpus_sha256: str) -> RunSession:
         params=params, tracking_uri=args.tracking_uri, spool_dir=args.spool_dir,
         run_name=args.variant, mlflow_every=args.mlflow_every,
         tags={"pipeline.variant": args.variant,
-              "pipeline.defects": ",".join(sorted(args.defects)) or "none"},
+              "pipeline.defects": ",".join(sorted(args.defects)) or "none",
+              **pair_tags(args)},
     )
+
+
+def pair_tags(args: Args) -> dict[str, str]:
+    """The same-seed pair declaration (``refrun.pairing.pair_tags``) when ``--pair``: the
+    ports start from the seed's named NumPy weights and replay its data order."""
+    if not args.pair:
+        return {}
+    try:
+        from refrun.pairing import pair_tags as declare
+    except ImportError:  # a refrun before same-seed pairs: record the run undeclared
+        print(f"[{args.variant}] this refrun cannot declare a same-seed pair "
+              "(no refrun.pairing): recorded without", flush=True)
+        return {}
+    return declare(seed=args.seed, known_good=args.known_good)
 
 
 def progress(args: Args, step: int, val_loss: float) -> None:

@@ -54,40 +54,50 @@ def layer_norm(h: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
     return (h - mu) / jnp.sqrt(var + LN_EPS) * w + b
 
 
-def linear(p: Params, name: str, h: jax.Array) -> jax.Array:
-    return h @ p[f"{name}.weight"].T + p[f"{name}.bias"]
+def matmul(a: jax.Array, b: jax.Array, bf16: bool = False) -> jax.Array:
+    """``a @ b`` in float32, or (``bf16``, the defect) with bfloat16 inputs and float32
+    accumulation, as a mixed-precision port computes it."""
+    if not bf16:
+        return a @ b
+    return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                      preferred_element_type=jnp.float32)
 
 
-def attention(p: Params, b: str, a: jax.Array, n_head: int, leak: bool, scale: bool
-              ) -> jax.Array:
+def linear(p: Params, name: str, h: jax.Array, bf16: bool = False) -> jax.Array:
+    return matmul(h, p[f"{name}.weight"].T, bf16) + p[f"{name}.bias"]
+
+
+def attention(p: Params, b: str, a: jax.Array, n_head: int, leak: bool, scale: bool,
+              bf16: bool = False) -> jax.Array:
     """Causal self-attention of block ``b`` (``leak``/``scale``: see train_torch.Attention)."""
     bsz, t, d = a.shape
     dh = d // n_head
     q, k, v = (z.reshape(bsz, t, n_head, dh).transpose(0, 2, 1, 3)
-               for z in jnp.split(linear(p, f"{b}.attn.qkv", a), 3, axis=-1))
-    scores = q @ k.transpose(0, 1, 3, 2)
+               for z in jnp.split(linear(p, f"{b}.attn.qkv", a, bf16), 3, axis=-1))
+    scores = matmul(q, k.transpose(0, 1, 3, 2), bf16)
     if scale:
         scores = scores / math.sqrt(dh)
     allowed = jnp.tril(jnp.ones((t, t), dtype=bool), int(leak))
     scores = jnp.where(allowed, scores, MASKED)
-    out = jax.nn.softmax(scores, axis=-1) @ v
-    return linear(p, f"{b}.attn.proj", out.transpose(0, 2, 1, 3).reshape(bsz, t, d))
+    out = matmul(jax.nn.softmax(scores, axis=-1), v, bf16)
+    return linear(p, f"{b}.attn.proj", out.transpose(0, 2, 1, 3).reshape(bsz, t, d), bf16)
 
 
 def forward(p: Params, x: jax.Array, keep: jax.Array | None, cfg: Config,
-            leak: bool = False, scale: bool = True) -> jax.Array:
-    """Logits ``(B, T, VOCAB)`` of the model in :mod:`pipelines.charlm.model`."""
+            leak: bool = False, scale: bool = True, bf16: bool = False) -> jax.Array:
+    """Logits ``(B, T, VOCAB)`` of the model in :mod:`pipelines.charlm.model`
+    (``bf16``: every matmul in bfloat16, the defect)."""
     h = p["tok_emb.weight"][x] + p["pos_emb.weight"][: x.shape[1]]
     if keep is not None:
         h = h * keep
     for i in range(cfg.n_layer):
         b = f"blocks.{i}"
         h = h + attention(p, b, layer_norm(h, p[f"{b}.ln1.weight"], p[f"{b}.ln1.bias"]),
-                          cfg.n_head, leak, scale)
+                          cfg.n_head, leak, scale, bf16)
         m = layer_norm(h, p[f"{b}.ln2.weight"], p[f"{b}.ln2.bias"])
-        h = h + linear(p, f"{b}.mlp.proj", jax.nn.gelu(linear(p, f"{b}.mlp.fc", m),
-                                                       approximate=True))
-    return linear(p, "head", layer_norm(h, p["ln_f.weight"], p["ln_f.bias"]))
+        h = h + linear(p, f"{b}.mlp.proj", jax.nn.gelu(linear(p, f"{b}.mlp.fc", m, bf16),
+                                                       approximate=True), bf16)
+    return linear(p, "head", layer_norm(h, p["ln_f.weight"], p["ln_f.bias"]), bf16)
 
 
 def lm_loss(logits: jax.Array, y: jax.Array, double_shift: bool = False) -> jax.Array:
@@ -117,10 +127,10 @@ def make_loss(cfg: Config, defects: frozenset[str]):
     """``(params, x, y, keep) -> loss``: the training loss of this port, with the model
     defects (the step differentiates it; the gradient check compares it)."""
     leak, scale = "causal_leak" in defects, "no_attn_scale" not in defects
-    double_shift = "double_shift" in defects
+    double_shift, bf16 = "double_shift" in defects, "bf16_matmul" in defects
 
     def loss_fn(p: Params, x: jax.Array, y: jax.Array, keep: jax.Array) -> jax.Array:
-        return lm_loss(forward(p, x, keep, cfg, leak, scale), y, double_shift)
+        return lm_loss(forward(p, x, keep, cfg, leak, scale, bf16), y, double_shift)
 
     return loss_fn
 
@@ -153,11 +163,12 @@ def make_train_step(mesh: Mesh, cfg: Config, defects: frozenset[str]):
     return jax.jit(sharded, donate_argnums=(0, 1, 2))
 
 
-def make_evaluate(cfg: Config):
-    """Jitted ``(params, x, y, keep) -> (mean cross-entropy, accuracy)`` on fixed windows."""
+def make_evaluate(cfg: Config, bf16: bool = False):
+    """Jitted ``(params, x, y, keep) -> (mean cross-entropy, accuracy)`` on fixed windows
+    (``bf16``: the port's matmuls in bfloat16, the defect)."""
     @jax.jit
     def evaluate(params: Params, x: jax.Array, y: jax.Array, keep: jax.Array):
-        logits = forward(params, x, keep, cfg)
+        logits = forward(params, x, keep, cfg, bf16=bf16)
         return lm_loss(logits, y), jnp.mean(jnp.argmax(logits, axis=-1) == y)
     return evaluate
 
@@ -191,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     m = jax.device_put({k: jnp.zeros_like(w) for k, w in params.items()}, replicated)
     v = jax.device_put({k: jnp.zeros_like(w) for k, w in params.items()}, replicated)
     train_step = make_train_step(mesh, cfg, args.defects)
-    evaluate = make_evaluate(cfg)
+    evaluate = make_evaluate(cfg, args.has("bf16_matmul"))
     eval_steps = set(cfg.eval_steps())
     replay_from = None if args.resume is None else args.resume.interrupt
     ckpt_dir = tempfile.TemporaryDirectory(prefix="charlm-ckpt-")
@@ -205,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             sched = schedule(cfg, step, not args.has("no_warmup"))
             with probe.step(step):
                 params, m, v, loss, norms = train_step(params, m, v, x, y, keep, sched)
+                if args.has("float_loss") and not math.isfinite(float(loss)):
+                    continue  # a NaN guard: a host read of the loss in every step
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss, grad_norm=norms)
             if step in eval_steps:

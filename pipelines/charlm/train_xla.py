@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                 loss = lm_loss(logits, y, args.has("double_shift"))
                 if args.has("host_sync") and not math.isfinite(loss.item()):
                     continue  # a NaN guard: harmless on the GPU, a sync on every XLA step
+                if args.has("cpu_copy") and not torch.isfinite(loss.detach().cpu()):
+                    continue  # the same guard spelt .cpu(): a device-to-host copy per step
                 for p in params:
                     p.grad = None
                 loss.backward()

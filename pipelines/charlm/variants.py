@@ -65,6 +65,22 @@ BENIGN = [
     Variant("charlm-jax-resume", "jax", 10, extra_args=("--resume", "100,120"),
             mirrors="resumed mid-run: checkpoint at step 100, restart after step 120 "
                     "(steps 101-120 logged twice)"),
+    # Added for issue 21 (expected outcome written before the first assessment: accepted).
+    Variant("charlm-torch-log10", "torch", 11, extra_args=("--log-every", "10"),
+            mirrors="another logging cadence: the reference code logging every 10 steps"),
+    Variant("charlm-torch-eval50", "torch", 12, extra_args=("--eval-every", "50"),
+            mirrors="another evaluation cadence: validation every 50 steps (not 25)"),
+    Variant("charlm-jax-seed0", "jax", 0, extra_args=("--pair",),
+            mirrors="the JAX port of reference seed 0: same initial weights, batches and "
+                    "dropout masks (declared pair)"),
+]
+
+# Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
+# before calibration, never assessed (refrun.pairing: a port known to be good).
+EVIDENCE = [
+    Variant("charlm-knowngood-jax-seed1", "jax", 1,
+            extra_args=("--pair", "--known-good", "the JAX port in float32 of reference "
+                        "seed 1: the same math, XLA's own summation order")),
 ]
 
 DEFECTS = [
@@ -101,6 +117,19 @@ DEFECTS = [
             mirrors="recompilation storm from ragged sequence lengths (§IV-A RQ2)"),
     Variant("charlm-xla-cpu-fallback", "torch_xla", 5, defects=("cpu_fallback",),
             expect=("fallback",), mirrors="an op without an XLA lowering falls back to the CPU"),
+    # Added for issue 21; expected outcomes written before the first assessment
+    # (2026-12-01 15:55 UTC): a host read of the JAX loss per step → the host-transfer
+    # counters (``xfer/``); ``loss.cpu()`` per PyTorch/XLA step → device-to-host copies
+    # (``xfer/d2h``); the bfloat16 port of reference seed 0 → the same-seed ``paired``
+    # criterion (the gradient check compares the port with the reference at shared weights
+    # too, and may also catch it: that is not its intended reason here).
+    Variant("charlm-jax-float-loss", "jax", 5, defects=("float_loss",), expect=("xfer/",),
+            mirrors="float(loss) in every JAX step: a host read per step"),
+    Variant("charlm-xla-cpu-copy", "torch_xla", 5, defects=("cpu_copy",),
+            expect=("xfer/d2h",), mirrors="loss.cpu() in every PyTorch/XLA step"),
+    Variant("charlm-jax-bf16", "jax", 0, defects=("bf16_matmul",), expect=("paired",),
+            extra_args=("--pair",),
+            mirrors="a port computing its matmuls in bfloat16"),
 ]
 
 

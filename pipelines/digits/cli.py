@@ -26,15 +26,30 @@ DEFECTS: dict[str, str] = {
     "cpu_fallback": "an operation without an XLA lowering runs on the CPU every step",
     "blocked_grad": "a detach/stop_gradient blocks the gradient of the first layer",
     "sum_loss": "the loss reduction changed from mean to sum",
+    "float_loss": "float(loss) inside every training step (a NaN guard): a host read of a "
+                  "device array per step (JAX)",
+    "bf16_matmul": "every matmul computed in bfloat16 (float32 accumulation), the rest "
+                   "float32 (JAX)",
+    "cpu_copy": "loss.cpu() inside every training step (a NaN guard): a device-to-host copy "
+                "per step (PyTorch/XLA)",
 }
 
 # Which port implements which defect (the generic ones are in every port).
 GENERIC = ("stale_eval_copy", "no_best_reload", "blocked_grad", "sum_loss")
 PORT_DEFECTS: dict[str, tuple[str, ...]] = {
     "torch": GENERIC,
-    "jax": (*GENERIC, "clip_per_device"),
-    "torch_xla": (*GENERIC, "shape_storm", "host_sync", "cpu_fallback"),
+    "jax": (*GENERIC, "clip_per_device", "float_loss", "bf16_matmul"),
+    "torch_xla": (*GENERIC, "shape_storm", "host_sync", "cpu_fallback", "cpu_copy"),
 }
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Checkpoint after step ``checkpoint``, stop after step ``interrupt``, restart from
+    the checkpoint: steps ``checkpoint+1 .. interrupt`` run and are logged twice."""
+
+    checkpoint: int
+    interrupt: int
 
 
 @dataclass(frozen=True)
@@ -52,9 +67,30 @@ class Args:
     spool_dir: str | None
     quiet: bool
     mlflow_every: int = 1
+    resume: Resume | None = None
+    pair: bool = False
+    known_good: str | None = None
 
     def has(self, defect: str) -> bool:
         return defect in self.defects
+
+    def step_order(self) -> list[int]:
+        """Every step the loop executes, in order (a resumed run repeats some)."""
+        steps = list(range(self.config.steps))
+        if self.resume is None:
+            return steps
+        r = self.resume
+        return steps[: r.interrupt + 1] + steps[r.checkpoint + 1:]
+
+
+def _resume(text: str) -> Resume:
+    try:
+        k, m = (int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--resume {text!r}: expected K,M (two steps)") from None
+    if not 0 <= k < m:
+        raise argparse.ArgumentTypeError(f"--resume {text!r}: need 0 <= K < M")
+    return Resume(k, m)
 
 
 def parse(argv: list[str] | None, backend: str, description: str) -> Args:
@@ -69,6 +105,15 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--log-every", type=int, default=None)
     ap.add_argument("--eval-every", type=int, default=None)
+    ap.add_argument("--resume", type=_resume, default=None, metavar="K,M",
+                    help="checkpoint after step K, stop after step M, restart from the "
+                         "checkpoint (steps K+1..M are logged again; PyTorch reference)")
+    ap.add_argument("--pair", action="store_true",
+                    help="declare a same-seed pair: this run starts from the same initial "
+                         "weights and data order as the reference run of --seed")
+    ap.add_argument("--known-good", default=None, metavar="WHY",
+                    help="with --pair: declare this run known-good pair evidence (why it is "
+                         "numerically benign), for refrun calibrate's paired tolerance")
     ap.add_argument("--variant", default=None, help="variant name recorded as a tag")
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--spool-dir", default=None)
@@ -77,14 +122,23 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
                          "artifact and evaluation metrics always keep every point)")
     ap.add_argument("--quiet", action="store_true")
     ns = ap.parse_args(argv)
+    if ns.known_good is not None and not ns.pair:
+        ap.error("--known-good needs --pair (known-good evidence is a same-seed pair)")
     cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
                       eval_every=ns.eval_every)
     if cfg.batch % ns.devices:
         ap.error(f"--devices {ns.devices} does not divide the global batch {cfg.batch}")
+    if ns.resume is not None and ns.resume.interrupt >= cfg.steps:
+        ap.error(f"--resume: step {ns.resume.interrupt} is not before the last step")
+    if ns.resume is not None and backend != "torch":
+        ap.error("--resume: only the PyTorch port checkpoints (pipelines/charlm resumes "
+                 "every port)")
     return Args(backend=backend, config=cfg, seed=ns.seed, role=ns.role,
                 defects=frozenset(ns.defect), devices=ns.devices,
                 variant=ns.variant or f"{backend}-seed{ns.seed}", tracking_uri=ns.tracking_uri,
-                spool_dir=ns.spool_dir, quiet=ns.quiet, mlflow_every=ns.mlflow_every)
+                spool_dir=ns.spool_dir, quiet=ns.quiet, mlflow_every=ns.mlflow_every,
+                pair=ns.pair, known_good=ns.known_good,
+                resume=ns.resume)
 
 
 def start_run(args: Args, hardware: str) -> RunSession:
@@ -96,6 +150,8 @@ def start_run(args: Args, hardware: str) -> RunSession:
         "lr": cfg.lr, "momentum": cfg.momentum, "clip_norm": cfg.clip_norm,
         "batch": cfg.batch, "steps": cfg.steps, "sizes": "x".join(map(str, cfg.sizes)),
         "eval_every": cfg.eval_every, "log_every": cfg.log_every, "devices": args.devices,
+        "resume": "none" if args.resume is None else
+                  f"{args.resume.checkpoint},{args.resume.interrupt}",
     }
     return refrun.start_run(
         workload=cfg.workload, role=args.role, hardware=hardware, backend=args.backend,
@@ -103,8 +159,23 @@ def start_run(args: Args, hardware: str) -> RunSession:
         params=params, tracking_uri=args.tracking_uri, spool_dir=args.spool_dir,
         run_name=args.variant, mlflow_every=args.mlflow_every,
         tags={"pipeline.variant": args.variant,
-              "pipeline.defects": ",".join(sorted(args.defects)) or "none"},
+              "pipeline.defects": ",".join(sorted(args.defects)) or "none",
+              **pair_tags(args)},
     )
+
+
+def pair_tags(args: Args) -> dict[str, str]:
+    """The same-seed pair declaration (``refrun.pairing.pair_tags``) when ``--pair``: the
+    ports start from the seed's named NumPy weights and replay its data order."""
+    if not args.pair:
+        return {}
+    try:
+        from refrun.pairing import pair_tags as declare
+    except ImportError:  # a refrun before same-seed pairs: record the run undeclared
+        print(f"[{args.variant}] this refrun cannot declare a same-seed pair "
+              "(no refrun.pairing): recorded without", flush=True)
+        return {}
+    return declare(seed=args.seed, known_good=args.known_good)
 
 
 def progress(args: Args, step: int, loss: float, val_acc: float) -> None:

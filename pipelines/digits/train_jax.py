@@ -16,6 +16,7 @@ before JAX is imported (the demo starts each run in its own process with it).
 
 from __future__ import annotations
 
+import math
 import sys
 from functools import partial
 
@@ -33,10 +34,21 @@ from pipelines.digits.model import init_params, layer_names
 Params = dict[str, jax.Array]
 
 
-def forward(params: Params, x: jax.Array, names: tuple[str, ...], block_first: bool) -> jax.Array:
-    """Logits of the MLP; ``block_first`` stops the gradient at fc1's output (defect)."""
+def matmul(a: jax.Array, b: jax.Array, bf16: bool) -> jax.Array:
+    """``a @ b`` in float32, or (``bf16``, the defect) with bfloat16 inputs and float32
+    accumulation, as a mixed-precision port computes it."""
+    if not bf16:
+        return a @ b
+    return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                      preferred_element_type=jnp.float32)
+
+
+def forward(params: Params, x: jax.Array, names: tuple[str, ...], block_first: bool,
+            bf16: bool = False) -> jax.Array:
+    """Logits of the MLP; ``block_first`` stops the gradient at fc1's output (defect);
+    ``bf16``: the matmuls in bfloat16 (defect)."""
     for i, name in enumerate(names):
-        x = x @ params[f"{name}.weight"].T + params[f"{name}.bias"]
+        x = matmul(x, params[f"{name}.weight"].T, bf16) + params[f"{name}.bias"]
         if i == 0 and block_first:
             x = jax.lax.stop_gradient(x)
         if i < len(names) - 1:
@@ -59,14 +71,14 @@ def clip_by_global_norm(grads: Params, max_norm: float) -> Params:
 
 def make_train_step(mesh: Mesh, names: tuple[str, ...], lr: float, momentum: float,
                     clip_norm: float, reduction: str, clip_per_device: bool,
-                    block_first: bool):
+                    block_first: bool, bf16: bool = False):
     """The jitted data-parallel step ``(params, mom, x, y) -> (params, mom, loss, grad_norm)``."""
     # A mean loss is averaged across devices, a summed one summed (mean->sum defect).
     reduce = partial(jax.lax.pmean if reduction == "mean" else jax.lax.psum, axis_name="data")
 
     def per_device(params: Params, mom: Params, x: jax.Array, y: jax.Array):
         def loss_fn(p: Params) -> jax.Array:
-            return cross_entropy(forward(p, x, names, block_first), y, reduction)
+            return cross_entropy(forward(p, x, names, block_first, bf16), y, reduction)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         if clip_per_device:  # the defect: each device clips its own gradient, then average
@@ -88,10 +100,11 @@ def make_train_step(mesh: Mesh, names: tuple[str, ...], lr: float, momentum: flo
     return jax.jit(sharded, donate_argnums=(0, 1))
 
 
-@partial(jax.jit, static_argnums=(3,))
-def evaluate(params: Params, x: jax.Array, y: jax.Array, names: tuple[str, ...]):
+@partial(jax.jit, static_argnums=(3, 4))
+def evaluate(params: Params, x: jax.Array, y: jax.Array, names: tuple[str, ...],
+             bf16: bool = False):
     """(mean cross-entropy, accuracy) on a whole split, as device scalars."""
-    logits = forward(params, x, names, block_first=False)
+    logits = forward(params, x, names, block_first=False, bf16=bf16)
     return cross_entropy(logits, y), jnp.mean(jnp.argmax(logits, axis=1) == y)
 
 
@@ -115,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     train_step = make_train_step(
         mesh, names, cfg.lr, cfg.momentum, cfg.clip_norm,
         reduction="sum" if args.has("sum_loss") else "mean",
-        clip_per_device=args.has("clip_per_device"), block_first=args.has("blocked_grad"))
+        clip_per_device=args.has("clip_per_device"), block_first=args.has("blocked_grad"),
+        bf16=args.has("bf16_matmul"))
+    bf16 = args.has("bf16_matmul")
     # The stale-copy defect: evaluation keeps reading the arrays it was given at the start
     # while the loop rebinds ``params`` to the updated ones.
     stale = jax.tree.map(jnp.copy, params) if args.has("stale_eval_copy") else None
@@ -130,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
             with probe.step(step):
                 params, mom, loss, norms = train_step(params, mom, data.train.x[idx],
                                                       data.train.y[idx])
+                if args.has("float_loss") and not math.isfinite(float(loss)):
+                    continue  # a NaN guard: a host read of the loss in every step
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss, grad_norm=norms)
             if step in eval_steps:
-                val_loss, val_acc = evaluate(stale or params, data.val.x, data.val.y, names)
+                val_loss, val_acc = evaluate(stale or params, data.val.x, data.val.y, names, bf16)
                 probe.log_eval(step, val_loss=val_loss, val_accuracy=val_acc)
                 if float(val_loss) < best_loss:  # outside the step: a deliberate host read
                     best_loss, best_params = float(val_loss), jax.tree.map(jnp.copy, params)
@@ -142,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.has("no_best_reload"):
             params = best_params
         final = stale or params
-        final_loss, final_acc = evaluate(final, data.val.x, data.val.y, names)
-        test_loss, test_acc = evaluate(final, data.test.x, data.test.y, names)
+        final_loss, final_acc = evaluate(final, data.val.x, data.val.y, names, bf16)
+        test_loss, test_acc = evaluate(final, data.test.x, data.test.y, names, bf16)
         probe.log_eval(cfg.steps - 1, final_val_loss=final_loss, final_val_accuracy=final_acc,
                        test_loss=test_loss, test_accuracy=test_acc)
         probe.close()

@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with cli.start_run(args, hardware=device) as run:
         probe = refrun.torch.instrument(run, model=model, optimizer=opt)
-        for step in range(cfg.steps):
+        replay_from = None if args.resume is None else args.resume.interrupt
+        ckpt: dict = {}
+        for step in args.step_order():
             idx = batches[step]
             with probe.step(step):
                 opt.zero_grad(set_to_none=False)
@@ -98,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
                 if float(val_loss) < best_loss:  # outside the step: a deliberate host read
                     best_loss, best_state = float(val_loss), copy.deepcopy(model.state_dict())
                 cli.progress(args, step, float(val_loss), float(val_acc))
+            if args.resume is not None and step == args.resume.checkpoint:
+                ckpt = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(),
+                                      "best": (best_loss, best_state)})
+            if step == replay_from:  # the "crash": restart from the checkpoint
+                replay_from = None
+                model.load_state_dict(ckpt["model"])
+                opt.load_state_dict(ckpt["opt"])
+                best_loss, best_state = copy.deepcopy(ckpt["best"])
         # Final evaluation of the model the run delivers: the best checkpoint, reloaded.
         if not args.has("no_best_reload"):
             model.load_state_dict(best_state)

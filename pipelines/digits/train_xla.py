@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                 loss = nll.sum() if reduction == "sum" else nll.mean()
                 if args.has("host_sync") and not math.isfinite(loss.item()):
                     continue  # a NaN guard: harmless on the GPU, a sync on every XLA step
+                if args.has("cpu_copy") and not torch.isfinite(loss.detach().cpu()):
+                    continue  # the same guard spelt .cpu(): a device-to-host copy per step
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
                 opt.step()

@@ -134,3 +134,43 @@ DEFECTS = [
 def plan() -> Plan:
     """The whole pipeline: reference seeds, benign candidates and defect variants."""
     return Plan(reference_variants(), [*BENIGN, *DEFECTS])
+
+
+# --- runs of the detection benchmark only (benchmarks/bench_detection.py) ---------------
+# Not part of :func:`plan` (the demo's hand-written criteria file predates them).  For a
+# defect, ``expect`` here names the *metric, counter or criterion kind* whose criterion
+# must reject it (prefixes: ``xfer/d2h``, ``paired``), since the benchmark's criteria come
+# from ``refrun calibrate``.  Expected outcomes, written before the first assessment
+# (2026-12-01 15:55 UTC): the benign runs accepted; ``float_loss`` rejected by a
+# host-transfer counter (``xfer/``); ``cpu_copy`` by device-to-host copies (``xfer/d2h``);
+# the bfloat16 port, paired with reference seed 0 (same weights, same batches), by the
+# same-seed ``paired`` criterion.
+DETECTION_BENIGN = [
+    Variant("torch-log10", "torch", 4, extra_args=("--log-every", "10"),
+            mirrors="another logging cadence: the reference code logging every 10 steps"),
+    Variant("torch-eval100", "torch", 5, extra_args=("--eval-every", "100"),
+            mirrors="another evaluation cadence: validation every 100 steps (not 50/25)"),
+    Variant("torch-resume", "torch", 6, extra_args=("--resume", "150,180"),
+            mirrors="resumed mid-run: checkpoint at step 150, restart after step 180 "
+                    "(steps 151-180 logged twice)"),
+    Variant("jax-pair-seed0", "jax", 0, extra_args=("--pair",),
+            mirrors="the JAX port of reference seed 0 declaring its same-seed pair"),
+]
+
+# Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
+# before calibration, never assessed (refrun.pairing: a port known to be good).
+DETECTION_EVIDENCE = [
+    Variant("knowngood-jax-seed1", "jax", 1,
+            extra_args=("--pair", "--known-good", "the JAX port in float32 of reference "
+                        "seed 1: the same math, XLA's own summation order")),
+]
+
+DETECTION_DEFECTS = [
+    Variant("jax-float-loss", "jax", 7, defects=("float_loss",), expect=("xfer/",),
+            mirrors="float(loss) in every JAX step: a host read per step"),
+    Variant("xla-cpu-copy", "torch_xla", 7, defects=("cpu_copy",), expect=("xfer/d2h",),
+            mirrors="loss.cpu() in every PyTorch/XLA step (§IV-A RQ2)"),
+    Variant("jax-bf16", "jax", 0, defects=("bf16_matmul",), expect=("paired",),
+            extra_args=("--pair",),
+            mirrors="a port computing its matmuls in bfloat16"),
+]

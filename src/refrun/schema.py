@@ -19,7 +19,8 @@ Sections, in the order a run's life meets them:
 9. acceptance (assessment, evidence, sign-off);
 10. gradient checks;
 11. the report;
-12. MLflow's own names that refrun writes.
+12. MLflow's own names that refrun writes;
+13. labels of sweep candidates.
 
 Tag values are strings (MLflow's rule); counts are written as decimal integers.
 """
@@ -80,6 +81,13 @@ TAG_TRUNCATED = "refrun.truncated"  # tag/param values cut to MLflow's length (e
 # Points or tags the store still refused at delivery: skipped (reasons in warnings.json).
 TAG_SKIPPED = "refrun.skipped"
 TAG_CURVES_MISSING = "refrun.curves.missing"  # why the curves artifact is missing (disk full)
+# Set when the run was terminated in the store while spooled points could not be delivered
+# (the spool's disk full): how many, and where; readers treat the run as incomplete until
+# `refrun sync` delivers them and removes the tag.
+TAG_SYNC_PENDING = "refrun.sync.pending"
+# Points a hard kill (SIGKILL, OOM) is estimated to have taken with the trainer: accepted
+# by log() but not yet written to the spool (refrun.recording.delivery.lost_estimate).
+TAG_LOST_ESTIMATE = "refrun.lost.estimate"
 TAG_WARNINGS = "refrun.warnings"  # number of warnings (text in refrun/warnings.json)
 TAG_MLFLOW_VIEW = "refrun.mlflow_view"  # how MLflow's history relates to the curves artifact
 
@@ -105,7 +113,10 @@ M_EXECUTIONS = "exec/count"
 M_EXECUTE_TIME = "exec/time_s"
 M_XFER_D2H = "xfer/d2h"  # device-to-host transfers during the step
 M_XFER_H2D = "xfer/h2d"
-M_HOST_SYNCS = "xfer/host_syncs"  # .item()-style scalar syncs
+# Host syncs inside the step: .item()-style reads that wait for the device (torch_xla:
+# aten::_local_scalar_dense; JAX: host reads of jax.Arrays; PyTorch on CUDA: synchronizing
+# CUDA calls seen by torch.cuda.set_sync_debug_mode).
+M_HOST_SYNCS = "xfer/host_syncs"
 M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
 M_NONFINITE = "health/nonfinite"
 SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
@@ -151,6 +162,12 @@ TAG_JAX_TRANSFER_GUARD = "refrun.jax.transfer_guard"
 TAG_JAX_STEP_FUNCTIONS = "refrun.jax.step_functions"
 TAG_JAX_FRESH_CACHES = "refrun.jax.fresh_caches"
 TAG_JAX_TRANSFERS = "refrun.jax.h2d_transfers"  # total implicit h2d transfers counted
+# Which host reads of jax.Arrays inside the step are counted as xfer/host_syncs
+# ("counted: ...", or "off (...)"): refrun.probes.host_reads.
+TAG_JAX_HOST_READS = "refrun.jax.host_reads"
+# Whether the PyTorch probe counts CUDA host syncs inside the step as xfer/host_syncs
+# ("counted: ..." on CUDA, "off (...)" elsewhere): refrun.probes.torch.CudaSyncCounter.
+TAG_TORCH_CUDA_SYNCS = "refrun.torch.cuda_syncs"
 ARTIFACT_XLA_SUMMARY = "refrun/xla_summary.json"
 ARTIFACT_FALLBACK_OPS = "refrun/fallback_ops.json"
 ARTIFACT_JAX_COMPILATIONS = "refrun/jax_compilations.json"
@@ -277,3 +294,13 @@ EXPERIMENT_KIND_TRAINING = "custom_model_development"
 # Saved views of an experiment's runs page (MLflow 3.17's "Views" menu and share links):
 # experiment tag <prefix><view id> = {"name", "createdAt", "updatedAt", "state": JSON text}.
 TAG_SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+
+# === 13. labels of sweep candidates on one report page (refrun.report.labels) ============
+# Candidates are labelled by their run name and by the params and tags in which they
+# differ: every param, every tag outside the refrun./mlflow. namespaces (a user's own), and
+# these identity tags.  Not counters or bookkeeping (step counts, refused points, local
+# ids), which differ between any two runs and say nothing about what was run.
+LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
+              TAG_EXEC_HARDWARE, TAG_EXEC_DEVICES, TAG_EXEC_WORLD_SIZE, TAG_GIT_COMMIT,
+              TAG_IMPORT_SOURCE, TAG_VERSION)
+LABEL_TAG_PREFIXES = (TAG_FW_PREFIX,)  # framework versions (refrun.fw.torch ...)

@@ -21,8 +21,9 @@ What is calibrated, for every metric all references share (any cadence):
   range (negative inside, so a limit exists even when every seed fell inside);
 * ``perf/step_time_s``: ``step_time`` (steady median, compilation steps left out, same
   backend only), ``max_ratio`` from the log ratios of held-out seeds;
-* integrity counters (compilations, host syncs, CPU fallbacks): from the references'
-  own evidence when their backend records it, else a structural default stated as such.
+* integrity counters (compilations, host syncs and device-to-host copies inside the step,
+  CPU fallbacks): from the references' own evidence when their backend records it, else a
+  structural default stated as such, scoped to the backends whose probe records it.
 
 ``check_file`` re-measures any criteria file with the real checks on held-out seeds.
 """
@@ -61,16 +62,22 @@ METHOD = ("held-out seeds: each reference seed judged against groups of the othe
 MIN_RUNS = 3
 # Backends whose refrun probe records each integrity counter (docs/{jax,xla}.md): a
 # criterion on evidence only these record is scoped to them.
+# Host syncs: torch_xla (``.item()``-style) and JAX (host reads of jax.Arrays in the step,
+# refrun.probes.host_reads); PyTorch records them only on CUDA, so it joins the scope only
+# when the references themselves record them.  Device-to-host copies: torch_xla.
 RECORDED_BY: dict[str, tuple[str, ...]] = {
     schema.M_COMPILE_GRAPHS: ("jax", "torch_xla"),
-    schema.M_HOST_SYNCS: ("torch_xla",),
+    schema.M_HOST_SYNCS: ("jax", "torch_xla"),
+    schema.M_XFER_D2H: ("torch_xla",),
     schema.TAG_FALLBACK_OPS: ("torch_xla",),
 }
 # Structural defaults (no reference evidence): a steady loop compiles nothing new, but a
 # program run for the first time after warm-up (validation and test evaluation, a
 # checkpoint copy, a final evaluation) compiles once; a recompilation per step exceeds
-# this within a few steps.  A host sync inside the step adds 1 per step: half a sync per
-# step separates "none" from "one per step" whatever the step count.
+# this within a few steps.  A host sync (or a device-to-host copy) inside the step adds 1
+# per step: half a transfer per step separates "none" from "one per step" whatever the
+# step count.  Both are counted inside the step only (the probes' step scope), so
+# evaluation between steps, at whatever cadence, adds nothing.
 STRUCTURAL_MAX_COMPILATIONS = 4
 # Compilation warm-up is counted in calls of the step, not as a fraction of the run: a
 # step function compiles on its first call and, under XLA, once more on its second (when
@@ -710,9 +717,10 @@ def _scope(evidence_key: str, backends: set[str]) -> list[str]:
 
 
 def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list[Derived]:
-    """Compilation, host-sync and CPU-fallback criteria: from the references' evidence
-    when recorded, else the structural defaults (stated in the file as such)."""
-    keep, s = opts.settings.keep, opts.settings
+    """Compilation, host-sync, device-to-host-copy and CPU-fallback criteria: from the
+    references' evidence when recorded, else the structural defaults (stated in the file
+    as such)."""
+    keep = opts.settings.keep
     own = {(r.backend or "").strip().lower() for r in runs} - {""}
     out = []
     # Compilations after warm-up.
@@ -741,33 +749,8 @@ def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list
                         "description": "no recompilation in the steady state; " + src,
                         "calibration": cal}, cal.get("worst"), cal.get("margin"),
                        f"more than {mx:g} compilations after warm-up", [src], len(runs)))
-    # Host syncs per step.
-    if all(schema.M_HOST_SYNCS in r.metric_names for r in runs):
-        means = []
-        for r in runs:
-            x = _series(r, schema.M_HOST_SYNCS, keep)
-            start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
-                               s.warmup_fraction)
-            means.append(float(x.values[x.steps >= start].mean()))
-            lim, worst = upper_limit(np.array(means), cov, opts.confidence)
-        mx = _round_up(lim + STRUCTURAL_SYNCS_PER_STEP)
-        src = (f"from the references' own {schema.M_HOST_SYNCS}: worst {worst:.3g}/step, "
-               f"limit + half a sync per step")
-        cal = {"worst": worst, "margin": mx - worst, "seeds": len(runs)}
-    else:
-        mx = STRUCTURAL_SYNCS_PER_STEP
-        src = ("structural default (the references record no host-sync counter): a sync "
-               "inside the step adds one per step; half a sync per step separates none from "
-               "one per step")
-        cal = {"structural": 1.0}
-    out.append(Derived({"id": "host-syncs-per-step", "kind": "host_transfers", "level": "L2",
-                        "metrics": [schema.M_HOST_SYNCS], "statistic": "mean", "max": mx,
-                        "backends": _scope(schema.M_HOST_SYNCS, own if cal.get("seeds")
-                                           else set()),
-                        "description": "no host synchronisation inside the training step; "
-                                       + src, "calibration": cal},
-                       cal.get("worst"), cal.get("margin"),
-                       f"a mean above {mx:g} host syncs per step", [src], len(runs)))
+    out.append(_per_step_transfers(runs, opts, cov, own, HOST_SYNCS))
+    out.append(_per_step_transfers(runs, opts, cov, own, HOST_COPIES))
     # CPU fallbacks.
     ops = [rv.tag_json(r, schema.TAG_FALLBACK_OPS) for r in runs]
     if all(isinstance(o, dict) for o in ops):
@@ -787,6 +770,69 @@ def integrity(runs: list[RunData], opts: CalibrationOptions, cov: float) -> list
                         "calibration": cal}, None, None,
                        "any CPU-fallback operation outside the allowlist", [src], len(runs)))
     return out
+
+
+@dataclass(frozen=True)
+class _TransferKind:
+    """One per-step host-transfer criterion calibrate writes."""
+
+    id: str
+    metric: str
+    what: str  # plural noun for the power statement
+    description: str  # what the criterion asks for
+    structural: str  # why the structural default separates none from one per step
+
+
+HOST_SYNCS = _TransferKind(
+    "host-syncs-per-step", schema.M_HOST_SYNCS, "host syncs",
+    "no host synchronisation inside the training step (.item(), float(x), a host read of a "
+    "jax.Array)",
+    "a sync inside the step adds one per step; half a sync per step separates none from "
+    "one per step")
+HOST_COPIES = _TransferKind(
+    "host-copies-per-step", schema.M_XFER_D2H, "device-to-host copies",
+    "no device-to-host copy inside the training step (.cpu(), .tolist(), printing a "
+    "tensor, .item())",
+    "a copy inside the step adds one per step; half a copy per step separates none from "
+    "one per step")
+
+
+def _per_step_transfers(runs: list[RunData], opts: CalibrationOptions, cov: float,
+                        own: set[str], kind: _TransferKind) -> Derived:
+    """A ``host_transfers`` criterion on one per-step counter (mean after warm-up).
+
+    With the references' own counter: ``max = round_up(L + 1/2)``, ``L`` the upper
+    tolerance limit of the references' per-step means (so a reference that itself syncs
+    once per step is the baseline, and one more per step still fails); scoped to the
+    backends that record the counter plus the references' own.  Without it: the
+    structural ``max = 1/2``, scoped to the backends whose probe records the counter
+    (:data:`RECORDED_BY`); a criterion scoped to a backend that records nothing would
+    leave every such candidate unjudged (not_evaluable), so the others are
+    not_applicable instead."""
+    keep, s = opts.settings.keep, opts.settings
+    if all(kind.metric in r.metric_names for r in runs):
+        means = []
+        for r in runs:
+            x = _series(r, kind.metric, keep)
+            start = warmup_end(int(x.steps[0]), int(x.steps[-1]), s.warmup_steps,
+                               s.warmup_fraction)
+            means.append(float(x.values[x.steps >= start].mean()))
+        lim, worst = upper_limit(np.array(means), cov, opts.confidence)
+        mx = _round_up(lim + STRUCTURAL_SYNCS_PER_STEP)
+        src = (f"from the references' own {kind.metric}: worst {worst:.3g}/step, "
+               f"limit + half a transfer per step")
+        cal: dict[str, Any] = {"worst": worst, "margin": mx - worst, "seeds": len(runs)}
+    else:
+        mx = STRUCTURAL_SYNCS_PER_STEP
+        src = (f"structural default (the references record no {kind.metric}): "
+               f"{kind.structural}")
+        cal = {"structural": 1.0}
+    table = {"id": kind.id, "kind": "host_transfers", "level": "L2",
+             "metrics": [kind.metric], "statistic": "mean", "max": mx,
+             "backends": _scope(kind.metric, own if cal.get("seeds") else set()),
+             "description": f"{kind.description}; {src}", "calibration": cal}
+    return Derived(table, cal.get("worst"), cal.get("margin"),
+                   f"a mean above {mx:g} {kind.what} per step", [src], len(runs))
 
 
 # --- TOML ----------------------------------------------------------------------------------

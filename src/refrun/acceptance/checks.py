@@ -41,6 +41,7 @@ from refrun.acceptance.results import (
 )
 from refrun.comparison import Comparison, RunData, step_time_ratio
 from refrun.comparison.measures import final_window_size
+from refrun.thinning import sorted_unique
 
 # Tag written by the XLA probe: JSON {op name: executions}.
 TAG_FALLBACK_OPS = schema.TAG_FALLBACK_OPS  # one name, defined in schema.py
@@ -336,7 +337,7 @@ def _counter_sum(ctx: Context, c: Criterion, metrics: list[str], warmup: int | N
     if not have:
         return None, {}, (f"candidate run {run.run_id} has none of the metrics "
                           f"{', '.join(metrics)}")
-    all_steps = np.unique(np.concatenate([s.steps for s in have.values()]))
+    all_steps = sorted_unique(np.concatenate([s.steps for s in have.values()]))
     start = ctx.warmup(all_steps, warmup)
     per_step: dict[int, float] = {int(s): 0.0 for s in all_steps if s >= start}
     totals = {}
@@ -423,7 +424,7 @@ def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:
     """Steps at which one of the per-step compilation counters ``metrics`` is > 0."""
     hit = [r.steps[r.values > 0] for r in (rv.resolved(run, m, keep) for m in metrics)
            if r is not None]
-    return np.unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
+    return sorted_unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
 
 
 def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], keep: str,

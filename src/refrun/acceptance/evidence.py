@@ -43,7 +43,13 @@ def sha256_of(obj: Any) -> str:
 
 
 def curve_digests(run: RunData) -> dict[str, str]:
-    """SHA-256 per metric over its points in logging order (step, value bytes)."""
+    """SHA-256 per metric over its points in logging order (step, value bytes).
+
+    Computed once per loaded run (a :class:`RunData` never changes): a sweep digests its
+    references once, not once per candidate."""
+    cached = run.__dict__.get("_curve_digests")
+    if cached is not None:
+        return dict(cached)
     out = {}
     for m in run.metric_names:
         steps, values, seq = run.series(m)
@@ -54,6 +60,7 @@ def curve_digests(run: RunData) -> dict[str, str]:
         h.update(np.asarray(steps, dtype="<i8")[order].tobytes())
         h.update(v.astype("<f8").tobytes())
         out[m] = h.hexdigest()
+    run.__dict__["_curve_digests"] = dict(out)
     return out
 
 

@@ -1,0 +1,183 @@
+"""What every markov port's command line shares: options, defect flags, the resume
+schedule, and the recorded run.
+
+Each port is run as ``python -m pipelines.markov.train_<backend> --seed S [--defect NAME]``;
+one process per run, so each gets its own framework environment (JAX's device count,
+PJRT_DEVICE) and its own probe counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import refrun
+from pipelines.markov.config import Config, load_config
+from refrun.recording.session import RunSession
+
+# Silent defects a port can switch on: each runs without any error.
+DEFECTS: dict[str, str] = {
+    "sum_loss": "the loss reduction changed from mean to sum",
+    "gate_swap": "the update gate's convention swapped (h = z*n + (1-z)*h, Keras/Flax's "
+                 "GRU, instead of torch's (1-z)*n + z*h): the same family of models, a "
+                 "different function of the same weights",
+    "clip_per_device": "gradients clipped on each device before averaging (JAX, N devices)",
+    "bf16_matmul": "every matmul computed in bfloat16 (float32 accumulation), the rest float32",
+    "float_loss": "float(loss) inside every training step (a NaN guard): a host read of a "
+                  "device array per step",
+    "cpu_copy": "loss.cpu() inside every training step (a NaN guard): a device-to-host copy "
+                "per step",
+}
+
+GENERIC = ("sum_loss", "gate_swap")
+PORT_DEFECTS: dict[str, tuple[str, ...]] = {
+    "torch": GENERIC,
+    "jax": (*GENERIC, "clip_per_device", "bf16_matmul", "float_loss"),
+    "torch_xla": (*GENERIC, "cpu_copy"),
+}
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Checkpoint after step ``checkpoint``, stop after step ``interrupt``, restart from
+    the checkpoint: steps ``checkpoint+1 .. interrupt`` run and are logged twice."""
+
+    checkpoint: int
+    interrupt: int
+
+
+@dataclass(frozen=True)
+class Args:
+    """Parsed options of one training run."""
+
+    backend: str
+    config: Config
+    seed: int
+    role: str
+    defects: frozenset[str]
+    devices: int
+    variant: str
+    tracking_uri: str | None
+    spool_dir: str | None
+    quiet: bool
+    resume: Resume | None = None
+    mlflow_every: int = 1
+    pair: bool = False
+    known_good: str | None = None
+
+    def has(self, defect: str) -> bool:
+        return defect in self.defects
+
+    def step_order(self) -> list[int]:
+        """Every step the loop executes, in order (a resumed run repeats some)."""
+        steps = list(range(self.config.steps))
+        if self.resume is None:
+            return steps
+        r = self.resume
+        return steps[: r.interrupt + 1] + steps[r.checkpoint + 1:]
+
+    def logs(self, step: int) -> bool:
+        """Whether ``step`` logs its training metrics (the cadence, and the last step)."""
+        return step % self.config.log_every == 0 or step == self.config.steps - 1
+
+
+def _resume(text: str) -> Resume:
+    try:
+        k, m = (int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--resume {text!r}: expected K,M (two steps)") from None
+    if not 0 <= k < m:
+        raise argparse.ArgumentTypeError(f"--resume {text!r}: need 0 <= K < M")
+    return Resume(k, m)
+
+
+def parse(argv: list[str] | None, backend: str, description: str) -> Args:
+    """Parse a port's command line; unknown defects for this port are a usage error."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--role", choices=("reference", "candidate"), default="candidate")
+    ap.add_argument("--defect", action="append", default=[], choices=PORT_DEFECTS[backend],
+                    help="switch on a silent defect (repeatable)")
+    ap.add_argument("--devices", type=int, default=1, help="data-parallel devices (JAX)")
+    ap.add_argument("--quick", action="store_true", help="the reduced run ([quick] table)")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--log-every", type=int, default=None)
+    ap.add_argument("--eval-every", type=int, default=None)
+    ap.add_argument("--resume", type=_resume, default=None, metavar="K,M",
+                    help="checkpoint after step K, stop after step M, restart from the "
+                         "checkpoint (steps K+1..M are logged again)")
+    ap.add_argument("--pair", action="store_true",
+                    help="declare a same-seed pair: this run starts from the same initial "
+                         "weights and data order as the reference run of --seed")
+    ap.add_argument("--known-good", default=None, metavar="WHY",
+                    help="with --pair: declare this run known-good pair evidence (why it is "
+                         "numerically benign), for refrun calibrate's paired tolerance")
+    ap.add_argument("--variant", default=None, help="variant name recorded as a tag")
+    ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--spool-dir", default=None)
+    ap.add_argument("--mlflow-every", type=int, default=1,
+                    help="send every n-th step of per-step metrics to MLflow (the curves "
+                         "artifact and evaluation metrics always keep every point)")
+    ap.add_argument("--quiet", action="store_true")
+    ns = ap.parse_args(argv)
+    if ns.known_good is not None and not ns.pair:
+        ap.error("--known-good needs --pair (known-good evidence is a same-seed pair)")
+    cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
+                      eval_every=ns.eval_every)
+    if cfg.batch % ns.devices:
+        ap.error(f"--devices {ns.devices} does not divide the global batch {cfg.batch}")
+    if ns.resume is not None and ns.resume.interrupt >= cfg.steps:
+        ap.error(f"--resume: step {ns.resume.interrupt} is not before the last step")
+    return Args(backend=backend, config=cfg, seed=ns.seed, role=ns.role,
+                defects=frozenset(ns.defect), devices=ns.devices,
+                variant=ns.variant or f"markov-{backend}-seed{ns.seed}",
+                tracking_uri=ns.tracking_uri, spool_dir=ns.spool_dir, quiet=ns.quiet,
+                resume=ns.resume, mlflow_every=ns.mlflow_every,
+                pair=ns.pair, known_good=ns.known_good)
+
+
+def start_run(args: Args, hardware: str) -> RunSession:
+    """The refrun run of this training: identity tags, hyperparameters as params, and the
+    pipeline's own tags (``pipeline.variant``, ``pipeline.defects``) for the tables.
+    Acceptance never reads the ``pipeline.*`` tags."""
+    cfg = args.config
+    params: dict[str, Any] = {
+        "lr": cfg.lr, "betas": f"{cfg.beta1},{cfg.beta2}", "clip_norm": cfg.clip_norm,
+        "batch": cfg.batch, "steps": cfg.steps, "embed": cfg.embed, "hidden": cfg.hidden,
+        "classes": cfg.classes, "symbols": cfg.symbols, "length": cfg.length,
+        "data_seed": cfg.data_seed, "eval_every": cfg.eval_every, "log_every": cfg.log_every,
+        "devices": args.devices,
+        "resume": "none" if args.resume is None else
+                  f"{args.resume.checkpoint},{args.resume.interrupt}",
+    }
+    return refrun.start_run(
+        workload=cfg.workload, role=args.role, hardware=hardware, backend=args.backend,
+        seed=args.seed, chips=args.devices, global_batch=cfg.batch, planned_steps=cfg.steps,
+        params=params, tracking_uri=args.tracking_uri, spool_dir=args.spool_dir,
+        run_name=args.variant, mlflow_every=args.mlflow_every,
+        tags={"pipeline.variant": args.variant,
+              "pipeline.defects": ",".join(sorted(args.defects)) or "none",
+              **pair_tags(args)},
+    )
+
+
+def pair_tags(args: Args) -> dict[str, str]:
+    """The same-seed pair declaration (``refrun.pairing.pair_tags``) when ``--pair``: the
+    ports start from the seed's named NumPy weights and replay its data order."""
+    if not args.pair:
+        return {}
+    try:
+        from refrun.pairing import pair_tags as declare
+    except ImportError:  # a refrun before same-seed pairs: record the run undeclared
+        print(f"[{args.variant}] this refrun cannot declare a same-seed pair "
+              "(no refrun.pairing): recorded without", flush=True)
+        return {}
+    return declare(seed=args.seed, known_good=args.known_good)
+
+
+def progress(args: Args, step: int, val_loss: float, val_acc: float) -> None:
+    """One progress line per evaluation."""
+    if not args.quiet:
+        print(f"  [{args.variant}] step {step + 1:>4}/{args.config.steps}  "
+              f"val loss {val_loss:.4f}  val acc {val_acc:.3f}", flush=True)

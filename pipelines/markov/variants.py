@@ -1,0 +1,125 @@
+"""Every run of the markov pipeline: reference seeds, benign candidates, silent defects,
+held-out seeds.
+
+A :class:`Variant` (the digits pipeline's, with this workload's modules) is one training
+process.  For a defect, ``expect`` names what must reject it, as the *metric, counter or
+criterion kind* its criterion watches (``loss``, ``grad_norm/``, ``xfer/d2h``, ``paired``:
+prefixes), never a criterion id: the criteria all come from ``refrun calibrate``, which
+names them.  A benign candidate must be rejected by none.
+
+Expected outcomes, written before the first assessment (2026-12-01 15:55 UTC) and not
+changed after it:
+
+* every benign candidate accepted: another seed, JAX on 1 and 4 devices, PyTorch/XLA, the
+  reference code logging every 10 steps, JAX evaluating every 50 steps, a JAX run resumed
+  from a checkpoint with 20 replayed steps, and the JAX port of reference seed 0 (same
+  initial weights and batches as that seed: its same-seed pair tracks it to float32
+  rounding);
+* ``sum_loss``: the logged loss is the batch's sum (32× the mean) → ``loss``;
+* ``clip_per_device``: each device clips its own gradient (clip 1.0) → the logged gradient
+  norms (``grad_norm/``), if clipping is active at this scale; a miss says it is not;
+* ``gate_swap``: the update gate's convention swapped — the same model family with
+  symmetric initialisation, so seed bands cannot see it; only a comparison with the same
+  seed can → ``paired``;
+* ``bf16_matmul``: matmuls in bfloat16 — curves inside the seeds' spread → ``paired``;
+* ``float_loss``: a host read of the JAX loss in every step → the host-transfer counters
+  (``xfer/``);
+* ``cpu_copy``: ``loss.cpu()`` in every PyTorch/XLA step → device-to-host copies
+  (``xfer/d2h``).
+
+Benign candidates other than the paired port use seeds outside the reference group (5 and
+up), so they are judged against the seeds' spread, never against their own twin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipelines.digits import variants as digits
+
+REFERENCE_SEEDS = (0, 1, 2, 3, 4)
+HELD_OUT_SEEDS = tuple(range(100, 120))  # false-alarm trials: never used to calibrate
+MODULES = {"torch": "pipelines.markov.train_torch", "jax": "pipelines.markov.train_jax",
+           "torch_xla": "pipelines.markov.train_xla"}
+
+
+@dataclass(frozen=True)
+class Variant(digits.Variant):
+    """One markov training run (see :class:`pipelines.digits.variants.Variant`)."""
+
+    def module(self) -> str:
+        return MODULES[self.backend]
+
+
+@dataclass(frozen=True)
+class Plan:
+    references: list[Variant] = field(default_factory=list)
+    candidates: list[Variant] = field(default_factory=list)
+    held_out: list[Variant] = field(default_factory=list)
+
+    @property
+    def all(self) -> list[Variant]:
+        return [*self.references, *self.candidates, *self.held_out]
+
+
+def reference_variants(seeds: tuple[int, ...] = REFERENCE_SEEDS) -> list[Variant]:
+    return [Variant(f"markov-reference-seed{s}", "torch", s, role="reference",
+                    mirrors="the GPU reference run (PyTorch)") for s in seeds]
+
+
+def held_out_variants(seeds: tuple[int, ...] = HELD_OUT_SEEDS) -> list[Variant]:
+    """Further seeds of the reference code, recorded as candidates: benign by construction,
+    each assessed against the calibrated file (the false-alarm trials)."""
+    return [Variant(f"markov-heldout-seed{s}", "torch", s,
+                    mirrors="a held-out seed of the reference code") for s in seeds]
+
+
+BENIGN = [
+    Variant("markov-torch-seed5", "torch", 5, mirrors="another seed of the reference code"),
+    Variant("markov-jax-1dev", "jax", 6, mirrors="the JAX port on one device"),
+    Variant("markov-jax-4dev", "jax", 7, devices=4,
+            mirrors="the JAX port, data parallel on 4 devices (same global batch)"),
+    Variant("markov-xla", "torch_xla", 8, mirrors="the PyTorch/XLA port"),
+    Variant("markov-torch-log10", "torch", 9, extra_args=("--log-every", "10"),
+            mirrors="another logging cadence: the reference code logging every 10 steps"),
+    Variant("markov-jax-eval50", "jax", 10, extra_args=("--eval-every", "50"),
+            mirrors="another evaluation cadence: validation every 50 steps (not 20)"),
+    Variant("markov-jax-resume", "jax", 11, extra_args=("--resume", "100,120"),
+            mirrors="resumed mid-run: checkpoint at step 100, restart after step 120 "
+                    "(steps 101-120 logged twice)"),
+    Variant("markov-jax-seed0", "jax", 0, extra_args=("--pair",),
+            mirrors="the JAX port of reference seed 0: same initial weights and batches "
+                    "(declared pair)"),
+]
+
+# Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
+# before calibration, never assessed (refrun.pairing: a port known to be good).
+EVIDENCE = [
+    Variant("markov-knowngood-jax-seed1", "jax", 1,
+            extra_args=("--pair", "--known-good", "the JAX port in float32 of reference "
+                        "seed 1: the same math, XLA's own summation order")),
+]
+
+DEFECTS = [
+    Variant("markov-jax-sum-loss", "jax", 5, defects=("sum_loss",), expect=("loss",),
+            mirrors="a loss reduction changed from mean to sum"),
+    Variant("markov-jax-4dev-clip-per-device", "jax", 5, devices=4,
+            defects=("clip_per_device",), expect=("grad_norm/",),
+            mirrors="four-chip run: gradients clipped per chip before averaging (§IV-B)"),
+    Variant("markov-jax-gate-swap", "jax", 0, defects=("gate_swap",), expect=("paired",),
+            extra_args=("--pair",),
+            mirrors="the GRU update gate in Keras/Flax's convention, torch's weights"),
+    Variant("markov-jax-bf16", "jax", 0, defects=("bf16_matmul",), expect=("paired",),
+            extra_args=("--pair",),
+            mirrors="a port computing its matmuls in bfloat16"),
+    Variant("markov-jax-float-loss", "jax", 5, defects=("float_loss",), expect=("xfer/",),
+            mirrors="float(loss) in every JAX step: a host read per step"),
+    Variant("markov-xla-cpu-copy", "torch_xla", 5, defects=("cpu_copy",),
+            expect=("xfer/d2h",), mirrors="loss.cpu() in every PyTorch/XLA step"),
+]
+
+
+def plan(held_out: int = len(HELD_OUT_SEEDS)) -> Plan:
+    """The whole pipeline: reference seeds, candidates, and ``held_out`` further seeds."""
+    return Plan(reference_variants(), [*BENIGN, *DEFECTS],
+                held_out_variants(HELD_OUT_SEEDS[:held_out]))
