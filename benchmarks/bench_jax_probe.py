@@ -11,7 +11,11 @@ in the same process: a third loop, wrapped by a probe made with
 ratio counter on / counter off.  Then the cost of one host read (``float(x)`` and
 ``np.asarray(x)`` of a ready scalar) with the counting hooks installed and a step's count
 active, against the same read without hooks: what the counter adds to a read a step makes
-(a step that reads nothing runs none of its code).
+(a step that reads nothing runs none of its code).  On a shared machine the step ratios
+drift by several percent between rounds, so the table also gives the median of the
+per-round ratios (on and off alternate which runs first) and the counter's own cost
+measured directly: the backend's per-step calls (``begin_step``, ``end_step``,
+``counters``) with and without counting, and that difference over the unwrapped step.
 
 Expected before the first run (written with the counter): ratio counter on / off within
 the rounds' noise of 1.00 (no read happens in the step, so the counter adds two
@@ -105,6 +109,19 @@ def read_costs() -> list[tuple[str, float, float]]:
     return rows
 
 
+def bookkeeping_us(backend, n: int = 20000) -> float:
+    """Median over 5 repeats of one step's backend calls with nothing in the step
+    (``begin_step``, ``end_step``, ``counters``), microseconds."""
+    out = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for i in range(n):
+            backend.end_step(i, backend.begin_step(i))
+            backend.counters()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -127,10 +144,13 @@ def main() -> None:
         plain, wrapped, off = [], [], []
         for r in range(args.rounds):
             plain.append(round_unwrapped(step, params, x, y, args.steps))
-            wrapped.append(round_wrapped(probe, step, params, x, y, args.steps,
+            # counter on and off alternate which goes first, so drift and the other
+            # run's background delivery hit both alike
+            order = [(probe, wrapped), (probe_off, off)]
+            for pr, out in order if r % 2 == 0 else order[::-1]:
+                out.append(round_wrapped(pr, step, params, x, y, args.steps,
                                          r * args.steps))
-            off.append(round_wrapped(probe_off, step, params, x, y, args.steps,
-                                     r * args.steps))
+        book_on, book_off = bookkeeping_us(probe.backend), bookkeeping_us(probe_off.backend)
         probe_off.close()
         run_off.close()
         t0 = time.perf_counter()
@@ -145,7 +165,11 @@ def main() -> None:
     print(f"{'overhead per step (us)':<34}{(w - p) * 1e6:>14.1f}")
     print(f"{'ratio wrapped / unwrapped':<34}{w / p:>14.4f}")
     print(f"{'step, wrapped, counter off (ms)':<34}{o * 1e3:>14.3f}")
+    paired = statistics.median(a / b for a, b in zip(wrapped, off, strict=True))
     print(f"{'ratio counter on / counter off':<34}{w / o:>14.4f}")
+    print(f"{'  same, median of per-round ratios':<34}{paired:>14.4f}")
+    print(f"{'backend calls per step on/off (us)':<34}{book_on:>6.2f} / {book_off:<6.2f}")
+    print(f"{'  counter cost / unwrapped step':<34}{(book_on - book_off) * 1e-6 / p:>14.5%}")
     for name, plain_us, counted_us in reads:
         print(f"{name + ' uncounted / counted (us)':<34}{plain_us:>6.2f} / {counted_us:<6.2f}")
     print(f"{'probe.close() (s)':<34}{close_s:>14.3f}")

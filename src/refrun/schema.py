@@ -252,6 +252,13 @@ FORMAT_ACCEPT_SWEEP = "refrun.accept.sweep"  # `refrun accept` of several candid
 # decision rests on and the number of reference seeds behind it.
 EV_INTERVAL = "interval"
 EV_N_REFERENCE = "n_reference"
+# Where a per-step criterion's candidate first left the criterion's band:
+# {axis, at, step, first_outside_at, sustain, direction, outside_points, points} or null,
+# and the step alone (the report marks it on the metric's figure).
+EV_FIRST_DIVERGENCE = "first_divergence"
+EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
+# A failing per-step criterion's reason ends with this, then the axis value and side.
+FIRST_LEFT_REASON = "; first left the band at "
 
 # === 10. gradient checks (role gradcheck; L1 evidence) ====================================
 # A gradcheck run names the candidate run it checked; the `gradcheck` criterion finds it.

@@ -37,11 +37,12 @@ finishes, so they can land in the following step.
 the backend keeps a reference to the tensor (no new op, so the traced graph is unchanged);
 once a ``sync`` has materialised it, it asks the runtime for a readiness callback
 (``_XLAC._on_ready_callback``), and only when the device buffer is complete are all ready
-values copied to the host in one batched ``_xla_get_cpu_tensors`` call, at the next step
-entry, before the step's counting starts.  That copy is a device-to-host transfer of
-finished buffers (it waits for no execution); made outside the step it is never counted
-(one made inside a step, which the probe never does today, would be bracketed by counter
-reads and subtracted) so ``xfer/d2h`` shows only the user's transfers.
+values copied to the host in one batched ``_xla_get_cpu_tensors`` call, at a step entry
+before the step's counting starts, when the device is idle (or after 256 values / 5 s, see
+:meth:`XlaBackend.ready`).  That copy is a device-to-host transfer of finished buffers;
+made outside the step it is never counted (one made inside a step, which the probe never
+does today, would be bracketed by counter reads and subtracted) so ``xfer/d2h`` shows only
+the user's transfers.
 
 **Device truth**: the XLA device prints as ``xla:0`` whatever it is, so the tags record
 ``xm.xla_device_hw`` (``refrun.exec.hardware``), ``torch_xla.runtime.device_type()``,
@@ -82,6 +83,10 @@ from refrun.probes.tensors import (
 )
 
 HOST_SYNC_OP = "aten::_local_scalar_dense"
+# Logged values wait on the device until it is idle, at most this many or this long
+# (see XlaBackend.ready); the device keeps a scalar buffer per waiting value.
+TRANSFER_MAX_WAITING = 256
+TRANSFER_MAX_AGE_S = 5.0
 _MARK_STEP = "MarkStep"
 
 
@@ -248,6 +253,7 @@ class XlaBackend(BackendBase):
     _step_d2h: int = 0  # cumulative user transfers inside steps
     _step_syncs: int = 0  # cumulative host syncs inside steps
     _waiting: list[_XlaValue] = field(default_factory=list, repr=False)
+    _ready_since: float | None = None  # monotonic time a waiting value was first ready
     _records: list[StepRecord] = field(default_factory=list, repr=False)
     _prev: dict[str, float] | None = field(default=None, repr=False)
     _prev_fb: dict[str, int] = field(default_factory=dict, repr=False)
@@ -305,6 +311,14 @@ class XlaBackend(BackendBase):
         return float(value)
 
     def ready(self, pending: Any) -> float | None:
+        """The value once on the host.  Ready buffers are copied only when the device is
+        idle -- every waiting value's buffer is complete, so no execution of a later sync
+        is in flight -- or, to bound the delay, when ``TRANSFER_MAX_WAITING`` values or
+        ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an execution
+        runs queues behind its operations on the runtime's threads: on a step of many
+        small operations (a recurrent cell over a sequence) it waited for most of the
+        execution at every step entry, serialising the host's tracing of step n+1 with
+        the device's execution of step n that a plain loop overlaps."""
         if isinstance(pending, float):
             return pending
         if pending.value is not None:
@@ -312,7 +326,15 @@ class XlaBackend(BackendBase):
         self._arm_waiting()
         if pending.event is None or not pending.event.is_set():
             return None
-        self._transfer([h for h in self._waiting if h.event is not None and h.event.is_set()])
+        now = time.monotonic()
+        if self._ready_since is None:
+            self._ready_since = now
+        idle = all(h.event is not None and h.event.is_set() for h in self._waiting)
+        if idle or len(self._waiting) >= TRANSFER_MAX_WAITING or \
+                now - self._ready_since >= TRANSFER_MAX_AGE_S:
+            self._transfer([h for h in self._waiting
+                            if h.event is not None and h.event.is_set()])
+            self._ready_since = None
         return pending.value
 
     def wait(self, pending: Any) -> float:
