@@ -250,11 +250,10 @@ def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
     """The comparison run's page in the MLflow UI at ``base`` (None without one)."""
     if base is None:
         return None
-    from mlflow.tracking import MlflowClient
-
     from refrun import mlflow_ui
+    from refrun.store.client import client as store_client
 
-    exp = MlflowClient(uri).get_run(run_id).info.experiment_id
+    exp = store_client(uri).get_run(run_id).info.experiment_id
     return f"{base}/{mlflow_ui.run_link(exp, run_id)}"
 
 
