@@ -95,14 +95,27 @@ def _assess(args: argparse.Namespace, candidate: str, metrics: list[str] | None
         raise RefrunInputError("--keep/--interpolate/--axis: with --criteria the criteria file's "
                                "[settings] decide how runs are aligned")
     try:
-        from refrun.acceptance.assess import assess, compare_options, load_for_assessment
+        from refrun.acceptance.assess import (
+            assess,
+            compare_options,
+            load_candidate,
+            load_references,
+        )
         from refrun.acceptance.criteria import load_criteria
     except ImportError as exc:
         raise RefrunInputError(f"--criteria {args.criteria}: refrun.acceptance is not "
                                f"available ({exc})") from exc
     crit = load_criteria(args.criteria)
-    refs, cand, latest = load_for_assessment(crit, args.reference, candidate,
-                                             args.tracking_uri, args.allow_cross_workload)
+    if candidate in args.reference:
+        raise RefrunInputError(f"--candidate {candidate}: also given as a reference")
+    # The references are loaded once for every candidate of the page: each comparison
+    # shares the same runs (and their resolved series) instead of holding its own copy.
+    if getattr(args, "loaded_references", None) is None:
+        args.loaded_references = load_references(args.reference, args.tracking_uri)
+    loaded = args.loaded_references
+    refs = loaded.runs
+    cand, latest = load_candidate(crit, loaded, candidate, args.tracking_uri,
+                                  args.allow_cross_workload)
     cmp = compare(refs, cand, metrics=metrics, options=compare_options(crit), progress=False)
     assessment = assess(crit, refs, cand, latest, args.allow_cross_workload)
     return cmp, with_calibration(assessment.to_dict(), crit)
@@ -145,7 +158,13 @@ def _compare(args: argparse.Namespace, candidate: str, metrics: list[str] | None
         return _assess(args, candidate, metrics)
     options = CompareOptions(keep=args.keep or "last", interpolate=args.interpolate or "none",
                              axis=args.axis or "step")
-    cmp = compare(args.reference, candidate, metrics=metrics, options=options,
+    if getattr(args, "reference_runs", None) is None:  # loaded once for every candidate
+        from refrun.comparison import load_run
+
+        args.reference_runs = [load_run(r, tracking_uri=args.tracking_uri,
+                                        progress=sys.stderr.isatty())
+                               for r in args.reference]
+    cmp = compare(args.reference_runs, candidate, metrics=metrics, options=options,
                   tracking_uri=args.tracking_uri, progress=sys.stderr.isatty())
     if note := check_workloads(cmp.candidate, cmp.reference, allow=args.allow_cross_workload):
         print(f"WARNING: {note}")
@@ -231,11 +250,10 @@ def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
     """The comparison run's page in the MLflow UI at ``base`` (None without one)."""
     if base is None:
         return None
-    from mlflow.tracking import MlflowClient
-
     from refrun import mlflow_ui
+    from refrun.store.client import client as store_client
 
-    exp = MlflowClient(uri).get_run(run_id).info.experiment_id
+    exp = store_client(uri).get_run(run_id).info.experiment_id
     return f"{base}/{mlflow_ui.run_link(exp, run_id)}"
 
 
