@@ -60,9 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=None, help="interpolate one run onto the other's steps")
     p.add_argument("--axis", choices=schema.AXES, default=None,
                    help="align on steps, or on cumulative samples/tokens seen (default: step)")
-    p.add_argument("--max-points", type=int, default=DEFAULT_MAX_POINTS,
-                   help=f"most points drawn per trace (default {DEFAULT_MAX_POINTS}); "
-                        "numbers always use every point")
+    p.add_argument("--max-points", type=int, default=None,
+                   help=f"most points drawn per trace (default {DEFAULT_MAX_POINTS}, fewer "
+                        "on a page of many candidates: sweep_max_points); numbers always "
+                        "use every point")
     rec = p.add_mutually_exclusive_group()
     rec.add_argument("--comparison-run", default=None, metavar="RUN_ID",
                      help="log the report into this existing comparison run")
@@ -192,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     json_out = check_writable(args.json, "--json") if args.json else None
     if json_out is not None and json_out == out:
         raise RefrunInputError(f"--json {args.json}: the same file as --html")
+    if args.max_points is None:
+        args.max_points = sweep_max_points(len(args.candidate))
     if args.max_points < 10:
         raise RefrunInputError(f"--max-points {args.max_points}: at least 10")
     if args.comparison_run and len(args.candidate) > 1:
@@ -235,6 +238,17 @@ def run(args: argparse.Namespace) -> int:
             log_summary(c.comparison_run_id, uri, deps, assessment_dict(c.assessment))
             print(f"comparison run: {c.comparison_run_id} (artifact {ARTIFACT_REPORT})")
     return 0
+
+
+def sweep_max_points(n_candidates: int) -> int:
+    """Default points drawn per trace for a page of ``n_candidates``: the single-candidate
+    default up to 8 candidates, then scaled down so the figure data of the page stays
+    about that of 8 candidates (never under 400 points: minmax reduction keeps every
+    bucket's extremes, so a spike stays visible).  A page of 100 candidates x 100k steps
+    was ~40 MB at 2,400 points a trace."""
+    if n_candidates <= 8:
+        return DEFAULT_MAX_POINTS
+    return max(400, DEFAULT_MAX_POINTS * 8 // n_candidates)
 
 
 def ui_base(arg: str | None, uri: str) -> str | None:
