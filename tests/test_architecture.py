@@ -95,7 +95,7 @@ def unit(module: str) -> str:
 
 # The one-way rule (docs/architecture.md): each unit and the units it may import.
 VOCABULARY = {"_version", "errors", "schema", "keys", "settings", "thinning", "jsonsafe",
-              "identity", "printable", "mlflow_ui"}
+              "identity", "printable", "mlflow_ui", "pairing"}
 STORE = VOCABULARY | {"store"}
 READERS = STORE | {"runs", "comparison"}
 FRAMEWORKS = STORE | {"recording", "probes", "refrun"}

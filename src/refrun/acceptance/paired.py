@@ -57,12 +57,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from refrun import schema
-from refrun.acceptance import runview as rv
 from refrun.acceptance.results import (
     FAIL,
     NOT_APPLICABLE,
@@ -70,13 +69,12 @@ from refrun.acceptance.results import (
     PASS,
     CriterionResult,
 )
-from refrun.comparison import RunData
+from refrun.comparison import RunData, resolve_series
 from refrun.errors import RefrunInputError
 from refrun.pairing import declares_pair, is_known_good
 
-if TYPE_CHECKING:  # the check receives refrun.acceptance.checks.Context
-    from refrun.acceptance.checks import Context
-    from refrun.acceptance.criteria import Paired
+# Not refrun.acceptance.runview (it imports the criteria model, which imports the checks,
+# which import this module: a cycle); its two helpers needed here are inlined below.
 
 # sqrt(u_tf32 / u_fp32) = sqrt(2^-11 / 2^-24) = 2^6.5: see the module docstring.
 STRUCTURAL_MAX_RATIO = 2.0 ** 6.5
@@ -219,8 +217,11 @@ def leave_one_out_needs(curves: Sequence[Divergence]) -> list[float]:
 def metric_series(run: RunData, metric: str, keep: str = "last"
                   ) -> tuple[np.ndarray, np.ndarray] | None:
     """One value per step of ``metric`` in ``run`` (None when the run lacks it)."""
-    r = rv.resolved(run, metric, keep)
-    return None if r is None else (r.steps, r.values)
+    if metric not in run.metric_names:
+        return None
+    steps, values, seq = run.series(metric)
+    r = resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+    return np.asarray(r.steps, dtype=np.int64), np.asarray(r.values, dtype=float)
 
 
 def pair_divergence(reference: RunData, candidate: RunData, metric: str, keep: str = "last"
@@ -255,7 +256,11 @@ class PairLookup:
 
 def declared_seed(run: RunData) -> int | None:
     """The reference seed a run declares it shares its start with (``refrun.pair.seed``)."""
-    return rv.tag_int(run, schema.TAG_PAIR_SEED)
+    v = run.tags.get(schema.TAG_PAIR_SEED, "").strip()
+    try:
+        return int(v) if v else None
+    except ValueError:
+        return None
 
 
 def _describe(candidate: RunData) -> str:
@@ -364,7 +369,9 @@ def known_good_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
 
 
 # --- the check ---------------------------------------------------------------------------------
-def _result(c: Paired, outcome: str, reason: str, ev: dict[str, Any] | None = None
+# The check receives a refrun.acceptance.criteria.Paired and a refrun.acceptance.checks
+# .Context; typed Any so that this module imports neither (checks imports it: no cycle).
+def _result(c: Any, outcome: str, reason: str, ev: dict[str, Any] | None = None
             ) -> CriterionResult:
     return CriterionResult(id=c.id, level=c.level, kind=c.KIND, outcome=outcome,
                            reason=reason, evidence=ev or {}, metric=c.metric,
@@ -374,7 +381,11 @@ def _result(c: Paired, outcome: str, reason: str, ev: dict[str, Any] | None = No
 NO_PAIR = "no same-seed pair"
 
 
-def check(c: Paired, ctx: Context) -> CriterionResult:
+def _fnum(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+def check(c: Any, ctx: Any) -> CriterionResult:
     """``paired``: the candidate's divergence from its same-seed reference, ``D(t)``,
     inside ``max_ratio x`` the known-good envelope at every compared step.
 
@@ -418,13 +429,13 @@ def check(c: Paired, ctx: Context) -> CriterionResult:
     if j.first_divergence_step is None:
         return _result(c, PASS, f"{pair}: divergence stays within {c.max_ratio:.3g} x the "
                        f"known-good envelope over {j.steps_compared} steps (at most "
-                       f"{rv.fnum(j.max_ratio_observed)} x, at step {j.step_of_max_ratio})",
+                       f"{_fnum(j.max_ratio_observed)} x, at step {j.step_of_max_ratio})",
                        ev)
     return _result(c, FAIL, f"{pair}: first diverges at step {j.first_divergence_step}: "
-                   f"|diff| so far {rv.fnum(j.divergence_at_first)} > band "
-                   f"{rv.fnum(j.band_at_first)} ({c.max_ratio:.3g} x the known-good "
+                   f"|diff| so far {_fnum(j.divergence_at_first)} > band "
+                   f"{_fnum(j.band_at_first)} ({c.max_ratio:.3g} x the known-good "
                    f"envelope); outside at {j.steps_outside}/{j.steps_compared} steps, up to "
-                   f"{rv.fnum(j.max_ratio_observed)} x", ev)
+                   f"{_fnum(j.max_ratio_observed)} x", ev)
 
 
 # --- calibration: the band from known-good evidence ---------------------------------------------
