@@ -16,7 +16,13 @@ each (from the start of step ``warmup`` to the end of the last step, measured by
 tiny timing hook in every variant: run start, probe creation and close are outside it,
 and the run's delivery process has finished starting before the fit: see
 ``children_settled``)
-and the ratios callback/plain and callback/probe.  Target: callback/probe <= 1.01.
+and the ratios callback/plain and callback/probe.  Target: callback/probe <= 1.01, read
+as the upper end of a 95 % interval: each ABC round gives one paired ratio
+callback/probe (same round, so drift between rounds cancels), and the table prints their
+geometric mean with a t-interval on the log ratios, on wall time and on the process's CPU
+time (all threads; less sensitive to other processes on a shared machine).  Start-up (run
+start, probe creation, the delivery process) is outside the timed steps; its cost is
+stated separately in docs/lightning.md.
 
 Usage: python benchmarks/bench_callbacks.py [--steps 400] [--warmup 20] [--repeats 5]
        [--only lightning|hf|keras]
@@ -482,11 +488,32 @@ TRAINERS: dict[str, Callable[[Variant, int, int, Path], tuple[float, float]]] = 
     "lightning": lightning_fit, "hf": hf_train, "keras": keras_fit}
 
 
+def paired_ci(base: list[float], other: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of the paired ratios ``other[i] / base[i]`` (the same repeat of an
+    interleaved ABC round: drift between rounds cancels) and its 95 % t-interval, computed
+    on the log ratios: ``exp(mean +- t(0.975, n-1) * sd / sqrt(n))``."""
+    import math
+
+    from scipy import stats
+
+    logs = [math.log(o / b) for b, o in zip(base, other, strict=True)]
+    n = len(logs)
+    m = statistics.fmean(logs)
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n) if n > 1 \
+        else float("inf")
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+
+PAIRED: dict[str, dict[Variant, list[tuple[float, float]]]] = {}
+
+
 def measure(fn: Callable[[Variant, int, int, Path], tuple[float, float]], steps: int, warmup: int,
             repeats: int, root: Path) -> dict[Variant, tuple[float, float]]:
     """Median (wall, process CPU) seconds per steady step of each variant, interleaved
-    ABCABC... after one untimed round (first-use costs of the process)."""
+    ABCABC... after one untimed round (first-use costs of the process); every round's
+    values are kept in :data:`PAIRED` for the paired intervals."""
     times: dict[Variant, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    PAIRED[fn.__name__] = times
     for i in range(repeats + 1):
         for v in VARIANTS:
             store = root / f"{fn.__name__}-{v}-{i}"
@@ -529,6 +556,14 @@ def main() -> None:
             a, b, c = (m[v][i] for v in VARIANTS)
             print(f"{name:<10} {clock:<5} {a * 1e3:>9.3f} {b * 1e3:>9.3f} {c * 1e3:>12.3f} "
                   f"{b / a:>12.3f} {c / a:>9.3f} {c / b:>9.3f}", flush=True)
+        rounds = PAIRED[fn.__name__]
+        if args.repeats > 1:
+            for i, clock in ((0, "wall"), (1, "cpu")):
+                pr, cb = ([t[i] for t in rounds[v]] for v in ("probe", "callback"))
+                r, lo, hi = paired_ci(pr, cb)
+                ok = "<= 1.01" if hi <= 1.01 else "> 1.01"
+                print(f"{name:<10} {clock:<5} callback/probe paired over {args.repeats} rounds: "
+                      f"{r:.4f} [95 % CI {lo:.4f}, {hi:.4f}] upper end {ok}", flush=True)
         probe_us, cb_us = (HOOK_US.get((name, v)) for v in ("probe", "callback"))
         if probe_us and cb_us:
             # the untimed first round included; medians

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from refrun.complete_run import CompleteRun, curves_table, identity_tags, now_ms
 
 from refrun import schema
+from refrun.store.complete import CompleteRun, curves_table, identity_tags, now_ms
 
 WORKLOAD = "sweep-bench"
 METRICS = ("loss", "grad_norm", "perf/step_time_s", "compile/graphs", "sys/cpu_pct")

@@ -19,12 +19,18 @@ import numpy as np
 import pandas as pd
 import pytest
 from acceptance_helpers import error_line
-from refrun.complete_run import CompleteRun, curves_table, identity_tags, now_ms, write_complete_run
 
 from refrun import schema
 from refrun.acceptance.evidence import sha256_of
 from refrun.acceptance.record import load_recorded
 from refrun.cli import main
+from refrun.store.complete import (
+    CompleteRun,
+    curves_table,
+    identity_tags,
+    now_ms,
+    write_complete_run,
+)
 
 # The module itself: ``refrun.acceptance.assess`` as an attribute is the function.
 assess_module = importlib.import_module("refrun.acceptance.assess")

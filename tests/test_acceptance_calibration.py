@@ -73,6 +73,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         cadence[m][np.isnan(cadence[m].astype(float))] = None
     other = _seed_metrics(23, time_scale=3.0)  # another framework: slower on this CPU
     other["compile/graphs"] = np.r_[2.0, np.zeros(N - 1)]
+    other["xfer/host_syncs"] = np.zeros(N)  # the JAX probe counts host reads in the step
     slow = _seed_metrics(25, time_scale=2.0)
     fast_conv = _seed_metrics(26, tau=12.0)
     for name, metrics, backend in (("fresh", fresh, "torch"), ("cadence", cadence, "torch"),
@@ -109,6 +110,13 @@ def test_calibrated_file_loads_validates_and_states_its_provenance(world: World)
     # the structural defaults say so, and are scoped to the backends that record them
     comp = crit.criterion("compilations-after-warmup")
     assert "structural default" in comp.description and comp.backends == ["jax", "torch_xla"]
+    # host transfers: syncs where the JAX and XLA probes count them, copies where XLA does
+    syncs, copies = crit.criterion("host-syncs-per-step"), crit.criterion(
+        "host-copies-per-step")
+    assert (syncs.metrics, syncs.max, syncs.backends) == (["xfer/host_syncs"], 0.5,
+                                                          ["jax", "torch_xla"])
+    assert (copies.metrics, copies.max, copies.backends) == (["xfer/d2h"], 0.5,
+                                                             ["torch_xla"])
     assert "Power" in text and "detects" in text
 
 
@@ -335,8 +343,9 @@ def test_compilation_warm_up_is_counted_in_calls_so_an_early_storm_is_caught(
     storm = _seed_metrics(32)
     storm["compile/graphs"] = np.zeros(N)
     storm["compile/graphs"][[*range(9), 25]] = 1.0
-    for m in (benign, storm):  # an XLA run records its host syncs too (none here)
+    for m in (benign, storm):  # an XLA run records its host syncs and copies (none here)
         m["xfer/host_syncs"] = np.zeros(N)
+        m["xfer/d2h"] = np.zeros(N)
     outcomes = {}
     for name, m in (("benign", benign), ("storm", storm)):
         run = record(world.uri, world.spool, "candidate", m, backend="torch_xla", seed=31)

@@ -432,7 +432,7 @@ def test_many_candidates_matrix_matches_refrun_accept(runs: Runs, tmp_path: Path
         verdicts[row["candidate"]] = row["cells"]["loss-close"]["outcome"]
     assert verdicts == {runs.candidate: "fail", good: "pass"}
     html = out.read_text(encoding="utf-8")
-    assert html.count('<section class="candidate" id="cand-') == 2
+    assert html.count('<details class="candidate" id="cand-') == 2
     # One page, two candidates: every element id unique, every in-page link resolves.
     ids = re.findall(r' id="([^"]+)"', html)
     assert len(ids) == len(set(ids))

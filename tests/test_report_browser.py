@@ -372,3 +372,77 @@ def test_report_renders_in_mlflow_artifacts_tab(browser, runs: Runs,  # type: ig
     finally:
         page.close()
         server.kill()
+
+
+def _sweep_run(rid: str, seed: int, params: dict[str, str], shift: float = 0.0):  # type: ignore[no-untyped-def]
+    import numpy as np
+    import pandas as pd
+
+    from refrun.comparison import RunData
+
+    rng = np.random.default_rng(seed)
+    s = np.arange(2000)
+    loss = np.exp(-s / 400) + 0.3 + rng.normal(0, 0.01, len(s)) + np.where(s > 1000, shift, 0)
+    grad = np.abs(rng.normal(1, 0.05, len(s)))
+    df = pd.concat([pd.DataFrame({"metric": "loss", "step": s, "value": loss}),
+                    pd.DataFrame({"metric": "grad_norm", "step": s, "value": grad})])
+    role = "reference" if rid.startswith("ref") else "candidate"
+    tags = {"refrun.role": role, "refrun.backend": "torch" if role == "reference" else "jax",
+            "mlflow.runName": "torch ref" if role == "reference" else "jax seed 0"}
+    return RunData.from_curves(df, rid, tags=tags, params=params)
+
+
+def test_sweep_page_labels_every_candidate_and_draws_a_section_when_opened(  # type: ignore[no-untyped-def]
+        browser, tmp_path: Path) -> None:
+    """Eight candidates all named ``jax seed 0`` (they differ by ``lr``): every matrix row
+    reads differently; the first screen draws no figure; opening one candidate's section
+    draws its figures (and only its)."""
+    from refrun.report import Candidate, write_multi_report
+
+    refs = [_sweep_run(f"ref{i}", i, {}) for i in range(3)]
+    lrs = [f"{(i + 1) * 1e-3:g}" for i in range(8)]
+    cands = [_sweep_run(f"cand{i}", 10 + i, {"lr": lr, "batch": "256"},
+                        shift=0.5 if i == 5 else 0.0) for i, lr in enumerate(lrs)]
+    cmps = [compare(refs, c, progress=False) for c in cands]
+    out = tmp_path / "sweep.html"
+    write_multi_report([Candidate(c, comparison_run_id=f"run{i:02d}",
+                                  comparison_url=f"http://127.0.0.1:5000/#/experiments/1/runs/run{i:02d}")
+                        for i, c in enumerate(cmps)], out)
+    page, visit = open_report(browser, out)
+    try:
+        assert page.get_attribute("body", "data-rendered") == "true"
+        assert visit.console_errors == []
+        rows = page.evaluate("""() => Array.from(document.querySelectorAll(
+            '#candidate-matrix tbody tr')).map(tr => ({
+              label: tr.querySelector('td a').textContent,
+              href: tr.querySelector('td a').getAttribute('href'),
+              mlflow: tr.querySelector('a.mlflow').getAttribute('href')}))""")
+        labels = [r["label"] for r in rows]
+        assert labels == [f"jax seed 0 · lr={lr}" for lr in lrs]  # distinct, in order
+        assert [r["mlflow"] for r in rows] == [
+            f"http://127.0.0.1:5000/#/experiments/1/runs/run{i:02d}" for i in range(8)]
+        # The first screen is the matrix: no figure drawn yet, every section folded.
+        assert page.locator(".main-svg").count() == 0
+        assert page.locator("details.candidate[open]").count() == 0
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report-sweep-matrix.png"))
+        page.click(f"#candidate-matrix a[href='{rows[5]['href']}']")
+        section = page.locator(rows[5]["href"])
+        page.wait_for_selector(f"{rows[5]['href']}[data-rendered]", state="attached",
+                               timeout=60_000)
+        assert section.get_attribute("data-rendered") == "true"
+        plots = section.locator(".plot")
+        assert plots.count() > 0
+        # Every figure of the section drawn, with the shared arrays resolved: the curves
+        # hold their points as plotly decoded them (2,000 steps: all drawn).
+        drawn = page.evaluate(f"""() => Array.from(document.querySelectorAll(
+            '{rows[5]['href']} .plot')).map(el => (el._fullData || []).map(t =>
+              t.x ? (t.x.length || 0) : 0))""")
+        assert all(len(traces) > 0 for traces in drawn), drawn
+        assert max(max(t) for t in drawn) == 2000
+        others = page.locator("details.candidate:not([data-rendered]) .main-svg").count()
+        assert others == 0 and page.locator("details.candidate[data-rendered]").count() == 1
+        assert visit.console_errors == []
+        page.screenshot(path=str(ARTIFACTS / "report-sweep-section.png"))
+    finally:
+        page.close()

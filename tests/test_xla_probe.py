@@ -9,6 +9,7 @@ can hit a graph another test compiled.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -186,6 +187,56 @@ def test_item_in_step_is_one_transfer_and_logging_adds_none(store) -> None:
     assert per_step(store, run2.run_id, schema.M_HOST_SYNCS, 5) == [0] * 5
     assert len(history(store, run2.run_id, schema.M_LOSS)) == 5
     assert per_step(store, run2.run_id, schema.M_XFER_H2D, 5)[1:] == [2] * 4  # x and y per step
+
+
+# Each way a step copies a tensor to the host (``.numpy()`` of an XLA tensor raises, so
+# the NumPy form is ``.cpu().numpy()``).
+D2H_FORMS: dict[str, Callable[[torch.Tensor], object]] = {
+    "cpu": lambda t: t.cpu(),
+    "numpy": lambda t: t.detach().cpu().numpy(),
+    "tolist": lambda t: t.tolist(),
+    "print": lambda t: print(t, file=io.StringIO()),
+    "item": lambda t: t.item(),
+}
+
+
+def test_every_device_to_host_copy_in_the_step_is_counted_and_reads_between_steps_not(
+        store) -> None:
+    model, _ = make(width=23)
+    forms = ["none", *D2H_FORMS, "none"]
+    w = model[0].weight.detach()
+
+    def copy_in_step(n: int) -> None:
+        if forms[n] != "none":
+            D2H_FORMS[forms[n]](w[0, 0])
+
+    run = start(store)
+    between = []
+    with refrun.xla.instrument(run, model=model) as probe:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        own = []
+        for n in range(len(forms)):
+            x, y = batch(n, 8)
+            with probe.step(n):
+                before = raw()
+                loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                torch_xla.sync()
+                copy_in_step(n)
+                probe.log(loss=loss)
+                own.append(diff(before, raw()))
+            b0 = raw()
+            float(loss.detach().cpu())  # a deliberate read between steps (a progress print)
+            between.append(diff(b0, raw())["d2h"])
+    run.close()
+    assert [o["d2h"] for o in own] == [0, 1, 1, 1, 1, 1, 0]  # torch_xla's own count
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, len(forms)) == \
+        [o["d2h"] for o in own]
+    assert per_step(store, run.run_id, schema.M_HOST_SYNCS, len(forms)) == \
+        [1 if f == "item" else 0 for f in forms] == [o["syncs"] for o in own]
+    assert all(b >= 1 for b in between)  # those reads happened, and were not counted
 
 
 # --- CPU fallback -----------------------------------------------------------------------

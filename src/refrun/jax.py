@@ -100,6 +100,7 @@ def instrument(
     memory: bool = True,
     fresh_caches: bool = True,
     recheck_every: int = DEFAULT_RECHECK_EVERY,
+    count_host_reads: bool = True,
 ) -> JaxProbe:
     """Wrap a JAX training loop's recording in a :class:`JaxProbe`.
 
@@ -119,6 +120,9 @@ def instrument(
     ``fresh_caches``: clear JAX's in-memory compilation caches at start (outside any step)
     so the compilation counts do not depend on what ran earlier in the process; False
     keeps them (counts then start from whatever the process has already compiled).
+    ``count_host_reads``: count host reads of ``jax.Array`` values inside the step
+    (``float(x)``, ``np.asarray(x)``, printing ...) as ``xfer/host_syncs``, on every
+    platform (:mod:`refrun.probes.host_reads`); False records no such counter.
 
     Raises :class:`RefrunInputError` for an unknown ``transfer_guard`` level or a
     ``step_fns`` entry that is neither a function nor a name.
@@ -133,7 +137,8 @@ def instrument(
     if hardware is None:
         hardware = declared_hardware(run)
     backend = JaxBackend(step_fns=fns, transfer_guard=transfer_guard, hardware=hardware,
-                         mesh=mesh, fresh_caches=fresh_caches)
+                         mesh=mesh, fresh_caches=fresh_caches,
+                         count_host_reads=count_host_reads)
     backend.observe(params=params, batch=batch)
     mons = resolve_monitors(monitors, [JaxMemoryMonitor.available] if memory else [])
     warn_if_not_a_job(run, jax.process_count(), "jax.process_count()")

@@ -33,6 +33,8 @@ Tags (all strings, prefix ``refrun.``):
 ``refrun.truncated``      tag/param values cut to MLflow's length limit (each warned)
 ``refrun.skipped``        points/tags the store refused at delivery (skipped, see warnings)
 ``refrun.curves.missing`` why the curves artifact could not be written (disk full)
+``refrun.sync.pending``   spooled points not yet delivered (disk full): run incomplete
+``refrun.lost.estimate``  points a hard kill took before they reached the spool (estimate)
 ``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
 ========================  ====================================================
 
@@ -85,7 +87,15 @@ TAG_TRUNCATED = "refrun.truncated"
 # Points or tags the store still refused at delivery; skipped (reasons in warnings.json).
 TAG_SKIPPED = "refrun.skipped"
 # Set when the curves artifact could not be written (e.g. disk full): the reason.
+# Removed by `refrun sync` once the artifact is delivered.
 TAG_CURVES_MISSING = "refrun.curves.missing"
+# Points a hard kill (SIGKILL, OOM) is estimated to have taken with the trainer: accepted
+# by log() but not yet written to the spool (refrun.recording.delivery.lost_estimate).
+TAG_LOST_ESTIMATE = "refrun.lost.estimate"
+# Set when the run was terminated in the store while spooled points could not be delivered
+# (the spool's disk full): how many, and where; readers treat the run as incomplete until
+# `refrun sync` delivers them and removes the tag.
+TAG_SYNC_PENDING = "refrun.sync.pending"
 # MLflow's source tag, set on every recorded run.
 TAG_MLFLOW_SOURCE = "mlflow.source.name"
 SOURCE_NAME = "refrun"
@@ -114,7 +124,10 @@ M_EXECUTIONS = "exec/count"
 M_EXECUTE_TIME = "exec/time_s"
 M_XFER_D2H = "xfer/d2h"  # device-to-host transfers during the step
 M_XFER_H2D = "xfer/h2d"
-M_HOST_SYNCS = "xfer/host_syncs"  # .item()-style scalar syncs
+# Host syncs inside the step: .item()-style reads that wait for the device (torch_xla:
+# aten::_local_scalar_dense; JAX: host reads of jax.Arrays; PyTorch on CUDA: synchronizing
+# CUDA calls seen by torch.cuda.set_sync_debug_mode).
+M_HOST_SYNCS = "xfer/host_syncs"
 M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
 M_NONFINITE = "health/nonfinite"
 SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
@@ -175,6 +188,13 @@ STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_O
 # the decision rests on and the number of reference seeds behind it.
 EV_INTERVAL = "interval"
 EV_N_REFERENCE = "n_reference"
+# Where a per-step criterion's candidate first left the criterion's band (issue 21, calib):
+# {axis, at, step, first_outside_at, sustain, direction, outside_points, points} or null,
+# and the step alone (the report marks it on the metric's figure).
+EV_FIRST_DIVERGENCE = "first_divergence"
+EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
+# A failing per-step criterion's reason ends with this, then the axis value and side.
+FIRST_LEFT_REASON = "; first left the band at "
 # Gradient checks as acceptance evidence (issue 13, cal): a run of role gradcheck names the
 # candidate run it checked; the `gradcheck` criterion finds it by this tag.
 TAG_GRADCHECK_CANDIDATE = "refrun.gradcheck.candidate"  # run id of the checked candidate
@@ -220,6 +240,12 @@ TAG_JAX_TRANSFER_GUARD = "refrun.jax.transfer_guard"
 TAG_JAX_STEP_FUNCTIONS = "refrun.jax.step_functions"
 TAG_JAX_FRESH_CACHES = "refrun.jax.fresh_caches"
 TAG_JAX_TRANSFERS = "refrun.jax.h2d_transfers"  # total implicit h2d transfers counted
+# Which host reads of jax.Arrays inside the step are counted as xfer/host_syncs
+# ("counted: ...", or "off (...)"): refrun.probes.host_reads.
+TAG_JAX_HOST_READS = "refrun.jax.host_reads"
+# Whether the PyTorch probe counts CUDA host syncs inside the step as xfer/host_syncs
+# ("counted: ..." on CUDA, "off (...)" elsewhere): refrun.probes.torch.CudaSyncCounter.
+TAG_TORCH_CUDA_SYNCS = "refrun.torch.cuda_syncs"
 ARTIFACT_XLA_SUMMARY = "refrun/xla_summary.json"
 ARTIFACT_FALLBACK_OPS = "refrun/fallback_ops.json"
 ARTIFACT_JAX_COMPILATIONS = "refrun/jax_compilations.json"
@@ -278,3 +304,13 @@ def rank_artifact(rank: int, name: str) -> str:
 # which must neither stop a comparison from being recorded nor be lost.
 TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
 # --- end of legacy-store hygiene block -----------------------------------------------------
+
+# Candidates of a sweep on one report page are labelled by their run name and by the
+# params and tags in which they differ (refrun.report.labels): every param, every tag
+# outside the refrun./mlflow. namespaces (a user's own), and these identity tags.  Not
+# counters or bookkeeping (step counts, refused points, local ids), which differ between
+# any two runs and say nothing about what was run.
+LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
+              TAG_EXEC_HARDWARE, TAG_EXEC_DEVICES, TAG_EXEC_WORLD_SIZE, TAG_GIT_COMMIT,
+              TAG_IMPORT_SOURCE, TAG_VERSION)
+LABEL_TAG_PREFIXES = (TAG_FW_PREFIX,)  # framework versions (refrun.fw.torch ...)

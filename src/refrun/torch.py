@@ -55,6 +55,7 @@ def instrument(
     monitors: Sequence[Monitor] | str | None = "auto",
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     recheck_every: int = DEFAULT_RECHECK_EVERY,
+    count_cuda_syncs: bool = True,
 ) -> Probe:
     """A :class:`~refrun.probes.base.Probe` recording ``run`` through the PyTorch backend.
 
@@ -65,6 +66,9 @@ def instrument(
     ``sample_interval_s``: seconds between utilisation samples.
     ``recheck_every``: steps between placement re-checks (also checked at start and close).
     ``warmup_steps``: step times excluded from the median/p90 summary tags.
+    ``count_cuda_syncs``: with the model on CUDA, count the synchronizing CUDA calls of
+    each step (``torch.cuda.set_sync_debug_mode("warn")`` inside the step) as
+    ``xfer/host_syncs``; nothing is counted on the CPU (tag ``refrun.torch.cuda_syncs``).
 
     Raises :class:`RefrunInputError` for arguments of the wrong kind.
     """
@@ -76,7 +80,8 @@ def instrument(
         raise RefrunInputError(f"expect_device: {expect_device!r} is not a device ({exc})")\
             from None
     device = model_device(model, optimizer)
-    backend = TorchBackend(model=model, optimizer=optimizer, expected=expected, device=device)
+    backend = TorchBackend(model=model, optimizer=optimizer, expected=expected, device=device,
+                           count_cuda_syncs=bool(count_cuda_syncs))
     mons = resolve_monitors(monitors, gpu_indices=_nvml_indices(device))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         warn_if_not_a_job(run, torch.distributed.get_world_size(),

@@ -155,6 +155,17 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
     only when L3 passed; the evidence digest covers the criteria
     file, the results and the runs' data (see :mod:`refrun.acceptance.evidence`).
     """
+    return assess_with_evidence(crit, references, candidate, latest, allow_cross_workload,
+                                gradchecks)[0]
+
+
+def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
+                         candidate: RunData, latest: dict[str, dict] | None = None,
+                         allow_cross_workload: bool = False,
+                         gradchecks: list[GradcheckRun] | None = None
+                         ) -> tuple[Assessment, dict[str, Any]]:
+    """:func:`assess`, and the evidence document its digest is computed over (built
+    once: digesting every curve of every run is a good part of an assessment's cost)."""
     refs = list(references)
     if not refs:
         raise RefrunInputError("reference: at least one reference run is required")
@@ -195,7 +206,7 @@ def assess(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
         cross_workload=cross, alignment=alignment_of(crit))
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest)
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
-                               calibration_sha256=calibration_digest(crit))
+                               calibration_sha256=calibration_digest(crit)), evidence
 
 
 def held_back(crit: CriteriaFile, gate: str) -> str:
@@ -314,11 +325,11 @@ def assess_many(crit: CriteriaFile, reference_ids: Sequence[str],
     refs = load_references(reference_ids, tracking_uri)
     for cid in candidate_ids:
         cand, latest = load_candidate(crit, refs, cid, tracking_uri, allow_cross_workload)
-        a = assess(crit, refs.runs, cand, latest, allow_cross_workload,
-                   gradchecks=gradchecks_for(crit, cand, tracking_uri))
+        a, evidence = assess_with_evidence(crit, refs.runs, cand, latest,
+                                           allow_cross_workload,
+                                           gradchecks_for(crit, cand, tracking_uri))
         names = {r.run_id: r.tags.get(schema.TAG_RUN_NAME, "") for r in [*refs.runs, cand]}
-        yield Assessed(a, build_evidence(crit.sha256, a.results, refs.runs, cand, latest),
-                       cand.hardware, names)
+        yield Assessed(a, evidence, cand.hardware, names)
 
 
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
@@ -327,6 +338,5 @@ def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: s
     """Load the runs by id and assess; returns the assessment and its evidence document."""
     refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri,
                                              allow_cross_workload)
-    a = assess(crit, refs, cand, latest, allow_cross_workload,
-               gradchecks=gradchecks_for(crit, cand, tracking_uri))
-    return a, build_evidence(crit.sha256, a.results, refs, cand, latest)
+    return assess_with_evidence(crit, refs, cand, latest, allow_cross_workload,
+                                gradchecks_for(crit, cand, tracking_uri))

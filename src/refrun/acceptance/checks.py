@@ -40,7 +40,9 @@ from refrun.acceptance.results import (
     CriterionResult,
 )
 from refrun.comparison import Comparison, RunData, step_time_ratio
+from refrun.comparison.divergence import effective_sustain, first_sustained
 from refrun.comparison.measures import final_window_size
+from refrun.thinning import sorted_unique
 
 # Tag written by the XLA probe: JSON {op name: executions}.
 TAG_FALLBACK_OPS = schema.TAG_FALLBACK_OPS  # one name, defined in schema.py
@@ -103,6 +105,40 @@ def _aligned_frame(ctx: Context, c: Criterion, metric: str):
     return ctx.comparison.metrics[metric].frame, ""
 
 
+def first_left(sel, outside: np.ndarray, above: np.ndarray, axis: str) -> dict[str, Any] | None:
+    """Where the candidate first left a criterion's band among the selected aligned
+    points, by the comparison's divergence rule
+    (:func:`refrun.comparison.divergence.first_sustained`: ``effective_sustain(n)``
+    consecutive points outside, or outside until the last point): its axis value (the
+    step, or samples/tokens seen when aligned on them), the candidate's own step there,
+    the first point outside at all, and the side; None when it never left the band."""
+    n = len(outside)
+    k = effective_sustain(n)
+    i = first_sustained(outside, k)
+    if i is None:
+        return None
+    steps = sel["step"].to_numpy()
+    at = sel[axis].to_numpy() if axis in sel.columns else steps
+    j = int(np.argmax(outside))
+    return {"axis": axis, "at": _num(at[i]), "step": int(steps[i]),
+            "first_outside_at": _num(at[j]), "sustain": k,
+            "direction": "above" if bool(above[i]) else "below",
+            "outside_points": int(outside.sum()), "points": n}
+
+
+def _num(x: Any) -> int | float:
+    v = float(x)
+    return int(v) if v.is_integer() else v
+
+
+def _where(fl: dict[str, Any] | None) -> str:
+    if fl is None:
+        return ""
+    at = f"{fl['axis']} {fl['at']:g}" + (f" (step {fl['step']})" if fl["axis"] != "step"
+                                         else "")
+    return f"{schema.FIRST_LEFT_REASON}{at}, {fl['direction']}"
+
+
 def _select(frame, over: str, wpoints: int | None, wfrac: float | None, ctx: Context):
     n = len(frame)
     if over == "last":
@@ -141,6 +177,12 @@ def closeness(c: Closeness, ctx: Context) -> CriterionResult:
     if c.aggregate == "mean":
         rm, cm = float(ref.mean()), float(cand.mean())
         limit = c.abs_tol + c.rel_tol * abs(rm)
+        extra = window_noise_allowance(c, len(steps), len(ctx.references), abs(rm))
+        if extra > 0:
+            ev.update(calibrated_allowed=limit, window_points=len(steps),
+                      window_calibrated_points=c.window_calibrated_points,
+                      window_noise_allowance=extra)
+            limit = math.hypot(limit, extra)
         ev.update(aggregate="mean", reference_mean=rm, candidate_mean=cm,
                   diff_of_means=cm - rm, allowed=limit)
         ok = abs(cm - rm) <= limit
@@ -151,15 +193,38 @@ def closeness(c: Closeness, ctx: Context) -> CriterionResult:
     within = rv.isclose(cand, ref, c.abs_tol, c.rel_tol)
     frac = float(within.mean())
     outside = steps[~within]
+    fl = first_left(sel, ~within, d > 0, ctx.criteria.settings.axis)
     ev.update(aggregate="point", steps_within=int(within.sum()), fraction_within=frac,
               min_fraction=c.min_fraction, steps_outside=len(outside),
               first_step_outside=int(outside[0]) if len(outside) else None,
-              outside_steps_listed=outside[:MAX_LISTED].tolist())
+              outside_steps_listed=outside[:MAX_LISTED].tolist(),
+              **{schema.EV_FIRST_DIVERGENCE: fl,
+                 schema.EV_FIRST_DIVERGENCE_STEP: None if fl is None else fl["step"]})
     ok = frac >= c.min_fraction - 1e-12
     reason = (f"{int(within.sum())}/{len(steps)} steps within tolerance "
               f"({frac:.1%}, need {c.min_fraction:.1%}); max |diff| {rv.fnum(ad[imax])} at "
-              f"step {int(steps[imax])}")
+              f"step {int(steps[imax])}" + ("" if ok else _where(fl)))
     return _result(c, PASS if ok else FAIL, reason, ev)
+
+
+def window_noise_allowance(c: Closeness, k: int, g: int, scale: float) -> float:
+    """Extra allowance of a window mean over ``k`` points when the tolerance was
+    calibrated on windows of ``K = window_calibrated_points`` points (0 when k >= K or no
+    noise was calibrated).
+
+    With per-point noise ``sigma`` (relative ``window_noise_rel`` times ``scale`` =
+    |reference window mean|) independent between points, the difference of the
+    candidate's window mean and the mean of ``g`` references' window means has noise
+    variance ``sigma^2 (1 + 1/g) / k``; the calibrated tolerance already covers it at
+    ``K`` points, so a window of ``k`` points needs the variance
+    ``sigma^2 (1 + 1/g) (1/k - 1/K)`` more, taken at ``window_noise_z`` standard
+    deviations and added in quadrature to the calibrated tolerance (variances of
+    independent terms add)."""
+    big_k = c.window_calibrated_points
+    if not c.window_noise_rel or big_k is None or k >= big_k or k < 1 or g < 1:
+        return 0.0
+    var = (1 + 1 / g) * (1 / k - 1 / big_k)
+    return float(c.window_noise_z * c.window_noise_rel * scale * math.sqrt(var))
 
 
 def envelope(c: Envelope, ctx: Context) -> CriterionResult:
@@ -184,6 +249,7 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
     inside = (cand >= lo) & (cand <= hi)
     frac = float(inside.mean())
     outside = steps[~inside]
+    fl = first_left(sel, ~inside, cand > hi, ctx.criteria.settings.axis)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(std > 0, (cand - mean) / std, np.nan)
     az = np.abs(z[np.isfinite(z)])
@@ -194,12 +260,14 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
           "first_step_outside": int(outside[0]) if len(outside) else None,
           "outside_steps_listed": outside[:MAX_LISTED].tolist(),
           "max_abs_z": float(az.max()) if len(az) else None,
-          "zero_spread_steps": int((std <= 0).sum())}
+          "zero_spread_steps": int((std <= 0).sum()),
+          schema.EV_FIRST_DIVERGENCE: fl,
+          schema.EV_FIRST_DIVERGENCE_STEP: None if fl is None else fl["step"]}
     ok = frac >= c.min_fraction - 1e-12
     band = f"mean +- {c.k:g} std" if c.band == "std" else "min-max"
     reason = (f"{int(inside.sum())}/{len(steps)} steps inside the "
               f"{band} band "
-              f"({frac:.1%}, need {c.min_fraction:.1%})")
+              f"({frac:.1%}, need {c.min_fraction:.1%})" + ("" if ok else _where(fl)))
     return _result(c, PASS if ok else FAIL, reason, ev)
 
 
@@ -336,7 +404,7 @@ def _counter_sum(ctx: Context, c: Criterion, metrics: list[str], warmup: int | N
     if not have:
         return None, {}, (f"candidate run {run.run_id} has none of the metrics "
                           f"{', '.join(metrics)}")
-    all_steps = np.unique(np.concatenate([s.steps for s in have.values()]))
+    all_steps = sorted_unique(np.concatenate([s.steps for s in have.values()]))
     start = ctx.warmup(all_steps, warmup)
     per_step: dict[int, float] = {int(s): 0.0 for s in all_steps if s >= start}
     totals = {}
@@ -423,7 +491,7 @@ def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:
     """Steps at which one of the per-step compilation counters ``metrics`` is > 0."""
     hit = [r.steps[r.values > 0] for r in (rv.resolved(run, m, keep) for m in metrics)
            if r is not None]
-    return np.unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
+    return sorted_unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
 
 
 def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], keep: str,
@@ -483,12 +551,24 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     if m.ratio is None:
         return _result(c, NOT_EVALUABLE, f"no steady {c.metric!r} value after step {start} "
                        f"(reference n={m.reference_n}, candidate n={m.candidate_n})", ev)
-    ok = m.ratio <= c.max_ratio
+    tail = f"({cand[2]} compilation step(s) of the candidate left out)"
+    if c.low_quantile is None:
+        ok = m.ratio <= c.max_ratio
+        return _result(c, PASS if ok else FAIL,
+                       f"steady median step time {rv.fnum(m.candidate_median)} s vs "
+                       f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
+                       f"{'<=' if ok else '>'} {c.max_ratio:g} {tail}", ev)
+    ref_low = float(np.quantile(np.concatenate([s[1] for s in refs]), c.low_quantile))
+    cand_low = float(np.quantile(cand[1], c.low_quantile))
+    low = cand_low / ref_low if ref_low > 0 else math.inf
+    ok = low <= c.max_ratio
+    ev.update(low_quantile=c.low_quantile, reference_low_s=ref_low, candidate_low_s=cand_low,
+              low_quantile_ratio=low, judged_ratio=low)
     return _result(c, PASS if ok else FAIL,
-                   f"steady median step time {rv.fnum(m.candidate_median)} s vs "
-                   f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
-                   f"{'<=' if ok else '>'} {c.max_ratio:g} ({cand[2]} compilation step(s) "
-                   "of the candidate left out)", ev)
+                   f"fastest {c.low_quantile:.0%} of the steady steps "
+                   f"{rv.fnum(cand_low)} s vs {rv.fnum(ref_low)} s: ratio {low:.3f} "
+                   f"{'<=' if ok else '>'} {c.max_ratio:g} (medians {rv.fnum(m.candidate_median)} "
+                   f"s vs {rv.fnum(m.reference_median)} s, ratio {m.ratio:.3f}) {tail}", ev)
 
 
 def cost(c: CostCriterion, ctx: Context) -> CriterionResult:

@@ -108,6 +108,10 @@ class Calibration:
     refrun_version: str = key("refrun version that calibrated", "")
     require_gradcheck: bool = key("the file requires a passed gradient-check run for every "
                                   "candidate (refrun calibrate --require-gradcheck)", False)
+    outliers: list[str] = key("reference runs calibrate named as outliers among the "  # noqa: RUF009
+                              "seeds (see the file's comments)", [])
+    outliers_excluded: bool = key("whether the outliers were left out of the thresholds "
+                                  "(they are not in runs then)", False)
 
 
 # --- criteria -------------------------------------------------------------------------
@@ -186,6 +190,17 @@ class Closeness(Criterion):
                                     None, ge=1)
     window_fraction: float | None = key("final window as a fraction of aligned steps",
                                         None, gt=0, le=1)
+    # Cadence-aware tolerance of a window mean (aggregate = "mean"; refrun calibrate).
+    window_noise_rel: float | None = key(
+        "per-point noise of the metric in the final window, relative to |reference mean| "
+        "(std of one logged point): with aggregate = 'mean', a window of k < "
+        "window_calibrated_points aligned points (a candidate logging less often) is "
+        "allowed sqrt(tol^2 + (window_noise_z * window_noise_rel * |ref| )^2 * (1 + 1/g) * "
+        "(1/k - 1/window_calibrated_points)), g the reference runs", None, ge=0)
+    window_calibrated_points: int | None = key(
+        "points the final window held when the tolerance was calibrated", None, ge=1)
+    window_noise_z: float = key("normal quantile applied to the extra noise of a shorter "
+                                "window", 3.0, ge=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,8 +305,8 @@ class Utilization(Criterion):
 @dataclass(frozen=True, kw_only=True)
 class StepTime(Criterion):
     KIND: ClassVar[str] = "step_time"
-    DOC: ClassVar[str] = ("median step time after warm-up, candidate / reference (pooled "
-                          "reference runs) <= max_ratio")
+    DOC: ClassVar[str] = ("median (or low_quantile) step time after warm-up, candidate / "
+                          "reference (pooled reference runs) <= max_ratio")
 
     max_ratio: float = key("largest allowed ratio (> 1: the candidate is slower)", gt=0)
     metric: str = key("step-time metric, seconds", schema.M_STEP_TIME)
@@ -304,6 +319,11 @@ class StepTime(Criterion):
         "also judge a candidate whose refrun.backend differs from the references' (default "
         "false: not_applicable, a time ratio between frameworks says nothing about a "
         "migration)", False)
+    low_quantile: float | None = key(
+        "judge the ratio of this low quantile of the steady step times (e.g. 0.05: the "
+        "fastest 5 % of the steps) instead of the medians' (reported too): other processes "
+        "on the machine only add time, so the fastest steps measure the code and the "
+        "median measures the machine as well. Default: the median", None, gt=0, le=0.5)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,10 +25,14 @@ from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
 FORMAT = "refrun.evidence"
-FORMAT_VERSION = "2"
-# Version 2 added each run's ``points_from``; evidence recorded as version 1 is recomputed
-# as version 1, so an older sign-off still verifies against unchanged data.
-FORMAT_VERSIONS = ("1", "2")
+FORMAT_VERSION = "3"
+# Version 2 added each run's ``points_from``; version 3 each per-step result's
+# ``first_divergence`` (where the candidate first left the criterion's band).  Evidence
+# recorded in an older version is recomputed in that version, so an older sign-off still
+# verifies against unchanged data.
+FORMAT_VERSIONS = ("1", "2", "3")
+# Result evidence keys each version added (left out when recomputing an older version).
+ADDED_RESULT_KEYS = {"3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP)}
 
 
 def canonical_json(obj: Any) -> str:
@@ -43,7 +47,13 @@ def sha256_of(obj: Any) -> str:
 
 
 def curve_digests(run: RunData) -> dict[str, str]:
-    """SHA-256 per metric over its points in logging order (step, value bytes)."""
+    """SHA-256 per metric over its points in logging order (step, value bytes).
+
+    Computed once per loaded run (a :class:`RunData` never changes): a sweep digests its
+    references once, not once per candidate."""
+    cached = run.__dict__.get("_curve_digests")
+    if cached is not None:
+        return dict(cached)
     out = {}
     for m in run.metric_names:
         steps, values, seq = run.series(m)
@@ -54,6 +64,7 @@ def curve_digests(run: RunData) -> dict[str, str]:
         h.update(np.asarray(steps, dtype="<i8")[order].tobytes())
         h.update(v.astype("<f8").tobytes())
         out[m] = h.hexdigest()
+    run.__dict__["_curve_digests"] = dict(out)
     return out
 
 
@@ -105,9 +116,31 @@ def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
         "reference": [r.run_id for r in references], "candidate": candidate.run_id,
         "runs": runs,
         "results": {r.id: {"level": r.level, "kind": r.kind, "outcome": r.outcome,
-                           "evaluated": r.evaluated, "evidence": r.evidence}
+                           "evaluated": r.evaluated,
+                           "evidence": _as_version(r.evidence, format_version)}
                     for r in results},
     })
+
+
+def result_as_version(result: dict[str, Any], format_version: str) -> dict[str, Any]:
+    """A stored result (``CriterionResult.to_dict()``) as an assessment of evidence format
+    ``format_version`` had it: without later evidence keys, and (before version 3) without
+    the first-divergence ending of a failing reason."""
+    if int(format_version) >= int(FORMAT_VERSION):
+        return result
+    out = dict(result)
+    if isinstance(out.get("evidence"), dict):
+        out["evidence"] = _as_version(out["evidence"], format_version)
+    if int(format_version) < 3 and isinstance(out.get("reason"), str):
+        out["reason"] = out["reason"].split(schema.FIRST_LEFT_REASON)[0]
+    return out
+
+
+def _as_version(evidence: dict[str, Any], format_version: str) -> dict[str, Any]:
+    """A result's evidence without the keys added after ``format_version``."""
+    drop = {k for v, keys in ADDED_RESULT_KEYS.items() if int(v) > int(format_version)
+            for k in keys}
+    return {k: v for k, v in evidence.items() if k not in drop} if drop else evidence
 
 
 def diff_evidence(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, str]]:

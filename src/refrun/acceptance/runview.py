@@ -11,7 +11,7 @@ import numpy as np
 
 from refrun import schema
 from refrun.acceptance.criteria import Prices
-from refrun.comparison import RunData, resolve_series, warmup_end
+from refrun.comparison import RunData, warmup_end
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,7 @@ def resolved(run: RunData, metric: str, keep: str = "last") -> Resolved | None:
     None when the run has no such metric."""
     if metric not in run.metric_names:
         return None
-    steps, values, seq = run.series(metric)
-    s = resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+    s = run.resolved(metric, keep)  # resolved once per run (a sweep reuses its references)
     return Resolved(np.asarray(s.steps, dtype=np.int64), np.asarray(s.values, dtype=float))
 
 

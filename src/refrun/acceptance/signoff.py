@@ -34,6 +34,7 @@ from refrun.acceptance.evidence import (
     _leaf_diffs,
     build_evidence,
     diff_evidence,
+    result_as_version,
     sha256_of,
 )
 from refrun.acceptance.record import (
@@ -167,12 +168,18 @@ def _readable(assessment: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def assessment_changes(recorded: dict[str, Any], current: Assessment) -> list[dict[str, str]]:
+def assessment_changes(recorded: dict[str, Any], current: Assessment,
+                       version: str | None = None) -> list[dict[str, str]]:
     """Every field of the recorded ``refrun/assessment.json`` that differs from the same
     assessment recomputed now (verdict, highest level, levels, each result and its reason,
     measurements, warnings ...), as ``{"what": "assessment", "key", "change"}`` with
     ``change`` "recomputed -> recorded"."""
     fresh = json.loads(json.dumps(current.to_dict()))  # the form it is stored in
+    if version is not None:  # recorded before later evidence keys existed: compare alike
+        fresh["results"] = [result_as_version(r, version) for r in fresh.get("results", [])]
+        if int(version) < 3:  # the "L4 held back" warning came with version 3
+            fresh["warnings"] = [w for w in fresh.get("warnings", [])
+                                 if not w.startswith("L4 held back")]
     # "supported -> recorded": what the data gives, then what the store says now.
     return [{"what": "assessment", "key": f"{ARTIFACT_ASSESSMENT}: " + ".".join(path),
              "change": _change(x, y)}
@@ -199,7 +206,8 @@ def tag_changes(tags: dict[str, str], expected: dict[str, str]) -> list[dict[str
 
 def _recorded_changes(rec: Recorded, current: Assessment) -> list[dict[str, str]]:
     """What the recorded assessment and its tags say that the data no longer supports."""
-    return [*assessment_changes(rec.assessment, current),
+    version = str((rec.evidence or {}).get("format_version", FORMAT_VERSION))
+    return [*assessment_changes(rec.assessment, current, version),
             *tag_changes(rec.tags, expected_tags(json.loads(json.dumps(current.to_dict()))))]
 
 

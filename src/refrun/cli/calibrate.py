@@ -67,6 +67,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="KIND",
                    help="leave out criteria of these kinds, e.g. step_time when the "
                         "references ran on other machines than the candidates will")
+    p.add_argument("--step-time-floor", type=float, default=None, metavar="R",
+                   help="smallest step-time max_ratio written (default 1.5: medians of "
+                        "identical runs on a shared machine vary by up to 1.6x, which "
+                        "back-to-back reference runs do not show); lower it on dedicated "
+                        "hardware")
+    p.add_argument("--keep-outliers", action="store_true",
+                   help="keep reference seeds named as outliers in the thresholds "
+                        "(default: left out, and named in the output and the file)")
     p.add_argument("--warmup-steps", type=int, default=None, metavar="S",
                    help="warm-up steps for step time and counters (default: 10%% of the run)")
     p.add_argument("--goal", action="append", default=[], metavar="METRIC>=VALUE",
@@ -123,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         max_groups=args.max_groups,
         metrics=tuple(args.metric) if args.metric else None,
         exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
-        goals=goals,
+        goals=goals, keep_outliers=args.keep_outliers,
+        **({} if args.step_time_floor is None else {"step_time_floor": args.step_time_floor}),
         settings=Settings(warmup_steps=args.warmup_steps))
     result = calibrate(runs, opts)
     if args.output is None:
@@ -135,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     print("power (smallest shift each criterion detects):")
     for line in result.power():
         print(f"  {line}")
+    for o in result.outliers:
+        print(f"outlier: {o.text()}")
     for note in result.notes:
         print(f"note: {note}")
     return 0

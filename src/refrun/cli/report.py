@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-cross-workload", action="store_true",
                    help="report on a candidate of another workload than the references' "
                         "(or the criteria file's); refused otherwise")
+    p.add_argument("--mlflow-ui", default=None, metavar="URL",
+                   help="address of the MLflow UI on this store, e.g. http://127.0.0.1:5000: "
+                        "each comparison run is linked to its page there (default: the "
+                        "tracking URI when it is an http(s) server)")
     add_tracking_uri(p)
     p.set_defaults(func=run)
 
@@ -178,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     uri = existing_store_uri(args.tracking_uri)
     metrics = _metrics(args.metrics)
     args.tracking_uri = uri
+    ui = ui_base(args.mlflow_ui, uri)
     compared = [_compare(args, c, metrics) for c in args.candidate]
     candidates = []
     for cmp, assessment in compared:
@@ -189,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
             run_id = record_comparison(cmp, tracking_uri=uri)
             if assessment is not None:  # named and described as `refrun accept` does
                 _describe_assessed(run_id, assessment, uri)
-        candidates.append(Candidate(cmp, assessment, run_id))
+        candidates.append(Candidate(cmp, assessment, run_id,
+                                    comparison_url(ui, run_id, uri) if run_id else None))
     path, matrix = write_multi_report(candidates, out, plotlyjs=args.plotlyjs,
                                       max_points=args.max_points,
                                       redact_paths=args.redact_path)
@@ -210,6 +216,27 @@ def run(args: argparse.Namespace) -> int:
             log_summary(c.comparison_run_id, uri, deps, assessment_dict(c.assessment))
             print(f"comparison run: {c.comparison_run_id} (artifact {ARTIFACT_REPORT})")
     return 0
+
+
+def ui_base(arg: str | None, uri: str) -> str | None:
+    """The MLflow UI's address: ``--mlflow-ui``, else the tracking server's (an http(s)
+    tracking URI serves the UI too), else None (a database store has no UI address)."""
+    base = arg or (uri if uri.startswith(("http://", "https://")) else None)
+    if arg is not None and not arg.startswith(("http://", "https://")):
+        raise RefrunInputError(f"--mlflow-ui {arg}: not an http(s) address")
+    return base.rstrip("/") if base else None
+
+
+def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
+    """The comparison run's page in the MLflow UI at ``base`` (None without one)."""
+    if base is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    from refrun import mlflow_ui
+
+    exp = MlflowClient(uri).get_run(run_id).info.experiment_id
+    return f"{base}/{mlflow_ui.run_link(exp, run_id)}"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -100,6 +100,13 @@ def first_divergence(metric: str, steps: np.ndarray, reference: np.ndarray,
     )
 
 
+def first_sustained(out: np.ndarray, k: int) -> int | None:
+    """Index of the first stretch of ``True`` in ``out`` of length >= ``k``, or reaching
+    the end with length >= min(k, 2); None when there is none (the rule of
+    :func:`first_divergence`, for a caller with its own band)."""
+    return _first_sustained(np.asarray(out, dtype=bool), k)
+
+
 def _first_sustained(out: np.ndarray, k: int) -> int | None:
     """Index of the first run of ``True`` of length >= k, or reaching the end with length
     >= min(k, 2)."""

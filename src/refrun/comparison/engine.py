@@ -27,7 +27,6 @@ from refrun.comparison.alignment import (
     align,
     axis_map,
     mapping_report,
-    resolve_series,
     to_axis,
 )
 from refrun.comparison.divergence import (
@@ -39,7 +38,13 @@ from refrun.comparison.divergence import (
     divergence_summary,
     first_divergence,
 )
-from refrun.comparison.group import GroupEnvelope, envelope_position, group_stats, z_scores
+from refrun.comparison.group import (
+    GroupEnvelope,
+    GroupStats,
+    envelope_position,
+    group_stats,
+    z_scores,
+)
 from refrun.comparison.loading import RunData, load_run
 from refrun.comparison.measures import (
     CounterTotals,
@@ -332,8 +337,7 @@ def compare(reference: str | RunData | Sequence[str | RunData], candidate: str |
 
 
 def _resolve(run: RunData, metric: str, keep: str) -> Series:
-    steps, values, seq = run.series(metric)
-    return resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+    return run.resolved(metric, keep)
 
 
 def _span(series: list[Series]) -> tuple[int, int]:
@@ -400,12 +404,15 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
     elif kind == "counter":
         counters = _group_counters(native_refs, native_cand, wend)
     group = None
-    frame = _frame(aligned, ref_curve, d_rd)
+    # The group's per-step statistics, computed once for the frame and the envelope.
+    stats = group_stats(aligned.reference) if aligned.reference.shape[0] > 1 else None
+    frame = _frame(aligned, ref_curve, d_rd, stats)
     if mapping and maps is not None:
         frame = _with_axis(frame, opts.axis, maps[-1])
     if len(refs) > 1:
         k = final_window_size(len(aligned.steps), opts.final_fraction, opts.final_points)
-        group = envelope_position(aligned.steps, aligned.candidate, aligned.reference, k)
+        group = envelope_position(aligned.steps, aligned.candidate, aligned.reference, k,
+                                  stats=stats)
     div = None
     if kind in ("value", "eval") and not name.startswith(schema.SYS_PREFIX):
         div = first_divergence(name, aligned.steps, aligned.reference, aligned.candidate,
@@ -452,12 +459,12 @@ def _with_axis(frame: pd.DataFrame, axis: str, cand_map: AxisMap) -> pd.DataFram
 
 
 def _frame(aligned: Aligned, ref_curve: np.ndarray,
-           d_rd: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+           d_rd: tuple[np.ndarray, np.ndarray], st: GroupStats | None = None) -> pd.DataFrame:
     d, rd = d_rd
     cols: dict[str, np.ndarray] = {"step": aligned.steps, "reference": ref_curve,
                                    "candidate": aligned.candidate, "diff": d, "reldiff": rd}
     if aligned.reference.shape[0] > 1:
-        st = group_stats(aligned.reference)
+        st = st if st is not None else group_stats(aligned.reference)
         cols.update(ref_min=st.min, ref_max=st.max, ref_mean=st.mean, ref_std=st.std,
                     z=z_scores(aligned.candidate, st))
     return pd.DataFrame(cols, copy=False)

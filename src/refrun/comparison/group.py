@@ -69,12 +69,14 @@ def seed_mean_abs_diff(matrix: np.ndarray) -> float | None:
 
 
 def envelope_position(steps: np.ndarray, cand: np.ndarray, matrix: np.ndarray,
-                      final_points: int = 1) -> GroupEnvelope:
+                      final_points: int = 1, stats: GroupStats | None = None
+                      ) -> GroupEnvelope:
     """Where ``cand`` stands relative to the reference runs ``matrix`` at aligned steps.
 
     ``final_points``: size of the final window for ``final_mean_abs_z`` (the last points).
+    ``stats``: :func:`group_stats` of ``matrix`` when the caller has it already.
     """
-    stats = group_stats(matrix)
+    stats = stats if stats is not None else group_stats(matrix)
     n = len(steps)
     above = cand > stats.max
     below = cand < stats.min

@@ -22,11 +22,11 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -39,12 +39,14 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
+from refrun.comparison.alignment import Series, resolve_series
 from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
 from refrun.runs import list_runs
 from refrun.store.client import client as store_client
 from refrun.store.uri import resolve_tracking_uri
 
+T = TypeVar("T")
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
 
 # Where a run's points came from: its curves artifact (every point), MLflow's metric
@@ -57,6 +59,10 @@ _POLL_S = 1.0  # how often an incomplete run is looked at again while waiting
 _PROGRESS_EVERY_S = 10.0
 # Statuses of a run still being recorded; FINISHED/FAILED/KILLED are terminal.
 _ACTIVE = ("RUNNING", "SCHEDULED")
+# A read the store answered with a transient error (unreachable, timeout, 5xx, 429) is
+# tried again after these pauses (s), then refused with one line: never taken for "no
+# curves artifact" (that would compare the run on MLflow's bounded view).
+READ_RETRY_PAUSES_S = (0.5, 1.0, 2.0, 4.0)
 # MLflow stores +-inf as +-float max (sqlalchemy store, mlflow 2.x/3.x).
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 
@@ -156,6 +162,17 @@ class RunData:
         return (c["step"].to_numpy()[rows], c["value"].to_numpy()[rows],
                 c["seq"].to_numpy()[rows])
 
+    def resolved(self, metric: str, keep: str = "last") -> Series:
+        """The metric with one value per step (:func:`~refrun.comparison.alignment.
+        resolve_series`), computed once per ``(metric, keep)``: a sweep compares every
+        candidate with the same reference runs, whose series are resolved only once."""
+        cache: dict[tuple[str, str], Series] = self.__dict__.setdefault("_resolved", {})
+        key = (metric, keep)
+        if key not in cache:
+            steps, values, seq = self.series(metric)
+            cache[key] = resolve_series(steps, values, seq, keep=keep)  # type: ignore[arg-type]
+        return cache[key]
+
     def _index(self) -> dict[str, np.ndarray]:
         # Row positions per metric, computed once from the integer category codes: a
         # 5M-row table is split in milliseconds instead of one string scan per metric.
@@ -192,14 +209,19 @@ def wait_for_runs(seconds: float) -> Iterator[None]:
         _WAIT_S.reset(token)
 
 
-def incomplete_reason(status: str, has_artifact: bool) -> str | None:
+def incomplete_reason(status: str, has_artifact: bool,
+                      tags: Mapping[str, str] | None = None) -> str | None:
     """Why a run with this status cannot be compared yet, or None when it can.
 
-    Incomplete: RUNNING/SCHEDULED (still being recorded or delivered), or ended without
-    FINISHED and without its curves artifact (its points may be partly delivered).
+    Incomplete: RUNNING/SCHEDULED (still being recorded or delivered), ended with spooled
+    points not delivered yet (``refrun.sync.pending``: its spool's disk was full), or
+    ended without FINISHED and without its curves artifact (points may be partly
+    delivered).
     """
     if status in _ACTIVE:
         return f"is {status} (still being recorded or delivered)"
+    if tags and schema.TAG_SYNC_PENDING in tags:
+        return f"has {tags[schema.TAG_SYNC_PENDING]}"
     if status != "FINISHED" and not has_artifact:
         return f"is {status} and has no curves artifact {schema.ARTIFACT_CURVES}"
     return None
@@ -336,7 +358,7 @@ def _wait_until_complete(client: MlflowClient, uri: str, run: Run,
     start = time.monotonic()
     shown = None
     while True:
-        why = incomplete_reason(run.info.status, curves is not None)
+        why = incomplete_reason(run.info.status, curves is not None, run.data.tags)
         if why is None:
             return run, curves
         waited = time.monotonic() - start
@@ -366,23 +388,74 @@ def _local_artifact_dir(artifact_uri: str | None) -> Path | None:
     return None
 
 
+def transient_read_error(exc: BaseException) -> bool:
+    """True for a store error worth retrying: no answer (connection refused or reset,
+    timeout), a server error (5xx) or throttling (429).  False for an answer about the
+    request itself (MLflow's 4xx: e.g. the path does not exist)."""
+    if isinstance(exc, MlflowException):
+        code = exc.get_http_status_code()
+        return code >= 500 or code == 429
+    import requests
+
+    return isinstance(exc, OSError | requests.exceptions.RequestException)
+
+
+def retried(what: str, read: Callable[[], T], pauses: Sequence[float] | None = None) -> T:
+    """``read()``, tried again after each of ``pauses`` (default
+    :data:`READ_RETRY_PAUSES_S`) while it fails transiently (:func:`transient_read_error`);
+    then a one-line :class:`RefrunInputError` naming ``what`` and the last error.  Other
+    errors propagate at once."""
+    pauses = READ_RETRY_PAUSES_S if pauses is None else pauses
+    for attempt in range(len(pauses) + 1):
+        try:
+            return read()
+        except Exception as exc:
+            if not transient_read_error(exc):
+                raise
+            if attempt == len(pauses):
+                msg = " ".join(str(exc).split())[:200]
+                raise RefrunInputError(f"{what} failed {attempt + 1} times "
+                                       f"({type(exc).__name__}: {msg}); not read, nothing "
+                                       "compared on partial data") from exc
+            time.sleep(pauses[attempt])
+    raise AssertionError("unreachable")
+
+
 def _read_artifact(client: MlflowClient, uri: str, run_id: str, artifact_uri: str | None,
                    metrics: Sequence[str] | None) -> pd.DataFrame | None:
+    """The run's curves artifact, or None only when the store says there is none."""
     local = _local_artifact_dir(artifact_uri)
     if local is not None:
         # Read in place: no copy of a multi-hundred-MB artifact, no download progress bar.
         path = local / schema.ARTIFACT_CURVES
-        return read_curves_fast(path, metrics) if path.is_file() else None
-    try:
-        listed = {f.path for f in client.list_artifacts(run_id, schema.ARTIFACT_DIR)}
-    except (MlflowException, OSError):
-        return None
+        try:
+            path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:  # unreadable is not absent
+            raise RefrunInputError(f"run {run_id}: {path}: cannot read ({exc.strerror})"
+                                   ) from exc
+        return read_curves_fast(path, metrics)
+
+    def listing() -> set[str]:
+        try:
+            return {f.path for f in client.list_artifacts(run_id, schema.ARTIFACT_DIR)}
+        except MlflowException as exc:
+            if transient_read_error(exc):
+                raise
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return set()  # the store says the directory is not there
+            raise RefrunInputError(f"run {run_id}: listing its artifacts in {uri}: "
+                                   f"{' '.join(str(exc).split())[:200]}") from exc
+
+    listed = retried(f"run {run_id}: listing its artifacts in {uri}", listing)
     if schema.ARTIFACT_CURVES not in listed:
         return None
     with tempfile.TemporaryDirectory(prefix="refrun-load-") as tmp:
-        path = mlflow.artifacts.download_artifacts(
-            run_id=run_id, artifact_path=schema.ARTIFACT_CURVES, dst_path=tmp,
-            tracking_uri=uri)
+        path = retried(f"run {run_id}: downloading {schema.ARTIFACT_CURVES} from {uri}",
+                       lambda: mlflow.artifacts.download_artifacts(
+                           run_id=run_id, artifact_path=schema.ARTIFACT_CURVES,
+                           dst_path=tmp, tracking_uri=uri))
         return read_curves_fast(Path(path), metrics)
 
 
@@ -414,7 +487,8 @@ def _read_history(client: MlflowClient, run_id: str, keys: list[str],
     frames = []
     for key in tqdm(wanted, desc=f"metric history {run_id[:8]}", unit="metric",
                     disable=not progress or len(wanted) == 0, leave=False):
-        hist = client.get_metric_history(run_id, key)
+        hist = retried(f"run {run_id}: reading the metric history of {key!r}",
+                       lambda k=key: client.get_metric_history(run_id, k))
         frames.append(pd.DataFrame({
             "metric": key,
             "step": np.fromiter((m.step for m in hist), np.int64, len(hist)),

@@ -30,6 +30,13 @@ What it measures, and how, without adding a host sync to the loop:
   the runtime writes one line per implicit host-to-device transfer to the process's
   stderr; the probe counts those lines (``xfer/h2d``) and passes everything through.
   With ``disallow`` a completed step had no implicit transfer (``xfer/h2d`` = 0).
+* **Host reads** of ``jax.Array`` values inside the step (``float(x)``, ``int(x)``,
+  ``x.item()``, ``x.tolist()``, ``np.asarray(x)``, printing): each waits for the device,
+  the ``.item()`` class of silent slowdowns; counted as ``xfer/host_syncs`` on every
+  platform, CPU included (:mod:`refrun.probes.host_reads`: the array type's read entry
+  points are wrapped while the probe is open and count into a thread-local; the read
+  already waits, the count adds no sync).  The probe's own reads of logged values are
+  made between steps with counting suspended and are never counted.
 * **Placement** (``refrun.placement``, ``refrun.exec.*`` tags) from the devices and
   shardings of the parameters and batches, and ``refrun.placement.warning`` when the
   run declared an accelerator but the arrays live on the CPU.
@@ -57,6 +64,7 @@ import jax
 import numpy as np
 
 from refrun import schema
+from refrun.probes import host_reads
 from refrun.probes.base import BackendBase
 from refrun.probes.hardware import is_accelerator
 
@@ -500,7 +508,7 @@ class JaxBackend(BackendBase):
 
     def __init__(self, *, step_fns: Iterable[Any] = (), transfer_guard: str | None = None,
                  hardware: str | None = None, mesh: Any = None,
-                 fresh_caches: bool = True) -> None:
+                 fresh_caches: bool = True, count_host_reads: bool = True) -> None:
         super().__init__()
         names = [f if isinstance(f, str) else getattr(f, "__name__", None) for f in step_fns]
         self.compiles = CompileTracker(frozenset(n for n in names if n) or None)
@@ -523,6 +531,15 @@ class JaxBackend(BackendBase):
         self._ended_step: int | None = None
         self._watcher = ReadyWatcher()
         self.compiles.install()
+        # Host reads inside the step (xfer/host_syncs); None when not counted.
+        self._reads: host_reads.ReadCount | None = None
+        self.read_coverage = host_reads.Coverage(False, False, "count_host_reads=False")
+        if count_host_reads:
+            self.read_coverage = host_reads.install()
+            if self.read_coverage.value_property:
+                self._reads = host_reads.ReadCount()
+            else:
+                host_reads.remove()
         if transfer_guard in ("log", "log_explicit"):
             self._h2d = StderrLineCounter()
 
@@ -537,10 +554,14 @@ class JaxBackend(BackendBase):
             cm = jax.transfer_guard(self.transfer_guard)
             cm.__enter__()
             self._guard_cm = cm
+        if self._reads is not None:
+            host_reads.activate(self._reads)  # last: only the user's step is counted
         return time.perf_counter()
 
     def end_step(self, step: int, token: float) -> PendingStepTime | float:
         now = time.perf_counter()
+        if self._reads is not None:
+            host_reads.activate(None)
         self.compiles.in_step = False  # until the next step: "between steps"
         self._ended_step = step
         if self._guard_cm is not None:
@@ -578,6 +599,7 @@ class JaxBackend(BackendBase):
             return pending.value
         if isinstance(pending, float):
             return pending
+        prev = host_reads.activate(None)  # the probe's own read is never the user's
         try:
             if not pending.is_ready():
                 return None
@@ -585,6 +607,8 @@ class JaxBackend(BackendBase):
         except Exception:  # deleted or donated before it was read
             self.lost_values += 1
             return LOST
+        finally:
+            host_reads.activate(prev)
 
     def wait(self, pending: Any) -> float:
         if isinstance(pending, PendingStepTime):
@@ -592,15 +616,20 @@ class JaxBackend(BackendBase):
             return pending.value if pending.value is not None else LOST
         if isinstance(pending, float):
             return pending
+        prev = host_reads.activate(None)
         try:
             return float(np.asarray(pending).reshape(()))
         except Exception:
             self.lost_values += 1
             return LOST
+        finally:
+            host_reads.activate(prev)
 
     # --- counters and description ---------------------------------------------------------
     def counters(self) -> dict[str, float]:
         out = self.compiles.counters()
+        if self._reads is not None:
+            out[schema.M_HOST_SYNCS] = float(self._reads.n)
         if self._h2d is not None:
             total = self._h2d.count()
             if self._ended_step is not None and total > self._h2d_last:
@@ -650,6 +679,7 @@ class JaxBackend(BackendBase):
             schema.TAG_STEP_TIME_WALL_STEPS: self.wall_steps,
             schema.TAG_JAX_TRANSFER_GUARD: self.transfer_guard or "off",
             schema.TAG_JAX_FRESH_CACHES: str(self.fresh_caches).lower(),
+            schema.TAG_JAX_HOST_READS: self.read_coverage.text(),
             schema.TAG_JAX_STEP_FUNCTIONS: ",".join(sorted(self.compiles.step_names))
             if self.compiles.step_names else "(called through jit/pmap)",
         }
@@ -665,6 +695,9 @@ class JaxBackend(BackendBase):
 
     def close(self) -> None:
         self.compiles.remove()
+        if self._reads is not None:
+            self._reads = None
+            host_reads.remove()
         if self._guard_cm is not None:
             with contextlib.suppress(Exception):
                 self._guard_cm.__exit__(None, None, None)

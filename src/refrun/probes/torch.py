@@ -20,6 +20,17 @@ What it does inside a training step, and why none of it synchronises the host:
   compilations of a frame already compiled before, compile time).  The probe logs their
   per-step deltas from the first step in which something compiled (an eager run records
   none).  Dynamo is never imported by the probe, only read once the process imported it.
+* **Host syncs on CUDA** (``xfer/host_syncs``): inside each step the probe sets
+  ``torch.cuda.set_sync_debug_mode("warn")`` (restoring the user's mode at step exit), so
+  every synchronizing CUDA call the step makes from Python (``.item()``, ``float(t)``,
+  ``.cpu()``/``.tolist()``/``.numpy()`` of a CUDA tensor, ``torch.nonzero``, a blocking
+  copy, ``torch.cuda.synchronize()``) raises PyTorch's "called a synchronizing CUDA
+  operation" warning; the probe counts those warnings and swallows them (a warnings filter
+  and ``warnings.showwarning`` hook while the probe is open) instead of printing one per
+  step (a user who set ``"warn"`` still sees them; one who set ``"error"`` keeps it: the
+  sync raises, as asked).  The probe's own CUDA work is asynchronous, so a clean step
+  counts 0.  Only when the model is on CUDA (:class:`CudaSyncCounter`); on the CPU no
+  sync exists and no such counter is recorded (tag ``refrun.torch.cuda_syncs`` says which).
 * **Placement**: the devices of parameters, optimizer state and logged tensors, with a
   warning when an accelerator was expected (``expect_device``, or a non-CPU declared
   hardware) or is present but the model or the logged values live on the CPU.
@@ -32,8 +43,10 @@ from __future__ import annotations
 import contextlib
 import json
 import numbers
+import re
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -188,6 +201,75 @@ def dynamo_counters(watch: CompileWatch) -> dict[str, float]:
     }
 
 
+# --- host syncs on CUDA -------------------------------------------------------------------
+CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+class CudaSyncCounter:
+    """Counts PyTorch's sync-debug warnings raised inside the step (see the module doc).
+
+    ``torch.cuda.set_sync_debug_mode`` is process-wide: it is switched to ``warn`` at
+    :meth:`begin` and back to the user's mode at :meth:`end`, so syncs between steps
+    (evaluation, a progress print) are neither counted nor warned about.  Warnings of
+    other text, or of sync debug mode outside a step, go to the previous
+    ``warnings.showwarning`` unchanged."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.active = False
+        self._prev_mode = 0
+        self._prev_show: Any = None
+        self._filter: Any = None
+
+    def install(self) -> None:
+        warnings.filterwarnings("always", message=re.escape(CUDA_SYNC_WARNING))
+        self._filter = warnings.filters[0]
+        self._prev_show = warnings.showwarning
+        warnings.showwarning = self._show
+
+    def _show(self, message: Any, category: Any, filename: str, lineno: int,
+              file: Any = None, line: Any = None) -> None:
+        if self.active and CUDA_SYNC_WARNING in str(message):
+            self.n += 1
+            if self._prev_mode == 0:  # the user asked for no warnings: counted, not shown
+                return
+        self._prev_show(message, category, filename, lineno, file, line)
+
+    def begin(self) -> None:
+        self._prev_mode = torch.cuda.get_sync_debug_mode()
+        if self._prev_mode != 2:  # the user's "error" mode stays: a sync raises, as asked
+            torch.cuda.set_sync_debug_mode(1)  # warn
+        self.active = True
+
+    def end(self) -> None:
+        if self.active:
+            self.active = False
+            if self._prev_mode != 2:
+                torch.cuda.set_sync_debug_mode(self._prev_mode)
+
+    def remove(self) -> None:
+        self.end()
+        if warnings.showwarning == self._show:
+            warnings.showwarning = self._prev_show
+        with contextlib.suppress(ValueError):
+            warnings.filters.remove(self._filter)
+        with contextlib.suppress(AttributeError):  # drop the filter's cached decisions
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+def cuda_sync_counter(device: torch.device, wanted: bool) -> tuple[CudaSyncCounter | None, str]:
+    """(a counter, or None, and the ``refrun.torch.cuda_syncs`` tag saying why)."""
+    if not wanted:
+        return None, "off (count_cuda_syncs=False)"
+    if device.type != "cuda":
+        return None, f"off (the model is on {device.type}, not CUDA: no host sync to count)"
+    if not hasattr(torch.cuda, "set_sync_debug_mode"):
+        return None, "off (this PyTorch has no torch.cuda.set_sync_debug_mode)"
+    counter = CudaSyncCounter()
+    counter.install()
+    return counter, "counted: torch.cuda.set_sync_debug_mode('warn') inside the step"
+
+
 # --- placement ------------------------------------------------------------------------
 @dataclass
 class Placement:
@@ -274,7 +356,10 @@ class TorchBackend(BackendBase):
     optimizer: torch.optim.Optimizer | None = None
     expected: str | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    count_cuda_syncs: bool = True
     name: str = "torch"
+    _syncs: CudaSyncCounter | None = None
+    _syncs_tag: str = ""
     _watch: CompileWatch = field(default_factory=CompileWatch)
     _monotonic: Monotonic = field(default_factory=Monotonic)
     _compile_base: dict[str, float] | None = None
@@ -295,6 +380,7 @@ class TorchBackend(BackendBase):
             self._events = _Pool(lambda _: torch.cuda.Event())
             self._timers = _Pool(lambda _: torch.cuda.Event(enable_timing=True))
         self._watch.install()
+        self._syncs, self._syncs_tag = cuda_sync_counter(self.device, self.count_cuda_syncs)
 
     @property
     def step_time_kind(self) -> str:
@@ -304,6 +390,8 @@ class TorchBackend(BackendBase):
     def begin_step(self, step: int) -> Any:
         if self._timers is None:
             return time.perf_counter()
+        if self._syncs is not None:
+            self._syncs.begin()
         ev = self._timers.take(None)
         ev.record(torch.cuda.current_stream(self.device))
         return ev
@@ -311,6 +399,8 @@ class TorchBackend(BackendBase):
     def end_step(self, step: int, token: Any) -> Any:
         if self._timers is None:
             return time.perf_counter() - token
+        if self._syncs is not None:
+            self._syncs.end()
         ev = self._timers.take(None)
         ev.record(torch.cuda.current_stream(self.device))
         return _CudaTiming(token, ev)
@@ -394,6 +484,14 @@ class TorchBackend(BackendBase):
 
     # --- counters and placement ------------------------------------------------------
     def counters(self) -> Mapping[str, float]:
+        """Compile counters (:meth:`compile_counters`) and, on CUDA, the host syncs
+        counted inside steps (``xfer/host_syncs``)."""
+        out = self.compile_counters()
+        if self._syncs is None:
+            return out
+        return {**out, schema.M_HOST_SYNCS: float(self._syncs.n)}
+
+    def compile_counters(self) -> Mapping[str, float]:
         """Compile counters since this backend was created; empty until something has
         compiled, so an eager run records no ``compile/*`` metrics at all (absent means
         nothing compiled) and a compiled run records them from its first compiling step."""
@@ -444,10 +542,11 @@ class TorchBackend(BackendBase):
             schema.TAG_EXEC_HARDWARE: self._hardware(pl),
             schema.TAG_EXEC_DEVICES: max(len(devices), 1),
             schema.TAG_STEP_TIME_KIND: self.step_time_kind,
+            schema.TAG_TORCH_CUDA_SYNCS: self._syncs_tag,
         }
-        warnings = pl.warnings(self.model is not None)
-        if warnings:
-            out[schema.TAG_PLACEMENT_WARNING] = "; ".join(warnings)
+        problems = pl.warnings(self.model is not None)
+        if problems:
+            out[schema.TAG_PLACEMENT_WARNING] = "; ".join(problems)
         return out
 
     def _hardware(self, pl: Placement) -> str:
@@ -461,6 +560,8 @@ class TorchBackend(BackendBase):
 
     def close(self) -> None:
         self._watch.remove()
+        if self._syncs is not None:
+            self._syncs.remove()
         for pool in (self._buffers, self._events, self._timers):
             if pool is not None:
                 pool.clear()

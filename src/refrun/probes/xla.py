@@ -14,11 +14,20 @@ read from ``torch_xla.debug.metrics`` through the cheap ``_XLAC`` accessors:
 ``compile/time_s``         ``CompileTime`` metric accumulator (ns) / 1e9
 ``exec/count``             ``ExecuteComputation`` counter (``ExecuteTime`` count if absent)
 ``exec/time_s``            ``ExecuteTime`` accumulator (ns) / 1e9
-``xfer/d2h``               ``TransferFromDeviceTime`` sample count, minus the probe's own
+``xfer/d2h``               ``TransferFromDeviceTime`` sample count inside the step
 ``xfer/h2d``               ``TransferToDeviceTime`` sample count
-``xfer/host_syncs``        ``aten::_local_scalar_dense`` counter (``.item()``-style syncs)
+``xfer/host_syncs``        ``aten::_local_scalar_dense`` counter inside the step
 ``fallback/ops``           sum of the other ``aten::*`` counters (ops run on the CPU)
 =========================  =============================================================
+
+``xfer/d2h`` counts every device-to-host copy the step makes: ``.cpu()``, ``.to("cpu")``,
+``.cpu().numpy()``, ``.tolist()``, printing or formatting a tensor, and ``.item()`` /
+``float()`` / ``bool()`` (each one ``TransferFromDevice``, verified against torch_xla
+2.9 on PJRT CPU; ``.numpy()`` of an XLA tensor raises); ``xfer/host_syncs`` the subset
+that goes through ``aten::_local_scalar_dense`` (``.item()``, ``float()``, ``bool()``).
+Both are counted between the step's entry and exit only (the counters are read at
+``begin_step`` and ``end_step``): a deliberate host read between steps (a progress print,
+an evaluation) is not the step's, whatever the evaluation cadence.
 
 Compilation and transfer counts are exact per step (recorded on the training thread);
 execution counts and times are recorded by the runtime when an asynchronous execution
@@ -28,10 +37,12 @@ finishes, so they can land in the following step.
 the backend keeps a reference to the tensor (no new op, so the traced graph is unchanged);
 once a ``sync`` has materialised it, it asks the runtime for a readiness callback
 (``_XLAC._on_ready_callback``), and only when the device buffer is complete are all ready
-values copied to the host in one batched ``_xla_get_cpu_tensors`` call, at the next step
-entry.  That copy is a device-to-host transfer of finished buffers (it waits for no
-execution); it is bracketed by counter reads and subtracted from ``xfer/d2h`` so the user's
-per-step counts show only the user's transfers.
+values copied to the host in one batched ``_xla_get_cpu_tensors`` call, at a step entry
+before the step's counting starts, when the device is idle (or after 256 values / 5 s, see
+:meth:`XlaBackend.ready`).  That copy is a device-to-host transfer of finished buffers;
+made outside the step it is never counted (one made inside a step, which the probe never
+does today, would be bracketed by counter reads and subtracted) so ``xfer/d2h`` shows only
+the user's transfers.
 
 **Device truth**: the XLA device prints as ``xla:0`` whatever it is, so the tags record
 ``xm.xla_device_hw`` (``refrun.exec.hardware``), ``torch_xla.runtime.device_type()``,
@@ -72,6 +83,10 @@ from refrun.probes.tensors import (
 )
 
 HOST_SYNC_OP = "aten::_local_scalar_dense"
+# Logged values wait on the device until it is idle, at most this many or this long
+# (see XlaBackend.ready); the device keeps a scalar buffer per waiting value.
+TRANSFER_MAX_WAITING = 256
+TRANSFER_MAX_AGE_S = 5.0
 _MARK_STEP = "MarkStep"
 
 
@@ -188,14 +203,23 @@ class XlaCounters:
     def d2h(self) -> int:
         return self._metric("TransferFromDeviceTime")[0]
 
+    def host_syncs(self) -> int:
+        return self._counter(HOST_SYNC_OP)
+
     def fallback(self) -> dict[str, int]:
         """``aten::*`` counters (ops executed through the CPU fallback) except the host sync."""
         x = self._x
         return {n: int(x._xla_counter_value(n) or 0) for n in x._xla_counter_names()
                 if n.startswith("aten::") and n != HOST_SYNC_OP}
 
+    def window(self) -> tuple[int, int]:
+        """(device-to-host transfers, host syncs) so far: read at a step's entry and exit."""
+        return self.d2h(), self.host_syncs()
+
     def read(self) -> tuple[dict[str, float], dict[str, int]]:
-        """(schema-named cumulative counters, fallback counts by op name)."""
+        """(schema-named cumulative counters, fallback counts by op name).  Device-to-host
+        transfers and host syncs are not here: :class:`XlaBackend` counts them inside the
+        step with :meth:`window`."""
         _, compile_ns = self._metric("CompileTime")
         exec_n, exec_ns = self._metric("ExecuteTime")
         executions = self._x._xla_counter_value("ExecuteComputation")
@@ -206,9 +230,7 @@ class XlaCounters:
             schema.M_COMPILE_TIME: compile_ns / 1e9,
             schema.M_EXECUTIONS: float(executions if executions is not None else exec_n),
             schema.M_EXECUTE_TIME: exec_ns / 1e9,
-            schema.M_XFER_D2H: float(self.d2h()),
             schema.M_XFER_H2D: float(self._metric("TransferToDeviceTime")[0]),
-            schema.M_HOST_SYNCS: float(self._counter(HOST_SYNC_OP)),
             schema.M_FALLBACK_OPS: float(sum(fb.values())),
         }, fb
 
@@ -226,7 +248,12 @@ class XlaBackend(BackendBase):
     _xla: Any = field(default=None, repr=False)
     _counters: XlaCounters = field(init=False, repr=False)
     _own_d2h: int = 0  # transfers made by this backend, not the user's step
+    # (d2h, host syncs, own d2h) at the open step's entry; None between steps
+    _at_begin: tuple[int, int, int] | None = field(default=None, repr=False)
+    _step_d2h: int = 0  # cumulative user transfers inside steps
+    _step_syncs: int = 0  # cumulative host syncs inside steps
     _waiting: list[_XlaValue] = field(default_factory=list, repr=False)
+    _ready_since: float | None = None  # monotonic time a waiting value was first ready
     _records: list[StepRecord] = field(default_factory=list, repr=False)
     _prev: dict[str, float] | None = field(default=None, repr=False)
     _prev_fb: dict[str, int] = field(default_factory=dict, repr=False)
@@ -246,14 +273,22 @@ class XlaBackend(BackendBase):
 
     # --- timing -------------------------------------------------------------------
     def begin_step(self, step: int) -> Any:
+        self._at_begin = (*self._counters.window(), self._own_d2h)
         return time.perf_counter()
 
     def end_step(self, step: int, token: Any) -> Any:
         """Wall seconds of the step as the host saw it.  Under lazy execution a steady
         step is paced by the device (each sync waits for the previous execution), so the
         steady-state median is the device step time; warm-up steps include tracing."""
+        elapsed = time.perf_counter() - token
         self._ended_step = step
-        return time.perf_counter() - token
+        if self._at_begin is not None:
+            d2h, syncs, own = self._at_begin
+            d2h_now, syncs_now = self._counters.window()
+            self._step_d2h += d2h_now - d2h - (self._own_d2h - own)
+            self._step_syncs += syncs_now - syncs
+            self._at_begin = None
+        return elapsed
 
     # --- values -------------------------------------------------------------------
     def fetch(self, value: Any) -> Any:
@@ -276,6 +311,14 @@ class XlaBackend(BackendBase):
         return float(value)
 
     def ready(self, pending: Any) -> float | None:
+        """The value once on the host.  Ready buffers are copied only when the device is
+        idle -- every waiting value's buffer is complete, so no execution of a later sync
+        is in flight -- or, to bound the delay, when ``TRANSFER_MAX_WAITING`` values or
+        ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an execution
+        runs queues behind its operations on the runtime's threads: on a step of many
+        small operations (a recurrent cell over a sequence) it waited for most of the
+        execution at every step entry, serialising the host's tracing of step n+1 with
+        the device's execution of step n that a plain loop overlaps."""
         if isinstance(pending, float):
             return pending
         if pending.value is not None:
@@ -283,7 +326,15 @@ class XlaBackend(BackendBase):
         self._arm_waiting()
         if pending.event is None or not pending.event.is_set():
             return None
-        self._transfer([h for h in self._waiting if h.event is not None and h.event.is_set()])
+        now = time.monotonic()
+        if self._ready_since is None:
+            self._ready_since = now
+        idle = all(h.event is not None and h.event.is_set() for h in self._waiting)
+        if idle or len(self._waiting) >= TRANSFER_MAX_WAITING or \
+                now - self._ready_since >= TRANSFER_MAX_AGE_S:
+            self._transfer([h for h in self._waiting
+                            if h.event is not None and h.event.is_set()])
+            self._ready_since = None
         return pending.value
 
     def wait(self, pending: Any) -> float:
@@ -325,11 +376,13 @@ class XlaBackend(BackendBase):
                 self.warn("xla-inplace-after-log", "a logged XLA tensor was "
                                    "modified in place after probe.log; the recorded value is "
                                    "the modified one (log a tensor you do not update in place)")
-        before = self._counters.d2h()
+        inside = self._at_begin is not None  # only a copy inside a step needs bracketing
+        before = self._counters.d2h() if inside else 0
         try:
             host = self._xla._XLAC._xla_get_cpu_tensors([h.tensor for h in handles])
         finally:
-            self._own_d2h += self._counters.d2h() - before
+            if inside:
+                self._own_d2h += self._counters.d2h() - before
         for h, t in zip(handles, host, strict=True):
             h.value = host_float(t)
             h.tensor = _RELEASED  # drop the device buffer reference
@@ -341,7 +394,8 @@ class XlaBackend(BackendBase):
         """Cumulative counters (schema names).  Called by the probe at start and after each
         step; the backend also keeps the per-step deltas for its end-of-run summary."""
         now, fb = self._counters.read()
-        now[schema.M_XFER_D2H] -= self._own_d2h
+        now[schema.M_XFER_D2H] = float(self._step_d2h)  # inside steps only (window())
+        now[schema.M_HOST_SYNCS] = float(self._step_syncs)
         if self._prev is not None and self._ended_step is not None:
             deltas = {k: v - self._prev.get(k, 0.0) for k, v in now.items()}
             ops = {k: n - self._prev_fb.get(k, 0) for k, n in fb.items()

@@ -330,12 +330,16 @@ def seal(spool: Spool, status: RunStatus | None = None, end_ms: int | None = Non
     try:
         df = spool.read_all()
         tags.update(summary_tags(df))
+        if status is None and spool.read_meta().status == "RUNNING":  # its process died
+            tags[schema.TAG_LOST_ESTIMATE] = str(lost_estimate(spool, df))
         write_curves(df, spool.artifacts_dir / curves_artifact(spool.read_meta()))
     except Exception as exc:  # the status and end time are recorded regardless
         error = exc
         tags[schema.TAG_CURVES_MISSING] = f"{type(exc).__name__}: {exc}"[:500]
 
     def change(m: SpoolMeta) -> None:
+        if error is None:  # written now: an earlier failure no longer holds
+            m.tags.pop(schema.TAG_CURVES_MISSING, None)
         m.tags.update(tags)
         m.tags_version += 1
         if status is not None:
@@ -350,6 +354,37 @@ def seal(spool: Spool, status: RunStatus | None = None, end_ms: int | None = Non
     spool.update_meta(change)
     if error is not None:
         raise error
+
+
+def lost_estimate(spool: Spool, df: Any) -> int:
+    """Points a hard kill took with the trainer: accepted by ``log()`` but not yet appended
+    to the spool (the writer appends every ``flush_interval_s``, so at most one interval).
+
+    With ``n`` the points spooled in the last interval before the last spooled point
+    (their timestamps, i.e. the logging rate ``r = n / interval``), ``t_flush`` the spool
+    file's last write (its mtime) and ``t_death`` when the delivery process saw the trainer
+    die (``died_ms``; unknown after a kill of both: then ``t_flush + interval``, the
+    latest the next append would have come)::
+
+        lost ~= r * clamp(t_death - t_flush, 0, interval)
+
+    An estimate: it assumes the trainer kept its recent rate until it died, and is an
+    upper bound when the time of death is unknown.
+    """
+    meta = spool.read_meta()
+    interval_ms = max(1.0, meta.flush_interval_s * 1000.0)
+    if df is None or not len(df):
+        return 0
+    ts = df["timestamp_ms"].to_numpy()
+    last = int(ts.max())
+    recent = int((ts > last - interval_ms).sum())
+    try:
+        flushed_ms = spool.points_path.stat().st_mtime_ns // 1_000_000
+    except OSError:
+        return 0
+    death_ms = meta.died_ms if meta.died_ms is not None else flushed_ms + interval_ms
+    gap = min(max(death_ms - flushed_ms, 0.0), interval_ms)
+    return round(recent * gap / interval_ms)
 
 
 def _last_point_ms(spool: Spool) -> int | None:
@@ -400,6 +435,7 @@ def finalize(spool: Spool) -> str:
     deliver_tags_params(spool, client, run_id)
     deliver_artifacts(spool, client, run_id)
     meta = spool.read_meta()
+    _clear_stale_tags(client, run_id, meta)
     client.set_terminated(run_id, status=meta.status,
                           end_time=meta.end_ms or time.time_ns() // 1_000_000)
 
@@ -408,6 +444,93 @@ def finalize(spool: Spool) -> str:
 
     spool.update_meta(done)
     return run_id
+
+
+def _clear_stale_tags(client: MlflowClient, run_id: str, meta: SpoolMeta) -> None:
+    """Delete tags a disk-full end put on the run that no longer hold once the spool is
+    delivered: ``refrun.sync.pending`` always, ``refrun.curves.missing`` when the curves
+    artifact has been written since (the spool's metadata no longer carries it)."""
+    stale = [schema.TAG_SYNC_PENDING]
+    if schema.TAG_CURVES_MISSING not in meta.tags:
+        stale.append(schema.TAG_CURVES_MISSING)
+    tags = client.get_run(run_id).data.tags
+    for key in stale:
+        if key in tags:
+            client.delete_tag(run_id, key)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the session ended its run (sent to the delivery process with ``close``), so
+    the run can be terminated in the store even when the spool can no longer be written."""
+
+    status: RunStatus
+    end_ms: int
+    tags: dict[str, str]
+
+    def to_line(self) -> bytes:
+        return b"close " + json.dumps({"status": self.status, "end_ms": self.end_ms,
+                                       "tags": self.tags}).encode("utf-8") + b"\n"
+
+    @classmethod
+    def from_line(cls, data: bytes) -> Ending | None:
+        """The ending in a ``close {...}`` line; None for a bare ``close`` or garbage."""
+        try:
+            raw = json.loads(data.split(b"close", 1)[1].strip().split(b"\n", 1)[0])
+            return cls(raw["status"], int(raw["end_ms"]),
+                       {str(k): str(v) for k, v in raw["tags"].items()})
+        except (IndexError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def terminate_in_store(spool: Spool, ending: Ending | None, why: BaseException) -> str | None:
+    """End the spool's run in the store without writing anything locally (the spool's
+    disk is full): the session's status, end time and counts (or KILLED at the last
+    point when the trainer died), why the curves artifact is missing, and
+    ``refrun.sync.pending`` with the points not delivered yet.  The spool stays for
+    ``refrun sync``, which delivers the rest and removes the tags that no longer hold.
+    Returns the run id, or None when the run does not exist in the store."""
+    from mlflow.entities import RunTag
+
+    meta = spool.read_meta()
+    if not meta.run_id or meta.secondary_rank is not None:
+        return None
+    client = client_for(meta.tracking_uri)
+    status = ending.status if ending is not None else (
+        "KILLED" if meta.status == "RUNNING" else meta.status)
+    end_ms = ending.end_ms if ending is not None else (
+        meta.end_ms or _last_point_ms(spool) or time.time_ns() // 1_000_000)
+    pending = _count_lines(spool.points_path) - spool.read_cursor().lines
+    tags = dict(ending.tags if ending is not None else {})
+    reason = getattr(why, "strerror", None) or str(why)
+    tags[schema.TAG_SYNC_PENDING] = (f"not fully delivered ({reason}): {max(0, pending)} "
+                                     f"spooled points and the run's artifacts wait in "
+                                     f"{spool.path}; run `refrun sync`")
+    if not (spool.artifacts_dir / curves_artifact(meta)).exists():
+        tags.setdefault(schema.TAG_CURVES_MISSING, f"not written: {reason} at {spool.path}")
+    client.log_batch(meta.run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+    client.set_terminated(meta.run_id, status=status, end_time=end_ms)
+    return meta.run_id
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
+def _ending_in_store(spool: Spool, meta: SpoolMeta) -> tuple[RunStatus, int] | None:
+    """The status and end time :func:`terminate_in_store` gave a run whose spool still
+    says RUNNING (its disk was full when the session ended): ``refrun sync`` keeps them
+    rather than calling the run KILLED."""
+    if not meta.run_id:
+        return None
+    run = client_for(meta.tracking_uri).get_run(meta.run_id)
+    if schema.TAG_SYNC_PENDING not in run.data.tags or run.info.status == "RUNNING":
+        return None
+    return run.info.status, run.info.end_time  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,10 +566,15 @@ def finish_spool(spool: Spool, *, as_delivery_process: bool = False) -> SpoolRes
             return SpoolResult(spool.local_id, "complete", meta.run_id, 0)
         before = spool.read_cursor().lines
         curves = spool.artifacts_dir / curves_artifact(meta)
-        if meta.status == "RUNNING" or not curves.exists():
-            # The owner died without closing: no curves artifact, no end-of-run tags.
-            seal(spool)
         try:
+            if meta.status == "RUNNING" or not curves.exists():
+                # The owner died without closing (no curves artifact, no end-of-run tags),
+                # or its disk was full when it closed: the store then holds its ending.
+                ended = _ending_in_store(spool, meta) if meta.status == "RUNNING" else None
+                if ended is not None:
+                    seal(spool, ended[0], end_ms=ended[1])
+                else:
+                    seal(spool)
             run_id = finalize(spool)
         except Exception as exc:
             if disk_full(exc):

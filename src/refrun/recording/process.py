@@ -27,13 +27,16 @@ Exit codes: 0 delivered, 3 the store stayed unreachable (the spool stays for
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from refrun.recording import delivery
 from refrun.recording.spool import Spool, SpoolMeta, unlock
@@ -74,13 +77,39 @@ def spawn(spool: Spool, interval_s: float) -> subprocess.Popen | None:
     return proc
 
 
+class _NeverRaises(io.TextIOBase):
+    """stdout/stderr of the delivery process (its log file): a write the full disk refuses
+    is dropped instead of raising inside whatever printed (MLflow prints a run's URL when
+    it terminates it: on a full disk that would abort the termination)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.write(s)
+            self._stream.flush()
+        return len(s)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+
+def _say(message: str) -> None:
+    """A line in delivery.log; never raises (on a full disk the log cannot grow either)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"refrun delivery: {message}", flush=True)
+
+
 def _heartbeat(spool: Spool, ok: bool, error: str | None, changed: float) -> None:
     with contextlib.suppress(OSError):  # a full disk must not stop delivery
         delivery.write_status(spool, delivery.DeliveryStatus(ok, error, changed, time.time()))
 
 
-def _live(spool: Spool, interval_s: float) -> None:
-    """Deliver while the training process lives; returns when it closed or died."""
+def _live(spool: Spool, interval_s: float) -> tuple[bool, delivery.Ending | None]:
+    """Deliver while the training process lives; returns ``(closed, ending)`` when it
+    closed (``ending``: how it ended the run, when it said) or died (``closed`` False)."""
     stdin = sys.stdin.fileno()
     parent = os.getppid()
     backoff = delivery.Backoff()
@@ -92,8 +121,15 @@ def _live(spool: Spool, interval_s: float) -> None:
         # The session writes "close"; end-of-file or a new parent means it died.  (EOF alone
         # is not enough: a forked child of the trainer, e.g. a DataLoader worker, may still
         # hold the pipe open.)
-        if data == b"" or (data and b"close" in data) or os.getppid() != parent:
-            return
+        if data and b"close" in data:
+            while not data.endswith(b"\n"):  # the rest of the close line
+                more = os.read(stdin, 4096)
+                if not more:
+                    break
+                data += more
+            return True, delivery.Ending.from_line(data)
+        if data == b"" or os.getppid() != parent:
+            return False, None
         if not backoff.ready():
             continue
         try:
@@ -139,7 +175,7 @@ def _warm_up(spool: Spool) -> None:
     try:
         delivery.client_for(spool.read_meta().tracking_uri)
     except Exception as exc:  # the delivery loop retries and reports it
-        print(f"refrun delivery: opening the store failed: {exc}", flush=True)
+        _say(f"opening the store failed: {exc}")
     finally:
         done.set()
         t.join()
@@ -148,9 +184,21 @@ def _warm_up(spool: Spool) -> None:
 def run(spool: Spool, interval_s: float) -> int:
     s = settings()
     bound_http_requests(s)
+    # Under a file-size limit (ulimit -f) a write past it raises SIGXFSZ, which kills by
+    # default; ignored, the write fails with EFBIG and is handled like a full disk.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    sys.stdout, sys.stderr = _NeverRaises(sys.stdout), _NeverRaises(sys.stderr)
     _heartbeat(spool, True, None, time.time())
     _warm_up(spool)
-    _live(spool, interval_s)
+    closed, ending = _live(spool, interval_s)
+    if not closed:  # the trainer died: when, for the estimate of its unspooled points
+        died_ms = time.time_ns() // 1_000_000
+
+        def record(m: SpoolMeta) -> None:
+            m.died_ms = died_ms
+
+        with contextlib.suppress(OSError):
+            spool.update_meta(record)
     while spool.locked(delivery.SESSION_LOCK):
         time.sleep(0.05)  # the session releases its lock when it closed or died
     _drain(spool)
@@ -159,18 +207,29 @@ def run(spool: Spool, interval_s: float) -> int:
     while True:
         try:
             result = delivery.finish_spool(spool, as_delivery_process=True)
-        except OSError as exc:  # disk full: nothing more can be written
-            print(f"refrun delivery: {exc}", flush=True)
+        except OSError as exc:  # disk full: nothing more can be written here
+            _say(f"{exc}")
+            _end_in_store(spool, ending, exc)
             return 3
         if result.outcome in ("delivered", "complete"):
             _heartbeat(spool, True, None, time.time())
             delivery.shrink_delivered(spool, keep=s.keep_spool)
             return 0
-        print(f"refrun delivery: {result.outcome}: {result.detail}", flush=True)
+        _say(f"{result.outcome}: {result.detail}")
         _heartbeat(spool, False, result.detail, time.time())
         if time.monotonic() > deadline:
             return 3
         time.sleep(backoff.failed())
+
+
+def _end_in_store(spool: Spool, ending: delivery.Ending | None, why: OSError) -> None:
+    # The run must not stay RUNNING in the store because this disk is full: terminate it
+    # there (no local write needed) and leave the spool for `refrun sync`.
+    try:
+        run_id = delivery.terminate_in_store(spool, ending, why)
+        _say(f"run {run_id} terminated in the store; spool left for `refrun sync`")
+    except Exception as exc:
+        _say(f"could not terminate the run in the store: {exc!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

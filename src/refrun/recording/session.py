@@ -48,7 +48,7 @@ from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
 from refrun.recording import delivery, process
 from refrun.recording.config import RunConfig
 from refrun.recording.delivery import SESSION_LOCK
-from refrun.recording.spool import RunStatus, Spool, SpoolMeta, unlock
+from refrun.recording.spool import RunStatus, Spool, SpoolMeta, disk_full, unlock
 from refrun.recording.writer import SpoolWriter
 from refrun.settings import (
     Delivery,
@@ -56,15 +56,15 @@ from refrun.settings import (
     job_identity,
     settings,
 )
+from refrun.store import limits
 from refrun.store.client import bound_http_requests
 from refrun.store.uri import local_store, resolve_tracking_uri
 
 log = logging.getLogger("refrun")
 
-# MLflow's limits on a tag and a param value (characters).  Tags: older MLflow servers
-# accept 5,000 (3.x takes 8,000); a run must record on either.
-TAG_VALUE_MAX = 5000
-PARAM_VALUE_MAX = 6000
+# MLflow's limits on a tag and a param value (characters), declared in refrun.store.limits.
+TAG_VALUE_MAX = limits.TAG_VALUE_LENGTH
+PARAM_VALUE_MAX = limits.PARAM_VALUE_LENGTH
 # Distinct (name, reason) refusals listed in warnings.json; further ones are only counted.
 MAX_REFUSAL_ENTRIES = 100
 
@@ -102,6 +102,7 @@ class RunSession:
         self._run_id: str | None = None
         self._closed = False
         self._status: RunStatus | None = None
+        self._end_ms = 0
         self._dropped = 0  # queue full
         self._refused = 0  # bad name/key/step/value/param at entry
         # What was refused, by (name, reason): first step and count (refrun/warnings.json).
@@ -472,7 +473,7 @@ class RunSession:
         self._status = status
         with contextlib.suppress(Exception):
             atexit.unregister(self._atexit)
-        end_ms = _now_ms()
+        end_ms = self._end_ms = _now_ms()
         self._writer.stop(timeout=self.close_timeout_s + 30)
         if not self._writer.is_alive():
             self._writer.apply_meta_changes()  # any queued after its last iteration
@@ -495,6 +496,10 @@ class RunSession:
             delivery.finalize(self.spool)
             return True
         except Exception as exc:
+            if disk_full(exc):  # the run must not stay RUNNING in the store: end it there
+                with contextlib.suppress(Exception):
+                    delivery.terminate_in_store(self.spool, delivery.Ending(
+                        self._status or "FINISHED", self._end_ms, self._end_tags()), exc)
             self._undelivered(f"{type(exc).__name__}: {str(exc)[:200]}")
             return False
         finally:
@@ -505,9 +510,11 @@ class RunSession:
         # session lock.  Wait while it makes progress (its heartbeat), and at most
         # close_timeout_s without: a store that is down or silent never holds the trainer.
         self._release_lock()
+        ending = delivery.Ending(self._status or "FINISHED", self._end_ms,
+                                 self._end_tags())
         with contextlib.suppress(OSError):
             assert proc.stdin is not None
-            proc.stdin.write(b"close\n")
+            proc.stdin.write(ending.to_line())
             proc.stdin.flush()
             proc.stdin.close()
         last_beat: float | None = None
@@ -555,12 +562,17 @@ class RunSession:
             "refused": list(self._refusals.values()),
             "metrics": {k: dataclasses.asdict(v) for k, v in self._stats.items()},
         })
-        delivery.seal(self.spool, status, end_ms=end_ms, extra_tags={
+        delivery.seal(self.spool, status, end_ms=end_ms, extra_tags=self._end_tags())
+
+    def _end_tags(self) -> dict[str, str]:
+        """The session's counts at the end of the run (also sent to the delivery process
+        with ``close``: they reach the store even when the spool's disk is full)."""
+        return {
             schema.TAG_DROPPED: str(self.points_dropped),
             schema.TAG_REFUSED: str(self._refused),
             schema.TAG_TRUNCATED: str(self._truncated),
             schema.TAG_WARNINGS: str(len(self._warnings)),
-        })
+        }
 
 
 def _tag_value(v: Any) -> str:
@@ -673,6 +685,7 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
                 if key_problem(k) is None},
         run_name=config.run_name or mlflow_ui.default_run_name(tags),
         mlflow_every=config.mlflow_every, pid=os.getpid(),
+        flush_interval_s=config.flush_interval_s,
         host=socket.gethostname(),
         **({"rank": config.rank, "world_size": config.world_size, "job": config.job}
            if config.multi_process else {}),

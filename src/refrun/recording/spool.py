@@ -103,6 +103,10 @@ class SpoolMeta:
     rank: int | None = None
     world_size: int | None = None
     job: str | None = None
+    flush_interval_s: float = 1.0
+    """How often the session's writer appended queued points (bounds a hard kill's loss)."""
+    died_ms: int | None = None
+    """When the delivery process saw its trainer die (end of file on its pipe), if it did."""
     """Multi-process job id; a rank > 0 spool is delivered onto rank 0's run of this job."""
 
     @property

@@ -33,6 +33,7 @@ from refrun import schema
 from refrun._version import __version__
 from refrun.comparison import Comparison
 from refrun.errors import RefrunInputError
+from refrun.report import labels as L
 from refrun.report import matrix as M
 from refrun.report import sections as S
 from refrun.report.assessment import assessment_dict
@@ -78,6 +79,8 @@ class Candidate:
     comparison: Comparison
     assessment: Any = None
     comparison_run_id: str | None = None
+    comparison_url: str | None = None
+    """The comparison run's page in the MLflow UI, when the UI's address is known."""
 
 
 def _check(max_points: int, method: str) -> None:
@@ -114,6 +117,7 @@ def _title(cmps: list[Comparison], title: str | None) -> str:
 
 
 REDACTED = "…"
+NAV_MAX_CANDIDATES = 12  # candidates linked from the sticky navigation bar
 
 
 def redact(text: str, prefixes: Sequence[str]) -> str:
@@ -141,6 +145,56 @@ def namespace_ids(markup: str, ns: str) -> str:
                         else f' id="{ns}{m.group(1)}"', markup)
 
 
+def candidate_labels(candidates: Sequence[Candidate]) -> list[str]:
+    """Distinct labels of the candidates of one page: run name (else the role/hardware
+    label) and the params and tags in which they differ (:mod:`refrun.report.labels`)."""
+    runs = []
+    for c in candidates:
+        r = c.comparison.candidate
+        name = r.tags.get(schema.TAG_RUN_NAME) or run_labels(c.comparison)[1]
+        runs.append(L.Labelled(r.run_id, name, L.properties(r.params, r.tags)))
+    return L.distinct_labels(runs)
+
+
+def _figure_blocks(per_candidate: list[list[FigureSpec]]) -> tuple[list[Any], list[dict]]:
+    """The figures' JSON of several candidates with every array that occurs more than
+    once (the references' curves, drawn in each candidate's figures) stored once in a
+    shared pool and replaced by ``{"pool": k}``: lossless, and it keeps a page of a
+    hundred candidates from repeating the same reference curves a hundred times."""
+    docs = [[_figure_json(f) for f in figs] for figs in per_candidate]
+    seen: dict[str, int] = {}
+
+    def count(o: Any) -> None:
+        if isinstance(o, dict):
+            if isinstance(o.get("bdata"), str):
+                seen[o["bdata"]] = seen.get(o["bdata"], 0) + 1
+                return
+            for v in o.values():
+                count(v)
+        elif isinstance(o, list | tuple):
+            for v in o:
+                count(v)
+
+    count(docs)
+    pool: list[Any] = []
+    index: dict[str, int] = {}
+
+    def swap(o: Any) -> Any:
+        if isinstance(o, dict):
+            b = o.get("bdata")
+            if isinstance(b, str) and seen.get(b, 0) > 1:
+                if b not in index:
+                    index[b] = len(pool)
+                    pool.append(o)
+                return {"pool": index[b]}
+            return {k: swap(v) for k, v in o.items()}
+        if isinstance(o, list | tuple):
+            return [swap(v) for v in o]
+        return o
+
+    return pool, [{"figures": swap(d)} for d in docs]
+
+
 def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
                        max_points: int = DEFAULT_MAX_POINTS, method: str = "minmax",
                        title: str | None = None,
@@ -149,7 +203,10 @@ def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
 
     With several candidates the page opens with the candidates x criteria matrix
     (:mod:`refrun.report.matrix`), each row linking to that candidate's own section (its
-    overview, plots and evidence); with one it is the single-candidate report.
+    overview, plots and evidence), folded: a candidate's figures are kept as JSON and
+    drawn when its section is opened, so the first screen is the matrix alone however
+    many candidates there are.  Candidates are labelled by run name and by the params
+    and tags in which they differ.  With one candidate it is the single-candidate report.
     """
     if not candidates:
         raise RefrunInputError("report: no candidate given")
@@ -158,27 +215,38 @@ def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
     red = Reduction(max_points, method)
     ids = S.FigureIds()
     multi = len(candidates) > 1
+    labels = candidate_labels(candidates) if multi else [
+        run_labels(candidates[0].comparison)[1]]
     body, nav, figs, rows, records = [], [], [], [], []
+    per_candidate: list[list[FigureSpec]] = []
     for i, c in enumerate(candidates):
         a = assessment_dict(c.assessment)
         ns = f"c{i}-" if multi else ""
         secs, deps = _candidate_sections(c, a, ids, red, ns)
-        figs += [f for s in secs for f in s.figures]
-        _, cand_label = run_labels(c.comparison)
+        mine = [f for s in secs for f in s.figures]
+        figs += mine
+        per_candidate.append(mine)
+        cand_label = labels[i]
         anchor = f"cand-{i}" if multi else "overview"
         rows.append(M.row(c.comparison.candidate.run_id, cand_label, anchor, a,
-                          c.comparison_run_id, deps))
+                          c.comparison_run_id, deps, c.comparison_url))
         records.append({"comparison": c.comparison.to_dict(), "assessment": a,
-                        "comparison_run_id": c.comparison_run_id,
+                        "comparison_run_id": c.comparison_run_id, "label": cand_label,
                         "departures": [d.to_dict() for d in deps]})
         inner = "".join(s.html() for s in secs)
         if multi:
             inner = namespace_ids(inner, ns)
-            body.append(f'<section class="candidate" id="{anchor}"><h2>Candidate {i + 1}: '
-                        f"{esc(cand_label)} <code>{esc(c.comparison.candidate.run_id)}</code>"
-                        f'</h2>{inner}<p class="note"><a href="#matrix">back to the matrix'
-                        "</a></p></section>")
-            nav.append((anchor, f"{i + 1}: {cand_label}"))
+            verdict = (a or {}).get("verdict")
+            head = (f'<h2>Candidate {i + 1}: {esc(cand_label)} '
+                    f"<code>{esc(c.comparison.candidate.run_id)}</code>"
+                    + (f" {M.badge(verdict)}" if verdict else "") + "</h2>")
+            body.append(f'<details class="candidate" id="{anchor}"><summary>{head}'
+                        f'<span class="caption">{len(mine)} figure(s), drawn when opened'
+                        f"</span></summary>{inner}"
+                        '<p class="note"><a href="#matrix">back to the matrix</a></p>'
+                        "</details>")
+            if len(candidates) <= NAV_MAX_CANDIDATES:  # else the matrix is the index
+                nav.append((anchor, f"{i + 1}: {cand_label}"))
         else:
             body.append(inner)
             nav += [(s.id, s.heading) for s in secs]
@@ -187,13 +255,21 @@ def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
         head = S.Section("matrix", "Candidates × criteria", join([
             tag("p", "One row per candidate: verdict, highest level, the metric that "
                      "departs most (mean |z|, or mean rel diff with one reference) and each "
-                     "criterion's outcome with its key number. Click a candidate for its "
-                     "section.", "note"),
+                     "criterion's outcome with its key number. Candidates are named by "
+                     "run name and the params and tags in which they differ. Click a "
+                     "candidate to open its section (its figures are drawn then).",
+                "note"),
             Raw('<div class="scroll">'), M.matrix_table(rows), Raw("</div>")]))
         body.insert(0, head.html())
         nav.insert(0, ("matrix", "matrix"))
-    data = script_json({"template": _template(), "figures": [_figure_json(f) for f in figs]},
-                       "refrun-figures")
+        pool, blocks = _figure_blocks(per_candidate)
+        data = script_json({"template": _template(), "figures": [], "pool": pool,
+                            "lazy": True}, "refrun-figures")
+        data = Raw(data + "".join(script_json(b, f"refrun-figures-cand-{i}")
+                                  for i, b in enumerate(blocks)))
+    else:
+        data = script_json({"template": _template(),
+                            "figures": [_figure_json(f) for f in figs]}, "refrun-figures")
     first = candidates[0]
     blob: dict[str, Any] = dict(records[0]) if not multi else {"candidates": records}
     blob.update(matrix=mtx, refrun_version=__version__)

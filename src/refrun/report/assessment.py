@@ -12,6 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
+from refrun import schema
 from refrun.report.html import Raw, esc, is_number, join, kv_table, num, table, tag
 
 LEVEL_NAMES = ("L0", "L1", "L2", "L3", "L4")
@@ -87,15 +88,15 @@ def _levels(a: dict[str, Any]) -> Raw:
     return join([Raw('<div class="levels" id="acceptance-levels">'), *boxes, Raw("</div>")])
 
 
-STEP_KEYS = ("first_divergence_step", "first_step_outside", "first_bad_step",
+STEP_KEYS = (schema.EV_FIRST_DIVERGENCE_STEP, "first_step_outside", "first_bad_step",
              "step_of_max_abs_z", "step_of_max_abs_diff", "step")
 # Evidence that describes the check rather than its result: never the "key number".
 SETTING_KEYS = frozenset({"over", "abs_tol", "rel_tol", "k", "n_steps", "first_step",
                           "last_step", "n_references", "n_reference", "min_fraction",
                           "band", "warmup_steps", "alpha", "interval"})
 KEY_NUMBER_PREFERENCE = ("fraction_within", "fraction_inside", "fraction_outside",
-                         "max_abs_z", "ratio", "p_value", "statistic", "max_abs_diff",
-                         "mean_abs_diff", "total", "value", "candidate")
+                         "max_abs_z", "judged_ratio", "ratio", "p_value", "statistic",
+                         "max_abs_diff", "mean_abs_diff", "total", "value", "candidate")
 
 
 def results(a: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -145,6 +146,20 @@ def envelope_k(a: dict[str, Any] | None, metric: str, default: float = 3.0) -> f
     return default
 
 
+def first_divergence_mark(r: dict[str, Any]) -> Raw:
+    """Where a failing per-step criterion's candidate first left its band (the evidence's
+    ``first_divergence``: axis value, step, side), or nothing."""
+    ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
+    fd = ev.get(schema.EV_FIRST_DIVERGENCE) if isinstance(ev, dict) else None
+    if r.get("outcome") != "fail" or not isinstance(fd, dict) or not is_number(fd.get("at")):
+        return Raw("")
+    axis = str(fd.get("axis") or "step")
+    at = f"{axis} {fd['at']:g}" + (f" (step {fd.get('step')})" if axis != "step" else "")
+    return join([tag("b", f"first left the band at {at}" + (
+        f", {fd['direction']}" if fd.get("direction") else ""), "first-divergence",
+        data_step=str(fd.get("step"))), " "])
+
+
 def verdict_banner(a: dict[str, Any] | None, ns: str = "") -> Raw:
     """The answer first: verdict, highest level, a chip per level, the failing
     criteria (links into the acceptance section)."""
@@ -165,7 +180,9 @@ def verdict_banner(a: dict[str, Any] | None, ns: str = "") -> Raw:
               for o in ("pass", "fail", "not_evaluable")}
     failing = [r for r in rs if r.get("outcome") in ("fail", "not_evaluable")][:4]
     fails = join(join([badge(r.get("outcome")), " ", tag("code", str(r.get("id", ""))),
-                       " ", tag("span", str(r.get("reason") or ""), "caption"), Raw("<br>")])
+                       " ", first_divergence_mark(r),
+                       tag("span", str(r.get("reason") or "").split(schema.FIRST_LEFT_REASON)[0],
+                           "caption"), Raw("<br>")])
                  for r in failing)
     return join([
         Raw(f'<div class="banner {esc(verdict.lower())}" id="{esc(ns)}verdict">'),

@@ -138,38 +138,98 @@ def plotlyjs_tag(mode: str = "embed") -> Raw:
     return Raw(f'<script type="text/javascript" charset="utf-8" src="{esc(src)}"></script>')
 
 
-# The page's only script besides plotly.js: reads the JSON block, draws every figure with
-# the shared template, and marks the body when all are drawn (tests and benchmarks wait
-# for data-rendered="true").  It contains no run data.
+# The page's only script besides plotly.js.  It contains no run data.  A single
+# candidate's page draws every figure at load.  A page of several candidates ("lazy")
+# draws none at load: each candidate's figures are in their own JSON block
+# (#refrun-figures-cand-N) and are drawn when its <details> section is opened (a click,
+# or a link to it or into it); arrays shared by several candidates' figures are in the
+# pool of #refrun-figures and stand as {"pool": k} in the figures.  Tests and benchmarks
+# wait for body[data-rendered="true"] (the first screen is drawn) and, for a section,
+# details[data-rendered="true"].
 RENDER_JS = """
 (function () {
   var blob = JSON.parse(document.getElementById('refrun-figures').textContent);
-  function fail(msg) {
-    blob.figures.forEach(function (f) {
+  var pool = blob.pool || [];
+  function fail(figures, msg) {
+    figures.forEach(function (f) {
       var el = document.getElementById(f.id);
       if (el) { el.textContent = msg; el.className += ' missing'; }
     });
-    document.body.setAttribute('data-rendered', 'error');
   }
-  if (typeof Plotly === 'undefined') {
-    fail('plotly.js could not be loaded: this report references it instead of embedding' +
-         ' it (written with --plotlyjs cdn or a path); open it with network access or' +
-         ' write it again with the default --plotlyjs embed.');
-    return;
-  }
+  var noPlotly = typeof Plotly === 'undefined';
+  var missing = 'plotly.js could not be loaded: this report references it instead of' +
+      ' embedding it (written with --plotlyjs cdn or a path); open it with network' +
+      ' access or write it again with the default --plotlyjs embed.';
   var config = {displaylogo: false, responsive: true, showLink: false,
                 modeBarButtonsToRemove: ['sendDataToCloud', 'lasso2d', 'select2d']};
-  var jobs = blob.figures.map(function (f) {
-    var el = document.getElementById(f.id);
-    f.layout.template = blob.template;
-    return Plotly.newPlot(el, f.data, f.layout, config);
+  function resolve(o) {
+    if (Array.isArray(o)) { return o.map(resolve); }
+    if (o !== null && typeof o === 'object') {
+      var keys = Object.keys(o);
+      if (keys.length === 1 && keys[0] === 'pool' && typeof o.pool === 'number') {
+        var p = pool[o.pool], copy = {};
+        Object.keys(p).forEach(function (k) { copy[k] = p[k]; });
+        return copy;
+      }
+      var out = {};
+      keys.forEach(function (k) { out[k] = resolve(o[k]); });
+      return out;
+    }
+    return o;
+  }
+  function draw(figures) {
+    return Promise.all(figures.map(function (f) {
+      var el = document.getElementById(f.id);
+      f.layout.template = blob.template;
+      return Plotly.newPlot(el, resolve(f.data), f.layout, config);
+    }));
+  }
+  if (!blob.lazy) {
+    if (noPlotly) {
+      fail(blob.figures, missing);
+      document.body.setAttribute('data-rendered', 'error');
+      return;
+    }
+    draw(blob.figures).then(function () {
+      document.body.setAttribute('data-rendered', 'true');
+    }, function (err) {
+      document.body.setAttribute('data-rendered', 'error');
+      throw err;
+    });
+    return;
+  }
+  function open(section) {
+    if (section.getAttribute('data-rendered')) { return; }
+    var block = document.getElementById('refrun-figures-' + section.id);
+    var figures = block ? JSON.parse(block.textContent).figures : [];
+    if (noPlotly) {
+      fail(figures, missing);
+      section.setAttribute('data-rendered', 'error');
+      return;
+    }
+    section.setAttribute('data-rendered', 'pending');
+    draw(figures).then(function () {
+      section.setAttribute('data-rendered', 'true');
+    }, function (err) {
+      section.setAttribute('data-rendered', 'error');
+      throw err;
+    });
+  }
+  var sections = document.querySelectorAll('details.candidate');
+  Array.prototype.forEach.call(sections, function (d) {
+    d.addEventListener('toggle', function () { if (d.open) { open(d); } });
   });
-  Promise.all(jobs).then(function () {
-    document.body.setAttribute('data-rendered', 'true');
-  }, function (err) {
-    document.body.setAttribute('data-rendered', 'error');
-    throw err;
-  });
+  function fromHash() {
+    var id = decodeURIComponent(location.hash.slice(1));
+    var target = id ? document.getElementById(id) : null;
+    var section = target ? target.closest('details.candidate') : null;
+    if (!section) { return; }
+    if (!section.open) { section.open = true; }  // its toggle event draws it
+    target.scrollIntoView();
+  }
+  window.addEventListener('hashchange', fromHash);
+  fromHash();
+  document.body.setAttribute('data-rendered', noPlotly ? 'error' : 'true');
 })();
 """
 
@@ -250,8 +310,12 @@ table.ranking .at { color: var(--muted); font-size: 12px; }
 .bar.low { background: #9fd5a9; } .bar.mid { background: #f2b84b; }
 .bar.high { background: #d7301f; } .bar.none { background: transparent; }
 table.matrix td { vertical-align: middle; }
-section.candidate { border: 2px solid #c5d0dc; }
-section.candidate > section { border: none; padding: 0; }
+details.candidate { background: #fff; border: 2px solid #c5d0dc; border-radius: 6px;
+                    padding: 4px 18px; margin: 10px 0; }
+details.candidate > summary { cursor: pointer; }
+details.candidate > summary h2 { display: inline; margin-right: 10px; }
+details.candidate > section { border: none; padding: 0; }
+a.mlflow code { color: #0b5cad; }
 """
 
 

@@ -44,10 +44,12 @@ class Row:
     cells: dict[str, Cell] = field(default_factory=dict)
     top_departure: Departure | None = None
     departures: list[Departure] = field(default_factory=list)
+    comparison_url: str | None = None
 
 
 def row(candidate: str, label: str, anchor: str, assessment: dict[str, Any] | None,
-        comparison_run_id: str | None, departures: list[Departure]) -> Row:
+        comparison_run_id: str | None, departures: list[Departure],
+        comparison_url: str | None = None) -> Row:
     """A candidate's row from its assessment dict (may be None) and ranked departures."""
     cells = {}
     for r in results(assessment):
@@ -57,7 +59,7 @@ def row(candidate: str, label: str, anchor: str, assessment: dict[str, Any] | No
     a = assessment or {}
     return Row(candidate, label, anchor, comparison_run_id, a.get("verdict"),
                a.get("highest_level"), cells, departures[0] if departures else None,
-               departures)
+               departures, comparison_url)
 
 
 def criteria_ids(rows: Sequence[Row]) -> list[str]:
@@ -76,9 +78,22 @@ def matrix(rows: Sequence[Row]) -> dict[str, Any]:
             "candidates": [asdict(r) for r in rows]}
 
 
+def comparison_cell(r: Row) -> Raw:
+    """The comparison run: a link to its MLflow page when the UI's address is known,
+    else its id; a dash when nothing was recorded."""
+    if not r.comparison_run_id:
+        return Raw("—")
+    code = f"<code>{esc(r.comparison_run_id[:12])}</code>"
+    if r.comparison_url:
+        return Raw(f'<a class="mlflow" href="{esc(r.comparison_url)}" target="_blank" '
+                   f'rel="noopener" title="{esc(r.comparison_run_id)}">{code}</a>')
+    return Raw(f'<span title="{esc(r.comparison_run_id)}">{code}</span>')
+
+
 def matrix_table(rows: Sequence[Row]) -> Raw:
     """The matrix: a row per candidate (linking to its section), verdict, highest level,
-    largest departure, then outcome + key number per criterion."""
+    largest departure, its comparison run (linked to MLflow when known), then outcome +
+    key number per criterion."""
     ids = criteria_ids(rows)
     body = []
     for r in rows:
@@ -88,7 +103,7 @@ def matrix_table(rows: Sequence[Row]) -> Raw:
             Raw(f'<a href="#{esc(r.anchor)}">{esc(r.label)}</a><br>'
                 f'<code class="caption">{esc(r.candidate)}</code>'),
             badge(r.verdict) if r.verdict else Raw('<span class="caption">no criteria</span>'),
-            r.highest_level or "—", dep]
+            r.highest_level or "—", dep, comparison_cell(r)]
         for cid in ids:
             c = r.cells.get(cid)
             if c is None:
@@ -99,6 +114,6 @@ def matrix_table(rows: Sequence[Row]) -> Raw:
             cells.append(Raw(f'<div class="cell" data-criterion="{esc(cid)}" '
                              f'data-outcome="{esc(c.outcome)}">{badge(c.outcome)}{kn}</div>'))
         body.append(cells)
-    head = ["candidate", "verdict", "highest level", "largest departure",
+    head = ["candidate", "verdict", "highest level", "largest departure", "comparison run",
             *[Raw(f"<code>{esc(c)}</code>") for c in ids]]
     return table(head, body, "matrix", "candidate-matrix")
