@@ -178,3 +178,32 @@ def test_lazy_package_keeps_its_names() -> None:
     assert assess is assess_module.assess
     for name in acceptance.__all__:
         assert getattr(acceptance, name) is not None
+
+
+def test_report_of_a_sweep_links_each_comparison_run_to_the_mlflow_ui(
+        sweep: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from mlflow.tracking import MlflowClient
+
+    cands = [*sweep["good"], sweep["bad"]]
+    base = ["report", "--reference", *sweep["refs"], "--candidate", *cands,
+            "--tracking-uri", sweep["uri"], "--criteria", str(sweep["crit"])]
+    before = len(comparison_runs(sweep["uri"]))
+    assert main([*base, "--html", str(tmp_path / "x.html"), "--mlflow-ui", "ftp://x"]) == 2
+    assert "--mlflow-ui ftp://x: not an http(s) address" in error_line(capsys.readouterr().err)
+    assert len(comparison_runs(sweep["uri"])) == before  # refused before anything
+    out = tmp_path / "sweep.html"
+    assert main([*base, "--html", str(out), "--mlflow-ui", "http://127.0.0.1:5000/"]) == 0
+    printed = capsys.readouterr().out
+    run_ids = re.findall(r"comparison run: (\w+)", printed)
+    assert len(run_ids) == 3
+    html = out.read_text(encoding="utf-8")
+    links = re.findall(r'<a class="mlflow" href="([^"]+)"', html)
+    client = MlflowClient(sweep["uri"])
+    assert links == [f"http://127.0.0.1:5000/#/experiments/"
+                     f"{client.get_run(r).info.experiment_id}/runs/{r}" for r in run_ids]
+    # Three runs named alike, differing in nothing but the seed tag: the labels say so.
+    table = re.search(r'id="candidate-matrix">(.*?)</table>', html, re.S).group(1)
+    labels = re.findall(r'<a href="#cand-\d">([^<]+)</a>', table)
+    assert len(set(labels)) == 3 and all(lab.startswith("jax seed 0 · seed=") for lab in labels)

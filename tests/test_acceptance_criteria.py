@@ -125,8 +125,9 @@ def test_calibration_backend_is_normalised_and_checked_by_calibrate(
 
 
 def test_cli_error_on_a_brand_new_store_is_the_only_stderr_line(tmp_path: Path) -> None:
-    """The real ``refrun`` console script on a new (empty) sqlite file: MLflow creates its
-    tables there (INFO lines by default) before the error; stderr is that one error."""
+    """The real ``refrun`` console script on a new (empty, 0-byte) sqlite file: stderr is
+    one error line.  (Issue 22: a reader no longer lets MLflow turn the empty file into a
+    new store, with its INFO lines; it refuses the file and leaves it as it was.)"""
     import os
     import shutil
     import subprocess
@@ -143,8 +144,9 @@ def test_cli_error_on_a_brand_new_store_is_the_only_stderr_line(tmp_path: Path) 
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        f"refrun accept: error: run 'r-missing': not found in sqlite:///{db}"], proc.stderr
-    assert db.stat().st_size > 0  # the store was opened (and its tables created)
+        f"refrun accept: error: tracking store sqlite:///{db}: empty file (0 bytes), not an "
+        "MLflow store; remove it to let a writer create a new store there"], proc.stderr
+    assert db.stat().st_size == 0  # not turned into a store
 
 
 def test_duplicate_ids_and_claim_needs_one_direction(tmp_path: Path) -> None:

@@ -53,6 +53,27 @@ def reassessed(tmp: Path, monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_example_store_is_what_the_current_code_makes(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    committed_digest = (STORE / ex.DIGEST).read_text().strip()
+    import json
+
+    committed = json.loads((STORE / ex.DESCRIPTION).read_text(encoding="utf-8"))
+    assert ex.digest(committed) == committed_digest, "DESCRIPTION.json edited by hand"
+    before, after = reassessed(tmp_path, monkeypatch)
+    # the store is what its description says (nothing edited after generation) ...
+    assert not ex.differences(committed, before), ex.differences(committed, before)
+    # ... and what the current code makes from its training runs
+    diff = ex.differences(committed, after)
+    assert not diff, ("mlruns.example is stale: regenerate it with "
+                      "`.venv/bin/python scripts/make_example_store.py`:\n  "
+                      + "\n  ".join(diff[:20]))
+    assert ex.digest(after) == committed_digest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_code_change_after_generation_is_caught(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """What an outdated store looks like: the code that names comparison runs changed

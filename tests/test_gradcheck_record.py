@@ -12,14 +12,12 @@ import pytest
 
 from refrun import schema
 from refrun.gradcheck import check_objective, compare_by_name, objective_from_callables
-from refrun.gradcheck.record import (
-    ARTIFACT_FD_HTML,
-    ARTIFACT_JSON,
-    TAG_FAILED,
-    TAG_PASSED,
-    TAG_VERDICT,
-    record_gradcheck,
-)
+from refrun.gradcheck.record import record_gradcheck
+from refrun.schema import ARTIFACT_GRADCHECK as ARTIFACT_JSON
+from refrun.schema import ARTIFACT_GRADCHECK_FD_HTML as ARTIFACT_FD_HTML
+from refrun.schema import TAG_GRADCHECK_FAILED as TAG_FAILED
+from refrun.schema import TAG_GRADCHECK_PASSED as TAG_PASSED
+from refrun.schema import TAG_GRADCHECK_VERDICT as TAG_VERDICT
 
 
 def fd_result(scale: float):

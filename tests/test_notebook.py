@@ -56,6 +56,23 @@ def facts(nb) -> tuple[dict, list[str], list[dict]]:
     return got, mimes, errors
 
 
+def test_committed_notebook_shows_its_plots_and_matches_the_store() -> None:
+    """What a reader sees on a repository page: the committed outputs hold every figure
+    as a static PNG (besides the interactive plotly JSON), no error, and the facts the
+    notebook printed are those of the committed store (outputs not older than the store;
+    scripts/make_example_store.py re-executes the notebook when it rewrites the store)."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    got, mimes, errors = facts(nb)
+    assert not errors
+    assert mimes.count("image/png") >= 3 and mimes.count("application/vnd.plotly.v1+json") >= 3
+    want = store_facts(STORE / "mlflow.db")
+    assert got and {k: got[k] for k in want} == want, "notebook outputs are stale: run " \
+        "scripts/make_example_store.py (it re-executes the notebook)"
+    assert "/work/" not in json.dumps(nb) and str(ROOT) not in json.dumps(nb)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_explore_notebook_executes_on_the_example_store(tmp_path: Path) -> None:

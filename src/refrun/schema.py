@@ -1,119 +1,108 @@
-"""The versioned identity and metric-name schema every refrun run carries.
+"""The names every refrun run carries: the contract between writers and readers.
 
-A run is found and compared later only through these names, so they are the
-contract between the run session, the framework probes, the comparison engine
-and the report.  Bump :data:`SCHEMA_VERSION` on any incompatible change; readers
-check ``refrun.schema`` before trusting a run.
+A run is found and compared later only through these names (tags, metric names, artifact
+paths, JSON document formats), so each is defined here once, by concept, and imported
+everywhere else; ``tests/test_architecture.py`` fails on a ``"refrun.`` name written
+anywhere else in ``src/``.  Bump :data:`SCHEMA_VERSION` on any incompatible change;
+readers check ``refrun.schema`` before trusting a run.
 
-Tags (all strings, prefix ``refrun.``):
+Sections, in the order a run's life meets them:
 
-========================  ====================================================
-``refrun.schema``         schema version of this run ("1")
-``refrun.workload``       workload name; also the default experiment name
-``refrun.role``           reference | candidate | comparison | gradcheck
-``refrun.hardware``       declared hardware, e.g. ``a100``, ``tpu-v5e``, ``cpu``
-``refrun.backend``        ``torch``, ``torch_xla``, ``jax``, ``import`` ...
-``refrun.chips``          number of accelerator chips (int)
-``refrun.seed``           random seed (int)
-``refrun.global_batch``   global batch size (int)
-``refrun.version``        refrun version that recorded the run
-``refrun.fw.<name>``      framework versions (python, torch, torch_xla, jax ...)
-``refrun.device``         device description as seen by the process
-``refrun.host``           host name
-``refrun.git.commit``     commit of the training code, when in a git repository
-``refrun.git.dirty``      "true" when that tree had uncommitted changes
-``refrun.local_id``       id of the local spool that backs the run
-``refrun.steps.*``        written at the end: count, first, last, repeated, backwards
-``refrun.nonfinite``      number of NaN/Inf points recorded
-``refrun.dropped``        points not kept: in-memory queue full or spool disk full
-``refrun.refused``        points, tags and params refused at entry (a name, key or step
-                          MLflow refuses, a value that is not a real number or too large
-                          for a float, a param logged again with another value); each
-                          named in ``refrun/warnings.json`` (``refused``)
-``refrun.truncated``      tag/param values cut to MLflow's length limit (each warned)
-``refrun.skipped``        points/tags the store refused at delivery (skipped, see warnings)
-``refrun.curves.missing`` why the curves artifact could not be written (disk full)
-``refrun.sync.pending``   spooled points not yet delivered (disk full): run incomplete
-``refrun.lost.estimate``  points a hard kill took before they reached the spool (estimate)
-``refrun.warnings``       number of recorded warnings (text in ``refrun/warnings.json``)
-========================  ====================================================
+1. vocabulary (schema version, roles, levels, axes);
+2. identity: who the run is (tags set when it starts);
+3. how the recording went (end-of-run tags);
+4. every run's artifacts and the curves format;
+5. metric names shared by every framework probe, and the tags probes write;
+6. multi-process jobs;
+7. imported runs;
+8. comparison runs;
+9. acceptance (assessment, evidence, sign-off);
+10. gradient checks;
+11. the report;
+12. MLflow's own names that refrun writes;
+13. labels of sweep candidates.
 
-Artifacts: ``refrun/curves.parquet`` (every point at full resolution),
-``refrun/environment.json`` (packages, Python, OS), ``refrun/warnings.json``.
-
-Metric names shared by every backend's probe are the ``M_*`` constants below.
+Tag values are strings (MLflow's rule); counts are written as decimal integers.
 """
 
 from __future__ import annotations
 
+# === 1. vocabulary ========================================================================
 SCHEMA_VERSION = "1"
 PREFIX = "refrun."
-
 ROLES = ("reference", "candidate", "comparison", "gradcheck")
+LEVELS = ("L0", "L1", "L2", "L3", "L4")
+"""Acceptance levels, lowest first (docs/acceptance.md)."""
+AXES = ("step", "samples", "tokens")
+"""What comparisons align on."""
+CPU_HARDWARE_NAMES = ("", "cpu", "host", "none")
+"""Hardware names that mean "no accelerator" (the one classification every backend uses)."""
 
-TAG_SCHEMA = "refrun.schema"
-TAG_WORKLOAD = "refrun.workload"
-TAG_ROLE = "refrun.role"
-TAG_HARDWARE = "refrun.hardware"
-TAG_BACKEND = "refrun.backend"
-TAG_CHIPS = "refrun.chips"
-TAG_SEED = "refrun.seed"
-TAG_GLOBAL_BATCH = "refrun.global_batch"
-TAG_VERSION = "refrun.version"
-TAG_FW_PREFIX = "refrun.fw."
-TAG_DEVICE = "refrun.device"
+
+def identity_tag(field: str) -> str:
+    """Tag name for an identity field (``workload`` -> ``refrun.workload``)."""
+    return PREFIX + field
+
+
+# === 2. identity: who the run is (set when it starts; refrun.identity.RunIdentity) ========
+TAG_SCHEMA = "refrun.schema"  # schema version of this run
+TAG_WORKLOAD = "refrun.workload"  # workload name; also the default experiment name
+TAG_ROLE = "refrun.role"  # one of ROLES
+TAG_HARDWARE = "refrun.hardware"  # declared hardware: a100, tpu-v5e, cpu ...
+TAG_BACKEND = "refrun.backend"  # torch, torch_xla, jax, import ...
+TAG_CHIPS = "refrun.chips"  # accelerator chips (int)
+TAG_SEED = "refrun.seed"  # random seed (int)
+TAG_GLOBAL_BATCH = "refrun.global_batch"  # samples per optimizer step (int)
+TAG_PLANNED_STEPS = "refrun.planned_steps"  # steps the run is meant to take (int)
+TAG_TOKENS_PER_SAMPLE = "refrun.tokens_per_sample"  # int; tokens = samples x this
+TAG_VERSION = "refrun.version"  # refrun version that recorded the run
+# Of this process (runs recorded elsewhere, such as imports, have none of these):
+TAG_FW_PREFIX = "refrun.fw."  # + python, torch, torch_xla, jax ...: versions
+TAG_FW_PJRT_DEVICE = "refrun.fw.pjrt_device"
+TAG_DEVICE = "refrun.device"  # device description as the process sees it
 TAG_HOST = "refrun.host"
-TAG_GIT_COMMIT = "refrun.git.commit"
-TAG_GIT_DIRTY = "refrun.git.dirty"
-TAG_LOCAL_ID = "refrun.local_id"
+TAG_GIT_COMMIT = "refrun.git.commit"  # of the training code, in a git repository
+TAG_GIT_DIRTY = "refrun.git.dirty"  # "true" when that tree had uncommitted changes
+TAG_LOCAL_ID = "refrun.local_id"  # the local spool that backs the run
+
+# === 3. how the recording went (end-of-run tags) =========================================
 TAG_STEPS_COUNT = "refrun.steps.count"
 TAG_STEPS_FIRST = "refrun.steps.first"
 TAG_STEPS_LAST = "refrun.steps.last"
-TAG_STEPS_REPEATED = "refrun.steps.repeated"
-TAG_STEPS_BACKWARDS = "refrun.steps.backwards"
-TAG_NONFINITE = "refrun.nonfinite"
-TAG_DROPPED = "refrun.dropped"
-TAG_WARNINGS = "refrun.warnings"
-TAG_PLANNED_STEPS = "refrun.planned_steps"
-# Comparison runs link what they compared.
-TAG_COMPARED_REFERENCE = "refrun.compared.reference"  # comma-separated run ids
-TAG_COMPARED_CANDIDATE = "refrun.compared.candidate"
-
-# --- recording path (refrun.recording; issue 14) --------------------------------------
-# Points refused where they entered (bad name/key/step, see refrun.keys); never queued.
+TAG_STEPS_REPEATED = "refrun.steps.repeated"  # points whose step equals the previous one
+TAG_STEPS_BACKWARDS = "refrun.steps.backwards"  # points whose step is below the previous
+TAG_NONFINITE = "refrun.nonfinite"  # NaN/Inf points recorded
+TAG_DROPPED = "refrun.dropped"  # points not kept: in-memory queue full or spool disk full
+# Points, tags and params refused at entry (a name, key or step MLflow refuses, a value
+# that is not a real number or too large for a float, a param logged again with another
+# value); each named in refrun/warnings.json (``refused``).  Never queued.
 TAG_REFUSED = "refrun.refused"
-# Tag and param values cut to MLflow's length limit at entry (each warned).
-TAG_TRUNCATED = "refrun.truncated"
-# Points or tags the store still refused at delivery; skipped (reasons in warnings.json).
+TAG_TRUNCATED = "refrun.truncated"  # tag/param values cut to MLflow's length (each warned)
+# Points or tags the store still refused at delivery: skipped (reasons in warnings.json).
 TAG_SKIPPED = "refrun.skipped"
-# Set when the curves artifact could not be written (e.g. disk full): the reason.
-# Removed by `refrun sync` once the artifact is delivered.
-TAG_CURVES_MISSING = "refrun.curves.missing"
-# Points a hard kill (SIGKILL, OOM) is estimated to have taken with the trainer: accepted
-# by log() but not yet written to the spool (refrun.recording.delivery.lost_estimate).
-TAG_LOST_ESTIMATE = "refrun.lost.estimate"
+TAG_CURVES_MISSING = "refrun.curves.missing"  # why the curves artifact is missing (disk full)
 # Set when the run was terminated in the store while spooled points could not be delivered
 # (the spool's disk full): how many, and where; readers treat the run as incomplete until
 # `refrun sync` delivers them and removes the tag.
 TAG_SYNC_PENDING = "refrun.sync.pending"
-# MLflow's source tag, set on every recorded run.
-TAG_MLFLOW_SOURCE = "mlflow.source.name"
-SOURCE_NAME = "refrun"
+# Points a hard kill (SIGKILL, OOM) is estimated to have taken with the trainer: accepted
+# by log() but not yet written to the spool (refrun.recording.delivery.lost_estimate).
+TAG_LOST_ESTIMATE = "refrun.lost.estimate"
+TAG_WARNINGS = "refrun.warnings"  # number of warnings (text in refrun/warnings.json)
+TAG_MLFLOW_VIEW = "refrun.mlflow_view"  # how MLflow's history relates to the curves artifact
 
+# === 4. every run's artifacts ============================================================
 ARTIFACT_DIR = "refrun"
-ARTIFACT_CURVES = "refrun/curves.parquet"
-ARTIFACT_ENVIRONMENT = "refrun/environment.json"
+ARTIFACT_CURVES = "refrun/curves.parquet"  # every point at full resolution
+ARTIFACT_ENVIRONMENT = "refrun/environment.json"  # packages, Python, OS
 ARTIFACT_WARNINGS = "refrun/warnings.json"
-
-# Columns of the curves artifact (long format, one row per accepted point).
 CURVE_COLUMNS = ("metric", "step", "value", "timestamp_ms", "seq")
+"""Columns of the curves artifact (long format, one row per accepted point)."""
 
-# --- metric names shared by every framework probe -------------------------
+# === 5. metric names shared by every framework probe, and the tags probes write ==========
 M_LOSS = "loss"
 EVAL_PREFIX = "eval/"
 M_STEP_TIME = "perf/step_time_s"  # seconds, device-true where the backend allows
-# How perf/step_time_s was measured: cuda_event | wall | ready (see each backend).
-TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"
 M_COMPILE_GRAPHS = "compile/graphs"  # new graphs compiled during the step
 M_COMPILE_RECOMPILES = "compile/recompiles"  # of which recompilations of a known function
 M_COMPILE_GRAPH_BREAKS = "compile/graph_breaks"
@@ -131,111 +120,44 @@ M_HOST_SYNCS = "xfer/host_syncs"
 M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
 M_NONFINITE = "health/nonfinite"
 SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
+# Per-step counters are deltas for that step; these prefixes name them (compared as counts,
+# never as measurements).
+COUNTER_PREFIXES = ("compile/", "xfer/", "fallback/", "exec/", "health/")
 # System and runtime signals (how the run executed, not what it computed): the report ranks
 # them in their own group, beside the runtime evidence, after training and evaluation
 # signals.  health/* (non-finite counts) is numerical and stays with the training signals.
 RUNTIME_PREFIXES = (SYS_PREFIX, "perf/", "xfer/", "compile/", "exec/", "fallback/", "job/")
-
-# Tags written by probes (device truth and placement).
-TAG_EXEC_HARDWARE = "refrun.exec.hardware"  # hardware that actually executed
-TAG_EXEC_DEVICES = "refrun.exec.devices"  # number of devices used
-TAG_EXEC_WORLD_SIZE = "refrun.exec.world_size"
-TAG_PLACEMENT = "refrun.placement"  # json summary of where params/state live
-TAG_PLACEMENT_WARNING = "refrun.placement.warning"
-TAG_MESH = "refrun.exec.mesh"
-
-
-# --- MLflow UI (area: ui, issue 17; see refrun.mlflow_ui) ---------------------
-# MLflow's own tags that refrun writes so the UI shows what a run is.
-TAG_RUN_NAME = "mlflow.runName"
-TAG_NOTE = "mlflow.note.content"  # the run's Markdown description on its page
-# The experiment tag MLflow 3.x's UI reads to choose the experiment page's mode; values
-# understood by its UI bundle: genai_development, custom_model_development, finetuning,
-# regression, classification, forecasting, automl (the *_inferred ones are its guesses).
-TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
-EXPERIMENT_KIND_TRAINING = "custom_model_development"
-# Saved views of an experiment's runs page (MLflow 3.17's "Views" menu and share links):
-# experiment tag <prefix><view id> = {"name", "createdAt", "updatedAt", "state": JSON text}.
-TAG_SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
-TAG_ACCEPTANCE_VERDICT = "refrun.acceptance.verdict"  # pass | fail | incomplete
-TAG_ACCEPTANCE_HIGHEST = "refrun.acceptance.highest_level"  # L0..L4 | none
-TAG_IMPORT_SOURCE = "refrun.import.source"  # file name(s) an imported run came from
-ARTIFACT_REPORT = "refrun/report.html"  # the comparison run's HTML report
-
-
-def identity_tag(field: str) -> str:
-    """Tag name for an identity field (``workload`` -> ``refrun.workload``)."""
-    return PREFIX + field
-
-# --- imports and MLflow views (engineer imp, issue 14) ---------------------
-# Where an imported run's points came from (refrun import megatron|torchtitan|csv).
-TAG_IMPORT_FORMAT = "refrun.import.format"
-TAG_IMPORT_SOURCE = "refrun.import.source"  # file name(s), comma-separated
-TAG_IMPORT_SHA256 = "refrun.import.sha256"  # of the imported file(s), in order
-TAG_IMPORT_NONFINITE = "refrun.import.nonfinite_points"
-# How MLflow's metric history of a run relates to its curves artifact (a bounded view).
-TAG_MLFLOW_VIEW = "refrun.mlflow_view"
-TAG_COMPARED_METRICS = "refrun.compared.metrics"  # comma-separated metric names
-ARTIFACT_COMPARISON = "refrun/comparison.json"
-DIFF_PREFIX = "diff/"  # comparison runs: candidate - reference, metric units
-RELDIFF_PREFIX = "reldiff/"  # comparison runs: |diff| / max(|cand|, |ref|, eps)
-
-# --- calibration and statistics (acceptance, issue 13: refrun calibrate) ---------------
-# Per-step counters whose movement marks a compilation step: such steps are left out of a
-# step-time median (their time is the compiler's, not the step's).
+# Counters whose movement marks a compilation step: such steps are left out of a step-time
+# median (their time is the compiler's, not the step's).
 STEP_TIME_COMPILE_METRICS = (M_COMPILE_GRAPHS, M_COMPILE_RECOMPILES, M_COMPILE_OTHER)
-# Evidence fields of the statistical criteria (equivalence, convergence): the interval
-# the decision rests on and the number of reference seeds behind it.
-EV_INTERVAL = "interval"
-EV_N_REFERENCE = "n_reference"
-# Where a per-step criterion's candidate first left the criterion's band (issue 21, calib):
-# {axis, at, step, first_outside_at, sustain, direction, outside_points, points} or null,
-# and the step alone (the report marks it on the metric's figure).
-EV_FIRST_DIVERGENCE = "first_divergence"
-EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
-# A failing per-step criterion's reason ends with this, then the axis value and side.
-FIRST_LEFT_REASON = "; first left the band at "
-# Gradient checks as acceptance evidence (issue 13, cal): a run of role gradcheck names the
-# candidate run it checked; the `gradcheck` criterion finds it by this tag.
-TAG_GRADCHECK_CANDIDATE = "refrun.gradcheck.candidate"  # run id of the checked candidate
-TAG_GRADCHECK_PASSED = "refrun.gradcheck.passed"  # "true" / "false"
-TAG_GRADCHECK_FAILED = "refrun.gradcheck.failed"  # labels of failing checks, comma-separated
-GRADCHECK_METRIC_PREFIX = "gradcheck/"  # gradcheck/<label>/<measure>; .../passed is 1 or 0
-
-# --- report (issue 16): what `refrun report` adds to a comparison run so that MLflow's own
-# run comparison is useful (select comparison runs, chart these per compared metric).
-TAG_REPORT_VERDICT = "refrun.report.verdict"  # pass | fail | incomplete | none (no criteria)
-TAG_REPORT_HIGHEST_LEVEL = "refrun.report.highest_level"
-TAG_REPORT_TOP_DEPARTURE = "refrun.report.top_departure"  # metric that departs most
-TAG_REPORT_FAILED = "refrun.report.failed"  # comma-separated failing criterion ids
-ARTIFACT_REPORT = "refrun/report.html"
-M_REPORT_MEAN_ABS_Z = "report/mean_abs_z/"  # + metric: mean |z| over aligned steps (seed σ)
-M_REPORT_MAX_ABS_Z = "report/max_abs_z/"  # + metric
-M_REPORT_OUTSIDE = "report/fraction_outside/"  # + metric: fraction of steps outside seeds
-M_REPORT_FIRST_OUT = "report/first_step_out/"  # + metric: first step out of band
-M_REPORT_MEAN_REL_DIFF = "report/mean_rel_diff/"  # + metric (single reference)
-M_REPORT_CRITERIA_PASSED = "report/criteria_passed"
-M_REPORT_CRITERIA_FAILED = "report/criteria_failed"
-M_REPORT_CRITERIA_NOT_EVALUABLE = "report/criteria_not_evaluable"
-
-
-# --- probe contract (integ, issue 15): tags and artifacts the probes write ----------------
-# Every backend (torch, torch_xla, jax) and every trainer callback writes these names; the
-# acceptance checks and the report read them.  Values are strings, as every MLflow tag.
+# Progress axes: cumulative samples / tokens seen at the end of each step.
+M_PROGRESS_SAMPLES = "progress/samples"
+M_PROGRESS_TOKENS = "progress/tokens"
+PROGRESS_PREFIX = "progress/"  # axis metrics: never compared as measurements
+# Step time, as the probes summarise it at the end of a run.
+TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"  # cuda_event | wall | ready
 TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"  # steady-state median, seconds
 TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
 TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"  # step times left out of median/p90
 TAG_STEADY_STEPS = "refrun.perf.steady_steps"
 TAG_STEP_TIME_WALL_STEPS = "refrun.perf.step_time_wall_steps"  # JAX steps timed by wall
+# Where it executed (device truth) and where its state lives.
+TAG_EXEC_HARDWARE = "refrun.exec.hardware"  # hardware that actually executed
+TAG_EXEC_DEVICES = "refrun.exec.devices"  # number of devices used
+TAG_EXEC_WORLD_SIZE = "refrun.exec.world_size"
 TAG_EXEC_DEVICE_KIND = "refrun.exec.device_kind"
 TAG_EXEC_VISIBLE_DEVICES = "refrun.exec.visible_devices"
 TAG_EXEC_DEVICE_TYPE = "refrun.exec.device_type"  # torch_xla.runtime.device_type()
 TAG_EXEC_XLA_DEVICE = "refrun.exec.xla_device"
 TAG_EXEC_MEMORY_PEAK = "refrun.exec.memory_peak_bytes"
-TAG_FW_PJRT_DEVICE = "refrun.fw.pjrt_device"
 TAG_DECLARED_ACCELERATOR = "refrun.exec.declared_accelerator"  # "true" | "false"
+TAG_MESH = "refrun.exec.mesh"
+TAG_PLACEMENT = "refrun.placement"  # JSON summary of where params/state live
+TAG_PLACEMENT_WARNING = "refrun.placement.warning"
+# Framework-specific summaries.
 TAG_SUMMARY_PREFIX = "refrun.summary."  # end-of-run summary counts (XLA)
 TAG_FALLBACK_OPS = "refrun.fallback.ops"  # JSON {op name: executions}
+TAG_JAX_PREFIX = "refrun.jax."
 TAG_JAX_TRANSFER_GUARD = "refrun.jax.transfer_guard"
 TAG_JAX_STEP_FUNCTIONS = "refrun.jax.step_functions"
 TAG_JAX_FRESH_CACHES = "refrun.jax.fresh_caches"
@@ -250,31 +172,25 @@ ARTIFACT_XLA_SUMMARY = "refrun/xla_summary.json"
 ARTIFACT_FALLBACK_OPS = "refrun/fallback_ops.json"
 ARTIFACT_JAX_COMPILATIONS = "refrun/jax_compilations.json"
 ARTIFACT_JAX_TRANSFERS = "refrun/jax_transfers.json"  # counts per step, first N sites
-# Progress axes (issue 15.4): cumulative samples / tokens seen at the end of each step.
-M_PROGRESS_SAMPLES = "progress/samples"
-M_PROGRESS_TOKENS = "progress/tokens"
-PROGRESS_PREFIX = "progress/"  # axis metrics: never compared as measurements
-TAG_TOKENS_PER_SAMPLE = "refrun.tokens_per_sample"  # int; tokens = samples x this
-AXES = ("step", "samples", "tokens")  # what comparisons align on
-# Hardware names that mean "no accelerator" (the one classification every backend uses).
-CPU_HARDWARE_NAMES = ("", "cpu", "host", "none")
-# --- end of probe contract block -----------------------------------------------------------
+# Tags that describe the device and its execution (the report's device section).
+DEVICE_TAG_PREFIXES = ("refrun.exec.", TAG_DEVICE, TAG_PLACEMENT, "refrun.perf.",
+                       TAG_SUMMARY_PREFIX, TAG_HOST, TAG_JAX_PREFIX, "refrun.fw.pjrt")
 
-# --- multi-process jobs (engineer mp, issue 15.3; see docs/multiprocess.md) -------------------
-# A job of world_size > 1 processes records ONE run, owned by rank 0: its curves are the run's
-# curves.  Every rank's run identity carries the job id, its rank and the world size.
+# === 6. multi-process jobs (docs/multiprocess.md) ========================================
+# A job of world_size > 1 processes records ONE run, owned by rank 0: its curves are the
+# run's curves.  Every rank's run identity carries the job id, its rank and the world size.
 TAG_JOB_ID = "refrun.job.id"
 TAG_JOB_RANK = "refrun.job.rank"  # "0" on the run (rank 0 owns it)
 TAG_JOB_WORLD_SIZE = "refrun.job.world_size"
 # Set on the run by rank k's delivery once rank k's data arrived: + "rank-<k>" = its status.
 TAG_JOB_REPORTED_PREFIX = "refrun.job.reported."
 ARTIFACT_RANKS_DIR = "refrun/ranks"
-# Derived per-job values the loader adds to rank 0's curves (one point at its last step), so a
-# criteria file can bound them (kind "claim"): slowest rank's steady step time / median over
-# ranks, how many of world_size ranks reported, and how many of them FINISHED.
+# Derived per-job values the loader adds to rank 0's curves (one point at its last step),
+# so a criteria file can bound them (kind "claim"): slowest rank's steady step time /
+# median over ranks, how many of world_size ranks reported, how many FINISHED.
 M_JOB_STRAGGLER = "job/straggler_ratio"
 M_JOB_RANKS_REPORTED = "job/ranks_reported"
-M_JOB_RANKS_FINISHED = "job/ranks_finished"  # ranks whose status is FINISHED (rank 0: the run's)
+M_JOB_RANKS_FINISHED = "job/ranks_finished"  # ranks whose status is FINISHED
 
 
 def rank_name(rank: int) -> str:
@@ -296,20 +212,101 @@ def rank_artifact(rank: int, name: str) -> str:
     """Where another artifact ``name`` of rank k goes on rank 0's run (its environment,
     warnings ...): ``refrun/ranks/rank-<k>/<file name>``."""
     return f"{ARTIFACT_RANKS_DIR}/{rank_name(rank)}/{name.rsplit('/', 1)[-1]}"
-# --- end of multi-process block ---------------------------------------------------------------
 
-# --- legacy-store hygiene (engineer hyg) ---------------------------------------------------
+
+# === 7. imported runs (refrun import ...) =================================================
+TAG_IMPORT_FORMAT = "refrun.import.format"  # megatron | torchtitan | csv | ...
+TAG_IMPORT_SOURCE = "refrun.import.source"  # file name(s), comma-separated
+TAG_IMPORT_SHA256 = "refrun.import.sha256"  # of the imported file(s), in order
+TAG_IMPORT_NONFINITE = "refrun.import.nonfinite_points"
+
+# === 8. comparison runs (role comparison) =================================================
+TAG_COMPARED_REFERENCE = "refrun.compared.reference"  # comma-separated run ids
+TAG_COMPARED_CANDIDATE = "refrun.compared.candidate"
+TAG_COMPARED_METRICS = "refrun.compared.metrics"  # comma-separated metric names
 # The candidate's refrun.hardware tag as stored, when it is not (or not written as) a
 # canonical hardware name: a store written before hardware validation may hold free text,
 # which must neither stop a comparison from being recorded nor be lost.
 TAG_COMPARED_CANDIDATE_HARDWARE = "refrun.compared.candidate_hardware"
-# --- end of legacy-store hygiene block -----------------------------------------------------
+ARTIFACT_COMPARISON = "refrun/comparison.json"
+FORMAT_COMPARISON = "refrun.comparison"  # the "format" of comparison.json
+DIFF_PREFIX = "diff/"  # candidate - reference, metric units
+RELDIFF_PREFIX = "reldiff/"  # |diff| / max(|cand|, |ref|, eps)
 
-# Candidates of a sweep on one report page are labelled by their run name and by the
-# params and tags in which they differ (refrun.report.labels): every param, every tag
-# outside the refrun./mlflow. namespaces (a user's own), and these identity tags.  Not
-# counters or bookkeeping (step counts, refused points, local ids), which differ between
-# any two runs and say nothing about what was run.
+# === 9. acceptance: assessment, evidence, sign-off =======================================
+TAG_ACCEPTANCE_PREFIX = "refrun.acceptance."  # + a level (L0 ... L4): that level's status
+TAG_ACCEPTANCE_VERDICT = "refrun.acceptance.verdict"  # pass | fail | incomplete
+TAG_ACCEPTANCE_HIGHEST = "refrun.acceptance.highest_level"  # L0..L4 | none
+TAG_ACCEPTANCE_CRITERIA_SHA = "refrun.acceptance.criteria_sha256"
+TAG_ACCEPTANCE_EVIDENCE_SHA = "refrun.acceptance.evidence_sha256"
+TAG_ACCEPTANCE_CRITERIA_FILE = "refrun.acceptance.criteria_file"
+ARTIFACT_ASSESSMENT = "refrun/assessment.json"  # the full assessment
+ARTIFACT_EVIDENCE = "refrun/evidence.json"  # the canonical evidence the digest covers
+ARTIFACT_CRITERIA = "refrun/criteria.toml"  # the exact bytes of the criteria file used
+ARTIFACT_SIGNOFF = "refrun/signoff.json"
+TAG_SIGNOFF_PREFIX = "refrun.signoff."  # + decision, by, ...
+FORMAT_ASSESSMENT = "refrun.assessment"
+FORMAT_EVIDENCE = "refrun.evidence"
+FORMAT_ACCEPT_SWEEP = "refrun.accept.sweep"  # `refrun accept` of several candidates, --json
+# Evidence fields of the statistical criteria (equivalence, convergence): the interval the
+# decision rests on and the number of reference seeds behind it.
+EV_INTERVAL = "interval"
+EV_N_REFERENCE = "n_reference"
+# Where a per-step criterion's candidate first left the criterion's band:
+# {axis, at, step, first_outside_at, sustain, direction, outside_points, points} or null,
+# and the step alone (the report marks it on the metric's figure).
+EV_FIRST_DIVERGENCE = "first_divergence"
+EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
+# A failing per-step criterion's reason ends with this, then the axis value and side.
+FIRST_LEFT_REASON = "; first left the band at "
+
+# === 10. gradient checks (role gradcheck; L1 evidence) ====================================
+# A gradcheck run names the candidate run it checked; the `gradcheck` criterion finds it.
+TAG_GRADCHECK_CANDIDATE = "refrun.gradcheck.candidate"  # run id of the checked candidate
+TAG_GRADCHECK_PASSED = "refrun.gradcheck.passed"  # "true" / "false"
+TAG_GRADCHECK_FAILED = "refrun.gradcheck.failed"  # labels of failing checks, comma-separated
+TAG_GRADCHECK_CHECKS = "refrun.gradcheck.checks"  # number of checks
+TAG_GRADCHECK_VERDICT = "refrun.gradcheck.verdict"  # worst finite-difference verdict
+TAG_GRADCHECK_TEST = "refrun.gradcheck.test"  # pytest node id (refrun.testing plugin)
+GRADCHECK_METRIC_PREFIX = "gradcheck/"  # gradcheck/<label>/<measure>; .../passed is 1 or 0
+ARTIFACT_GRADCHECK = "refrun/gradcheck.json"  # every result in full
+ARTIFACT_GRADCHECK_FD_HTML = "refrun/gradcheck_fd.html"  # the V curves
+
+# === 11. the report (what `refrun report` adds to a comparison run) ======================
+TAG_REPORT_VERDICT = "refrun.report.verdict"  # pass | fail | incomplete | none
+TAG_REPORT_HIGHEST_LEVEL = "refrun.report.highest_level"
+TAG_REPORT_TOP_DEPARTURE = "refrun.report.top_departure"  # metric that departs most
+TAG_REPORT_FAILED = "refrun.report.failed"  # comma-separated failing criterion ids
+ARTIFACT_REPORT = "refrun/report.html"
+FORMAT_REPORT_MATRIX = "refrun.report.matrix"
+M_REPORT_MEAN_ABS_Z = "report/mean_abs_z/"  # + metric: mean |z| over aligned steps (seed σ)
+M_REPORT_MAX_ABS_Z = "report/max_abs_z/"  # + metric
+M_REPORT_OUTSIDE = "report/fraction_outside/"  # + metric: fraction of steps outside seeds
+M_REPORT_FIRST_OUT = "report/first_step_out/"  # + metric: first step out of band
+M_REPORT_MEAN_REL_DIFF = "report/mean_rel_diff/"  # + metric (single reference)
+M_REPORT_CRITERIA_PASSED = "report/criteria_passed"
+M_REPORT_CRITERIA_FAILED = "report/criteria_failed"
+M_REPORT_CRITERIA_NOT_EVALUABLE = "report/criteria_not_evaluable"
+
+# === 12. MLflow's own names that refrun writes (refrun.mlflow_ui) ========================
+TAG_MLFLOW_SOURCE = "mlflow.source.name"  # set on every recorded run
+SOURCE_NAME = "refrun"
+TAG_RUN_NAME = "mlflow.runName"
+TAG_NOTE = "mlflow.note.content"  # the run's Markdown description on its page
+# The experiment tag MLflow 3.x's UI reads to choose the experiment page's mode; values
+# understood by its UI bundle: genai_development, custom_model_development, finetuning,
+# regression, classification, forecasting, automl (the *_inferred ones are its guesses).
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
+# Saved views of an experiment's runs page (MLflow 3.17's "Views" menu and share links):
+# experiment tag <prefix><view id> = {"name", "createdAt", "updatedAt", "state": JSON text}.
+TAG_SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+
+# === 13. labels of sweep candidates on one report page (refrun.report.labels) ============
+# Candidates are labelled by their run name and by the params and tags in which they
+# differ: every param, every tag outside the refrun./mlflow. namespaces (a user's own), and
+# these identity tags.  Not counters or bookkeeping (step counts, refused points, local
+# ids), which differ between any two runs and say nothing about what was run.
 LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
               TAG_EXEC_HARDWARE, TAG_EXEC_DEVICES, TAG_EXEC_WORLD_SIZE, TAG_GIT_COMMIT,
               TAG_IMPORT_SOURCE, TAG_VERSION)

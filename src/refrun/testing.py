@@ -109,8 +109,9 @@ def refrun_gradcheck(request: pytest.FixtureRequest) -> Iterator[GradcheckGate]:
     yield gate
     uri = request.config.getoption("--refrun-gradcheck-record", default=None)
     if uri and gate.results:
+        from refrun import schema
         from refrun.gradcheck.record import record_gradcheck
 
         record_gradcheck(gate.results, tracking_uri=uri, run_name=request.node.name,
                          workload=request.config.getoption("--refrun-gradcheck-workload"),
-                         tags={"refrun.gradcheck.test": request.node.nodeid})
+                         tags={schema.TAG_GRADCHECK_TEST: request.node.nodeid})

@@ -106,7 +106,7 @@ NO_CONVERGENCE = ("no convergence (MLPerf steps-to-target) criterion written: st
                   "another cadence would be judged by its cadence, and the target is the "
                   "project's to declare; add one by hand (kind = \"convergence\") when the "
                   "candidates evaluate at the references' cadence")
-SKIP_PREFIXES = ("sys/", "perf/", "compile/", "xfer/", "fallback/", "exec/", "health/")
+SKIP_PREFIXES = (schema.SYS_PREFIX, "perf/", *schema.COUNTER_PREFIXES)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from refrun import identity, schema
 from refrun.errors import RefrunInputError
 
 FORMAT_VERSION = 1
-LEVELS = ("L0", "L1", "L2", "L3", "L4")
+LEVELS = schema.LEVELS
 MISSING = dataclasses.MISSING
 
 

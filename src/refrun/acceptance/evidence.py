@@ -24,7 +24,7 @@ from refrun import schema
 from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
-FORMAT = "refrun.evidence"
+FORMAT = schema.FORMAT_EVIDENCE
 FORMAT_VERSION = "3"
 # Version 2 added each run's ``points_from``; version 3 each per-step result's
 # ``first_divergence`` (where the candidate first left the criterion's band).  Evidence

@@ -39,16 +39,16 @@ from refrun.store.complete import (
     write_complete_run,
 )
 
-TAG_PREFIX = "refrun.acceptance."
+TAG_PREFIX = schema.TAG_ACCEPTANCE_PREFIX
 TAG_VERDICT = schema.TAG_ACCEPTANCE_VERDICT
 TAG_HIGHEST = schema.TAG_ACCEPTANCE_HIGHEST
-TAG_CRITERIA_SHA = TAG_PREFIX + "criteria_sha256"
-TAG_EVIDENCE_SHA = TAG_PREFIX + "evidence_sha256"
-TAG_CRITERIA_FILE = TAG_PREFIX + "criteria_file"
-ARTIFACT_ASSESSMENT = "refrun/assessment.json"
-ARTIFACT_EVIDENCE = "refrun/evidence.json"
-ARTIFACT_CRITERIA = "refrun/criteria.toml"
-ARTIFACT_SIGNOFF = "refrun/signoff.json"
+TAG_CRITERIA_SHA = schema.TAG_ACCEPTANCE_CRITERIA_SHA
+TAG_EVIDENCE_SHA = schema.TAG_ACCEPTANCE_EVIDENCE_SHA
+TAG_CRITERIA_FILE = schema.TAG_ACCEPTANCE_CRITERIA_FILE
+ARTIFACT_ASSESSMENT = schema.ARTIFACT_ASSESSMENT
+ARTIFACT_EVIDENCE = schema.ARTIFACT_EVIDENCE
+ARTIFACT_CRITERIA = schema.ARTIFACT_CRITERIA
+ARTIFACT_SIGNOFF = schema.ARTIFACT_SIGNOFF
 
 
 def level_tags(a: Assessment) -> dict[str, str]:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from refrun import schema
 from refrun.jsonsafe import json_safe as clean
 
 PASS, FAIL, NOT_EVALUABLE = "pass", "fail", "not_evaluable"
@@ -17,7 +18,7 @@ OUTCOMES = (PASS, FAIL, NOT_EVALUABLE, NOT_APPLICABLE)
 # Level statuses: the outcomes (not_applicable: no criterion of the level applies to the
 # candidate's backend), plus a level without criteria, plus L4 held back.
 NO_CRITERIA, NOT_EVALUATED = "no_criteria", "not_evaluated"
-FORMAT = "refrun.assessment"
+FORMAT = schema.FORMAT_ASSESSMENT
 FORMAT_VERSION = "1"
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from refrun import schema
 from refrun._version import __version__
 from refrun.acceptance.alignment import recorded_axis, with_axis
 from refrun.acceptance.assess import assess, gradchecks_for, load_for_assessment
@@ -55,7 +56,7 @@ from refrun.acceptance.signer import UNAUTHENTICATED, check_by, current_user, re
 from refrun.errors import RefrunInputError
 from refrun.printable import escape
 
-TAG_SIGNOFF_PREFIX = "refrun.signoff."
+TAG_SIGNOFF_PREFIX = schema.TAG_SIGNOFF_PREFIX
 DECISIONS = ("accept", "reject")
 
 

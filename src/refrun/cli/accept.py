@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from refrun.acceptance.assess import Assessed
     from refrun.acceptance.results import Assessment
 
-SWEEP_FORMAT = "refrun.accept.sweep"
+SWEEP_FORMAT = schema.FORMAT_ACCEPT_SWEEP
 SWEEP_FORMAT_VERSION = "1"
 
 

@@ -60,9 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=None, help="interpolate one run onto the other's steps")
     p.add_argument("--axis", choices=schema.AXES, default=None,
                    help="align on steps, or on cumulative samples/tokens seen (default: step)")
-    p.add_argument("--max-points", type=int, default=DEFAULT_MAX_POINTS,
-                   help=f"most points drawn per trace (default {DEFAULT_MAX_POINTS}); "
-                        "numbers always use every point")
+    p.add_argument("--max-points", type=int, default=None,
+                   help=f"most points drawn per trace (default {DEFAULT_MAX_POINTS}, fewer "
+                        "on a page of many candidates: sweep_max_points); numbers always "
+                        "use every point")
     rec = p.add_mutually_exclusive_group()
     rec.add_argument("--comparison-run", default=None, metavar="RUN_ID",
                      help="log the report into this existing comparison run")
@@ -95,14 +96,27 @@ def _assess(args: argparse.Namespace, candidate: str, metrics: list[str] | None
         raise RefrunInputError("--keep/--interpolate/--axis: with --criteria the criteria file's "
                                "[settings] decide how runs are aligned")
     try:
-        from refrun.acceptance.assess import assess, compare_options, load_for_assessment
+        from refrun.acceptance.assess import (
+            assess,
+            compare_options,
+            load_candidate,
+            load_references,
+        )
         from refrun.acceptance.criteria import load_criteria
     except ImportError as exc:
         raise RefrunInputError(f"--criteria {args.criteria}: refrun.acceptance is not "
                                f"available ({exc})") from exc
     crit = load_criteria(args.criteria)
-    refs, cand, latest = load_for_assessment(crit, args.reference, candidate,
-                                             args.tracking_uri, args.allow_cross_workload)
+    if candidate in args.reference:
+        raise RefrunInputError(f"--candidate {candidate}: also given as a reference")
+    # The references are loaded once for every candidate of the page: each comparison
+    # shares the same runs (and their resolved series) instead of holding its own copy.
+    if getattr(args, "loaded_references", None) is None:
+        args.loaded_references = load_references(args.reference, args.tracking_uri)
+    loaded = args.loaded_references
+    refs = loaded.runs
+    cand, latest = load_candidate(crit, loaded, candidate, args.tracking_uri,
+                                  args.allow_cross_workload)
     cmp = compare(refs, cand, metrics=metrics, options=compare_options(crit), progress=False)
     assessment = assess(crit, refs, cand, latest, args.allow_cross_workload)
     return cmp, with_calibration(assessment.to_dict(), crit)
@@ -145,7 +159,13 @@ def _compare(args: argparse.Namespace, candidate: str, metrics: list[str] | None
         return _assess(args, candidate, metrics)
     options = CompareOptions(keep=args.keep or "last", interpolate=args.interpolate or "none",
                              axis=args.axis or "step")
-    cmp = compare(args.reference, candidate, metrics=metrics, options=options,
+    if getattr(args, "reference_runs", None) is None:  # loaded once for every candidate
+        from refrun.comparison import load_run
+
+        args.reference_runs = [load_run(r, tracking_uri=args.tracking_uri,
+                                        progress=sys.stderr.isatty())
+                               for r in args.reference]
+    cmp = compare(args.reference_runs, candidate, metrics=metrics, options=options,
                   tracking_uri=args.tracking_uri, progress=sys.stderr.isatty())
     if note := check_workloads(cmp.candidate, cmp.reference, allow=args.allow_cross_workload):
         print(f"WARNING: {note}")
@@ -173,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     json_out = check_writable(args.json, "--json") if args.json else None
     if json_out is not None and json_out == out:
         raise RefrunInputError(f"--json {args.json}: the same file as --html")
+    if args.max_points is None:
+        args.max_points = sweep_max_points(len(args.candidate))
     if args.max_points < 10:
         raise RefrunInputError(f"--max-points {args.max_points}: at least 10")
     if args.comparison_run and len(args.candidate) > 1:
@@ -218,6 +240,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def sweep_max_points(n_candidates: int) -> int:
+    """Default points drawn per trace for a page of ``n_candidates``: the single-candidate
+    default up to 8 candidates, then scaled down so the figure data of the page stays
+    about that of 8 candidates (never under 400 points: minmax reduction keeps every
+    bucket's extremes, so a spike stays visible).  A page of 100 candidates x 100k steps
+    was ~40 MB at 2,400 points a trace."""
+    if n_candidates <= 8:
+        return DEFAULT_MAX_POINTS
+    return max(400, DEFAULT_MAX_POINTS * 8 // n_candidates)
+
+
 def ui_base(arg: str | None, uri: str) -> str | None:
     """The MLflow UI's address: ``--mlflow-ui``, else the tracking server's (an http(s)
     tracking URI serves the UI too), else None (a database store has no UI address)."""
@@ -231,11 +264,10 @@ def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
     """The comparison run's page in the MLflow UI at ``base`` (None without one)."""
     if base is None:
         return None
-    from mlflow.tracking import MlflowClient
-
     from refrun import mlflow_ui
+    from refrun.store.client import client as store_client
 
-    exp = MlflowClient(uri).get_run(run_id).info.experiment_id
+    exp = store_client(uri).get_run(run_id).info.experiment_id
     return f"{base}/{mlflow_ui.run_link(exp, run_id)}"
 
 

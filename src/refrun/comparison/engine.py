@@ -80,7 +80,7 @@ class CompareOptions:
     warmup_steps: int | None = None  # steps skipped for step time and counters
     warmup_fraction: float = 0.1  # ... default ceil(fraction * step span), at least 1
     step_time_metrics: tuple[str, ...] = (schema.M_STEP_TIME,)
-    counter_prefixes: tuple[str, ...] = ("compile/", "xfer/", "fallback/", "exec/", "health/")
+    counter_prefixes: tuple[str, ...] = schema.COUNTER_PREFIXES
     eval_prefix: str = schema.EVAL_PREFIX
     max_eval_points: int = 10_000  # eval metrics with more aligned points: no point list
     # First divergence (comparison/divergence.py): band = reference envelope +- (rtol *
@@ -210,7 +210,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON (docs/comparison.md, "JSON")."""
         return _clean({
-            "format": "refrun.comparison",
+            "format": schema.FORMAT_COMPARISON,
             "format_version": FORMAT_VERSION,
             "created_ms": self.created_ms,
             "reference": [_run_info(r) for r in self.reference],

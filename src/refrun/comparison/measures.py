@@ -165,7 +165,9 @@ def warmup_end(first_step: int, last_step: int, warmup_steps: int | None = None,
     return int(first_step + warmup_steps)
 
 
-def _steady(steps: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
+def steady_values(steps: np.ndarray, values: np.ndarray, start: int | float) -> np.ndarray:
+    """The one definition of steady-state step times: the finite ``values`` at ``steps >=
+    start`` (the warm-up end; compilation and cache warm-up come before it)."""
     v = values[steps >= start]
     return v[np.isfinite(v)]
 
@@ -175,8 +177,8 @@ def step_time_ratio(ref_steps: np.ndarray, ref_values: np.ndarray, cand_steps: n
     """Median step time of each run over its own finite points at steps >=
     ``warmup_end_step`` (seconds), and ratio = candidate median / reference median
     (> 1: the candidate is slower).  None where a run has no steady point."""
-    r = _steady(ref_steps, ref_values, warmup_end_step)
-    c = _steady(cand_steps, cand_values, warmup_end_step)
+    r = steady_values(ref_steps, ref_values, warmup_end_step)
+    c = steady_values(cand_steps, cand_values, warmup_end_step)
     rm = float(np.median(r)) if len(r) else None
     cm = float(np.median(c)) if len(c) else None
     ratio = cm / rm if rm and cm is not None else None
@@ -192,8 +194,8 @@ def counter_totals(ref_steps: np.ndarray, ref_values: np.ndarray, cand_steps: np
         warmup_end_step=int(warmup_end_step),
         reference_total=float(ref_values[rf].sum()),
         candidate_total=float(cand_values[cf].sum()),
-        reference_after_warmup=float(_steady(ref_steps, ref_values, warmup_end_step).sum()),
-        candidate_after_warmup=float(_steady(cand_steps, cand_values, warmup_end_step).sum()),
+        reference_after_warmup=float(steady_values(ref_steps, ref_values, warmup_end_step).sum()),
+        candidate_after_warmup=float(steady_values(cand_steps, cand_values, warmup_end_step).sum()),
         reference_steps=int(np.count_nonzero(rf)),
         candidate_steps=int(np.count_nonzero(cf)),
     )

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from refrun import schema
-from refrun.comparison.measures import Straggler, straggler
+from refrun.comparison.measures import Straggler, steady_values, straggler
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,10 @@ def steady_step_times(curves: pd.DataFrame, warmup_steps: int) -> np.ndarray:
     without the first ``warmup_steps`` (compilation and cache warm-up)."""
     df = curves[curves["metric"].astype("string") == schema.M_STEP_TIME]
     df = df.sort_values("seq").drop_duplicates("step", keep="last").sort_values("step")
-    v = df["value"].to_numpy(dtype=np.float64)[max(0, int(warmup_steps)):]
-    return v[np.isfinite(v)]
+    steps = df["step"].to_numpy()
+    warm = max(0, int(warmup_steps))  # the first ``warmup_steps`` distinct steps
+    start = steps[warm] if warm < len(steps) else np.inf
+    return steady_values(steps, df["value"].to_numpy(dtype=np.float64), start)
 
 
 def _int(raw: object, default: int = 0) -> int:

@@ -31,13 +31,6 @@ from typing import Any
 from refrun import schema
 from refrun.errors import RefrunInputError
 
-TAG_PASSED = schema.TAG_GRADCHECK_PASSED
-TAG_CHECKS = "refrun.gradcheck.checks"
-TAG_FAILED = schema.TAG_GRADCHECK_FAILED
-TAG_CANDIDATE = schema.TAG_GRADCHECK_CANDIDATE
-TAG_VERDICT = "refrun.gradcheck.verdict"
-ARTIFACT_JSON = "refrun/gradcheck.json"
-ARTIFACT_FD_HTML = "refrun/gradcheck_fd.html"
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
 
@@ -90,15 +83,17 @@ def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str
     labels = _unique_labels(results)
     failed = [lab for lab, r in zip(labels, results, strict=True) if not r.passed]
     fds = [r for r in results if isinstance(r, FiniteDiffResult)]
-    run_tags: dict[str, Any] = {TAG_PASSED: "false" if failed else "true",
-                                TAG_CHECKS: len(results), TAG_FAILED: ",".join(failed)}
+    run_tags: dict[str, Any] = {schema.TAG_GRADCHECK_PASSED: "false" if failed else "true",
+                                schema.TAG_GRADCHECK_CHECKS: len(results),
+                                schema.TAG_GRADCHECK_FAILED: ",".join(failed)}
     if fds:
-        run_tags[TAG_VERDICT] = max((r.verdict for r in fds), key=VERDICTS.index)
+        run_tags[schema.TAG_GRADCHECK_VERDICT] = max((r.verdict for r in fds),
+                                                     key=VERDICTS.index)
     if candidate_run_id is not None:
         if not re.fullmatch(r"[0-9a-f]{32}", candidate_run_id):
             raise RefrunInputError(f"candidate_run_id: {candidate_run_id!r} is not an MLflow "
                                    "run id (32 hex digits)")
-        run_tags[TAG_CANDIDATE] = candidate_run_id
+        run_tags[schema.TAG_GRADCHECK_CANDIDATE] = candidate_run_id
     run_tags.update(tags or {})
     with refrun.start_run(workload, "gradcheck", hardware=hardware, backend=backend,
                           tracking_uri=tracking_uri, spool_dir=spool_dir, run_name=run_name,
@@ -107,7 +102,7 @@ def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str
             run.log_metrics(0, {metric_key(lab, k): v for k, v in r.record_metrics().items()})
             if isinstance(r, FiniteDiffResult):
                 _log_curve(run, lab, r)
-        run.log_json(ARTIFACT_JSON, {"passed": not failed, "failed": failed,
+        run.log_json(schema.ARTIFACT_GRADCHECK, {"passed": not failed, "failed": failed,
                                      "results": [dict(to_jsonable(r), label=lab)
                                                  for lab, r in zip(labels, results,
                                                                    strict=True)]})
@@ -117,7 +112,7 @@ def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "gradcheck_fd.html"
                 path.write_text(fd_html(fds), encoding="utf-8")
-                run.log_artifact(path, ARTIFACT_FD_HTML)
+                run.log_artifact(path, schema.ARTIFACT_GRADCHECK_FD_HTML)
     return run.run_id
 
 

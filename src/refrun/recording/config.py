@@ -17,20 +17,12 @@ class RunConfig:
     """Everything ``start_run`` needs to open a run; invalid values raise
     :class:`RefrunInputError` from ``__post_init__``, before anything is written."""
 
-    workload: str
-    """Workload name; also the default experiment name."""
-    role: str
-    """One of :data:`refrun.schema.ROLES`."""
+    identity: RunIdentity
+    """Who the run is (validated by :class:`~refrun.identity.RunIdentity` itself)."""
     tracking_uri: str
     """Resolved MLflow tracking URI (see :func:`refrun.store.uri.resolve_tracking_uri`)."""
     spool_root: Path
     """Absolute directory under which this run's spool directory is created."""
-    hardware: str | None = None
-    backend: str | None = None
-    seed: int | None = None
-    chips: int | None = None
-    global_batch: int | None = None
-    planned_steps: int | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     tags: Mapping[str, Any] = field(default_factory=dict)
     run_name: str | None = None
@@ -66,16 +58,7 @@ class RunConfig:
         """True for a rank > 0 of a multi-process job: it creates no MLflow run."""
         return self.multi_process and bool(self.rank)
 
-    @property
-    def identity(self) -> RunIdentity:
-        """The run's identity (validated in ``__post_init__``)."""
-        return RunIdentity(workload=self.workload, role=self.role, hardware=self.hardware,
-                           backend=self.backend, seed=self.seed, chips=self.chips,
-                           global_batch=self.global_batch, planned_steps=self.planned_steps)
-
     def __post_init__(self) -> None:
-        ident = self.identity  # validates; role, backend and hardware come back canonical
-        self.role, self.backend, self.hardware = ident.role, ident.backend, ident.hardware
         for name in ("mlflow_every", "max_queue", "rank", "world_size"):
             require_int_or_none(name, getattr(self, name))
         if self.mlflow_every < 1:

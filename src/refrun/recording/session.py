@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any
 
 from refrun import identity, mlflow_ui, schema
+from refrun.identity import RunIdentity
 from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
 from refrun.recording import delivery, process
 from refrun.recording.config import RunConfig
@@ -121,11 +122,11 @@ class RunSession:
 
     @property
     def workload(self) -> str:
-        return self.config.workload
+        return self.config.identity.workload
 
     @property
     def role(self) -> str:
-        return self.config.role
+        return self.config.identity.role
 
     @property
     def local_id(self) -> str:
@@ -646,10 +647,12 @@ def start_run(
         if job is None and world_size is not None and world_size > 1:
             job = proc.job if proc.world_size == world_size else default_job_id(world_size)
     config = RunConfig(
-        workload=workload, role=role, tracking_uri=resolve_tracking_uri(tracking_uri),
+        identity=RunIdentity(workload=workload, role=role, hardware=hardware, backend=backend,
+                             seed=seed, chips=chips, global_batch=global_batch,
+                             planned_steps=planned_steps),
+        tracking_uri=resolve_tracking_uri(tracking_uri),
         spool_root=Path(spool_dir).absolute() if spool_dir else env.spool_root,
-        hardware=hardware, backend=backend, seed=seed, chips=chips, global_batch=global_batch,
-        planned_steps=planned_steps, params=dict(params or {}), tags=dict(tags or {}),
+        params=dict(params or {}), tags=dict(tags or {}),
         run_name=run_name, experiment=experiment, flush_interval_s=flush_interval_s,
         mlflow_every=mlflow_every, max_queue=max_queue,
         snapshot_environment=snapshot_environment, delivery=delivery or env.delivery,
@@ -680,7 +683,7 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
     tags[schema.TAG_LOCAL_ID] = local_id
     return SpoolMeta(
         local_id=local_id, tracking_uri=config.tracking_uri,
-        experiment=config.experiment or config.workload, start_ms=_now_ms(), tags=tags,
+        experiment=config.experiment or config.identity.workload, start_ms=_now_ms(), tags=tags,
         params={k: _tag_value(v)[:PARAM_VALUE_MAX] for k, v in config.params.items()
                 if key_problem(k) is None},
         run_name=config.run_name or mlflow_ui.default_run_name(tags),

@@ -39,7 +39,16 @@ from refrun.report import sections as S
 from refrun.report.assessment import assessment_dict
 from refrun.report.downsample import DEFAULT_MAX_POINTS
 from refrun.report.figures import FigureSpec, Reduction, run_labels
-from refrun.report.html import Raw, esc, join, page, plotlyjs_tag, script_json, tag
+from refrun.report.html import (
+    Raw,
+    deferred_plotlyjs_tag,
+    esc,
+    join,
+    page,
+    plotlyjs_tag,
+    script_json,
+    tag,
+)
 from refrun.report.output import check_writable
 from refrun.report.overview import Departure
 
@@ -282,7 +291,9 @@ def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
     sub = (f"{len(first.comparison.reference)} reference run(s) vs {what} · "
            f"{len(first.comparison.metrics)} metrics compared · generated {created} by "
            f"refrun {__version__}")
-    html = page(page_title, sub, nav, "".join(body) + record, data, plotlyjs_tag(plotlyjs),
+    # Several candidates, plotly.js embedded: kept as inert text until a section opens.
+    js = deferred_plotlyjs_tag() if multi and plotlyjs == "embed" else plotlyjs_tag(plotlyjs)
+    html = page(page_title, sub, nav, "".join(body) + record, data, js,
                 "Every number is computed on full data; plotted traces are reduced for "
                 "display (values drawn as float32). The machine-readable comparison is in "
                 "the element #refrun-data.")

@@ -15,7 +15,7 @@ from typing import Any
 from refrun import schema
 from refrun.report.html import Raw, esc, is_number, join, kv_table, num, table, tag
 
-LEVEL_NAMES = ("L0", "L1", "L2", "L3", "L4")
+LEVEL_NAMES = schema.LEVELS
 
 
 def assessment_dict(assessment: Any) -> dict[str, Any] | None:

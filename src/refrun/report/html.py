@@ -120,6 +120,14 @@ def script_json(obj: Any, element_id: str) -> Raw:
     return Raw(f'<script type="application/json" id="{esc(element_id)}">{text}</script>')
 
 
+def deferred_plotlyjs_tag() -> Raw:
+    """plotly.js embedded as inert text (``type="text/plain"``), run by the page script
+    only when a figure is first drawn: a page of many folded candidates shows its first
+    screen without parsing and running 4.6 MB of JavaScript."""
+    js = get_plotlyjs().replace("</script", "<\\/script")
+    return Raw(f'<script type="text/plain" id="refrun-plotlyjs">{js}</script>')
+
+
 def plotlyjs_tag(mode: str = "embed") -> Raw:
     """plotly.js for the page: ``"embed"`` (default, offline, ~4.6 MB, once per page),
     ``"cdn"`` (the matching cdn.plot.ly URL) or a path/URL the page should load it from
@@ -156,7 +164,18 @@ RENDER_JS = """
       if (el) { el.textContent = msg; el.className += ' missing'; }
     });
   }
-  var noPlotly = typeof Plotly === 'undefined';
+  function loadPlotly() {
+    // A page of many candidates carries plotly.js as inert text: run it on first use.
+    var inert = document.getElementById('refrun-plotlyjs');
+    if (typeof Plotly === 'undefined' && inert) {
+      var s = document.createElement('script');
+      s.text = inert.textContent;
+      document.head.appendChild(s);
+    }
+    return typeof Plotly !== 'undefined';
+  }
+  var deferred = !!document.getElementById('refrun-plotlyjs');
+  var noPlotly = !deferred && typeof Plotly === 'undefined';
   var missing = 'plotly.js could not be loaded: this report references it instead of' +
       ' embedding it (written with --plotlyjs cdn or a path); open it with network' +
       ' access or write it again with the default --plotlyjs embed.';
@@ -202,7 +221,7 @@ RENDER_JS = """
     if (section.getAttribute('data-rendered')) { return; }
     var block = document.getElementById('refrun-figures-' + section.id);
     var figures = block ? JSON.parse(block.textContent).figures : [];
-    if (noPlotly) {
+    if (noPlotly || !loadPlotly()) {
       fail(figures, missing);
       section.setAttribute('data-rendered', 'error');
       return;

@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from refrun import schema
 from refrun.report.assessment import badge, key_number, results
 from refrun.report.html import Raw, esc, join, num, table, tag
 from refrun.report.overview import Departure
 
-FORMAT = "refrun.report.matrix"
+FORMAT = schema.FORMAT_REPORT_MATRIX
 FORMAT_VERSION = "1"
 
 

@@ -24,8 +24,7 @@ from refrun.report import figures as F
 from refrun.report import overview as O
 from refrun.report.html import Raw, esc, join, kv_table, num, table, tag
 
-DEVICE_TAG_PREFIXES = ("refrun.exec.", "refrun.device", "refrun.placement", "refrun.perf.",
-                       "refrun.summary.", "refrun.host", "refrun.jax.", "refrun.fw.pjrt")
+DEVICE_TAG_PREFIXES = schema.DEVICE_TAG_PREFIXES
 EVAL_TABLE_ROWS = 400  # eval points shown in full up to this many, else first/last half
 
 
