@@ -20,8 +20,8 @@ from refrun import identity, schema
 from refrun.acceptance import checks, levels
 from refrun.acceptance import paired as pairs
 from refrun.acceptance.alignment import alignment_of
-from refrun.acceptance.calibration import calibration_digest
-from refrun.acceptance.criteria import CriteriaFile, Criterion, locate
+from refrun.acceptance.comparing import compare_options, run_comparison  # noqa: F401 (re-export)
+from refrun.acceptance.criteria import CriteriaFile, Criterion, calibration_digest, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
 from refrun.acceptance.gradchecks import GradcheckRun, find_gradchecks
 from refrun.acceptance.results import (
@@ -32,33 +32,15 @@ from refrun.acceptance.results import (
     Assessment,
     CriterionResult,
 )
-from refrun.comparison import CompareOptions, Comparison, RunData, compare, load_run
+from refrun.comparison import Comparison, RunData, load_run
 from refrun.errors import RefrunInputError
 
 # Metrics reported as L1 measurements: values and evaluations, not counters or system data.
 _MEASURED_KINDS = ("value", "eval")
 
 
-def compare_options(crit: CriteriaFile) -> CompareOptions:
-    """The comparison options the criteria file's [settings] ask for."""
-    s = crit.settings
-    return CompareOptions(keep=s.keep, interpolate=s.interpolate, axis=s.axis, eps=s.eps,
-                          final_fraction=s.final_fraction, final_points=s.final_points,
-                          warmup_steps=s.warmup_steps, warmup_fraction=s.warmup_fraction)
-
-
 def utc_now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def run_comparison(crit: CriteriaFile, references: Sequence[RunData], candidate: RunData
-                   ) -> tuple[Comparison | None, str]:
-    """Compare every metric common to all runs; (None, reason) when none can be."""
-    try:
-        return compare(list(references), candidate, options=compare_options(crit),
-                       progress=False), ""
-    except RefrunInputError as exc:
-        return None, str(exc)
 
 
 def check_metrics_exist(crit: CriteriaFile, runs: Sequence[RunData],

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import hashlib
 import itertools
 import json
 import math
@@ -49,10 +48,16 @@ from refrun._version import __version__
 from refrun.acceptance import checks
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
-from refrun.acceptance.criteria import CriteriaFile, Settings, parse_criteria
+from refrun.acceptance.comparing import run_comparison
+from refrun.acceptance.criteria import (  # calibration_digest: re-exported
+    CriteriaFile,
+    Settings,
+    calibration_digest,
+    parse_criteria,
+)
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.acceptance.statistics import prediction_z, symmetric_limit, tost, upper_limit
-from refrun.comparison import RunData, compare, warmup_end
+from refrun.comparison import RunData, warmup_end
 from refrun.comparison.measures import final_window_size
 from refrun.errors import RefrunInputError
 from refrun.pairing import declares_pair
@@ -1275,23 +1280,6 @@ def write_file(c: Calibrated, path: str) -> str:
 
 
 # --- calibration digest ------------------------------------------------------------------------
-def calibration_digest(criteria: CriteriaFile) -> str | None:
-    """SHA-256 of the calibration a criteria file rests on: canonical JSON (sorted keys, no
-    spaces) of its ``[calibration]`` table and every criterion's ``calibration`` data (by
-    id); None for a file without ``[calibration]``."""
-    if criteria.calibration is None:
-        return None
-    cal = asdict(criteria.calibration)
-    # Keys added later count only when set, so the digest of an older file is unchanged.
-    for k, default in (("outliers", []), ("outliers_excluded", False)):
-        if cal.get(k) == default:
-            cal.pop(k, None)
-    doc = {"calibration": cal,
-           "criteria": {c.id: c.calibration for c in criteria.criteria}}
-    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
 # --- re-measuring a file ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rejection:
@@ -1344,8 +1332,6 @@ def check_file(crit: CriteriaFile, references: Sequence[RunData], group_size: in
     """Judge every criterion of ``crit`` with the real checks on each reference seed held
     out against groups of the others (group size: the file's ``[calibration]
     group_size``, else N - 1); lists every criterion that rejects a held-out seed."""
-    from refrun.acceptance.assess import compare_options
-
     runs = list(references)
     g = group_size or (crit.calibration.group_size if crit.calibration and
                        crit.calibration.group_size else len(runs) - 1)
@@ -1358,11 +1344,8 @@ def check_file(crit: CriteriaFile, references: Sequence[RunData], group_size: in
         for grp in groups_for(len(runs), i, g, max_groups):
             trials += 1
             refs = [runs[j] for j in grp]
-            try:
-                comparison, why = compare(refs, cand, options=compare_options(crit),
-                                          progress=False), ""
-            except RefrunInputError as exc:
-                comparison, why = None, str(exc)
+            # The assessment's own comparison: the re-check judges what accept judges.
+            comparison, why = run_comparison(crit, refs, cand)
             ctx = checks.Context(crit, refs, cand, comparison, why)
             for c in crit.criteria:
                 r: CriterionResult = checks.evaluate(c, ctx)

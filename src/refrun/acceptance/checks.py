@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,23 +16,6 @@ from refrun import identity, schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance import statistics as stats
-from refrun.acceptance.criteria import (
-    Claim,
-    Closeness,
-    Compilation,
-    Convergence,
-    CriteriaFile,
-    Criterion,
-    Envelope,
-    Equivalence,
-    Fallback,
-    Gradcheck,
-    Hardware,
-    HostTransfers,
-    StepTime,
-    Utilization,
-)
-from refrun.acceptance.criteria import Cost as CostCriterion
 from refrun.acceptance.results import (
     FAIL,
     NOT_APPLICABLE,
@@ -44,6 +27,25 @@ from refrun.comparison import Comparison, RunData, step_time_ratio
 from refrun.comparison.divergence import effective_sustain, first_sustained
 from refrun.comparison.measures import final_window_size
 from refrun.thinning import sorted_unique
+
+if TYPE_CHECKING:  # annotations only: the criteria model imports no check (no cycle)
+    from refrun.acceptance.criteria import (
+        Claim,
+        Closeness,
+        Compilation,
+        Convergence,
+        CriteriaFile,
+        Criterion,
+        Envelope,
+        Equivalence,
+        Fallback,
+        Gradcheck,
+        Hardware,
+        HostTransfers,
+        StepTime,
+        Utilization,
+    )
+    from refrun.acceptance.criteria import Cost as CostCriterion
 
 # Tag written by the XLA probe: JSON {op name: executions}.
 TAG_FALLBACK_OPS = schema.TAG_FALLBACK_OPS  # one name, defined in schema.py

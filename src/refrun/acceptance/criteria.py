@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 import tomllib
 import types
@@ -516,6 +517,24 @@ class CriteriaFile:
             if c.id == cid:
                 return c
         raise KeyError(cid)
+
+
+def calibration_digest(criteria: CriteriaFile) -> str | None:
+    """SHA-256 of the calibration a criteria file rests on: canonical JSON (sorted keys, no
+    spaces) of its ``[calibration]`` table and every criterion's ``calibration`` data (by
+    id); None for a file without ``[calibration]``."""
+    if criteria.calibration is None:
+        return None
+    cal = dataclasses.asdict(criteria.calibration)
+    # Keys added later count only when set, so the digest of an older file is unchanged.
+    for k, default in (("outliers", []), ("outliers_excluded", False)):
+        if cal.get(k) == default:
+            cal.pop(k, None)
+    doc = {"calibration": cal,
+           "criteria": {c.id: c.calibration for c in criteria.criteria}}
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
 
 
 SECTIONS: dict[str, type] = {"settings": Settings, "prices": Prices, "l0": L0Options,

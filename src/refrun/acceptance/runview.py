@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from refrun import schema
-from refrun.acceptance.criteria import Prices
 from refrun.comparison import RunData, warmup_end
+
+if TYPE_CHECKING:  # annotations only: the model does not depend on this reader
+    from refrun.acceptance.criteria import Prices
 
 
 @dataclass(frozen=True)

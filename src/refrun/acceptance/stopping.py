@@ -169,7 +169,7 @@ def smoke(rule: Smoke, run: RunData, refs: Sequence[RunData], crit: CriteriaFile
     """Steps so far within the threshold of the reference, as a fraction."""
     if not refs:
         return StopFinding(rule.id, rule.KIND, NOT_EVALUABLE, "no reference run given")
-    from refrun.acceptance.assess import compare_options
+    from refrun.acceptance.comparing import compare_options
 
     try:
         cmp = compare(list(refs), run, metrics=[rule.metric], options=compare_options(crit),
