@@ -181,3 +181,32 @@ def test_no_l3_is_one_line_exit_2_naming_goal_and_accept_says_why_l4_waits(
     assert rc == 1 and a["verdict"] == "incomplete"
     held = [ln for ln in printed.splitlines() if "L4 held back" in ln]
     assert len(held) == 1 and "no L3" in held[0] and "--goal" in held[0]
+
+
+def test_a_metric_and_its_eval_namesake_get_distinct_criteria(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """A workload logging both ``loss`` (training) and ``eval/loss``: calibrate drops the
+    ``eval/`` prefix from readable ids, which once gave two ``loss-envelope`` criteria and a
+    file the loader refused ("duplicate id").  Both metrics get their own criteria."""
+    monkeypatch.setenv("REFRUN_DELIVERY", "thread")
+    uri, spool = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "spool"
+    for seed in range(4):
+        c = _curves(seed)
+        with refrun.start_run("twin", "reference", hardware="cpu", backend="torch", seed=seed,
+                              chips=1, tracking_uri=uri, spool_dir=spool,
+                              snapshot_environment=False) as run:
+            for i in range(STEPS):
+                point = {"loss": float(c["loss"][i])}
+                if i % 10 == 9:
+                    point["eval/loss"] = float(c["eval/val_loss"][i])
+                run.log_metrics(i, point)
+    out = tmp_path / "twin.toml"
+    assert main(["calibrate", "--workload", "twin", "--tracking-uri", uri, "-o", str(out)]) == 0
+    crits = tomllib.loads(out.read_text(encoding="utf-8"))["criteria"]
+    ids = [c["id"] for c in crits]
+    assert len(ids) == len(set(ids)), ids
+    by_metric = {(c.get("metric"), c["kind"]) for c in crits}
+    assert ("loss", "envelope") in by_metric and ("eval/loss", "envelope") in by_metric
+    from refrun.acceptance.criteria import load_criteria
+    assert {c.id for c in load_criteria(out).criteria} == set(ids)  # the loader takes it

@@ -282,6 +282,22 @@ def _slug(metric: str) -> str:
     return metric.removeprefix(schema.EVAL_PREFIX).replace("/", "-")
 
 
+def _unique_ids(out: list[Derived]) -> list[Derived]:
+    """Criterion ids made unique: ``_slug`` drops the ``eval/`` prefix for readable ids, so
+    a workload logging both ``loss`` and ``eval/loss`` would get two ``loss-envelope``
+    criteria (a file the loader refuses).  Where ids collide, the criteria of ``eval/``
+    metrics keep the prefix in their id (``eval-loss-envelope``); others are unchanged."""
+    seen: dict[str, int] = {}
+    for d in out:
+        seen[d.id] = seen.get(d.id, 0) + 1
+    for d in out:
+        m = d.table.get("metric")
+        if seen[d.id] > 1 and isinstance(m, str) and m.startswith(schema.EVAL_PREFIX):
+            short = _slug(m)
+            d.table["id"] = d.id.replace(short, m.replace("/", "-"), 1)
+    return out
+
+
 def _round_up(x: float, sig: int = 4) -> float:
     if x <= 0 or not math.isfinite(x):
         return x
@@ -818,7 +834,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
             out.append(_paired(band))
         if why:
             notes.append(why if band is None else f"paired: {why}")
-    out = [d for d in out if d.table["kind"] not in opts.exclude_kinds]
+    out = _unique_ids([d for d in out if d.table["kind"] not in opts.exclude_kinds])
     if not any(d.table["level"] == "L3" for d in out):
         raise RefrunInputError(
             "calibrate: no L3 (project goal) criterion can be derived from these "
