@@ -420,18 +420,50 @@ def window_noise(series: list[_Series], opts: CalibrationOptions, cov: float
     return WindowNoise(rel, k, float(sps.norm.ppf(1 - (1 - cov) / 2)))
 
 
-def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float
-                  ) -> tuple[float, float, np.ndarray]:
+def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float,
+                  resolution: float = 0.0) -> tuple[float, float, np.ndarray]:
     """``(abs_tol, worst, needs)`` of a min-max envelope of one value per run: the need is
     the signed distance of the held-out value outside the group's range (negative
-    inside)."""
+    inside); never below :func:`range_tol_floor`."""
     def need(i: int, grp: tuple[int, ...]) -> float:
         v = values[list(grp)]
         return float(max(v.min() - values[i], values[i] - v.max()))
 
     needs = _worst_by_seed(len(values), opts, g, need)
     lim, worst = upper_limit(needs, cov, opts.confidence, n=len(values))
-    return max(0.0, lim), worst, needs
+    return max(0.0, lim, range_tol_floor(values, g, cov, resolution)), worst, needs
+
+
+def resolution_of(series: list[_Series]) -> float:
+    """The smallest positive gap between distinct values a metric took in any reference
+    run: its resolution where it is quantised (an accuracy over 400 examples moves in
+    steps of 0.0025), negligible for a continuous metric."""
+    v = np.unique(np.concatenate([s.values[np.isfinite(s.values)] for s in series]))
+    gaps = np.diff(v)
+    gaps = gaps[gaps > 0]
+    return float(gaps.min()) if len(gaps) else 0.0
+
+
+def range_tol_floor(values: np.ndarray, g: int, cov: float, resolution: float = 0.0) -> float:
+    """The least ``abs_tol`` of a min-max band of ``g`` reference values that one more seed
+    meets with probability about ``cov``, whatever the few held-out needs showed.
+
+    The band ``[min - tol, max + tol]`` must hold the Student-t prediction interval of one
+    new draw, ``mean +- z s`` with ``z = sqrt(1 + 1/g) t_{1-a/2, g-1}``
+    (:func:`refrun.acceptance.statistics.prediction_z`; ``s`` the std of all N seeds'
+    values), so ``tol >= z s - r/2`` with ``r`` the range of the narrowest group of ``g``
+    seeds (the band is centred on its group; the narrowest is the worst case).  Never below
+    the metric's ``resolution``: held-out needs of a quantised metric are often exactly
+    0 (five seeds on two adjacent accuracy values), and a tolerance of 0 fails the next
+    seed one example away."""
+    v = np.asarray(values, dtype=float)
+    floor = float(resolution)
+    if len(v) >= 3 and g >= 2 and float(np.std(v, ddof=1)) > 0:
+        k = min(g, len(v) - 1)
+        narrowest = min(float(np.ptp(v[list(c)])) for c in itertools.islice(
+            itertools.combinations(range(len(v)), k), 200))
+        floor = max(floor, prediction_z(k, cov) * float(np.std(v, ddof=1)) - narrowest / 2)
+    return floor
 
 
 def final_values(series: list[_Series]) -> tuple[int, np.ndarray]:
@@ -803,7 +835,9 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                                      len(runs), window_noise(series, opts, cov)))
     notes: list[str] = []
     for m, (step, values) in one_values.items():
-        env_d = _one_point(m, values, one_point_tol(values, opts, g, cov), len(runs), step)
+        res = resolution_of([_series(r, m, keep) for r in runs])
+        env_d = _one_point(m, values, one_point_tol(values, opts, g, cov, res), len(runs),
+                           step)
         out.append(env_d)
         if not (tost_ok and float(np.std(values)) > 0):
             continue
