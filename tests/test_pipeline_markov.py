@@ -196,8 +196,13 @@ def test_ports_of_one_seed_track_the_reference_and_bf16_does_not(tmp_path: Path)
     bf16 = _train("pipelines.markov.train_jax", tmp_path, "--seed", "1", "--defect",
                   "bf16_matmul")
     r = np.array(list(_series(ref, tmp_path, "loss").values()))
+    f32_gap = 0.0
     for port in (jax4, xla):
-        np.testing.assert_allclose(list(_series(port, tmp_path, "loss").values()), r,
-                                   rtol=1e-4)
+        p = np.array(list(_series(port, tmp_path, "loss").values()))
+        np.testing.assert_allclose(p, r, rtol=1e-4)
+        f32_gap = max(f32_gap, float(np.abs(p - r).max()))
+    # bfloat16 leaves the seed by far more than float32 rounding does (the ports above);
+    # its absolute size depends on the run's length and the CPU's kernels, so the measure
+    # is the ratio (the paired criterion's own yardstick), not a fixed gap.
     gap = np.abs(np.array(list(_series(bf16, tmp_path, "loss").values())) - r)
-    assert gap.max() > 1e-3, gap
+    assert gap.max() > 20 * f32_gap and gap.max() > 1e-5, (gap.max(), f32_gap)

@@ -545,6 +545,15 @@ class SpoolResult:
     detail: str = ""
 
 
+def delivered_elsewhere(spool: Spool) -> SpoolResult | None:
+    """A ``live`` result when the spool's own delivery process is still running (it, not
+    the caller, delivers the spool), else None; touches no store."""
+    if spool.locked(DELIVERY_LOCK):
+        return SpoolResult(spool.local_id, "live", _run_id(spool), 0,
+                           "its delivery process is still running")
+    return None
+
+
 def finish_spool(spool: Spool, *, as_delivery_process: bool = False) -> SpoolResult:
     """Deliver one spool whose session has ended, completely; see the module docstring.
 
@@ -553,9 +562,8 @@ def finish_spool(spool: Spool, *, as_delivery_process: bool = False) -> SpoolRes
     is gone is sealed as KILLED (its end time: its last point).  Raises only for a full
     disk (:func:`refrun.recording.spool.disk_full`); other errors are an ``error`` result.
     """
-    if not as_delivery_process and spool.locked(DELIVERY_LOCK):
-        return SpoolResult(spool.local_id, "live", _run_id(spool), 0,
-                           "its delivery process is still running")
+    if not as_delivery_process and (owned := delivered_elsewhere(spool)) is not None:
+        return owned
     fd = spool.try_lock(SESSION_LOCK)
     if fd is None:
         return SpoolResult(spool.local_id, "live", _run_id(spool), 0,

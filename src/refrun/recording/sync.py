@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from refrun.errors import RefrunResourceError, RefrunStoreError
-from refrun.recording.delivery import SpoolResult, finish_spool
+from refrun.recording.delivery import SpoolResult, delivered_elsewhere, finish_spool
 from refrun.recording.spool import Spool, disk_full, list_spools
 from refrun.store.client import answering
 
@@ -29,6 +29,11 @@ def sync_all(root: Path, prune: bool = True) -> list[SpoolResult]:
     results = []
     broken: dict[str, str] = {}
     for spool in sorted(list_spools(root), key=_rank_last):
+        # A spool whose delivery process still runs is that process's to deliver, whatever
+        # the store's state now (it retries): reported live, the store not consulted.
+        if (owned := delivered_elsewhere(spool)) is not None:
+            results.append(owned)
+            continue
         uri = _store_of(spool)
         if uri is not None and uri not in broken:
             try:
