@@ -208,11 +208,12 @@ def deliver_tags_params(spool: Spool, client: MlflowClient, run_id: str) -> None
                          params=[x for x in chunk if isinstance(x, Param)])
 
     refused: list[str] = []
-    skipped = 0
     for i in range(0, len(items), limits.TAGS_PER_BATCH):
-        skipped += _send_skipping_refused(send, items[i:i + limits.TAGS_PER_BATCH],
-                                          "tag/param", refused)
-    _record_skipped(spool, skipped, refused)
+        _send_skipping_refused(send, items[i:i + limits.TAGS_PER_BATCH], "tag/param", refused)
+    # Every later tag change re-sends the whole set, so a value the store refused is
+    # refused again each time: counted once (its reason names the item and the value).
+    new = [r for r in dict.fromkeys(refused) if r not in meta.skipped_reasons]
+    _record_skipped(spool, len(new), new)
 
     def done(m: SpoolMeta) -> None:
         m.tags_delivered = max(m.tags_delivered, version)
