@@ -66,15 +66,29 @@ class TcpGate:
         self.target = target
         self.port = free_port()
         self._listener: socket.socket | None = None
+        # While the gate is down a bound socket that does not listen keeps the port: Linux
+        # refuses connections to it (what an absent service looks like), and no outgoing
+        # connection of another process can take the port as its ephemeral local port
+        # (which made start() fail with EADDRINUSE on a busy CI machine).
+        self._holder: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
 
-    def start(self) -> None:
+    @staticmethod
+    def _bound(port: int) -> socket.socket:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", port))
+        return s
+
+    def start(self) -> None:
+        s = self._bound(self.port)
         s.listen(128)
         self._listener = s
+        if self._holder is not None:  # the port is served again: let go of the placeholder
+            self._holder.close()
+            self._holder = None
         threading.Thread(target=self._accept, args=(s,), daemon=True).start()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -97,10 +111,15 @@ class TcpGate:
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 
-    def stop(self) -> None:
+    def stop(self, *, release: bool = False) -> None:
         if self._listener is not None:
+            if not release and self._holder is None:
+                self._holder = self._bound(self.port)
             self._listener.close()
             self._listener = None
+        if release and self._holder is not None:
+            self._holder.close()
+            self._holder = None
         with self._lock:
             conns, self._conns = self._conns, []
         for c in conns:
@@ -135,7 +154,7 @@ def object_store(tmp_path: Path) -> Iterator[TcpGate]:
                      region_name="us-east-1").create_bucket(Bucket=BUCKET)
         yield gate
     finally:
-        gate.stop()
+        gate.stop(release=True)
         proc.kill()
         proc.wait(timeout=30)
 
