@@ -51,7 +51,7 @@ from refrun.acceptance import runview as rv
 from refrun.acceptance.comparing import run_comparison
 from refrun.acceptance.criteria import (  # calibration_digest: re-exported
     CriteriaFile,
-    Settings,
+    CriteriaSettings,
     calibration_digest,
     parse_criteria,
 )
@@ -169,7 +169,7 @@ class CalibrationOptions:
     keep_outliers: bool = False
     # The project's stated goals (``--goal METRIC>=VALUE``): one L3 ``claim`` each.
     goals: tuple[Goal, ...] = ()
-    settings: Settings = field(default_factory=Settings)
+    settings: CriteriaSettings = field(default_factory=CriteriaSettings)
 
     def __post_init__(self) -> None:
         if not 0 < self.false_alarm_rate <= 0.5:
@@ -1270,7 +1270,7 @@ def render(c: Calibrated) -> str:
         lines.append(f"outliers_excluded = {_toml(any(x.excluded for x in c.outliers))}")
     lines.append("")
     settings = {k: v for k, v in asdict(o.settings).items()
-                if v != getattr(Settings(), k)}
+                if v != getattr(CriteriaSettings(), k)}
     lines += ["[settings]"] + [f"{k} = {_toml(v)}" for k, v in settings.items()] + [""]
     for d in c.criteria:
         lines += _comment(f"{d.id}: " + "; ".join(d.comment))

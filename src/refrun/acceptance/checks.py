@@ -25,7 +25,7 @@ from refrun.acceptance.results import (
 )
 from refrun.comparison import Comparison, RunData, step_time_ratio
 from refrun.comparison.divergence import effective_sustain, first_sustained
-from refrun.comparison.measures import final_window_size
+from refrun.comparison.measures import final_window_size, steady_points
 from refrun.thinning import sorted_unique
 
 if TYPE_CHECKING:  # annotations only: the criteria model imports no check (no cycle)
@@ -502,19 +502,15 @@ def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:
 
 def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], keep: str,
                       start: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(steps, seconds, compilation steps left out)``: the run's finite step times at
-    steps >= ``start`` (warm-up end) that are no compilation step (a step where a
-    ``compile_metrics`` counter moved)."""
+    """``(steps, seconds, compilation steps left out)``: the run's steady step times
+    (:func:`refrun.comparison.measures.steady_points`: finite, at steps >= ``start``, the
+    warm-up end) without its compilation steps (a step where a ``compile_metrics``
+    counter moved)."""
     r = rv.resolved(run, metric, keep)
     if r is None:
         return np.empty(0, dtype=np.int64), np.empty(0), 0
-    f = rv.finite(r)
-    keep_mask = f.steps >= start
-    comp = compile_steps(run, compile_metrics, keep) if compile_metrics else np.empty(0)
-    is_comp = np.isin(f.steps, comp)
-    dropped = int((keep_mask & is_comp).sum())
-    keep_mask &= ~is_comp
-    return f.steps[keep_mask], f.values[keep_mask], dropped
+    comp = compile_steps(run, compile_metrics, keep) if compile_metrics else None
+    return steady_points(r.steps, r.values, start, comp)
 
 
 def step_time(c: StepTime, ctx: Context) -> CriterionResult:

@@ -47,7 +47,7 @@ def key(doc: str, default: Any = MISSING, *, enum: tuple[str, ...] | None = None
 
 # --- file-level sections ------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class Settings:
+class CriteriaSettings:
     """How runs are aligned and measured (passed to ``refrun.comparison.CompareOptions``)."""
 
     keep: str = key("value kept when a step is logged twice (a resumed run)", "last",
@@ -501,7 +501,8 @@ class CriteriaFile:
                        ge=FORMAT_VERSION, le=FORMAT_VERSION)
     workload: str = key("workload the criteria are for (tag refrun.workload)", "")
     description: str = key("free text", "")
-    settings: Settings = key("alignment and measuring options", Settings())  # noqa: RUF009
+    settings: CriteriaSettings = key("alignment and measuring options",  # noqa: RUF009
+                                     CriteriaSettings())
     prices: Prices = key("price table for cost criteria and budgets", Prices())  # noqa: RUF009
     l0: L0Options = key("options of the built-in L0 checks", L0Options())  # noqa: RUF009
     calibration: Calibration | None = key(  # noqa: RUF009
@@ -537,8 +538,8 @@ def calibration_digest(criteria: CriteriaFile) -> str | None:
 
 
 
-SECTIONS: dict[str, type] = {"settings": Settings, "prices": Prices, "l0": L0Options,
-                             "calibration": Calibration}
+SECTIONS: dict[str, type] = {"settings": CriteriaSettings, "prices": Prices,
+                             "l0": L0Options, "calibration": Calibration}
 
 
 # --- loading --------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         reference_ids,
         write_file,
     )
-    from refrun.acceptance.criteria import Settings, load_criteria
+    from refrun.acceptance.criteria import CriteriaSettings, load_criteria
     from refrun.comparison import load_run
     from refrun.errors import RefrunInputError
     from refrun.store.uri import existing_store_uri
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
         goals=goals, keep_outliers=args.keep_outliers,
         **({} if args.step_time_floor is None else {"step_time_floor": args.step_time_floor}),
-        settings=Settings(warmup_steps=args.warmup_steps))
+        settings=CriteriaSettings(warmup_steps=args.warmup_steps))
     result = calibrate(runs, opts, known_good_runs(runs, uri))
     if args.output is None:
         print(result.text())

@@ -124,8 +124,10 @@ def _first_sustained(out: np.ndarray, k: int) -> int | None:
 
 
 @dataclass(frozen=True)
-class Departure:
-    """One metric in the order of departure."""
+class FirstDeparture:
+    """One metric in the order of departure: where it first left the band (not to be
+    confused with the report's :class:`refrun.report.overview.Departure`, how far a metric
+    departs)."""
 
     metric: str
     first_step: int
@@ -142,12 +144,12 @@ class DivergenceSummary:
     first_metric: str | None
     first_metrics: list[str]
     first_step: int | None
-    order: list[Departure]
+    order: list[FirstDeparture]
     never_departed: list[str]
     first_parameter: str | None
     first_parameter_metric: str | None
     first_parameter_step: int | None
-    parameter_order: list[Departure]
+    parameter_order: list[FirstDeparture]
 
 
 def is_parameter_metric(metric: str) -> bool:
@@ -167,7 +169,7 @@ def divergence_summary(divs: list[Divergence], axis: str = "step") -> Divergence
     """Order metrics by their first sustained departure (earliest first; ties by name)."""
     departed = sorted((d for d in divs if d.first_step is not None),
                       key=lambda d: (d.first_step, d.metric))
-    order = [Departure(d.metric, int(d.first_step)) for d in departed]  # type: ignore[arg-type]
+    order = [FirstDeparture(d.metric, int(d.first_step)) for d in departed]  # type: ignore[arg-type]
     params = [o for o in order if is_parameter_metric(o.metric)]
     first = order[0] if order else None
     ties = [o.metric for o in order if first is not None and o.first_step == first.first_step]

@@ -165,11 +165,22 @@ def warmup_end(first_step: int, last_step: int, warmup_steps: int | None = None,
     return int(first_step + warmup_steps)
 
 
+def steady_points(steps: np.ndarray, values: np.ndarray, start: int | float,
+                  exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """The one definition of steady-state step times: ``(steps, values, left out)``, the
+    finite ``values`` at ``steps >= start`` (the warm-up end; compilation and cache
+    warm-up come before it) whose step is not in ``exclude`` (compilation steps after the
+    warm-up), and how many steady points ``exclude`` left out."""
+    ok = np.isfinite(values) & (steps >= start)
+    hit = ok & np.isin(steps, exclude) if exclude is not None and len(exclude) else \
+        np.zeros(len(steps), dtype=bool)
+    keep = ok & ~hit
+    return steps[keep], values[keep], int(hit.sum())
+
+
 def steady_values(steps: np.ndarray, values: np.ndarray, start: int | float) -> np.ndarray:
-    """The one definition of steady-state step times: the finite ``values`` at ``steps >=
-    start`` (the warm-up end; compilation and cache warm-up come before it)."""
-    v = values[steps >= start]
-    return v[np.isfinite(v)]
+    """The steady-state values of :func:`steady_points` (no step excluded)."""
+    return steady_points(steps, values, start)[1]
 
 
 def step_time_ratio(ref_steps: np.ndarray, ref_values: np.ndarray, cand_steps: np.ndarray,

@@ -83,7 +83,7 @@ def world_size_of(tags: Mapping[str, str]) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 1 else None
 
 
-def steady_step_times(curves: pd.DataFrame, warmup_steps: int) -> np.ndarray:
+def curves_steady_step_times(curves: pd.DataFrame, warmup_steps: int) -> np.ndarray:
     """Finite ``perf/step_time_s`` values in step order (last value for a repeated step),
     without the first ``warmup_steps`` (compilation and cache warm-up)."""
     df = curves[curves["metric"].astype("string") == schema.M_STEP_TIME]
@@ -118,7 +118,7 @@ def job_summary(tags: Mapping[str, str], rank0_curves: pd.DataFrame | None,
     ranks: dict[int, RankData] = {}
     if rank0_curves is not None:
         warm = _int(tags.get(schema.TAG_WARMUP_STEPS))
-        ranks[0] = RankData(0, run_status, steady_step_times(rank0_curves, warm), warm)
+        ranks[0] = RankData(0, run_status, curves_steady_step_times(rank0_curves, warm), warm)
     for k, (curves_path, summary_path) in sorted(rank_files.items()):
         if curves_path is None:
             continue
@@ -130,7 +130,7 @@ def job_summary(tags: Mapping[str, str], rank0_curves: pd.DataFrame | None,
                 summary = {}
         rtags = summary.get("tags") or {}
         warm = _int(rtags.get(schema.TAG_WARMUP_STEPS))
-        times = steady_step_times(read(curves_path, [schema.M_STEP_TIME]), warm)
+        times = curves_steady_step_times(read(curves_path, [schema.M_STEP_TIME]), warm)
         ranks[k] = RankData(k, str(summary.get("status") or
                                    tags.get(schema.TAG_JOB_REPORTED_PREFIX + schema.rank_name(k))
                                    or "unknown"), times, warm)

@@ -137,7 +137,8 @@ def failing_marks(a: dict[str, Any] | None, metric: str) -> list[tuple[str, int]
     return out
 
 
-def envelope_k(a: dict[str, Any] | None, metric: str, default: float = 3.0) -> float:
+def assessed_envelope_k(a: dict[str, Any] | None, metric: str, default: float = 3.0
+                        ) -> float:
     """Band width (in seed σ) of the envelope criterion on ``metric``, else ``default``."""
     for r in results(a):
         ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}

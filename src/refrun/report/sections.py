@@ -385,7 +385,7 @@ def _folded(title: str, content: Raw) -> Raw:
 def metrics_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
                     deps: list[O.Departure] | None = None,
                     assessment: dict[str, Any] | None = None, ns: str = "") -> Section:
-    from refrun.report.assessment import envelope_k
+    from refrun.report.assessment import assessed_envelope_k
 
     refs, cand = F.run_labels(cmp)
     deps = deps or []
@@ -396,7 +396,7 @@ def metrics_section(cmp: Comparison, ids: FigureIds, red: F.Reduction,
         m = cmp.metrics[name]
         if not _is_curve(name, m):
             continue
-        k = envelope_k(assessment, name)
+        k = assessed_envelope_k(assessment, name)
         fig = F.metric_figure(m, refs, cand, red, k=k,
                               marks=metric_marks(name, deps, assessment))
         a = m.alignment
