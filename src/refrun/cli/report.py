@@ -23,7 +23,7 @@ from refrun.cli import add_tracking_uri
 from refrun.comparison import CompareOptions, Comparison, compare, record_comparison
 from refrun.errors import RefrunInputError
 from refrun.identity import check_workloads
-from refrun.report import ARTIFACT_REPORT, Candidate, log_report, write_multi_report
+from refrun.report import ARTIFACT_REPORT, Candidate, PageBuilder, log_report, write_html
 from refrun.report.assessment import assessment_dict
 from refrun.report.downsample import DEFAULT_MAX_POINTS
 from refrun.report.mlflow_summary import log_summary
@@ -205,9 +205,13 @@ def run(args: argparse.Namespace) -> int:
     metrics = _metrics(args.metrics)
     args.tracking_uri = uri
     ui = ui_base(args.mlflow_ui, uri)
-    compared = [_compare(args, c, metrics) for c in args.candidate]
-    candidates = []
-    for cmp, assessment in compared:
+    # One candidate at a time: compared, recorded, rendered into the page's parts, then
+    # its aligned data dropped; peak memory is the references plus one candidate,
+    # however many candidates the page has.
+    builder = PageBuilder(multi=len(args.candidate) > 1, max_points=args.max_points)
+    recorded: list[tuple[str | None, dict[str, Any] | None]] = []
+    for candidate in args.candidate:
+        cmp, assessment = _compare(args, candidate, metrics)
         run_id = None
         if args.comparison_run:
             _check_comparison_run(args.comparison_run, cmp, uri)
@@ -216,27 +220,27 @@ def run(args: argparse.Namespace) -> int:
             run_id = record_comparison(cmp, tracking_uri=uri)
             if assessment is not None:  # named and described as `refrun accept` does
                 _describe_assessed(run_id, assessment, uri)
-        candidates.append(Candidate(cmp, assessment, run_id,
-                                    comparison_url(ui, run_id, uri) if run_id else None))
-    path, matrix = write_multi_report(candidates, out, plotlyjs=args.plotlyjs,
-                                      max_points=args.max_points,
-                                      redact_paths=args.redact_path)
+        builder.add(Candidate(cmp, assessment, run_id,
+                              comparison_url(ui, run_id, uri) if run_id else None))
+        recorded.append((run_id, assessment))
+        del cmp
+    rep = builder.build(plotlyjs=args.plotlyjs, redact_paths=args.redact_path)
+    path, matrix = write_html(rep.html, out), rep.matrix
     print(f"report written to {path} ({path.stat().st_size / 1e6:.1f} MB)")
     if json_out is not None:
         write_json(json_out, matrix)
         print(f"matrix written to {json_out}")
-    for c, row in zip(candidates, matrix["candidates"], strict=True):
-        if c.assessment is not None:
-            print(f"acceptance {c.comparison.candidate.run_id}: verdict "
-                  f"{c.assessment['verdict']}, highest level "
-                  f"{c.assessment['highest_level'] or 'none'}")
-            for warning in c.assessment.get("warnings", []):  # cross-workload, unused scope
+    for (run_id, assessment), row in zip(recorded, matrix["candidates"], strict=True):
+        if assessment is not None:
+            print(f"acceptance {row['candidate']}: verdict {assessment['verdict']}, "
+                  f"highest level {assessment['highest_level'] or 'none'}")
+            for warning in assessment.get("warnings", []):  # cross-workload, unused scope
                 print(f"WARNING: {warning}")
-        if c.comparison_run_id:
-            log_report(path, c.comparison_run_id, uri)
+        if run_id:
+            log_report(path, run_id, uri)
             deps = [Departure(**d) for d in row["departures"]]
-            log_summary(c.comparison_run_id, uri, deps, assessment_dict(c.assessment))
-            print(f"comparison run: {c.comparison_run_id} (artifact {ARTIFACT_REPORT})")
+            log_summary(run_id, uri, deps, assessment_dict(assessment))
+            print(f"comparison run: {run_id} (artifact {ARTIFACT_REPORT})")
     return 0
 
 

@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,9 @@ from refrun.report.output import check_writable
 from refrun.report.overview import Departure
 
 ARTIFACT_REPORT = schema.ARTIFACT_REPORT
-__all__ = ["ARTIFACT_REPORT", "Candidate", "Report", "build_multi_report", "build_report",
-           "check_writable", "log_report", "write_multi_report", "write_report"]
+__all__ = ["ARTIFACT_REPORT", "Candidate", "PageBuilder", "Report", "build_multi_report",
+           "build_report", "check_writable", "log_report", "write_html", "write_multi_report",
+           "write_report"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,7 +63,8 @@ class Report:
     """A rendered report: the page text, its figures, and how long building took."""
 
     html: str
-    figures: list[FigureSpec] = field(repr=False)
+    figures: list[dict[str, Any]] = field(repr=False)
+    """Every figure's plotly JSON (``id``, ``data``, ``layout``), candidate by candidate."""
     build_s: float = 0.0
     matrix: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -113,16 +115,12 @@ def _candidate_sections(c: Candidate, a: dict[str, Any] | None, ids: S.FigureIds
     return [s for s in secs if s is not None], deps
 
 
-def _title(cmps: list[Comparison], title: str | None) -> str:
-    first = cmps[0]
-    refs, cand = run_labels(first)
-    workload = first.candidate.workload or first.reference[0].workload or "runs"
-    ref_hw = first.reference[0].hardware or refs[0]
+def _title(h: _Head, n: int, title: str | None) -> str:
     if title:
         return title
-    if len(cmps) > 1:
-        return f"refrun report: {workload}: {len(cmps)} candidates vs {ref_hw}"
-    return f"refrun report: {workload}: {ref_hw} vs {first.candidate.hardware or cand}"
+    if n > 1:
+        return f"refrun report: {h.workload}: {n} candidates vs {h.ref_hw}"
+    return f"refrun report: {h.workload}: {h.ref_hw} vs {h.cand_hw}"
 
 
 REDACTED = "…"
@@ -154,23 +152,12 @@ def namespace_ids(markup: str, ns: str) -> str:
                         else f' id="{ns}{m.group(1)}"', markup)
 
 
-def candidate_labels(candidates: Sequence[Candidate]) -> list[str]:
-    """Distinct labels of the candidates of one page: run name (else the role/hardware
-    label) and the params and tags in which they differ (:mod:`refrun.report.labels`)."""
-    runs = []
-    for c in candidates:
-        r = c.comparison.candidate
-        name = r.tags.get(schema.TAG_RUN_NAME) or run_labels(c.comparison)[1]
-        runs.append(L.Labelled(r.run_id, name, L.properties(r.params, r.tags)))
-    return L.distinct_labels(runs)
-
-
-def _figure_blocks(per_candidate: list[list[FigureSpec]]) -> tuple[list[Any], list[dict]]:
-    """The figures' JSON of several candidates with every array that occurs more than
-    once (the references' curves, drawn in each candidate's figures) stored once in a
-    shared pool and replaced by ``{"pool": k}``: lossless, and it keeps a page of a
-    hundred candidates from repeating the same reference curves a hundred times."""
-    docs = [[_figure_json(f) for f in figs] for figs in per_candidate]
+def _figure_blocks(docs: list[list[dict[str, Any]]]) -> tuple[list[Any], list[dict]]:
+    """The figures' JSON (:func:`_figure_json`) of several candidates with every array
+    that occurs more than once (the references' curves, drawn in each candidate's
+    figures) stored once in a shared pool and replaced by ``{"pool": k}``: lossless, and
+    it keeps a page of a hundred candidates from repeating the same reference curves a
+    hundred times."""
     seen: dict[str, int] = {}
 
     def count(o: Any) -> None:
@@ -204,7 +191,170 @@ def _figure_blocks(per_candidate: list[list[FigureSpec]]) -> tuple[list[Any], li
     return pool, [{"figures": swap(d)} for d in docs]
 
 
-def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
+@dataclass(frozen=True, eq=False)
+class _Part:
+    """What the page keeps of one candidate once its comparison is dropped: its markup,
+    its figures as plotly JSON, its matrix row's inputs and its machine-readable record
+    (kilobytes), never its aligned series (megabytes)."""
+
+    run_id: str
+    name: str
+    own_label: str
+    properties: dict[str, str]
+    markup: str
+    nav: list[tuple[str, str]]
+    figures: list[dict[str, Any]]
+    assessment: dict[str, Any] | None
+    departures: list[Departure]
+    record: dict[str, Any]
+    comparison_run_id: str | None
+    comparison_url: str | None
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The page title's and subtitle's facts, from the first candidate."""
+
+    workload: str
+    ref_hw: str
+    cand_hw: str
+    candidate: str
+    references: int
+    metrics: int
+
+
+class PageBuilder:
+    """Builds the page one candidate at a time, so a page of many candidates holds one
+    candidate's aligned data at a time (a hundred candidates x 100k steps held together
+    needed > 4.6 GB): :meth:`add` turns a :class:`Candidate` into its sections, figure
+    JSON and matrix inputs, after which the caller drops the comparison; :meth:`build`
+    labels the candidates (labels depend on all of them), lays out the matrix and
+    returns the :class:`Report`.  ``multi``: a page of several candidates (folded,
+    namespaced sections under a matrix), known before the first :meth:`add` because
+    every element id of a section carries its candidate's namespace."""
+
+    def __init__(self, *, multi: bool, max_points: int = DEFAULT_MAX_POINTS,
+                 method: str = "minmax") -> None:
+        _check(max_points, method)
+        self.multi = multi
+        self._red = Reduction(max_points, method)
+        self._ids = S.FigureIds()
+        self._parts: list[_Part] = []
+        self._head: _Head | None = None
+        self._t0 = time.perf_counter()
+        self._build_s = 0.0
+
+    def add(self, c: Candidate) -> None:
+        """Render candidate ``c``'s sections now; nothing of its comparison is kept."""
+        t0 = time.perf_counter()
+        if self._parts and not self.multi:
+            raise RefrunInputError("report: a single-candidate page has one candidate")
+        cmp = c.comparison
+        i = len(self._parts)
+        ns = f"c{i}-" if self.multi else ""
+        a = assessment_dict(c.assessment)
+        secs, deps = _candidate_sections(c, a, self._ids, self._red, ns)
+        cand_label = run_labels(cmp)[1]
+        if self._head is None:
+            first = cmp.reference[0]
+            self._head = _Head(cmp.candidate.workload or first.workload or "runs",
+                               first.hardware or run_labels(cmp)[0][0],
+                               cmp.candidate.hardware or cand_label, cmp.candidate.run_id,
+                               len(cmp.reference), len(cmp.metrics))
+        r = cmp.candidate
+        markup = "".join(s.html() for s in secs)
+        self._parts.append(_Part(
+            r.run_id, r.tags.get(schema.TAG_RUN_NAME) or cand_label, cand_label,
+            L.properties(r.params, r.tags),
+            namespace_ids(markup, ns) if self.multi else markup,
+            [(s.id, s.heading) for s in secs],
+            [_figure_json(f) for s in secs for f in s.figures], a, deps,
+            {"comparison": cmp.to_dict(), "assessment": a,
+             "comparison_run_id": c.comparison_run_id},
+            c.comparison_run_id, c.comparison_url))
+        self._build_s += time.perf_counter() - t0
+
+    def labels(self) -> list[str]:
+        """Distinct labels of the candidates added: run name (else the role/hardware
+        label) and the params and tags in which they differ
+        (:mod:`refrun.report.labels`); the run's label alone on a single-candidate page."""
+        if not self.multi:
+            return [p.own_label for p in self._parts]
+        return L.distinct_labels([L.Labelled(p.run_id, p.name, p.properties)
+                                  for p in self._parts])
+
+    def build(self, *, plotlyjs: str = "embed", title: str | None = None,
+              redact_paths: Sequence[str] = ()) -> Report:
+        """The page of every candidate added (nothing is written)."""
+        if not self._parts or self._head is None:
+            raise RefrunInputError("report: no candidate given")
+        t0 = time.perf_counter()
+        multi, parts, h = self.multi, self._parts, self._head
+        labels = self.labels()
+        body, nav, rows, records = [], [], [], []
+        for i, (p, label) in enumerate(zip(parts, labels, strict=True)):
+            anchor = f"cand-{i}" if multi else "overview"
+            rows.append(M.row(p.run_id, label, anchor, p.assessment, p.comparison_run_id,
+                              p.departures, p.comparison_url))
+            records.append({**p.record, "label": label,
+                            "departures": [d.to_dict() for d in p.departures]})
+            if not multi:
+                body.append(p.markup)
+                nav += p.nav
+                continue
+            verdict = (p.assessment or {}).get("verdict")
+            head = (f'<h2>Candidate {i + 1}: {esc(label)} <code>{esc(p.run_id)}</code>'
+                    + (f" {M.badge(verdict)}" if verdict else "") + "</h2>")
+            body.append(f'<details class="candidate" id="{anchor}"><summary>{head}'
+                        f'<span class="caption">{len(p.figures)} figure(s), drawn when '
+                        f"opened</span></summary>{p.markup}"
+                        '<p class="note"><a href="#matrix">back to the matrix</a></p>'
+                        "</details>")
+            if len(parts) <= NAV_MAX_CANDIDATES:  # else the matrix is the index
+                nav.append((anchor, f"{i + 1}: {label}"))
+        mtx = M.matrix(rows)
+        figures = [f for p in parts for f in p.figures]
+        if multi:
+            intro = S.Section("matrix", "Candidates × criteria", join([
+                tag("p", "One row per candidate: verdict, highest level, the metric that "
+                         "departs most (mean |z|, or mean rel diff with one reference) and "
+                         "each criterion's outcome with its key number. Candidates are "
+                         "named by run name and the params and tags in which they differ. "
+                         "Click a candidate to open its section (its figures are drawn "
+                         "then).", "note"),
+                Raw('<div class="scroll">'), M.matrix_table(rows), Raw("</div>")]))
+            body.insert(0, intro.html())
+            nav.insert(0, ("matrix", "matrix"))
+            pool, blocks = _figure_blocks([p.figures for p in parts])
+            data = Raw(script_json({"template": _template(), "figures": [], "pool": pool,
+                                    "lazy": True}, "refrun-figures")
+                       + "".join(script_json(b, f"refrun-figures-cand-{i}")
+                                 for i, b in enumerate(blocks)))
+        else:
+            data = script_json({"template": _template(), "figures": figures},
+                               "refrun-figures")
+        blob: dict[str, Any] = dict(records[0]) if not multi else {"candidates": records}
+        blob.update(matrix=mtx, refrun_version=__version__)
+        record = script_json(blob, "refrun-data")
+        page_title = _title(h, len(parts), title)
+        created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        what = f"candidate {h.candidate}" if not multi else f"{len(parts)} candidates"
+        sub = (f"{h.references} reference run(s) vs {what} · {h.metrics} metrics compared · "
+               f"generated {created} by refrun {__version__}")
+        # Several candidates, plotly.js embedded: inert text until a section opens.
+        js = (deferred_plotlyjs_tag() if multi and plotlyjs == "embed"
+              else plotlyjs_tag(plotlyjs))
+        html = page(page_title, sub, nav, "".join(body) + record, data, js,
+                    "Every number is computed on full data; plotted traces are reduced "
+                    "for display (values drawn as float32). The machine-readable "
+                    "comparison is in the element #refrun-data.")
+        if redact_paths:
+            html = redact(html, redact_paths)
+            mtx = json.loads(redact(json.dumps(mtx), redact_paths))
+        return Report(html, figures, self._build_s + time.perf_counter() - t0, mtx)
+
+
+def build_multi_report(candidates: Iterable[Candidate], *, plotlyjs: str = "embed",
                        max_points: int = DEFAULT_MAX_POINTS, method: str = "minmax",
                        title: str | None = None,
                        redact_paths: Sequence[str] = ()) -> Report:
@@ -216,91 +366,16 @@ def build_multi_report(candidates: list[Candidate], *, plotlyjs: str = "embed",
     drawn when its section is opened, so the first screen is the matrix alone however
     many candidates there are.  Candidates are labelled by run name and by the params
     and tags in which they differ.  With one candidate it is the single-candidate report.
+    To hold one candidate's comparison at a time, use :class:`PageBuilder` (as
+    ``refrun report`` does).
     """
+    candidates = list(candidates)
     if not candidates:
         raise RefrunInputError("report: no candidate given")
-    _check(max_points, method)
-    t0 = time.perf_counter()
-    red = Reduction(max_points, method)
-    ids = S.FigureIds()
-    multi = len(candidates) > 1
-    labels = candidate_labels(candidates) if multi else [
-        run_labels(candidates[0].comparison)[1]]
-    body, nav, figs, rows, records = [], [], [], [], []
-    per_candidate: list[list[FigureSpec]] = []
-    for i, c in enumerate(candidates):
-        a = assessment_dict(c.assessment)
-        ns = f"c{i}-" if multi else ""
-        secs, deps = _candidate_sections(c, a, ids, red, ns)
-        mine = [f for s in secs for f in s.figures]
-        figs += mine
-        per_candidate.append(mine)
-        cand_label = labels[i]
-        anchor = f"cand-{i}" if multi else "overview"
-        rows.append(M.row(c.comparison.candidate.run_id, cand_label, anchor, a,
-                          c.comparison_run_id, deps, c.comparison_url))
-        records.append({"comparison": c.comparison.to_dict(), "assessment": a,
-                        "comparison_run_id": c.comparison_run_id, "label": cand_label,
-                        "departures": [d.to_dict() for d in deps]})
-        inner = "".join(s.html() for s in secs)
-        if multi:
-            inner = namespace_ids(inner, ns)
-            verdict = (a or {}).get("verdict")
-            head = (f'<h2>Candidate {i + 1}: {esc(cand_label)} '
-                    f"<code>{esc(c.comparison.candidate.run_id)}</code>"
-                    + (f" {M.badge(verdict)}" if verdict else "") + "</h2>")
-            body.append(f'<details class="candidate" id="{anchor}"><summary>{head}'
-                        f'<span class="caption">{len(mine)} figure(s), drawn when opened'
-                        f"</span></summary>{inner}"
-                        '<p class="note"><a href="#matrix">back to the matrix</a></p>'
-                        "</details>")
-            if len(candidates) <= NAV_MAX_CANDIDATES:  # else the matrix is the index
-                nav.append((anchor, f"{i + 1}: {cand_label}"))
-        else:
-            body.append(inner)
-            nav += [(s.id, s.heading) for s in secs]
-    mtx = M.matrix(rows)
-    if multi:
-        head = S.Section("matrix", "Candidates × criteria", join([
-            tag("p", "One row per candidate: verdict, highest level, the metric that "
-                     "departs most (mean |z|, or mean rel diff with one reference) and each "
-                     "criterion's outcome with its key number. Candidates are named by "
-                     "run name and the params and tags in which they differ. Click a "
-                     "candidate to open its section (its figures are drawn then).",
-                "note"),
-            Raw('<div class="scroll">'), M.matrix_table(rows), Raw("</div>")]))
-        body.insert(0, head.html())
-        nav.insert(0, ("matrix", "matrix"))
-        pool, blocks = _figure_blocks(per_candidate)
-        data = script_json({"template": _template(), "figures": [], "pool": pool,
-                            "lazy": True}, "refrun-figures")
-        data = Raw(data + "".join(script_json(b, f"refrun-figures-cand-{i}")
-                                  for i, b in enumerate(blocks)))
-    else:
-        data = script_json({"template": _template(),
-                            "figures": [_figure_json(f) for f in figs]}, "refrun-figures")
-    first = candidates[0]
-    blob: dict[str, Any] = dict(records[0]) if not multi else {"candidates": records}
-    blob.update(matrix=mtx, refrun_version=__version__)
-    record = script_json(blob, "refrun-data")
-    cmps = [c.comparison for c in candidates]
-    page_title = _title(cmps, title)
-    created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    what = (f"candidate {first.comparison.candidate.run_id}" if not multi
-            else f"{len(candidates)} candidates")
-    sub = (f"{len(first.comparison.reference)} reference run(s) vs {what} · "
-           f"{len(first.comparison.metrics)} metrics compared · generated {created} by "
-           f"refrun {__version__}")
-    # Several candidates, plotly.js embedded: kept as inert text until a section opens.
-    js = deferred_plotlyjs_tag() if multi and plotlyjs == "embed" else plotlyjs_tag(plotlyjs)
-    html = page(page_title, sub, nav, "".join(body) + record, data, js,
-                "Every number is computed on full data; plotted traces are reduced for "
-                "display (values drawn as float32). The machine-readable comparison is in "
-                "the element #refrun-data.")
-    if redact_paths:
-        html = redact(html, redact_paths)
-        mtx = json.loads(redact(json.dumps(mtx), redact_paths))
-    return Report(html, figs, time.perf_counter() - t0, mtx)
+    builder = PageBuilder(multi=len(candidates) > 1, max_points=max_points, method=method)
+    for c in candidates:
+        builder.add(c)
+    return builder.build(plotlyjs=plotlyjs, title=title, redact_paths=redact_paths)
 
 
 def build_report(comparison: Comparison, *, assessment: Any = None,
@@ -319,7 +394,9 @@ def build_report(comparison: Comparison, *, assessment: Any = None,
                               title=title, redact_paths=redact_paths)
 
 
-def _write(html: str, path: str | os.PathLike[str]) -> Path:
+def write_html(html: str, path: str | os.PathLike[str]) -> Path:
+    """Write a built page (:attr:`Report.html`) to ``path`` through a temporary name, so
+    a failure never leaves a half-written report."""
     out = check_writable(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -339,7 +416,7 @@ def write_report(comparison: Comparison, path: str | os.PathLike[str], **kwargs:
     temporary name first and renamed, so a failure never leaves a half-written report.
     """
     check_writable(path)
-    return _write(build_report(comparison, **kwargs).html, path)
+    return write_html(build_report(comparison, **kwargs).html, path)
 
 
 def write_multi_report(candidates: list[Candidate], path: str | os.PathLike[str],
@@ -348,7 +425,7 @@ def write_multi_report(candidates: list[Candidate], path: str | os.PathLike[str]
     candidates x criteria matrix (the ``--json`` data)."""
     check_writable(path)
     rep = build_multi_report(candidates, **kwargs)
-    return _write(rep.html, path), rep.matrix
+    return write_html(rep.html, path), rep.matrix
 
 
 def log_report(path: str | os.PathLike[str], run_id: str,
