@@ -127,8 +127,6 @@ KNOWN_UPWARD = {
     # gradient checks are still written through the live session (refrun.start_run); they
     # are to become complete runs (refrun.store.complete) like comparisons and imports.
     ("refrun.gradcheck.record", "refrun"),
-    # the in-loop stopping-rule watcher is handed the training run's session.
-    ("refrun.acceptance.watcher", "refrun.recording.session"),
 }
 # The acceptance/ cycles are gone (criterion registry, acceptance.comparing): none known.
 KNOWN_CYCLES: list[set[str]] = []
