@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
@@ -127,6 +127,9 @@ def test_every_kind_in_the_toml_schema_has_one_registered_definition_with_its_ch
         assert "check" in vars(model), name  # its own check, not the base's
         # defined in its own module of refrun.acceptance.kinds, beside its check
         assert model.__module__ == f"{PKG}.kinds.{name}", model.__module__
+        # what a kind needs looked up is a field of the context its check reads
+        assert all(n in {f.name for f in fields(Context)} for n in model.NEEDS), name
+    assert {k for k, m in KINDS.items() if m.NEEDS} == {"gradcheck", "paired"}
     # evaluate dispatches to the kind's own check (no table of kind names elsewhere)
     crit = parse_criteria(
         '[[criteria]]\nid = "hw"\nkind = "hardware"\nlevel = "L2"\nexpected = "tpu"\n')

@@ -18,6 +18,7 @@ class Gradcheck(Criterion):
                           "gradcheck, tag refrun.gradcheck.candidate = the candidate's run id, "
                           "refrun.gradcheck.record) finished and passed; a candidate without "
                           "one fails")
+    NEEDS: ClassVar[frozenset[str]] = frozenset({"gradchecks"})
 
     labels: list[str] = key("labels of checks that must be among those recorded (and "  # noqa: RUF009
                             "passed), e.g. 'parity/loss'; default: any", [])

@@ -25,6 +25,7 @@ class Paired(Criterion):
                           "max_ratio x the known-good pairs' divergence at every step "
                           "(refrun.acceptance.paired); not applicable to a candidate that "
                           "declares no pair, not evaluable when its declared pair is missing")
+    NEEDS: ClassVar[frozenset[str]] = frozenset({"pair"})
 
     metric: str = key("per-step metric compared with the same-seed reference", schema.M_LOSS)
     band_steps: list[int] = key("steps of the known-good envelope's knots, increasing "  # noqa: RUF009
