@@ -103,10 +103,35 @@ def test_exception_leaves_run_failed_with_every_point(store, tmp_path):
 
 
 def test_keyboard_interrupt_is_killed(store):
-    with pytest.raises(KeyboardInterrupt), refrun.start_run(workload="w", role="candidate") as run:
+    # The typed form: identity and recording options as two values.
+    ident = refrun.RunIdentity(workload="w", role="cand", seed=4)
+    with pytest.raises(KeyboardInterrupt), refrun.start_run(
+            ident, options=refrun.RecordingOptions(experiment="typed")) as run:
         run.log(0, loss=1.0)
         raise KeyboardInterrupt
-    assert store.client().get_run(run.run_id).info.status == "KILLED"
+    got = store.client().get_run(run.run_id)
+    assert got.info.status == "KILLED"
+    assert (got.data.tags[schema.TAG_ROLE], got.data.tags[schema.TAG_SEED]) == ("candidate", "4")
+    assert store.client().get_experiment(got.info.experiment_id).name == "typed"
+
+
+def test_keywords_build_the_same_two_values_as_the_typed_form(monkeypatch, tmp_path):
+    from refrun.recording.config import from_keywords
+
+    monkeypatch.setenv("REFRUN_CLOSE_TIMEOUT_S", "7")  # a default read from the environment
+    monkeypatch.setenv("REFRUN_SPOOL_DIR", str(tmp_path))
+    monkeypatch.delenv("REFRUN_START_WAIT_S", raising=False)  # settings' own default: 3 s
+    ident, opts = from_keywords("w", "ref", None, {"seed": 1, "flush_interval_s": 0.5,
+                                                   "start_wait_s": None})
+    assert ident == refrun.RunIdentity(workload="w", role="reference", seed=1)
+    assert opts == refrun.RecordingOptions(flush_interval_s=0.5)
+    assert (opts.close_timeout_s, opts.start_wait_s, opts.spool_root) == (7.0, 3.0, tmp_path)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*'sede'"):
+        from_keywords("w", "reference", None, {"sede": 1})
+    with pytest.raises(TypeError, match="not both"):
+        from_keywords(ident, None, None, {"seed": 2})
+    with pytest.raises(TypeError, match="not both"):
+        from_keywords("w", "reference", opts, {"mlflow_every": 2})
 
 
 @pytest.mark.parametrize(
@@ -116,6 +141,9 @@ def test_keyboard_interrupt_is_killed(store):
         ({"workload": "w", "role": "referee"}, "role"),
         ({"workload": "w", "role": "reference", "seed": "zero"}, "seed"),
         ({"workload": "w", "role": "reference", "tracking_uri": "mlruns"}, "tracking URI"),
+        ({"workload": "w", "role": "reference", "mlflow_every": 0}, "mlflow_every"),
+        ({"workload": "w", "role": "reference", "flush_interval_s": 0}, "flush_interval_s"),
+        ({"workload": "w", "role": "reference", "max_queue": 0}, "max_queue"),
     ],
 )
 def test_bad_start_arguments_raise_clear_errors(store, kwargs, match):

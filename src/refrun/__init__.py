@@ -1,7 +1,8 @@
 """refrun: record a reference and a migrated training run the same way, compare them,
 and decide with the workload's own criteria whether the migration preserved behaviour.
 
-``start_run`` and ``RunSession`` are loaded on first use, so that importing a light
+``start_run``, its two typed values (``RunIdentity``: who the run is; ``RecordingOptions``:
+how it is recorded) and ``RunSession`` are loaded on first use, so that importing a light
 sub-module (the pytest plugin ``refrun.testing``, ``refrun.schema``) does not import MLflow.
 """
 
@@ -12,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 from refrun._version import __version__
 
 if TYPE_CHECKING:
+    from refrun.identity import RunIdentity
+    from refrun.recording.config import RecordingOptions
     from refrun.recording.session import RunSession, start_run
 
-__all__ = ["RunSession", "__version__", "start_run"]
+__all__ = ["RecordingOptions", "RunIdentity", "RunSession", "__version__", "start_run"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("start_run", "RunSession"):
+    if name in ("start_run", "RunSession", "RecordingOptions", "RunIdentity"):
         from refrun.recording import session
 
         return getattr(session, name)

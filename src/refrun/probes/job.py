@@ -28,6 +28,6 @@ def job_mismatch(run_world_size: int | None, process_count: int, source: str) ->
 
 def warn_if_not_a_job(run: RunSession, process_count: int, source: str) -> None:
     """Record :func:`job_mismatch`'s warning on ``run`` (once)."""
-    message = job_mismatch(run.config.world_size, process_count, source)
+    message = job_mismatch(run.config.options.world_size, process_count, source)
     if message is not None:
         run.warn_once("job-mismatch", message)

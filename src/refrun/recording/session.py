@@ -47,19 +47,14 @@ from refrun import identity, mlflow_ui, schema
 from refrun.identity import RunIdentity
 from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
 from refrun.recording import delivery, process
-from refrun.recording.config import RunConfig
+from refrun.recording.config import RecordingOptions, RunConfig, from_keywords
 from refrun.recording.delivery import SESSION_LOCK
 from refrun.recording.spool import RunStatus, Spool, SpoolMeta, disk_full, unlock
 from refrun.recording.writer import SpoolWriter
-from refrun.settings import (
-    Delivery,
-    default_job_id,
-    job_identity,
-    settings,
-)
+from refrun.settings import settings
 from refrun.store import limits
 from refrun.store.client import bound_http_requests
-from refrun.store.uri import local_store, resolve_tracking_uri
+from refrun.store.uri import local_store
 
 log = logging.getLogger("refrun")
 
@@ -92,7 +87,7 @@ class RunSession:
     def __init__(self, config: RunConfig, spool: Spool, lock_fd: int | None) -> None:
         self.config = config
         self.spool = spool
-        self.close_timeout_s = config.close_timeout_s
+        self.close_timeout_s = config.options.close_timeout_s
         self._lock_fd = lock_fd
         self._stats: dict[str, StepStats] = {}
         self._valid_keys: set[str] = set()
@@ -110,15 +105,15 @@ class RunSession:
         self._refusals: dict[tuple[str, str], dict[str, Any]] = {}
         self._truncated = 0  # tag/param values cut to MLflow's limit
         self._params: dict[str, str] = dict(spool.read_meta().params)  # as first logged
-        self._writer = SpoolWriter(spool, flush_interval_s=config.flush_interval_s,
-                                   max_queue=config.max_queue, on_warning=self.warn_once,
-                                   deliver_inline=config.delivery == "thread")
+        self._writer = SpoolWriter(spool, flush_interval_s=config.options.flush_interval_s,
+                                   max_queue=config.options.max_queue, on_warning=self.warn_once,
+                                   deliver_inline=config.options.delivery == "thread")
         self._process: subprocess.Popen | None = None
 
     # --- identity -----------------------------------------------------------
     @property
     def tracking_uri(self) -> str:
-        return self.config.tracking_uri
+        return self.config.options.tracking_uri
 
     @property
     def workload(self) -> str:
@@ -379,8 +374,8 @@ class RunSession:
 
     def _artifact_name(self, name: str) -> str:
         # A rank > 0 uploads onto rank 0's run: its files go under refrun/ranks/rank-<k>/.
-        if self.config.secondary_rank:
-            return schema.rank_artifact(self.config.rank or 0, name)
+        if self.config.options.secondary_rank:
+            return schema.rank_artifact(self.config.options.rank or 0, name)
         return name
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
@@ -396,10 +391,10 @@ class RunSession:
         """Create the MLflow run (waiting at most ``start_wait_s``), start the spool writer
         and the delivery process.  A rank > 0 of a multi-process job creates no run (nor
         imports MLflow): its delivery finds rank 0's run when the rank ends."""
-        if not self.config.secondary_rank:
+        if not self.config.options.secondary_rank:
             self._create_run_briefly()
-        if self.config.delivery == "process":
-            self._process = process.spawn(self.spool, self.config.flush_interval_s)
+        if self.config.options.delivery == "process":
+            self._process = process.spawn(self.spool, self.config.options.flush_interval_s)
             if self._process is None:
                 self._writer.deliver_inline()
         self._writer.start()
@@ -417,7 +412,7 @@ class RunSession:
             except BaseException as exc:
                 failure.append(exc)
 
-        uri = self.config.tracking_uri
+        uri = self.config.options.tracking_uri
         try:  # local work only (import MLflow; create a new sqlite store once)
             delivery.client_for(uri)
         except Exception as exc:
@@ -426,10 +421,11 @@ class RunSession:
         if not failure:
             t.start()
             # A local database answers or fails by itself; a server may stay silent.
-            t.join(None if local_store(uri) else self.config.start_wait_s)
+            t.join(None if local_store(uri) else self.config.options.start_wait_s)
         if t.is_alive():
+            wait = self.config.options.start_wait_s
             self.warn_once("offline-start", f"tracking store {uri} did not answer within "
-                           f"{self.config.start_wait_s:g} s; recording to {self.spool.path}")
+                           f"{wait:g} s; recording to {self.spool.path}")
         elif failure:
             self.warn_once("offline-start", f"tracking store {uri} unreachable at start "
                            f"({type(failure[0]).__name__}); recording to {self.spool.path}")
@@ -583,97 +579,58 @@ def _tag_value(v: Any) -> str:
 
 
 def start_run(
-    workload: str,
-    role: str,
+    workload: str | RunIdentity,
+    role: str | None = None,
     *,
-    hardware: str | None = None,
-    backend: str | None = None,
-    seed: int | None = None,
-    chips: int | None = None,
-    global_batch: int | None = None,
+    options: RecordingOptions | None = None,
     params: Mapping[str, Any] | None = None,
     tags: Mapping[str, Any] | None = None,
     run_name: str | None = None,
-    experiment: str | None = None,
-    tracking_uri: str | None = None,
-    planned_steps: int | None = None,
-    spool_dir: str | os.PathLike[str] | None = None,
-    flush_interval_s: float = 1.0,
-    mlflow_every: int = 1,
-    max_queue: int = 2_000_000,
-    snapshot_environment: bool = True,
-    delivery: Delivery | None = None,
-    close_timeout_s: float | None = None,
-    start_wait_s: float | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    job: str | None = None,
+    **keywords: Any,
 ) -> RunSession:
     """Start recording one training run into MLflow and return its :class:`RunSession`.
 
-    Identity (workload, role, hardware, backend, seed, chips, global_batch, framework
-    versions, device, git commit) is written as ``refrun.*`` tags (see :mod:`refrun.schema`).
-    The experiment defaults to the workload name.  If the store cannot be reached the run
-    still starts: points are spooled under ``spool_dir`` (default ``$REFRUN_SPOOL_DIR`` or
-    ``./.refrun/spool``) and delivered when it comes back, or by ``refrun sync``.
+    Two typed values describe the run: who it is, a :class:`~refrun.identity.RunIdentity`
+    (workload, role, hardware, backend, seed, chips, global_batch, planned_steps), and how
+    it is recorded, a :class:`~refrun.recording.config.RecordingOptions` (store, spool,
+    flush interval, delivery, timeouts, the process's place in a job); each field is
+    documented and validated there::
 
+        start_run(RunIdentity(workload="w", role="reference", seed=0),
+                  options=RecordingOptions(flush_interval_s=0.5), params={"lr": 1e-3})
+
+    The flat keyword form builds the same two values (one keyword per field of either)::
+
+        start_run("w", "reference", seed=0, flush_interval_s=0.5, params={"lr": 1e-3})
+
+    Identity is written as ``refrun.*`` tags (with framework versions, device and git
+    commit; see :mod:`refrun.schema`).  If the store cannot be reached the run still
+    starts: points are spooled and delivered when it comes back, or by ``refrun sync``.
     Every point goes into the run's ``refrun/curves.parquet`` artifact; MLflow's metric
-    history gets a bounded, spike-preserving view (:mod:`refrun.recording.view`).
-    ``mlflow_every``: additionally send only every n-th step of per-step metrics to MLflow.
-    ``flush_interval_s``: how often queued points reach the spool file; a SIGKILL loses
-    at most this much.
-    ``delivery``: ``"process"`` (default; ``$REFRUN_DELIVERY``) delivers to MLflow from a
-    separate process so that MLflow's client never holds this process's GIL; ``"thread"``
-    delivers from the background thread (for short bursts such as imports).
-    ``close_timeout_s`` (default ``$REFRUN_CLOSE_TIMEOUT_S`` or 5): how long ``close()``
-    waits for delivery that makes no progress.  ``start_wait_s`` (default
-    ``$REFRUN_START_WAIT_S`` or 3): how long this call waits for the store to create the run.
-    ``snapshot_environment``: describe this process (framework versions, device, host, git
-    commit, installed packages); False for runs recorded elsewhere, such as imports.
-    ``rank``, ``world_size``, ``job``: this process's place in a multi-process job (default
-    ``$RANK``, ``$WORLD_SIZE`` and the job-id rule of
-    :func:`refrun.settings.default_job_id`; only for runs of this process).  With
-    ``world_size > 1`` the job records ONE run: rank 0 owns it; a rank > 0 creates no run
-    and its delivery adds its full curves to rank 0's run as ``refrun/ranks/rank-<k>.parquet``
-    when it ends (docs/multiprocess.md).
+    history gets a bounded, spike-preserving view (:mod:`refrun.recording.view`).  With
+    ``world_size > 1`` the job records ONE run, owned by rank 0 (docs/multiprocess.md).
 
-    Raises :class:`RefrunInputError` for bad arguments, before anything is written.
+    Raises :class:`RefrunInputError` for bad values and :class:`TypeError` for a keyword
+    that is no field (or a value given twice), before anything is written.
     """
-    env = settings()
-    proc = job_identity() if snapshot_environment else None
-    if proc is not None:
-        rank = proc.rank if rank is None else rank
-        world_size = proc.world_size if world_size is None else world_size
-        if job is None and world_size is not None and world_size > 1:
-            job = proc.job if proc.world_size == world_size else default_job_id(world_size)
-    config = RunConfig(
-        identity=RunIdentity(workload=workload, role=role, hardware=hardware, backend=backend,
-                             seed=seed, chips=chips, global_batch=global_batch,
-                             planned_steps=planned_steps),
-        tracking_uri=resolve_tracking_uri(tracking_uri),
-        spool_root=Path(spool_dir).absolute() if spool_dir else env.spool_root,
-        params=dict(params or {}), tags=dict(tags or {}),
-        run_name=run_name, experiment=experiment, flush_interval_s=flush_interval_s,
-        mlflow_every=mlflow_every, max_queue=max_queue,
-        snapshot_environment=snapshot_environment, delivery=delivery or env.delivery,
-        close_timeout_s=env.close_timeout_s if close_timeout_s is None else close_timeout_s,
-        start_wait_s=env.start_wait_s if start_wait_s is None else start_wait_s,
-        rank=rank, world_size=world_size, job=job,
-    )
-    bound_http_requests(env)
-    spool = Spool.create(config.spool_root, _spool_meta(config))
+    identity_, options_ = from_keywords(workload, role, options, keywords)
+    config = RunConfig(identity=identity_, options=options_, params=dict(params or {}),
+                       tags=dict(tags or {}), run_name=run_name)
+    bound_http_requests(settings())
+    spool = Spool.create(config.options.spool_root, _spool_meta(config))
     session = RunSession(config, spool, spool.try_lock(SESSION_LOCK))
     for what, items in (("tag", session._valid(config.tags, "tag key")),
                         ("param", session._valid(config.params, "param key"))):
         for k, v in items.items():
             session._fit(what, k, v)  # warns about and counts a value cut in _spool_meta
-    if config.snapshot_environment:
+    if config.options.snapshot_environment:
         session.log_json(schema.ARTIFACT_ENVIRONMENT, identity.environment_snapshot())
     session._begin()
     return session
 
 
 def _spool_meta(config: RunConfig) -> SpoolMeta:
+    opts = config.options
     tags = identity_tags(config)
     # Cut to MLflow's limits here; start_run warns about and counts each cut afterwards.
     tags.update({k: _tag_value(v)[:TAG_VALUE_MAX] for k, v in config.tags.items()
@@ -682,16 +639,16 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
     local_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
     tags[schema.TAG_LOCAL_ID] = local_id
     return SpoolMeta(
-        local_id=local_id, tracking_uri=config.tracking_uri,
-        experiment=config.experiment or config.identity.workload, start_ms=_now_ms(), tags=tags,
+        local_id=local_id, tracking_uri=opts.tracking_uri,
+        experiment=opts.experiment or config.identity.workload, start_ms=_now_ms(), tags=tags,
         params={k: _tag_value(v)[:PARAM_VALUE_MAX] for k, v in config.params.items()
                 if key_problem(k) is None},
         run_name=config.run_name or mlflow_ui.default_run_name(tags),
-        mlflow_every=config.mlflow_every, pid=os.getpid(),
-        flush_interval_s=config.flush_interval_s,
+        mlflow_every=opts.mlflow_every, pid=os.getpid(),
+        flush_interval_s=opts.flush_interval_s,
         host=socket.gethostname(),
-        **({"rank": config.rank, "world_size": config.world_size, "job": config.job}
-           if config.multi_process else {}),
+        **({"rank": opts.rank, "world_size": opts.world_size, "job": opts.job}
+           if opts.multi_process else {}),
     )
 
 
@@ -699,10 +656,11 @@ def identity_tags(config: RunConfig) -> dict[str, str]:
     """The ``refrun.*`` identity tags of a run (and, for runs of this process, its device,
     host, framework versions and git state)."""
     tags = config.identity.tags()
-    if config.multi_process:
-        tags.update({schema.TAG_JOB_ID: str(config.job), schema.TAG_JOB_RANK: str(config.rank),
-                     schema.TAG_JOB_WORLD_SIZE: str(config.world_size)})
-    if not config.snapshot_environment:  # e.g. an imported run: this machine did not run it
+    opts = config.options
+    if opts.multi_process:
+        tags.update({schema.TAG_JOB_ID: str(opts.job), schema.TAG_JOB_RANK: str(opts.rank),
+                     schema.TAG_JOB_WORLD_SIZE: str(opts.world_size)})
+    if not opts.snapshot_environment:  # e.g. an imported run: this machine did not run it
         return tags
     tags[schema.TAG_DEVICE] = identity.device_description()
     tags[schema.TAG_HOST] = socket.gethostname()
@@ -714,4 +672,4 @@ def identity_tags(config: RunConfig) -> dict[str, str]:
     return tags
 
 
-__all__ = ["RunSession", "StepStats", "start_run"]
+__all__ = ["RecordingOptions", "RunIdentity", "RunSession", "StepStats", "start_run"]

@@ -37,8 +37,8 @@ class SpoolWriter(threading.Thread):
         self,
         spool: Spool,
         *,
-        flush_interval_s: float = 1.0,
-        max_queue: int = 2_000_000,
+        flush_interval_s: float,
+        max_queue: int,
         on_warning: Callable[[str, str], None],
         deliver_inline: bool = True,
     ) -> None:
