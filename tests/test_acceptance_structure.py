@@ -1,13 +1,24 @@
 """Structure of refrun.acceptance (issue 21, item 6): no import cycle between its modules
 (imports at module level and inside functions alike; ``if TYPE_CHECKING:`` imports are
-annotations, never executed), and every criterion kind has its check."""
+annotations, never executed), and one registry of criterion kinds, each model beside its
+check."""
 
 from __future__ import annotations
 
 import ast
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+
+import pandas as pd
+import pytest
 
 import refrun.acceptance as pkg
+from refrun import schema
+from refrun.acceptance.criteria import parse_criteria
+from refrun.comparison import RunData
+from refrun.errors import RefrunInputError
 
 PKG = "refrun.acceptance"
 ROOT = Path(pkg.__file__).parent
@@ -31,24 +42,33 @@ def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return out
 
 
+def _module(path: Path) -> str:
+    """``kinds/closeness.py`` -> ``kinds.closeness``; ``kinds/__init__.py`` -> ``kinds``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports at run time."""
-    mods = {p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"}
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for m in mods:
-        tree = ast.parse((ROOT / f"{m}.py").read_text(encoding="utf-8"))
+    """Module -> the package's modules it imports at run time (subpackages included:
+    ``kinds.closeness``; the package ``__init__`` itself is left out)."""
+    paths = {_module(p): p for p in ROOT.rglob("*.py") if p != ROOT / "__init__.py"}
+    graph: dict[str, set[str]] = {m: set() for m in paths}
+    for m, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in _runtime_imports(tree):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
-            elif node.module == PKG:
-                names = [f"{PKG}.{a.name}" for a in node.names]
             else:
-                names = [node.module or ""]
+                base = node.module or ""
+                names = [f"{base}.{a.name}" for a in node.names] + [base]
             for name in names:
-                if name.startswith(PKG + "."):
-                    target = name[len(PKG) + 1:].split(".")[0]
-                    if target in mods and target != m:
-                        graph[m].add(target)
+                if not name.startswith(PKG + "."):
+                    continue
+                target = name[len(PKG) + 1:]
+                while target not in paths and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in paths and target != m:
+                    graph[m].add(target)
     return graph
 
 
@@ -78,8 +98,54 @@ def test_no_import_cycle_inside_acceptance() -> None:
         ["assess", "calibration"]]
 
 
-def test_every_criterion_kind_has_its_check() -> None:
-    from refrun.acceptance.checks import CHECKS
-    from refrun.acceptance.criteria import CRITERION_KINDS
+def test_the_graph_sees_the_kinds_subpackage() -> None:
+    graph = import_graph()
+    assert "model" in graph["kinds.closeness"] and "checks" in graph["kinds.closeness"]
+    assert "kinds" in graph["criteria"]
 
-    assert set(CRITERION_KINDS) == set(CHECKS)
+
+def test_every_kind_in_the_toml_schema_has_one_registered_definition_with_its_check() -> None:
+    from refrun.acceptance.checks import Context, evaluate
+    from refrun.acceptance.json_schema import shipped_schema_path
+    from refrun.acceptance.kinds import KINDS
+    from refrun.acceptance.model import Criterion
+
+    defs = json.loads(shipped_schema_path().read_text(encoding="utf-8"))["$defs"]
+    in_schema = sorted(k.split(".", 1)[1] for k in defs if k.startswith("criterion."))
+    assert sorted(KINDS) == in_schema and len(in_schema) == 14
+    for name, model in KINDS.items():
+        assert name == model.KIND and issubclass(model, Criterion)
+        assert "check" in vars(model), name  # its own check, not the base's
+        # defined in its own module of refrun.acceptance.kinds, beside its check
+        assert model.__module__ == f"{PKG}.kinds.{name}", model.__module__
+    # evaluate dispatches to the kind's own check (no table of kind names elsewhere)
+    crit = parse_criteria(
+        '[[criteria]]\nid = "hw"\nkind = "hardware"\nlevel = "L2"\nexpected = "tpu"\n')
+    curves = pd.DataFrame({"metric": ["loss"], "step": [0], "value": [1.0]})
+    run = RunData.from_curves(curves, "c1", tags={schema.TAG_EXEC_HARDWARE: "cpu"})
+    r = evaluate(crit.criteria[0], Context(crit, [run], run, None))
+    assert (r.kind, r.outcome) == ("hardware", "fail") and "expected 'tpu'" in r.reason
+
+
+def test_a_kind_without_its_check_cannot_be_defined() -> None:
+    from refrun.acceptance.kinds import registry
+    from refrun.acceptance.kinds.closeness import Closeness
+    from refrun.acceptance.model import Criterion
+
+    with pytest.raises(TypeError, match="check"):
+        @dataclass(frozen=True, kw_only=True)
+        class NoCheck(Criterion):
+            KIND: ClassVar[str] = "no_check"
+    with pytest.raises(TypeError, match="registered twice"):
+        registry((Closeness, Closeness))
+
+
+def test_a_kind_name_typo_is_one_line_naming_the_key() -> None:
+    text = ('[[criteria]]\nid = "loss"\nkind = "closenes"\nlevel = "L1"\n'
+            'metric = "loss"\nabs_tol = 0.1\n')
+    with pytest.raises(RefrunInputError) as e:
+        parse_criteria(text, "c.toml")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("c.toml:3: criteria[0].kind (id 'loss'): 'closenes' is not one "
+                          "of: closeness, envelope,"), msg

@@ -440,6 +440,14 @@ def test_sweep_page_labels_every_candidate_and_draws_a_section_when_opened(  # t
               t.x ? (t.x.length || 0) : 0))""")
         assert all(len(traces) > 0 for traces in drawn), drawn
         assert max(max(t) for t in drawn) == 2000
+        # The heatmap's hover text comes from the pool as an array of rows (one per
+        # metric) of step ranges, not as an object.
+        hover = page.evaluate(f"""() => Array.from(document.querySelectorAll(
+            '{rows[5]['href']} .plot')).flatMap(el => (el.data || []).filter(t =>
+              t.type === 'heatmap').map(t => [Array.isArray(t.customdata),
+              t.customdata.length, t.y.length, String(t.customdata[0][0])]))""")
+        assert hover and all(h[0] and h[1] == h[2] and h[3].startswith("0–")
+                             for h in hover), hover
         others = page.locator("details.candidate:not([data-rendered]) .main-svg").count()
         assert others == 0 and page.locator("details.candidate[data-rendered]").count() == 1
         assert visit.console_errors == []

@@ -55,6 +55,7 @@ from refrun.acceptance.criteria import (  # calibration_digest: re-exported
     calibration_digest,
     parse_criteria,
 )
+from refrun.acceptance.kinds.step_time import steady_step_times
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.acceptance.statistics import prediction_z, symmetric_limit, tost, upper_limit
 from refrun.comparison import RunData, warmup_end
@@ -397,7 +398,7 @@ class WindowNoise:
 def window_noise(series: list[_Series], opts: CalibrationOptions, cov: float
                  ) -> WindowNoise:
     """Per-point noise in the final window, for the cadence-aware tolerance of
-    :func:`refrun.acceptance.checks.window_noise_allowance`.
+    :func:`refrun.acceptance.kinds.closeness.window_noise_allowance`.
 
     Over the last ``max(K, 8)`` common steps (``K`` the final window's points) of each
     reference, the std of one point is estimated from first differences, which remove
@@ -526,7 +527,7 @@ def step_time_limit(runs: list[RunData], opts: CalibrationOptions, g: int, cov: 
     spans = [_series(r, metric, keep).steps for r in runs]
     first, last = min(int(s[0]) for s in spans), max(int(s[-1]) for s in spans)
     start = warmup_end(first, last, opts.settings.warmup_steps, opts.settings.warmup_fraction)
-    steady = [checks.steady_step_times(r, metric, comp, keep, start)[1] for r in runs]
+    steady = [steady_step_times(r, metric, comp, keep, start)[1] for r in runs]
 
     def need(i: int, grp: tuple[int, ...]) -> float:
         pooled = np.concatenate([steady[j] for j in grp])
@@ -601,7 +602,7 @@ def step_time_limits(runs: list[RunData], opts: CalibrationOptions, g: int, cov:
     held, worst, _, start = step_time_limit(runs, opts, g, cov, metric, q)
     comp = list(schema.STEP_TIME_COMPILE_METRICS)
     keep = opts.settings.keep
-    sds = [block_bootstrap_sd(checks.steady_step_times(r, metric, comp, keep, start)[1],
+    sds = [block_bootstrap_sd(steady_step_times(r, metric, comp, keep, start)[1],
                               quantile=q) for r in runs]
     sigma = math.sqrt(float(np.mean(np.square(sds))))
     boot = math.exp(float(sps.norm.ppf(cov)) * sigma * math.sqrt(1 + 1 / g))
@@ -682,7 +683,7 @@ def _quantities(runs: list[RunData], opts: CalibrationOptions) -> dict[str, np.n
             spans = [_series(r, m, keep).steps for r in runs]
             start = warmup_end(min(int(x[0]) for x in spans), max(int(x[-1]) for x in spans),
                                st.warmup_steps, st.warmup_fraction)
-            meds = [checks.steady_step_times(r, m, list(schema.STEP_TIME_COMPILE_METRICS),
+            meds = [steady_step_times(r, m, list(schema.STEP_TIME_COMPILE_METRICS),
                                              keep, start)[1] for r in runs]
             if all(len(x) and np.all(x > 0) for x in meds):
                 out[f"steady median step time ({m})"] = np.log([np.median(x) for x in meds])

@@ -24,25 +24,34 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from refrun import identity, schema
+from refrun.acceptance.kinds import (
+    KINDS,
+    Claim,
+    Closeness,
+    Compilation,
+    Convergence,
+    Cost,
+    Envelope,
+    Equivalence,
+    Fallback,
+    Gradcheck,
+    Hardware,
+    HostTransfers,
+    Paired,
+    StepTime,
+    Utilization,
+)
+from refrun.acceptance.model import LEVELS, MISSING, SELECT_OVER, Criterion, key
 from refrun.errors import RefrunInputError
 
+__all__ = [  # the kinds' models, re-exported where they were defined before
+    "CRITERION_KINDS", "LEVELS", "MISSING", "SELECT_OVER", "Claim", "Closeness",
+    "Compilation", "Convergence", "Cost", "CriteriaFile", "Criterion", "Envelope",
+    "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers", "Paired",
+    "StepTime", "Utilization", "key", "load_criteria", "parse_criteria",
+]
+
 FORMAT_VERSION = 1
-LEVELS = schema.LEVELS
-MISSING = dataclasses.MISSING
-
-
-def key(doc: str, default: Any = MISSING, *, enum: tuple[str, ...] | None = None,
-        ge: float | None = None, gt: float | None = None, le: float | None = None,
-        min_items: int | None = None, names: str | None = None) -> Any:
-    """A documented, constrained field of the criteria model (metadata drives validation
-    and the JSON Schema).  ``names``: "backend" or "hardware": the strings (list items,
-    table keys) are identity names, normalised by :mod:`refrun.identity`."""
-    meta = {"doc": doc, "enum": enum, "ge": ge, "gt": gt, "le": le, "min_items": min_items,
-            "names": names}
-    if isinstance(default, list | dict | tuple):
-        frozen = default
-        return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 # --- file-level sections ------------------------------------------------------------
@@ -115,312 +124,8 @@ class Calibration:
                                   "(they are not in runs then)", False)
 
 
-# --- criteria -------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class Criterion:
-    """Fields every criterion has."""
-
-    KIND: ClassVar[str] = ""
-    DOC: ClassVar[str] = ""
-    # Groups of keys of which at least one (ANY_OF) or exactly one (ONE_OF) is required.
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
-    ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
-
-    id: str = key("unique name of the criterion (reported, used by sign-off diffs)")
-    kind: str = key("kind of criterion")
-    level: str = key("consistency level the criterion belongs to", enum=LEVELS)
-    description: str = key("why this criterion and threshold (free text)", "")
-    backends: list[str] | None = key(  # noqa: RUF009
-        "apply only to candidates whose refrun.backend tag is one of these "
-        "(case-insensitive), e.g. ['torch_xla'] for evidence only one probe records; for "
-        "any other backend the outcome is not_applicable. Default: every backend",
-        None, min_items=1, names="backend")
-
-    calibration: dict[str, float] | None = key(  # noqa: RUF009
-        "provenance written by refrun calibrate (reported, never used by the check): "
-        "worst held-out value, margin, held-out seeds, detectable shift ...", None)
-
-    def __post_init__(self) -> None:
-        # A kind without a check cannot exist: the registry of checks is consulted when a
-        # criterion is built (lazily: refrun.acceptance.checks imports this module).
-        from refrun.acceptance.checks import CHECKS
-
-        if self.KIND not in CHECKS:
-            raise TypeError(f"criterion kind {self.KIND!r} has no check in "
-                            "refrun.acceptance.checks.CHECKS")
-
-    def used_metrics(self) -> tuple[str, ...]:
-        """Metrics this criterion names (for the 'no run has it' check)."""
-        m = getattr(self, "metric", None)
-        return (m,) if m else tuple(getattr(self, "metrics", ()))
-
-    def applies_to(self, backend: str | None) -> bool | None:
-        """Whether the criterion applies to a candidate recorded with ``backend`` (its
-        ``refrun.backend`` tag): always without ``backends``; otherwise case-insensitive
-        membership; None when the criterion is scoped and the backend is unknown."""
-        if self.backends is None:
-            return True
-        if not backend or not backend.strip():
-            return None
-        mine = identity.canonical_backend(backend) or backend.strip().lower()
-        return mine in {identity.canonical_backend(b) or b for b in self.backends}
-
-
-SELECT_OVER = ("all", "final_window", "last", "eval_points")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Closeness(Criterion):
-    KIND: ClassVar[str] = "closeness"
-    DOC: ClassVar[str] = ("candidate within abs_tol + rel_tol * |reference| of the reference "
-                          "(mean of the reference runs) at the selected aligned steps")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("abs_tol", "rel_tol"),)
-
-    metric: str = key("metric to compare, e.g. 'loss' or 'eval/accuracy'")
-    over: str = key("which aligned steps: all, the final window, the last one, or the "
-                    "evaluation points (metric must start with eval/)", "all",
-                    enum=SELECT_OVER)
-    abs_tol: float = key("absolute tolerance in the metric's units", 0.0, ge=0)
-    rel_tol: float = key("relative tolerance, times |reference|", 0.0, ge=0)
-    min_fraction: float = key("pass when at least this fraction of the selected steps is "
-                              "within tolerance (Megatron tolerates 1 in 50: 0.98)",
-                              1.0, ge=0, le=1)
-    aggregate: str = key("'point': step by step; 'mean': compare the means over the selected "
-                         "steps once", "point", enum=("point", "mean"))
-    window_points: int | None = key("final window size in steps (default: settings)",
-                                    None, ge=1)
-    window_fraction: float | None = key("final window as a fraction of aligned steps",
-                                        None, gt=0, le=1)
-    # Cadence-aware tolerance of a window mean (aggregate = "mean"; refrun calibrate).
-    window_noise_rel: float | None = key(
-        "per-point noise of the metric in the final window, relative to |reference mean| "
-        "(std of one logged point): with aggregate = 'mean', a window of k < "
-        "window_calibrated_points aligned points (a candidate logging less often) is "
-        "allowed sqrt(tol^2 + (window_noise_z * window_noise_rel * |ref| )^2 * (1 + 1/g) * "
-        "(1/k - 1/window_calibrated_points)), g the reference runs", None, ge=0)
-    window_calibrated_points: int | None = key(
-        "points the final window held when the tolerance was calibrated", None, ge=1)
-    window_noise_z: float = key("normal quantile applied to the extra noise of a shorter "
-                                "window", 3.0, ge=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Envelope(Criterion):
-    KIND: ClassVar[str] = "envelope"
-    DOC: ClassVar[str] = ("candidate inside the reference group's band (seed mean +- k std, "
-                          "or min-max) for at least min_fraction of the selected steps; "
-                          "needs at least two reference runs")
-
-    metric: str = key("metric to compare")
-    band: str = key("'std': |candidate - seed mean| <= k * std + abs_tol; 'minmax': "
-                    "min - abs_tol <= candidate <= max + abs_tol", "std",
-                    enum=("std", "minmax"))
-    k: float = key("width of the std band in standard deviations (ddof=1)", 3.0, gt=0)
-    abs_tol: float = key("slack added to the band (covers steps where the seeds agree "
-                         "exactly)", 0.0, ge=0)
-    min_fraction: float = key("fraction of selected steps that must be inside", 1.0,
-                              ge=0, le=1)
-    over: str = key("which aligned steps", "all", enum=("all", "final_window", "last"))
-    window_points: int | None = key("final window size in steps", None, ge=1)
-    window_fraction: float | None = key("final window as a fraction", None, gt=0, le=1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Claim(Criterion):
-    KIND: ClassVar[str] = "claim"
-    DOC: ClassVar[str] = ("a final value at least / at most a published number; optionally, "
-                          "when the reference also misses it, matching the reference within "
-                          "a tolerance counts as preserving behaviour")
-    ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("at_least", "at_most"),)
-
-    metric: str = key("metric holding the claimed quantity, e.g. 'eval/accuracy'")
-    at_least: float | None = key("claim: value >= this", None)
-    at_most: float | None = key("claim: value <= this", None)
-    statistic: str = key("value of a run: its last finite value, max, min, or mean of its "
-                         "last window_points values", "last",
-                         enum=("last", "max", "min", "final_mean"))
-    window_points: int = key("points averaged by statistic = final_mean", 1, ge=1)
-    match_reference_abs_tol: float | None = key(
-        "enables the reference rule: if the reference misses the claim, a candidate within "
-        "this absolute tolerance of the reference passes", None, ge=0)
-    match_reference_rel_tol: float | None = key(
-        "as match_reference_abs_tol, relative to |reference|", None, ge=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hardware(Criterion):
-    KIND: ClassVar[str] = "hardware"
-    DOC: ClassVar[str] = ("the executing hardware (probe tag refrun.exec.hardware) is the "
-                          "expected one, and no placement warning was recorded")
-
-    expected: str = key("expected hardware, e.g. 'tpu' or 'cuda: NVIDIA H100'")
-    match: str = key("'contains': case-insensitive substring; 'exact': case-insensitive "
-                     "equality", "contains", enum=("contains", "exact"))
-    allow_placement_warning: bool = key("do not fail on refrun.placement.warning", False)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fallback(Criterion):
-    KIND: ClassVar[str] = "fallback"
-    DOC: ClassVar[str] = ("no CPU-fallback operation outside the allowlist (tag "
-                          "refrun.fallback.ops, else the fallback/ops counter)")
-
-    allow: list[str] = key("operation names allowed to fall back, e.g. 'aten::nonzero'", [])  # noqa: RUF009
-
-
-@dataclass(frozen=True, kw_only=True)
-class Compilation(Criterion):
-    KIND: ClassVar[str] = "compilation"
-    DOC: ClassVar[str] = "compilations after warm-up (sum of per-step counters) <= max"
-
-    max: float = key("largest allowed number of compilations after warm-up", ge=0)
-    metrics: list[str] = key("per-step counters summed", [schema.M_COMPILE_GRAPHS],  # noqa: RUF009
-                             min_items=1)
-    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostTransfers(Criterion):
-    KIND: ClassVar[str] = "host_transfers"
-    DOC: ClassVar[str] = "host transfers per step after warm-up (mean or max) <= max"
-
-    max: float = key("largest allowed transfers per step", ge=0)
-    metrics: list[str] = key("per-step counters added up", [schema.M_XFER_D2H], min_items=1)  # noqa: RUF009
-    statistic: str = key("per-step statistic compared with max", "mean",
-                         enum=("mean", "max"))
-    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Utilization(Criterion):
-    KIND: ClassVar[str] = "utilization"
-    DOC: ClassVar[str] = ("mean accelerator utilization after warm-up (sys/gpu<i>_util_pct, "
-                          "sys/tpu<i>_duty_cycle_pct) >= min_pct")
-
-    min_pct: float = key("least mean utilization, percent", ge=0, le=100)
-    metrics: list[str] = key("utilization metrics (default: every sys/gpu<i>_util_pct and "  # noqa: RUF009
-                             "sys/tpu<i>_duty_cycle_pct of the candidate)", [])
-    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepTime(Criterion):
-    KIND: ClassVar[str] = "step_time"
-    DOC: ClassVar[str] = ("median (or low_quantile) step time after warm-up, candidate / "
-                          "reference (pooled reference runs) <= max_ratio")
-
-    max_ratio: float = key("largest allowed ratio (> 1: the candidate is slower)", gt=0)
-    metric: str = key("step-time metric, seconds", schema.M_STEP_TIME)
-    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
-    compile_metrics: list[str] = key(  # noqa: RUF009
-        "per-step compilation counters: a step where one of them is > 0 is a compilation "
-        "step, left out of the median of every run ([] keeps every step)",
-        list(schema.STEP_TIME_COMPILE_METRICS))
-    across_backends: bool = key(
-        "also judge a candidate whose refrun.backend differs from the references' (default "
-        "false: not_applicable, a time ratio between frameworks says nothing about a "
-        "migration)", False)
-    low_quantile: float | None = key(
-        "judge the ratio of this low quantile of the steady step times (e.g. 0.05: the "
-        "fastest 5 % of the steps) instead of the medians' (reported too): other processes "
-        "on the machine only add time, so the fastest steps measure the code and the "
-        "median measures the machine as well. Default: the median", None, gt=0, le=0.5)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Cost(Criterion):
-    KIND: ClassVar[str] = "cost"
-    DOC: ClassVar[str] = ("cost per run = hours x price per hour ([prices]); candidate / mean "
-                          "reference cost <= max_ratio and/or candidate cost <= max_cost")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("max_ratio", "max_cost"),)
-
-    max_ratio: float | None = key("largest allowed cost ratio", None, gt=0)
-    max_cost: float | None = key("largest allowed candidate cost, in [prices] currency",
-                                 None, ge=0)
-    time_source: str = key("'run_wall': MLflow end - start time of the run; "
-                           "'step_time_sum': sum of perf/step_time_s", "run_wall",
-                           enum=("run_wall", "step_time_sum"))
-
-
-# --- statistical criteria (refrun.acceptance.statistics) --------------------------------
-@dataclass(frozen=True, kw_only=True)
-class Equivalence(Criterion):
-    KIND: ClassVar[str] = "equivalence"
-    DOC: ClassVar[str] = ("two one-sided t-tests (TOST) on a one-point metric: the candidate "
-                          "minus the mean of the reference seeds lies within +-margin (and/or "
-                          "+-rel_margin * |reference mean|) at level alpha; reports the "
-                          "(1 - 2 alpha) confidence interval; needs at least two reference runs")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("margin", "rel_margin"),)
-
-    metric: str = key("metric compared, e.g. 'eval/test_accuracy'")
-    margin: float | None = key("equivalence margin in the metric's units (declared, not "
-                               "estimated)", None, gt=0)
-    rel_margin: float | None = key("equivalence margin relative to |mean of the reference "
-                                   "values|", None, gt=0)
-    alpha: float = key("level of each one-sided test", 0.05, gt=0, le=0.5)
-    statistic: str = key("value of a run: its last finite value, max, min, or mean of its "
-                         "last window_points values", "last",
-                         enum=("last", "max", "min", "final_mean"))
-    window_points: int = key("points averaged by statistic = final_mean", 1, ge=1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Convergence(Criterion):
-    KIND: ClassVar[str] = "convergence"
-    DOC: ClassVar[str] = ("steps to reach a target value, judged with MLPerf Training's "
-                          "reference-convergence-point rule: olympic mean of the reference runs "
-                          "(min and max dropped), one-sided Student t-test at alpha; needs at "
-                          "least three reference runs")
-
-    metric: str = key("metric that reaches the target, e.g. 'eval/val_loss'")
-    target: float = key("target value of the metric")
-    direction: str = key("'at_most': reached when value <= target (a loss); 'at_least': "
-                         "value >= target (an accuracy)", "at_most",
-                         enum=("at_most", "at_least"))
-    side: str = key("'both': fail when significantly faster or slower than the reference; "
-                    "'faster': only significantly faster (MLPerf's check)", "both",
-                    enum=("both", "faster"))
-    alpha: float = key("level of the one-sided t-test (MLPerf: 0.05)", 0.05, gt=0, le=0.5)
-    samples_per_step: float | None = key("report samples instead of steps (steps x this); "
-                                         "the test is the same", None, gt=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Gradcheck(Criterion):
-    KIND: ClassVar[str] = "gradcheck"
-    DOC: ClassVar[str] = ("every gradient-check run recorded for the candidate (role "
-                          "gradcheck, tag refrun.gradcheck.candidate = the candidate's run id, "
-                          "refrun.gradcheck.record) finished and passed; a candidate without "
-                          "one fails")
-
-    labels: list[str] = key("labels of checks that must be among those recorded (and "  # noqa: RUF009
-                            "passed), e.g. 'parity/loss'; default: any", [])
-
-
-@dataclass(frozen=True, kw_only=True)
-class Paired(Criterion):
-    KIND: ClassVar[str] = "paired"
-    DOC: ClassVar[str] = ("a port of one reference seed (same seed, initial weights and data "
-                          "order; tag refrun.pair.seed or refrun accept --pair) against that "
-                          "seed's run: the running max of |candidate - reference| stays within "
-                          "max_ratio x the known-good pairs' divergence at every step "
-                          "(refrun.acceptance.paired); not applicable to a candidate that "
-                          "declares no pair, not evaluable when its declared pair is missing")
-
-    metric: str = key("per-step metric compared with the same-seed reference", schema.M_LOSS)
-    band_steps: list[int] = key("steps of the known-good envelope's knots, increasing "  # noqa: RUF009
-                                "(written by refrun calibrate)", min_items=1)
-    band_values: list[float] = key("known-good divergence (running max of |diff|, metric "  # noqa: RUF009
-                                   "units) from each knot's step on", min_items=1, gt=0)
-    max_ratio: float = key("largest allowed ratio of the candidate's divergence to the "
-                           "known-good envelope at the same step", gt=1)
-
-
-CRITERION_KINDS: dict[str, type[Criterion]] = {
-    c.KIND: c for c in (Closeness, Envelope, Claim, Hardware, Fallback, Compilation,
-                        HostTransfers, Utilization, StepTime, Cost, Equivalence, Convergence,
-                        Gradcheck, Paired)
-}
+# --- criteria: the kinds (refrun.acceptance.kinds, each model beside its check) ---------
+CRITERION_KINDS: dict[str, type[Criterion]] = KINDS
 
 
 # --- stopping rules -------------------------------------------------------------------
@@ -686,18 +391,10 @@ class _Validator:
         return out
 
     def semantic(self, obj: Any, kp: tuple[Any, ...]) -> None:
-        """Cross-field rules the per-key constraints cannot state."""
-        over = getattr(obj, "over", None)
-        metric = getattr(obj, "metric", "")
-        if over == "eval_points" and not metric.startswith(schema.EVAL_PREFIX):
-            self.fail((*kp, "over"), f"'eval_points' needs an evaluation metric "
-                      f"({schema.EVAL_PREFIX}<name>), got metric {metric!r}", obj.id)
-        if isinstance(obj, Paired):
-            if len(obj.band_steps) != len(obj.band_values):
-                self.fail((*kp, "band_values"), f"has {len(obj.band_values)} values for "
-                          f"{len(obj.band_steps)} band_steps", obj.id)
-            if any(b <= a for a, b in zip(obj.band_steps, obj.band_steps[1:], strict=False)):
-                self.fail((*kp, "band_steps"), "must be strictly increasing", obj.id)
+        """Cross-field rules the per-key constraints cannot state: the kind's own
+        (:meth:`Criterion.problems`), then those of every criterion."""
+        for sub, msg in (obj.problems() if isinstance(obj, Criterion) else []):
+            self.fail((*kp, *sub), msg, obj.id)
         if isinstance(obj, Criterion) and not obj.id.strip():
             self.fail((*kp, "id"), "must not be empty")
         if isinstance(obj, Criterion) and obj.backends is not None:

@@ -62,13 +62,6 @@ from typing import Any
 import numpy as np
 
 from refrun import schema
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_APPLICABLE,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
 from refrun.comparison import RunData, resolve_series
 from refrun.errors import RefrunInputError
 from refrun.pairing import declares_pair, is_known_good
@@ -368,74 +361,7 @@ def known_good_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
     return [r.info.run_id for r in _search(flt, tracking_uri) if is_known_good(r.data.tags)]
 
 
-# --- the check ---------------------------------------------------------------------------------
-# The check receives a refrun.acceptance.criteria.Paired and a refrun.acceptance.checks
-# .Context; typed Any so that this module imports neither (checks imports it: no cycle).
-def _result(c: Any, outcome: str, reason: str, ev: dict[str, Any] | None = None
-            ) -> CriterionResult:
-    return CriterionResult(id=c.id, level=c.level, kind=c.KIND, outcome=outcome,
-                           reason=reason, evidence=ev or {}, metric=c.metric,
-                           description=c.description)
-
-
 NO_PAIR = "no same-seed pair"
-
-
-def _fnum(x: float | None) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
-
-
-def check(c: Any, ctx: Any) -> CriterionResult:
-    """``paired``: the candidate's divergence from its same-seed reference, ``D(t)``,
-    inside ``max_ratio x`` the known-good envelope at every compared step.
-
-    Outcomes: *not_applicable* when the candidate declares no pair (it is not a port of
-    one seed: the criterion's precondition does not hold; the reason and an assessment
-    warning say so in one line); *not_evaluable* when it declares one that cannot be
-    found (missing, ambiguous) or that lacks the metric (a gap in the evidence, never a
-    pass); otherwise *pass* / *fail*, the evidence naming where the pair first diverged."""
-    lookup = ctx.pair if ctx.pair is not None else pair_among(ctx.candidate, ctx.references)
-    ev: dict[str, Any] = {"pair": lookup.to_dict(), "max_ratio": c.max_ratio,
-                          "band_first_step": c.band_steps[0],
-                          "band_last_step": c.band_steps[-1]}
-    if not lookup.declared:
-        return _result(c, NOT_APPLICABLE, f"{NO_PAIR}: candidate {ctx.candidate.run_id} "
-                       f"declares none ({schema.TAG_PAIR_SEED} / {schema.TAG_PAIR_REFERENCE} "
-                       "tag, or refrun accept --pair ID), so it is not judged against one seed",
-                       ev)
-    if lookup.run is None:
-        why = lookup.problem or "the pair was not looked up in a store"
-        return _result(c, NOT_EVALUABLE, f"{NO_PAIR} found for candidate "
-                       f"{ctx.candidate.run_id} ({lookup.declared}): {why}", ev)
-    div = pair_divergence(lookup.run, ctx.candidate, c.metric, ctx.keep)
-    if div is None or not len(div.steps):
-        who = lookup.run.run_id if c.metric not in lookup.run.metric_names else \
-            ctx.candidate.run_id
-        return _result(c, NOT_EVALUABLE, f"no common step of {c.metric!r} between the "
-                       f"candidate and its pair {lookup.run.run_id}" if div is not None else
-                       f"metric {c.metric!r} not recorded in run {who}", ev)
-    j = judge(div, c.band_steps, c.band_values, c.max_ratio)
-    ev.update({"pair_run": lookup.run.run_id, "pair_seed": lookup.run.seed,
-               "steps_compared": j.steps_compared, "first_step": j.first_step,
-               "last_step": j.last_step,
-               schema.EV_FIRST_DIVERGENCE_STEP: j.first_divergence_step,
-               "divergence_at_first": j.divergence_at_first, "band_at_first": j.band_at_first,
-               "steps_outside": j.steps_outside, "fraction_outside": j.fraction_outside,
-               "max_ratio_observed": j.max_ratio_observed,
-               "step_of_max_ratio": j.step_of_max_ratio,
-               "divergence_at_last": j.divergence_at_last, "band_at_last": j.band_at_last,
-               "steps_beyond_band": j.steps_beyond_band})
-    pair = f"pair {lookup.run.run_id} (seed {lookup.run.seed})"
-    if j.first_divergence_step is None:
-        return _result(c, PASS, f"{pair}: divergence stays within {c.max_ratio:.3g} x the "
-                       f"known-good envelope over {j.steps_compared} steps (at most "
-                       f"{_fnum(j.max_ratio_observed)} x, at step {j.step_of_max_ratio})",
-                       ev)
-    return _result(c, FAIL, f"{pair}: first diverges at step {j.first_divergence_step}: "
-                   f"|diff| so far {_fnum(j.divergence_at_first)} > band "
-                   f"{_fnum(j.band_at_first)} ({c.max_ratio:.3g} x the known-good "
-                   f"envelope); outside at {j.steps_outside}/{j.steps_compared} steps, up to "
-                   f"{_fnum(j.max_ratio_observed)} x", ev)
 
 
 # --- calibration: the band from known-good evidence ---------------------------------------------

@@ -187,7 +187,8 @@ RENDER_JS = """
       var keys = Object.keys(o);
       if (keys.length === 1 && keys[0] === 'pool' && typeof o.pool === 'number') {
         var p = pool[o.pool], copy = {};
-        Object.keys(p).forEach(function (k) { copy[k] = p[k]; });
+        if (Array.isArray(p)) { return p.slice(); }  // hover text, labels
+        Object.keys(p).forEach(function (k) { copy[k] = p[k]; });  // a typed array
         return copy;
       }
       var out = {};

@@ -1,0 +1,103 @@
+"""Criterion kind ``paired``: its TOML model and its check, side by side (the pair
+lookup, divergence and band arithmetic are :mod:`refrun.acceptance.paired`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from refrun import schema
+from refrun.acceptance import paired as pairs
+from refrun.acceptance import runview as rv
+from refrun.acceptance.checks import Context, result
+from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.results import (
+    FAIL,
+    NOT_APPLICABLE,
+    NOT_EVALUABLE,
+    PASS,
+    CriterionResult,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Paired(Criterion):
+    KIND: ClassVar[str] = "paired"
+    DOC: ClassVar[str] = ("a port of one reference seed (same seed, initial weights and data "
+                          "order; tag refrun.pair.seed or refrun accept --pair) against that "
+                          "seed's run: the running max of |candidate - reference| stays within "
+                          "max_ratio x the known-good pairs' divergence at every step "
+                          "(refrun.acceptance.paired); not applicable to a candidate that "
+                          "declares no pair, not evaluable when its declared pair is missing")
+
+    metric: str = key("per-step metric compared with the same-seed reference", schema.M_LOSS)
+    band_steps: list[int] = key("steps of the known-good envelope's knots, increasing "  # noqa: RUF009
+                                "(written by refrun calibrate)", min_items=1)
+    band_values: list[float] = key("known-good divergence (running max of |diff|, metric "  # noqa: RUF009
+                                   "units) from each knot's step on", min_items=1, gt=0)
+    max_ratio: float = key("largest allowed ratio of the candidate's divergence to the "
+                           "known-good envelope at the same step", gt=1)
+
+    def check(self, ctx: Context) -> CriterionResult:
+        return paired(self, ctx)
+
+    def problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        if len(self.band_steps) != len(self.band_values):
+            return [(("band_values",), f"has {len(self.band_values)} values for "
+                     f"{len(self.band_steps)} band_steps")]
+        if any(b <= a for a, b in zip(self.band_steps, self.band_steps[1:], strict=False)):
+            return [(("band_steps",), "must be strictly increasing")]
+        return []
+
+
+def paired(c: Paired, ctx: Context) -> CriterionResult:
+    """``paired``: the candidate's divergence from its same-seed reference, ``D(t)``,
+    inside ``max_ratio x`` the known-good envelope at every compared step.
+
+    Outcomes: *not_applicable* when the candidate declares no pair (it is not a port of
+    one seed: the criterion's precondition does not hold; the reason and an assessment
+    warning say so in one line); *not_evaluable* when it declares one that cannot be
+    found (missing, ambiguous) or that lacks the metric (a gap in the evidence, never a
+    pass); otherwise *pass* / *fail*, the evidence naming where the pair first diverged."""
+    lookup = ctx.pair if ctx.pair is not None else pairs.pair_among(ctx.candidate, ctx.references)
+    ev: dict[str, Any] = {"pair": lookup.to_dict(), "max_ratio": c.max_ratio,
+                          "band_first_step": c.band_steps[0],
+                          "band_last_step": c.band_steps[-1]}
+    if not lookup.declared:
+        return result(c, NOT_APPLICABLE, f"{pairs.NO_PAIR}: candidate {ctx.candidate.run_id} "
+                      f"declares none ({schema.TAG_PAIR_SEED} / {schema.TAG_PAIR_REFERENCE} "
+                      "tag, or refrun accept --pair ID), so it is not judged against one seed",
+                      ev)
+    if lookup.run is None:
+        why = lookup.problem or "the pair was not looked up in a store"
+        return result(c, NOT_EVALUABLE, f"{pairs.NO_PAIR} found for candidate "
+                      f"{ctx.candidate.run_id} ({lookup.declared}): {why}", ev)
+    div = pairs.pair_divergence(lookup.run, ctx.candidate, c.metric, ctx.keep)
+    if div is None or not len(div.steps):
+        who = lookup.run.run_id if c.metric not in lookup.run.metric_names else \
+            ctx.candidate.run_id
+        return result(c, NOT_EVALUABLE, f"no common step of {c.metric!r} between the "
+                      f"candidate and its pair {lookup.run.run_id}" if div is not None else
+                      f"metric {c.metric!r} not recorded in run {who}", ev)
+    j = pairs.judge(div, c.band_steps, c.band_values, c.max_ratio)
+    ev.update({"pair_run": lookup.run.run_id, "pair_seed": lookup.run.seed,
+               "steps_compared": j.steps_compared, "first_step": j.first_step,
+               "last_step": j.last_step,
+               schema.EV_FIRST_DIVERGENCE_STEP: j.first_divergence_step,
+               "divergence_at_first": j.divergence_at_first, "band_at_first": j.band_at_first,
+               "steps_outside": j.steps_outside, "fraction_outside": j.fraction_outside,
+               "max_ratio_observed": j.max_ratio_observed,
+               "step_of_max_ratio": j.step_of_max_ratio,
+               "divergence_at_last": j.divergence_at_last, "band_at_last": j.band_at_last,
+               "steps_beyond_band": j.steps_beyond_band})
+    pair = f"pair {lookup.run.run_id} (seed {lookup.run.seed})"
+    if j.first_divergence_step is None:
+        return result(c, PASS, f"{pair}: divergence stays within {c.max_ratio:.3g} x the "
+                      f"known-good envelope over {j.steps_compared} steps (at most "
+                      f"{rv.fnum(j.max_ratio_observed)} x, at step {j.step_of_max_ratio})",
+                      ev)
+    return result(c, FAIL, f"{pair}: first diverges at step {j.first_divergence_step}: "
+                  f"|diff| so far {rv.fnum(j.divergence_at_first)} > band "
+                  f"{rv.fnum(j.band_at_first)} ({c.max_ratio:.3g} x the known-good "
+                  f"envelope); outside at {j.steps_outside}/{j.steps_compared} steps, up to "
+                  f"{rv.fnum(j.max_ratio_observed)} x", ev)

@@ -1,0 +1,141 @@
+"""Criterion kind ``step_time``: its TOML model and its check, side by side."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from refrun import identity, schema
+from refrun.acceptance import runview as rv
+from refrun.acceptance.checks import (
+    Context,
+    missing_in,
+    result,
+)
+from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.results import (
+    FAIL,
+    NOT_APPLICABLE,
+    NOT_EVALUABLE,
+    PASS,
+    CriterionResult,
+)
+from refrun.comparison import RunData, step_time_ratio
+from refrun.comparison.measures import steady_points
+from refrun.thinning import sorted_unique
+
+
+def _backend_key(run: RunData) -> str | None:
+    b = run.backend
+    # Alias-aware (a stored "torch-xla" is torch_xla): refrun.identity's vocabulary.
+    return (identity.canonical_backend(b) or b.strip().lower()) if b and b.strip() else None
+
+
+def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:
+    """Steps at which one of the per-step compilation counters ``metrics`` is > 0."""
+    hit = [r.steps[r.values > 0] for r in (rv.resolved(run, m, keep) for m in metrics)
+           if r is not None]
+    return sorted_unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
+
+
+def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], keep: str,
+                      start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(steps, seconds, compilation steps left out)``: the run's steady step times
+    (:func:`refrun.comparison.measures.steady_points`: finite, at steps >= ``start``, the
+    warm-up end) without its compilation steps (a step where a ``compile_metrics``
+    counter moved)."""
+    r = rv.resolved(run, metric, keep)
+    if r is None:
+        return np.empty(0, dtype=np.int64), np.empty(0), 0
+    comp = compile_steps(run, compile_metrics, keep) if compile_metrics else None
+    return steady_points(r.steps, r.values, start, comp)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime(Criterion):
+    KIND: ClassVar[str] = "step_time"
+    DOC: ClassVar[str] = ("median (or low_quantile) step time after warm-up, candidate / "
+                          "reference (pooled reference runs) <= max_ratio")
+
+    max_ratio: float = key("largest allowed ratio (> 1: the candidate is slower)", gt=0)
+    metric: str = key("step-time metric, seconds", schema.M_STEP_TIME)
+    warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
+    compile_metrics: list[str] = key(  # noqa: RUF009
+        "per-step compilation counters: a step where one of them is > 0 is a compilation "
+        "step, left out of the median of every run ([] keeps every step)",
+        list(schema.STEP_TIME_COMPILE_METRICS))
+    across_backends: bool = key(
+        "also judge a candidate whose refrun.backend differs from the references' (default "
+        "false: not_applicable, a time ratio between frameworks says nothing about a "
+        "migration)", False)
+    low_quantile: float | None = key(
+        "judge the ratio of this low quantile of the steady step times (e.g. 0.05: the "
+        "fastest 5 % of the steps) instead of the medians' (reported too): other processes "
+        "on the machine only add time, so the fastest steps measure the code and the "
+        "median measures the machine as well. Default: the median", None, gt=0, le=0.5)
+
+    def check(self, ctx: Context) -> CriterionResult:
+        return step_time(self, ctx)
+
+
+def step_time(c: StepTime, ctx: Context) -> CriterionResult:
+    """Steady-state median step time, candidate / reference (reference points of all
+    reference runs pooled) <= ``max_ratio``.  Steady: steps >= warm-up end that are no
+    compilation step (``compile_metrics`` moved).  Same backend only unless
+    ``across_backends``: a ratio between frameworks is ``not_applicable``."""
+    missing = missing_in(ctx, c.metric)
+    if missing:
+        return result(c, NOT_EVALUABLE, missing)
+    cand_b = _backend_key(ctx.candidate)
+    ref_b = sorted({_backend_key(r) or "?" for r in ctx.references})
+    scope = {"candidate_backend": ctx.candidate.backend, "reference_backends": ref_b,
+             "across_backends": c.across_backends}
+    if not c.across_backends:
+        if cand_b is None or "?" in ref_b:
+            return result(c, NOT_EVALUABLE, f"cannot tell whether the candidate and the "
+                          f"references share a backend (a run has no {schema.TAG_BACKEND} "
+                          "tag); set across_backends = true to compare anyway", scope)
+        if ref_b != [cand_b]:
+            return result(c, NOT_APPLICABLE, f"candidate backend {ctx.candidate.backend!r} "
+                          f"differs from the references' ({', '.join(ref_b)}): a step-time "
+                          "ratio between frameworks says nothing about the migration "
+                          "(across_backends = true to judge it anyway)", scope)
+    spans = [rv.resolved(r, c.metric, ctx.keep) for r in [*ctx.references, ctx.candidate]]
+    all_steps = np.concatenate([rv.finite(s).steps for s in spans if s is not None])
+    if not len(all_steps):
+        return result(c, NOT_EVALUABLE, f"no finite {c.metric!r} values")
+    start = ctx.warmup(np.array([all_steps.min(), all_steps.max()]), c.warmup_steps)
+    refs = [steady_step_times(r, c.metric, c.compile_metrics, ctx.keep, start)
+            for r in ctx.references]
+    cand = steady_step_times(ctx.candidate, c.metric, c.compile_metrics, ctx.keep, start)
+    m = step_time_ratio(np.concatenate([s[0] for s in refs]),
+                        np.concatenate([s[1] for s in refs]), cand[0], cand[1], start)
+    ev = {**scope, "warmup_end_step": start, "reference_median_s": m.reference_median,
+          "candidate_median_s": m.candidate_median, "reference_n": m.reference_n,
+          "candidate_n": m.candidate_n, "ratio": m.ratio, "max_ratio": c.max_ratio,
+          "compile_steps_excluded": {"candidate": cand[2],
+                                     "references": int(sum(s[2] for s in refs))}}
+    if m.ratio is None:
+        return result(c, NOT_EVALUABLE, f"no steady {c.metric!r} value after step {start} "
+                      f"(reference n={m.reference_n}, candidate n={m.candidate_n})", ev)
+    tail = f"({cand[2]} compilation step(s) of the candidate left out)"
+    if c.low_quantile is None:
+        ok = m.ratio <= c.max_ratio
+        return result(c, PASS if ok else FAIL,
+                      f"steady median step time {rv.fnum(m.candidate_median)} s vs "
+                      f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
+                      f"{'<=' if ok else '>'} {c.max_ratio:g} {tail}", ev)
+    ref_low = float(np.quantile(np.concatenate([s[1] for s in refs]), c.low_quantile))
+    cand_low = float(np.quantile(cand[1], c.low_quantile))
+    low = cand_low / ref_low if ref_low > 0 else math.inf
+    ok = low <= c.max_ratio
+    ev.update(low_quantile=c.low_quantile, reference_low_s=ref_low, candidate_low_s=cand_low,
+              low_quantile_ratio=low, judged_ratio=low)
+    return result(c, PASS if ok else FAIL,
+                  f"fastest {c.low_quantile:.0%} of the steady steps "
+                  f"{rv.fnum(cand_low)} s vs {rv.fnum(ref_low)} s: ratio {low:.3f} "
+                  f"{'<=' if ok else '>'} {c.max_ratio:g} (medians {rv.fnum(m.candidate_median)} "
+                  f"s vs {rv.fnum(m.reference_median)} s, ratio {m.ratio:.3f}) {tail}", ev)
