@@ -12,7 +12,7 @@ Checks, each printed as ok/FAIL with the numbers behind it:
 3. step times come from CUDA events (``refrun.perf.step_time_kind = cuda_event``) and
    agree with an independent measure: the same steps timed with synchronize + wall clock;
 4. placement tags say cuda and carry no warning; a CPU copy of the model under
-   ``expect_device="cuda"`` does warn;
+   ``hardware="cuda"`` does warn;
 5. NVML sampling: ``sys/gpu<i>_*`` metrics recorded against training steps, values in
    range, sampler cost per sample.
 Exit status 1 if any check fails, 0 otherwise (and 0 with a message when there is no GPU).
@@ -103,7 +103,7 @@ def main() -> int:
 
     run = refrun.start_run("gpu-check", "reference", hardware="cuda", backend="torch",
                            tracking_uri=uri, spool_dir=tmp / "spool")
-    probe = refrun.torch.instrument(run, model=model, optimizer=opt, expect_device="cuda",
+    probe = refrun.torch.instrument(run, model=model, optimizer=opt, hardware="cuda",
                                     sample_interval_s=0.05)
     own_losses, own_bf16 = [], []
     error = None
@@ -166,14 +166,14 @@ def main() -> int:
     run2 = refrun.start_run("gpu-check", "reference", hardware="cuda", tracking_uri=uri,
                             spool_dir=tmp / "spool", snapshot_environment=False)
     p2 = refrun.torch.instrument(run2, model=cpu_model, optimizer=cpu_opt,
-                                 expect_device="cuda", monitors=None)
+                                 hardware="cuda", monitors=None)
     with p2.step(0):
         loss, _ = train_step(cpu_model, cpu_opt, cpu_x)
         p2.log(loss=loss)
     p2.close()
     run2.close()
     warning = client.get_run(run2.run_id).data.tags.get(schema.TAG_PLACEMENT_WARNING)
-    check("CPU model under expect_device=cuda warns", bool(warning), str(warning))
+    check("CPU model under hardware=cuda warns", bool(warning), str(warning))
 
     gpu_metrics = sorted(m for m in df.metric.unique() if m.startswith("sys/gpu"))
     check("NVML metrics recorded", bool(gpu_metrics), ", ".join(gpu_metrics))

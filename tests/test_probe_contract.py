@@ -38,7 +38,8 @@ def test_every_backend_applies_the_same_rule_to_host() -> None:
     """``hardware="host"`` was CPU for torch and XLA but an accelerator for JAX."""
     import jax.numpy as jnp
 
-    from refrun.probes.jax import placement_problem, placement_summary
+    from refrun.probes.jax import placement_summary
+    from refrun.probes.jax import placement_warnings as jax_placement
     from refrun.probes.torch import normalise_expected
     from refrun.probes.xla import placement_warnings
 
@@ -46,23 +47,47 @@ def test_every_backend_applies_the_same_rule_to_host() -> None:
     for name in ("host", "cpu", "none"):
         assert normalise_expected(None, name) is None  # torch: no accelerator expected
         assert placement_warnings(name, "CPU", {}) == []  # xla: no family mismatch
-        assert placement_problem(name, "cpu", parts) is None  # jax: no warning
+        assert jax_placement(name, "cpu", parts) == []  # jax: no warning
     assert normalise_expected(None, "a100") == "accelerator"
     assert placement_warnings("a100", "CPU", {})
-    assert placement_problem("a100", "cpu", parts)
+    assert jax_placement("a100", "cpu", parts)
 
 
-def test_the_same_defaults_for_every_backend() -> None:
+def test_the_same_options_for_every_backend() -> None:
+    """One option set (ProbeOptions): the same names and defaults for every backend, the
+    same validation (jax validated none of them), the old torch name an alias."""
     import refrun.jax
     import refrun.torch
     import refrun.xla
+    from refrun.errors import RefrunInputError
+    from refrun.probes.options import ProbeOptions
 
+    opts = ProbeOptions()
+    assert (opts.recheck_every, opts.monitors, opts.warmup_steps, opts.sample_interval_s,
+            opts.hardware) == (DEFAULT_RECHECK_EVERY, "auto", 5, 1.0, None)
     for mod in (refrun.torch, refrun.xla, refrun.jax):
         params = inspect.signature(mod.instrument).parameters
-        assert params["recheck_every"].default == DEFAULT_RECHECK_EVERY, mod.__name__
-        assert params["monitors"].default == "auto", mod.__name__
-        assert params["warmup_steps"].default == 5, mod.__name__
-        assert params["sample_interval_s"].default == 1.0, mod.__name__
+        assert params["options"].default is None, mod.__name__
+        assert not {"warmup_steps", "hardware", "monitors"} & set(params), mod.__name__
+        for bad, match in (({"warmup_steps": -1}, "warmup_steps: expected an integer"),
+                           ({"sample_interval_s": 0}, "sample_interval_s: expected seconds"),
+                           ({"recheck_every": 1.5}, "recheck_every: expected an integer"),
+                           ({"monitors": "all"}, "monitors: 'all'")):
+            with pytest.raises(RefrunInputError, match=match):
+                mod.instrument(None, **bad)
+        with pytest.raises(TypeError, match="old name of 'hardware'"):
+            mod.instrument(None, hardware="cpu", expect_device="cpu")
+        with pytest.raises(TypeError, match="not both"):
+            mod.instrument(None, options=opts, warmup_steps=2)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'warmup'"):
+            mod.instrument(None, warmup=2)
+    # torch's hardware: a device (its old expect_device values) or a hardware name.
+    from refrun.probes.torch import normalise_expected
+
+    assert [normalise_expected(h, "cpu") for h in ("cuda:1", "accelerator", "a100", "host")
+            ] == ["cuda:1", "accelerator", "accelerator", "cpu"]
+    with pytest.raises(RefrunInputError, match="hardware: 'a 100!'"):
+        normalise_expected("a 100!", None)
 
 
 class _Summarising(BackendBase):

@@ -428,9 +428,14 @@ def test_sweep_page_labels_every_candidate_and_draws_a_section_when_opened(  # t
         page.screenshot(path=str(ARTIFACTS / "report-sweep-matrix.png"))
         page.click(f"#candidate-matrix a[href='{rows[5]['href']}']")
         section = page.locator(rows[5]["href"])
-        page.wait_for_selector(f"{rows[5]['href']}[data-rendered]", state="attached",
+        # 'pending' while the embedded (gzip-compressed) plotly.js is decompressed.
+        page.wait_for_selector(f"{rows[5]['href']}[data-rendered]:not("
+                               "[data-rendered='pending'])", state="attached",
                                timeout=60_000)
         assert section.get_attribute("data-rendered") == "true"
+        # ... drawn by plotly.js decompressed from under half its 4.6 MB.
+        assert page.evaluate("document.getElementById('refrun-plotlyjs').textContent"
+                             ".length") < 2_300_000
         plots = section.locator(".plot")
         assert plots.count() > 0
         # Every figure of the section drawn, with the shared arrays resolved: the curves
@@ -440,6 +445,14 @@ def test_sweep_page_labels_every_candidate_and_draws_a_section_when_opened(  # t
               t.x ? (t.x.length || 0) : 0))""")
         assert all(len(traces) > 0 for traces in drawn), drawn
         assert max(max(t) for t in drawn) == 2000
+        # The heatmap's hover text comes from the pool as an array of rows (one per
+        # metric) of step ranges, not as an object.
+        hover = page.evaluate(f"""() => Array.from(document.querySelectorAll(
+            '{rows[5]['href']} .plot')).flatMap(el => (el.data || []).filter(t =>
+              t.type === 'heatmap').map(t => [Array.isArray(t.customdata),
+              t.customdata.length, t.y.length, String(t.customdata[0][0])]))""")
+        assert hover and all(h[0] and h[1] == h[2] and h[3].startswith("0–")
+                             for h in hover), hover
         others = page.locator("details.candidate:not([data-rendered]) .main-svg").count()
         assert others == 0 and page.locator("details.candidate[data-rendered]").count() == 1
         assert visit.console_errors == []

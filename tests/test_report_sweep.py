@@ -69,11 +69,17 @@ def test_pool_is_lossless_and_shares_the_references() -> None:
     groups = [rep.figures[i * n:(i + 1) * n] for i in range(3)]
     pool, blocks = _figure_blocks(groups)
     assert pool, "the references' curves are shared by the candidates' figures"
+    # So is the departure heatmap's hover text (every bin's step range: the same for
+    # every candidate of the same steps), a plain array rather than a typed one.
+    assert any(not isinstance(p, dict) and str(np.ravel(json.loads(_text(p)))[0]) == "0–12"
+               for p in pool)
+
+    pooled_json = json.loads(_text(pool))  # as the page holds it
 
     def resolve(o):  # the page script's rule, in Python
         if isinstance(o, dict):
             if set(o) == {"pool"}:
-                return pool[o["pool"]]
+                return pooled_json[o["pool"]]
             return {k: resolve(v) for k, v in o.items()}
         if isinstance(o, list):
             return [resolve(v) for v in o]

@@ -19,19 +19,12 @@ Importing this module does not import ``torch_xla``; :func:`instrument` does.  S
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from refrun.errors import RefrunInputError
-from refrun.probes.base import (
-    DEFAULT_RECHECK_EVERY,
-    DEFAULT_SAMPLE_INTERVAL_S,
-    DEFAULT_WARMUP_STEPS,
-    Monitor,
-    Probe,
-)
-from refrun.probes.hardware import declared_hardware
+from refrun.probes.base import Probe
+from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
+from refrun.probes.options import ProbeOptions, probe_options
 
 if TYPE_CHECKING:
     from refrun import RunSession
@@ -43,53 +36,53 @@ def instrument(
     model: Any = None,
     optimizer: Any = None,
     device: Any = None,
-    hardware: str | None = None,
-    warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    options: ProbeOptions | None = None,
     tpu_monitor: bool = True,
-    monitors: Sequence[Monitor] | str | None = "auto",
-    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
-    recheck_every: int = DEFAULT_RECHECK_EVERY,
+    **keywords: Any,
 ) -> Probe:
     """A :class:`refrun.probes.base.Probe` recording a PyTorch/XLA training loop into ``run``.
 
     ``model`` / ``optimizer``: used for device truth and placement only (never modified).
     ``device``: the XLA device (default: the first XLA parameter's, else ``torch_xla.device()``).
-    ``hardware``: the hardware the run is meant to use (default: the run's ``refrun.hardware``
-    tag); a run declaring a TPU or GPU that executes on the CPU gets a placement warning.
-    ``warmup_steps``: steps excluded from the steady-state statistics and from the
+    ``options``: the :class:`~refrun.probes.options.ProbeOptions` every probe takes
+    (``hardware``, ``warmup_steps``, ``monitors``, ``sample_interval_s``,
+    ``recheck_every``), or the same fields as keywords; ``warmup_steps`` also bounds the
     "compilations after warm-up" count of the end-of-run summary.
     ``tpu_monitor``: with ``monitors="auto"``, also sample TPU duty cycle / HBM where a
     source answers (off elsewhere).
-    ``monitors``: ``"auto"`` (psutil, NVML where available, TPU as above: the same
-    ``sys/*`` metrics as every backend), None, or a list.
-    ``recheck_every``: steps between placement re-checks (0: at start and close only).
 
     Raises :class:`RefrunInputError` for a ``model`` that is not a ``torch.nn.Module``,
-    an ``optimizer`` that is not a ``torch.optim.Optimizer``, or a negative count.
+    an ``optimizer`` that is not a ``torch.optim.Optimizer``, or a bad option.
     """
+    opts = probe_options(options, keywords, f"{__name__}.instrument")
     import torch
 
+    from refrun.probes.torch import check_torch_objects
     from refrun.probes.tpu_monitor import TpuMonitor
     from refrun.probes.xla import XlaBackend
 
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise RefrunInputError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise RefrunInputError("optimizer: expected a torch.optim.Optimizer, got "
-                               f"{type(optimizer).__name__}")
-    for key, val in (("warmup_steps", warmup_steps), ("recheck_every", recheck_every)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
-            raise RefrunInputError(f"{key}: expected an integer >= 0, got {val!r}")
-    if not sample_interval_s > 0:
-        raise RefrunInputError(f"sample_interval_s: must be > 0, got {sample_interval_s!r}")
-    if hardware is None:
-        hardware = declared_hardware(run)
+    check_torch_objects(model, optimizer)
     backend = XlaBackend(model=model, optimizer=optimizer, device=device,
-                         declared_hardware=hardware, warmup_steps=warmup_steps)
+                         declared_hardware=opts.declared(run), warmup_steps=opts.warmup_steps)
     own = [lambda: TpuMonitor.create(backend.device)] if tpu_monitor else []
-    all_monitors = resolve_monitors(monitors, own)
-    return Probe(run, backend, warmup_steps=warmup_steps, monitors=all_monitors,
-                 sample_interval_s=sample_interval_s, recheck_every=recheck_every)
+    all_monitors = resolve_monitors(opts.monitors, own)
+    warn_if_not_a_job(run, _process_count(torch), "the XLA runtime's process count")
+    return Probe(run, backend, warmup_steps=opts.warmup_steps, monitors=all_monitors,
+                 sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
 
 
-__all__ = ["instrument"]
+def _process_count(torch: Any) -> int:
+    # torch.distributed when the job initialised it (the xla backend or gloo), else the
+    # PJRT runtime's process count (not world_size(): that counts devices under SPMD, one
+    # process driving four chips is not a job of four); 1 when unknown.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_world_size())
+    try:
+        import torch_xla.runtime as xr
+
+        return int(xr.process_count())
+    except Exception:  # an older torch_xla or a runtime that cannot say: no warning
+        return 1
+
+
+__all__ = ["ProbeOptions", "instrument"]

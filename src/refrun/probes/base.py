@@ -90,7 +90,8 @@ class Backend(Protocol):
         """Cumulative counters keyed by schema metric names (``compile/graphs`` ...)."""
 
     def describe(self) -> Mapping[str, Any]:
-        """Device truth and placement, recorded as tags at start and at close."""
+        """Device truth and placement, recorded as tags at start and at close; placement
+        problems as a list of sentences under ``schema.TAG_PLACEMENT_WARNING``."""
 
     def close(self) -> None:
         """Remove listeners/hooks the backend installed."""
@@ -558,5 +559,12 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str
 
 
 def _describe_tags(desc: Mapping[str, Any]) -> dict[str, Any]:
-    """Backend description keys are schema tag names already, or get ``refrun.`` prefixed."""
-    return {(k if k.startswith(schema.PREFIX) else schema.PREFIX + k): v for k, v in desc.items()}
+    """Backend description keys are schema tag names already, or get ``refrun.`` prefixed.
+    Placement problems come from every backend in one shape, a list of sentences under
+    ``TAG_PLACEMENT_WARNING`` (empty: none); the tag is their ``"; "``-joined text."""
+    tags = {(k if k.startswith(schema.PREFIX) else schema.PREFIX + k): v
+            for k, v in desc.items()}
+    problems = tags.pop(schema.TAG_PLACEMENT_WARNING, None) or []
+    if problems:
+        tags[schema.TAG_PLACEMENT_WARNING] = "; ".join(problems)
+    return tags

@@ -65,7 +65,7 @@ import numpy as np
 
 from refrun import schema
 from refrun.probes import host_reads
-from refrun.probes.base import BackendBase
+from refrun.probes.base import BackendBase, Probe
 from refrun.probes.hardware import is_accelerator
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -485,19 +485,21 @@ def placement_summary(tree: Any, max_shardings: int = 8) -> dict[str, Any]:
 declares_accelerator = is_accelerator  # the one rule (refrun.probes.hardware)
 
 
-def placement_problem(declared: str | None, backend: str,
-                      parts: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """A one-line warning when an accelerator was declared or is the default backend but
-    JAX or the observed arrays are on the CPU; None when placement is consistent."""
+def placement_warnings(declared: str | None, backend: str,
+                       parts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Sentences for a run that declares an accelerator (or whose default backend is one)
+    but whose JAX backend or observed arrays are on the CPU; empty when placement is
+    consistent (the shape every backend's placement check has)."""
+    out: list[str] = []
     if declares_accelerator(declared) and backend == "cpu":
-        return (f"run declares hardware {declared!r} but JAX runs on the CPU "
-                f"(jax.default_backend() == 'cpu')")
+        out.append(f"run declares hardware {declared!r} but JAX runs on the CPU "
+                   f"(jax.default_backend() == 'cpu')")
     for what, p in parts.items():
         plats = set(p.get("platforms", ()))
         if plats == {"cpu"} and (backend != "cpu" or declares_accelerator(declared)):
-            return (f"{what} live on the CPU while the run declares {declared!r} and the "
-                    f"default JAX backend is {backend!r}")
-    return None
+            out.append(f"{what} live on the CPU while the run declares {declared!r} and the "
+                       f"default JAX backend is {backend!r}")
+    return out
 
 
 # --- the backend ---------------------------------------------------------------------------
@@ -651,9 +653,6 @@ class JaxBackend(BackendBase):
             return "ready+wall"
         return "wall" if self.wall_steps and not self.ready_steps else "ready"
 
-    def placement_warning(self) -> str | None:
-        return placement_problem(self.declared_hardware, jax.default_backend(),
-                                 self.placement)
 
     def describe(self) -> dict[str, Any]:
         devices = jax.devices()
@@ -685,9 +684,8 @@ class JaxBackend(BackendBase):
         }
         if mesh:
             desc[schema.TAG_MESH] = json.dumps(mesh)
-        warning = self.placement_warning()
-        if warning:
-            desc[schema.TAG_PLACEMENT_WARNING] = warning
+        desc[schema.TAG_PLACEMENT_WARNING] = placement_warnings(
+            self.declared_hardware, jax.default_backend(), self.placement)
         peak = memory_peak_bytes()
         if peak is not None:
             desc[schema.TAG_EXEC_MEMORY_PEAK] = peak
@@ -777,3 +775,52 @@ class JaxMemoryMonitor:
 
     def close(self) -> None:
         self.devices = []
+
+
+# --- the probe: pytrees in log(), placement again with observe() -------------------------
+@dataclass
+class JaxProbe(Probe):
+    """A :class:`Probe` whose ``log`` also accepts pytrees (tuples, lists, dataclasses
+    registered with JAX ...) and which can record placement again with :meth:`observe`."""
+
+    def log(self, step: int | None = None, **metrics: Any) -> None:
+        """Record scalars for ``step`` (default: the current step).  Values may be jax
+        arrays of one element, numbers, or pytrees of them; a pytree leaf is named by its
+        path (``grads/0/w``)."""
+        if all(isinstance(v, jax.Array | float | int) for v in metrics.values()):
+            super().log(step, **metrics)  # fast path: nothing to flatten
+            return
+        try:
+            flat = flatten_pytree(metrics)
+        except Exception as exc:
+            self.run.warn_once("jax-log-flatten", f"probe.log: values not recorded: {exc}",
+                               self._step)
+            return
+        super().log(step, **flat)
+
+    def observe(self, **trees: Any) -> None:
+        """Record where ``params=``, ``batch=`` (any pytrees) live; cheap enough for an
+        occasional call, not for every step of a large model (it walks the pytree)."""
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        self._guard(lambda: backend.observe(**trees))
+        self._describe()  # changed tags; a placement warning also becomes a run warning
+
+    def _emit(self, n: int, name: str, value: float) -> None:
+        if isinstance(value, LostValue):
+            self.run.warn_once(f"jax-lost:{name}", f"{name} at step {n} could not be read "
+                               "(its buffer was deleted or donated before it was ready)", n)
+            return
+        super()._emit(n, name, value)
+
+
+def flatten_pytree(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a": (x, {"b": y})}`` -> ``{"a/0": x, "a/1/b": y}``: pytree leaves named by path."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(dict(metrics))
+    return {"/".join(_key_text(k) for k in path): leaf for path, leaf in leaves}
+
+
+def _key_text(k: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k).strip("[].'\"")

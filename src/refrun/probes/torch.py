@@ -32,7 +32,7 @@ What it does inside a training step, and why none of it synchronises the host:
   counts 0.  Only when the model is on CUDA (:class:`CudaSyncCounter`); on the CPU no
   sync exists and no such counter is recorded (tag ``refrun.torch.cuda_syncs`` says which).
 * **Placement**: the devices of parameters, optimizer state and logged tensors, with a
-  warning when an accelerator was expected (``expect_device``, or a non-CPU declared
+  warning when an accelerator was expected (``hardware``, or a non-CPU declared
   hardware) or is present but the model or the logged values live on the CPU.
 
 Pools of pinned buffers and events are reused so a warm step allocates nothing.
@@ -55,11 +55,13 @@ from typing import Any
 import torch
 
 from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.identity import normalize_hardware
 from refrun.probes.base import BackendBase
 from refrun.probes.hardware import is_accelerator
 from refrun.probes.tensors import count_devices, host_float, optimizer_state_tensors
 
-ACCELERATOR = "accelerator"  # expect_device value meaning "any non-CPU device"
+ACCELERATOR = "accelerator"  # hardware value meaning "any non-CPU device"
 
 
 # --- pending values ------------------------------------------------------------------
@@ -335,16 +337,42 @@ def accelerator_present() -> str | None:
         return None
 
 
-def normalise_expected(expect_device: str | None, declared_hardware: str | None) -> str | None:
-    """The device the run must use: ``expect_device`` if given (validated), else
-    ``"accelerator"`` when the run declares non-CPU hardware, else None."""
-    if expect_device is not None:
-        if expect_device == ACCELERATOR:
-            return ACCELERATOR
-        return str(torch.device(expect_device))  # raises RuntimeError on nonsense
-    if is_accelerator(declared_hardware):
+def normalise_expected(hardware: str | None, declared_hardware: str | None) -> str | None:
+    """The device the run must use: from ``hardware`` if given (a torch device such as
+    ``"cuda:1"``, ``"accelerator"``, or a hardware name: an accelerator's name means any
+    non-CPU device, a CPU's ``"cpu"``), else ``"accelerator"`` when the run declares
+    non-CPU hardware, else None.
+
+    Raises :class:`RefrunInputError` for a name that is neither a device nor hardware."""
+    if hardware is None:
+        return ACCELERATOR if is_accelerator(declared_hardware) else None
+    try:
+        return device_name(hardware)
+    except RefrunInputError:
+        pass  # not a device: a hardware name such as "a100" or "tpu-v5e"
+    name = normalize_hardware(hardware, "hardware")
+    return ACCELERATOR if is_accelerator(name) else "cpu"
+
+
+def device_name(device: str, what: str = "hardware") -> str:
+    """``device`` as torch writes it (``"cuda:1"``), or ``"accelerator"``; raises
+    :class:`RefrunInputError` naming ``what`` when torch knows no such device."""
+    if device == ACCELERATOR:
         return ACCELERATOR
-    return None
+    try:
+        return str(torch.device(device))
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise RefrunInputError(f"{what}: {device!r} is not a device ({exc})") from None
+
+
+def check_torch_objects(model: Any, optimizer: Any) -> None:
+    """Refuse a ``model`` that is not a ``torch.nn.Module`` or an ``optimizer`` that is
+    not a ``torch.optim.Optimizer`` (the torch and XLA probes read them alike)."""
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise RefrunInputError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise RefrunInputError(f"optimizer: expected a torch.optim.Optimizer, got "
+                               f"{type(optimizer).__name__}")
 
 
 # --- the backend -----------------------------------------------------------------------
@@ -544,9 +572,7 @@ class TorchBackend(BackendBase):
             schema.TAG_STEP_TIME_KIND: self.step_time_kind,
             schema.TAG_TORCH_CUDA_SYNCS: self._syncs_tag,
         }
-        problems = pl.warnings(self.model is not None)
-        if problems:
-            out[schema.TAG_PLACEMENT_WARNING] = "; ".join(problems)
+        out[schema.TAG_PLACEMENT_WARNING] = pl.warnings(self.model is not None)
         return out
 
     def _hardware(self, pl: Placement) -> str:

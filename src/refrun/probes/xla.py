@@ -426,9 +426,8 @@ class XlaBackend(BackendBase):
         }
         placement = self._placement()
         out[schema.TAG_PLACEMENT] = json.dumps(placement, sort_keys=True)
-        warnings = placement_warnings(self.declared_hardware, hw, placement)
-        if warnings:
-            out[schema.TAG_PLACEMENT_WARNING] = "; ".join(warnings)
+        out[schema.TAG_PLACEMENT_WARNING] = placement_warnings(self.declared_hardware, hw,
+                                                                placement)
         return out
 
     def _placement(self) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from refrun import schema
 from refrun._version import __version__
 from refrun.comparison import Comparison
@@ -44,6 +46,7 @@ from refrun.report.html import (
     deferred_plotlyjs_tag,
     esc,
     join,
+    json_default,
     page,
     plotlyjs_tag,
     script_json,
@@ -152,19 +155,40 @@ def namespace_ids(markup: str, ns: str) -> str:
                         else f' id="{ns}{m.group(1)}"', markup)
 
 
+POOL_MIN_ITEMS = 16
+"""Plain arrays shorter than this stay inline: a pool reference would not save much."""
+
+
+def _pool_key(o: Any) -> str | None:
+    """The identity under which ``o`` may be shared by the page's figures: a typed array
+    (``{"dtype", "bdata"}``) by its bytes, a plain array of at least
+    :data:`POOL_MIN_ITEMS` scalars (hover text, category labels; or a NumPy array) by its
+    JSON text; None for anything else (recursed into)."""
+    if isinstance(o, dict):
+        b = o.get("bdata")
+        return f"b:{b}" if isinstance(b, str) else None
+    if isinstance(o, np.ndarray):
+        return f"j:{json.dumps(o, default=json_default)}" if o.size >= POOL_MIN_ITEMS \
+            else None
+    if isinstance(o, list | tuple) and len(o) >= POOL_MIN_ITEMS and not any(
+            isinstance(v, dict | list | tuple | np.ndarray) for v in o):
+        return f"j:{json.dumps(o, default=json_default)}"
+    return None
+
+
 def _figure_blocks(docs: list[list[dict[str, Any]]]) -> tuple[list[Any], list[dict]]:
     """The figures' JSON (:func:`_figure_json`) of several candidates with every array
     that occurs more than once (the references' curves, drawn in each candidate's
-    figures) stored once in a shared pool and replaced by ``{"pool": k}``: lossless, and
-    it keeps a page of a hundred candidates from repeating the same reference curves a
-    hundred times."""
+    figures; the step ranges of every heatmap's hover text) stored once in a shared pool
+    and replaced by ``{"pool": k}``: lossless, and it keeps a page of a hundred
+    candidates from repeating the same arrays a hundred times."""
     seen: dict[str, int] = {}
 
     def count(o: Any) -> None:
-        if isinstance(o, dict):
-            if isinstance(o.get("bdata"), str):
-                seen[o["bdata"]] = seen.get(o["bdata"], 0) + 1
-                return
+        key = _pool_key(o)
+        if key is not None:
+            seen[key] = seen.get(key, 0) + 1
+        elif isinstance(o, dict):
             for v in o.values():
                 count(v)
         elif isinstance(o, list | tuple):
@@ -176,15 +200,15 @@ def _figure_blocks(docs: list[list[dict[str, Any]]]) -> tuple[list[Any], list[di
     index: dict[str, int] = {}
 
     def swap(o: Any) -> Any:
-        if isinstance(o, dict):
-            b = o.get("bdata")
-            if isinstance(b, str) and seen.get(b, 0) > 1:
-                if b not in index:
-                    index[b] = len(pool)
-                    pool.append(o)
-                return {"pool": index[b]}
+        key = _pool_key(o)
+        if key is not None and seen.get(key, 0) > 1:
+            if key not in index:
+                index[key] = len(pool)
+                pool.append(o)
+            return {"pool": index[key]}
+        if isinstance(o, dict) and key is None:
             return {k: swap(v) for k, v in o.items()}
-        if isinstance(o, list | tuple):
+        if isinstance(o, list | tuple) and key is None:
             return [swap(v) for v in o]
         return o
 
