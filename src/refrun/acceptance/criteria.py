@@ -1,9 +1,12 @@
 """The criteria file of a workload: a typed model and its TOML loader.
 
 A criteria file is data (TOML, read with :mod:`tomllib`); nothing in it is executed.  The
-dataclasses below are the single source of truth: the loader validates against their
-fields (type, bounds, allowed values, documented in each field's metadata) and
-:mod:`refrun.acceptance.json_schema` derives the shipped JSON Schema from them.
+dataclasses are the single source of truth: the file-level sections and stopping rules
+below, and the criterion kinds of :mod:`refrun.acceptance.kinds` (each kind's model beside
+its check, registered once in ``KINDS``).  The loader validates against their fields (type,
+bounds, allowed values, documented in each field's metadata; a kind's cross-field rules in
+its ``problems()``) and :mod:`refrun.acceptance.json_schema` derives the shipped JSON
+Schema from them.
 
 Every validation error is a :class:`RefrunInputError` whose message starts with
 ``FILE:LINE:`` (the line when it can be found) and names the key path, e.g.
