@@ -37,7 +37,10 @@ def record(uri: str, spool: Path, role: str, metrics: dict[str, np.ndarray], *,
     ``eval/...`` metrics only every ``eval_every`` steps and at the last step."""
     run = refrun.start_run("accept-test", role, hardware=hardware, backend=backend, seed=seed,
                            chips=1, tracking_uri=uri, spool_dir=spool, tags=tags or {},
-                           planned_steps=planned_steps, snapshot_environment=False)
+                           planned_steps=planned_steps, snapshot_environment=False,
+                           # in-process delivery: these tests are about acceptance, and a
+                           # delivery process per run (an MLflow import each) cost CI minutes
+                           delivery="thread")
     try:
         with run:
             n = max(len(v) for v in metrics.values())

@@ -42,7 +42,8 @@ def _record(uri: str, spool: Path, role: str, hardware: str, seed: int, *,
     with refrun.start_run(workload="rep", role=role, hardware=hardware, backend="torch",
                           seed=seed, chips=1, run_name=name, tags=tags, params=params,
                           tracking_uri=uri, spool_dir=spool,
-                          snapshot_environment=False) as run:
+                          snapshot_environment=False,
+                          delivery="thread") as run:  # in-process: these test the report
         for i, step in enumerate(steps):
             value = float("nan") if nan and step == NAN_STEP else float(loss[i])
             run.log(step, loss=value,

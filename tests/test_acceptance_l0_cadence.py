@@ -36,7 +36,8 @@ def _train(store, role: str, steps: int, loss_every: int, seed: int) -> str:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with refrun.start_run("cadence", role, hardware="cpu", backend="torch", seed=seed,
                           planned_steps=PLANNED, tracking_uri=store.tracking_uri,
-                          spool_dir=store.spool_dir, snapshot_environment=False) as run:
+                          spool_dir=store.spool_dir, snapshot_environment=False,
+                          delivery="thread") as run:
         probe = refrun.torch.instrument(run, model=model, optimizer=opt, monitors=None)
         for step in range(steps):
             with probe.step(step):

@@ -180,7 +180,8 @@ def test_stored_backend_tag_refrun_does_not_know_is_never_a_pass(store, tmp_path
 def _other_workload(store, seed: int) -> str:
     with refrun.start_run("other-workload", "candidate", hardware="cpu", backend="torch",
                           seed=seed, planned_steps=N, tracking_uri=store.tracking_uri,
-                          spool_dir=store.spool_dir, snapshot_environment=False) as run:
+                          spool_dir=store.spool_dir, snapshot_environment=False,
+                          delivery="thread") as run:
         for i, v in enumerate(_loss(seed)):
             run.log_metrics(i, {"loss": float(v)})
     assert run.run_id is not None

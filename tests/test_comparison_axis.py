@@ -96,7 +96,7 @@ def train(store, batch: int, steps: int, seed: int) -> str:
     with refrun.start_run("axis-test", "reference" if batch == 8 else "candidate",
                           hardware="cpu", backend="torch", global_batch=batch,
                           tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
-                          snapshot_environment=False) as run:
+                          snapshot_environment=False, delivery="thread") as run:
         probe = refrun.torch.instrument(run, model=model, optimizer=opt, monitors=None)
         for n in range(steps):
             x = torch.randn(batch, 4, generator=gen)

@@ -49,7 +49,7 @@ VAL = data(10_000)
 def start(store, role: str, backend: str, seed: int) -> refrun.RunSession:
     return refrun.start_run(WORKLOAD, role, hardware="cpu", backend=backend, seed=seed,
                             tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
-                            snapshot_environment=False)
+                            snapshot_environment=False, delivery="thread")  # cheap fixture
 
 
 def torch_run(store, role: str, backend: str, seed: int, defect: bool = False) -> str:

@@ -71,6 +71,10 @@ def test_reduced_pipeline_catches_every_defect_and_passes_benign(
     from pipelines.demo import CRITERIA_QUICK, assess_all, init_store, table, train_all
 
     monkeypatch.chdir(tmp_path)  # nothing may land in the repository's working tree
+    # In-process delivery in the training subprocesses (they inherit the environment): the
+    # subject here is detection; a delivery process per run adds an MLflow import each.
+    # `make demo` keeps the default (a delivery process); tests/test_durability.py tests it.
+    monkeypatch.setenv("REFRUN_DELIVERY", "thread")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     p = plan()
     init_store(uri)

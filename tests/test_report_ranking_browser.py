@@ -51,7 +51,7 @@ def _record(uri: str, spool: Path, role: str, backend: str, seed: int, *,
     with refrun.start_run(workload="xb", role=role, hardware="tpu-v5e" if backend == "jax"
                           else "h100", backend=backend, seed=seed, chips=1,
                           tracking_uri=uri, spool_dir=spool,
-                          snapshot_environment=False) as run:
+                          snapshot_environment=False, delivery="thread") as run:
         for i in range(STEPS):
             run.log(i, loss=float(loss[i]),
                     **{"sys/rss_bytes": rss + float(rng.normal(0, 1e6)),
