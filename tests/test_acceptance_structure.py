@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
@@ -251,3 +253,14 @@ def test_paired_evidence_round_trips_in_the_order_written() -> None:
                                         "band_last_step"]
     assert PairedEvidence.from_dict(unjudged.to_dict()) == unjudged
     assert PairedEvidence.from_dict({"k": 3.0}) is None
+
+
+def test_the_criteria_model_loads_without_the_check_stack() -> None:
+    """Reading the criteria module (a command's --help, the JSON Schema's model) does not
+    import the checks' comparison stack; the kinds load on first use."""
+    code = ("import sys\nimport refrun.acceptance.criteria as c\n"
+            "heavy = sorted(m for m in ('mlflow', 'pandas', 'scipy') if m in sys.modules)\n"
+            "print(heavy, len(c.CRITERION_KINDS), c.Closeness.KIND)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.strip()
+    assert out == "[] 14 closeness", out
