@@ -10,6 +10,25 @@ VENV="${REFRUN_VENV:-.venv}"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
+# Debian packages the test suite needs: chromium (report tests in a real browser) and
+# postgresql (server binaries; each test runs its own throw-away cluster).  Installed in the
+# background while pip fills the venv (both wait mostly on downloads and unpacking).
+apt_pid=""
+apt_log="$(mktemp)"
+if [ "${1:-}" = "--with-test-deps" ]; then
+  missing=()
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "[bootstrap] installing Debian packages for the tests: ${missing[*]}" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    ( $SUDO apt-get update -qq \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" \
+    ) >"$apt_log" 2>&1 &
+    apt_pid=$!
+  fi
+fi
+
 stamp_want="$(cat requirements/dev.lock pyproject.toml | sha256sum | cut -c1-16)"
 stamp_file="$VENV/.refrun-stamp"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp_want" ]; then
@@ -27,16 +46,12 @@ else
   fi
 fi
 
-# Debian packages the test suite needs: chromium (report tests in a real browser) and
-# postgresql (server binaries; each test runs its own throw-away cluster).
-if [ "${1:-}" = "--with-test-deps" ]; then
-  missing=()
-  [ -x /usr/bin/chromium ] || missing+=(chromium)
-  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "[bootstrap] installing Debian packages for the tests: ${missing[*]}" >&2
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq >&2
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+if [ -n "$apt_pid" ]; then
+  if ! wait "$apt_pid"; then
+    cat "$apt_log" >&2
+    echo "[bootstrap] apt-get failed installing the test packages (log above)" >&2
+    rm -f "$apt_log"
+    exit 1
   fi
 fi
+rm -f "$apt_log"
