@@ -4,6 +4,8 @@ permission on the experiment cannot sign off (one line, exit 2, nothing recorded
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from acceptance_helpers import N, base_loss, error_line, record, write_criteria
 from conftest import MlflowServer, free_port
 from mlflow.server import get_app_client
 from mlflow.tracking import MlflowClient
+from werkzeug.security import generate_password_hash
 
 from refrun.cli import main
 
@@ -35,6 +38,17 @@ def _as(monkeypatch: pytest.MonkeyPatch, user: str, password: str) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
 
 
+def _cheap_hash(server: MlflowServer, user: str, password: str) -> None:
+    """Store ``user``'s password hash with one PBKDF2 round instead of werkzeug's default
+    scrypt: the server still checks the password on every request (a wrong one is refused,
+    asserted below), but each check costs microseconds instead of ~0.5-3 s of CPU, which
+    made this test take minutes on a busy machine."""
+    hashed = generate_password_hash(password, method="pbkdf2:sha256:1")
+    with contextlib.closing(sqlite3.connect(server.auth_db)) as con, con:  # type: ignore[attr-defined]
+        assert con.execute("UPDATE users SET password_hash = ? WHERE username = ?",
+                           (hashed, user)).rowcount == 1
+
+
 @pytest.fixture
 def auth_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     root = tmp_path / "server"
@@ -55,6 +69,8 @@ def auth_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         "--artifacts-destination", str(root / "artifacts"),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"])
     server.start(timeout=240)  # polls /health until it answers
+    server.auth_db = root / "auth.db"  # type: ignore[attr-defined]
+    _cheap_hash(server, ADMIN, ADMIN_PW)
     try:
         yield server
     finally:
@@ -81,6 +97,8 @@ def test_signoff_records_the_authenticated_user(auth_server, tmp_path: Path,
     auth = get_app_client("basic-auth", tracking_uri=uri)
     auth.create_user(ALICE, ALICE_PW)
     auth.create_user(BOB, BOB_PW)
+    _cheap_hash(auth_server, ALICE, ALICE_PW)
+    _cheap_hash(auth_server, BOB, BOB_PW)
     auth.grant_user_permission(ALICE, "experiment", experiment, "EDIT")
 
     # Bob can read (default READ) but not write: refused before anything is recorded.
