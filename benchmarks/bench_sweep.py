@@ -11,7 +11,8 @@ and peak memory), against stores in a temporary directory:
    training; :mod:`sweep_runs`), then ``refrun accept --candidate <all>`` (every
    assessment recorded) and ``refrun report --candidate <all> --criteria ... --html``
    (``--no-record``: the accept step recorded the comparison runs), the page's size, the
-   time Chromium takes to draw its first screen (``body[data-rendered=true]``) and to
+   time Chromium takes to draw its first screen (``body[data-rendered=true]``; median of
+   3 fresh loads) and to
    draw one candidate's section once it is opened;
 3. the same sweep through a real ``mlflow server`` on 127.0.0.1 (sqlite backend, artifacts
    proxied by the server): writing the runs and ``refrun accept --candidate <all>``.
