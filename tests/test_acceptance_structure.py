@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
+import subprocess
+import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -60,7 +63,10 @@ def import_graph() -> dict[str, set[str]]:
                 names = [a.name for a in node.names]
             else:
                 base = node.module or ""
-                names = [f"{base}.{a.name}" for a in node.names] + [base]
+                subs = [f"{base}.{a.name}" for a in node.names
+                        if f"{base}.{a.name}"[len(PKG) + 1:] in paths]
+                # the module itself too when a name is no submodule of it
+                names = subs + ([base] if len(subs) < len(node.names) else [])
             for name in names:
                 if not name.startswith(PKG + "."):
                     continue
@@ -98,10 +104,15 @@ def test_no_import_cycle_inside_acceptance() -> None:
         ["assess", "calibration"]]
 
 
-def test_the_graph_sees_the_kinds_subpackage() -> None:
+def test_the_graph_sees_the_subpackages() -> None:
     graph = import_graph()
     assert "model" in graph["kinds.closeness"] and "checks" in graph["kinds.closeness"]
     assert "kinds" in graph["criteria"]
+    # calibration: deriving, rendering and re-checking are separate layers; the re-check
+    # rests on the assessment's own comparison
+    assert graph["calibration.check"] >= {"comparing", "checks", "calibration.derive"}
+    assert "calibration.check" not in graph["calibration.derive"]
+    assert not {"calibration.derive", "calibration.check"} & graph["calibration.render"]
 
 
 def test_every_kind_in_the_toml_schema_has_one_registered_definition_with_its_check() -> None:
@@ -118,6 +129,9 @@ def test_every_kind_in_the_toml_schema_has_one_registered_definition_with_its_ch
         assert "check" in vars(model), name  # its own check, not the base's
         # defined in its own module of refrun.acceptance.kinds, beside its check
         assert model.__module__ == f"{PKG}.kinds.{name}", model.__module__
+        # what a kind needs looked up is a field of the context its check reads
+        assert all(n in {f.name for f in fields(Context)} for n in model.NEEDS), name
+    assert {k for k, m in KINDS.items() if m.NEEDS} == {"gradcheck", "paired"}
     # evaluate dispatches to the kind's own check (no table of kind names elsewhere)
     crit = parse_criteria(
         '[[criteria]]\nid = "hw"\nkind = "hardware"\nlevel = "L2"\nexpected = "tpu"\n')
@@ -149,3 +163,104 @@ def test_a_kind_name_typo_is_one_line_naming_the_key() -> None:
     assert "\n" not in msg
     assert msg.startswith("c.toml:3: criteria[0].kind (id 'loss'): 'closenes' is not one "
                           "of: closeness, envelope,"), msg
+
+
+# --- the typed evidence ---------------------------------------------------------------------
+def _run(run_id: str, loss: np.ndarray, acc: float | None = None) -> RunData:
+    steps = np.arange(len(loss))
+    rows = {"metric": ["loss"] * len(loss), "step": steps, "value": loss}
+    df = pd.DataFrame(rows)
+    if acc is not None:
+        df = pd.concat([df, pd.DataFrame({"metric": ["eval/acc"], "step": [len(loss) - 1],
+                                          "value": [acc]})], ignore_index=True)
+    return RunData.from_curves(df, run_id, tags={schema.TAG_BACKEND: "torch"})
+
+
+def test_evidence_shape_round_trips_what_the_checks_write() -> None:
+    from refrun.acceptance.checks import Context, evaluate
+    from refrun.acceptance.comparing import run_comparison
+    from refrun.acceptance.criterion_evidence import FirstDivergence, Interval
+
+    n, depart = 40, 25
+    base = np.linspace(2.0, 1.0, n)
+    refs = [_run(f"r{i}", base + 0.01 * d, acc)
+            for i, (d, acc) in enumerate([(-1, 0.80), (0, 0.82), (1, 0.81)])]
+    cand_loss = base.copy()
+    cand_loss[depart:] += 0.5  # leaves the band at step 25 and stays out (above)
+    cand = _run("c", cand_loss, 0.81)
+    crit = parse_criteria('''
+[[criteria]]
+id = "band"
+kind = "envelope"
+level = "L1"
+metric = "loss"
+k = 3.0
+abs_tol = 0.01
+[[criteria]]
+id = "tost"
+kind = "equivalence"
+level = "L3"
+metric = "eval/acc"
+margin = 0.2
+''')
+    comparison, why = run_comparison(crit, refs, cand)
+    ctx = Context(crit, refs, cand, comparison, why)
+    band, tost = (evaluate(c, ctx) for c in crit.criteria)
+    assert band.outcome == "fail"
+    fd = FirstDivergence.of_result(band.evidence)
+    assert fd is not None and (fd.step, fd.at, fd.direction) == (depart, depart, "above")
+    assert (fd.outside_points, fd.points) == (n - depart, n)
+    # the JSON written is the dataclass's, and reads back to the same value
+    written = band.evidence[schema.EV_FIRST_DIVERGENCE]
+    assert fd.to_dict() == written and list(written) == [
+        "axis", "at", "step", "first_outside_at", "sustain", "direction", "outside_points",
+        "points"]
+    assert FirstDivergence.from_dict(json.loads(json.dumps(written))) == fd
+    assert band.evidence[schema.EV_FIRST_DIVERGENCE_STEP] == depart
+    iv = Interval.from_dict(tost.evidence)
+    assert iv is not None and iv.n_reference == 3 and iv.interval is not None
+    assert iv.to_dict() == {k: tost.evidence[k] for k in (schema.EV_INTERVAL,
+                                                         schema.EV_N_REFERENCE)}
+    lo, hi = iv.interval
+    assert lo < 0.81 - np.mean([0.80, 0.82, 0.81]) < hi  # the CI holds the difference
+    # evidence of a format before version 3 (no first_divergence) reads as "none"
+    old = {k: v for k, v in band.evidence.items() if k != schema.EV_FIRST_DIVERGENCE}
+    assert FirstDivergence.of_result(old) is None and Interval.from_dict({"k": 3}) is None
+
+
+def test_paired_evidence_round_trips_in_the_order_written() -> None:
+    from refrun.acceptance.criterion_evidence import PairedEvidence
+    from refrun.acceptance.paired import PairJudgement
+
+    j = PairJudgement(steps_compared=50, first_step=0, last_step=49,
+                      first_divergence_step=12, divergence_at_first=0.3, band_at_first=0.1,
+                      steps_outside=38, fraction_outside=0.76, max_ratio_observed=9.5,
+                      step_of_max_ratio=40, divergence_at_last=0.5, band_at_last=0.2,
+                      steps_beyond_band=0)
+    pe = PairedEvidence(pair={"declared": "seed 1", "run_id": "r1", "source": "tag",
+                              "problem": ""}, max_ratio=3.0, band_first_step=0,
+                        band_last_step=49, pair_run="r1", pair_seed=1, judgement=j)
+    d = json.loads(json.dumps(pe.to_dict()))
+    assert list(d) == ["pair", "max_ratio", "band_first_step", "band_last_step", "pair_run",
+                       "pair_seed", "steps_compared", "first_step", "last_step",
+                       schema.EV_FIRST_DIVERGENCE_STEP, "divergence_at_first",
+                       "band_at_first", "steps_outside", "fraction_outside",
+                       "max_ratio_observed", "step_of_max_ratio", "divergence_at_last",
+                       "band_at_last", "steps_beyond_band"]
+    assert PairedEvidence.from_dict(d) == pe and pe.first_divergence_step == 12
+    unjudged = PairedEvidence(pe.pair, 3.0, 0, 49)
+    assert list(unjudged.to_dict()) == ["pair", "max_ratio", "band_first_step",
+                                        "band_last_step"]
+    assert PairedEvidence.from_dict(unjudged.to_dict()) == unjudged
+    assert PairedEvidence.from_dict({"k": 3.0}) is None
+
+
+def test_the_criteria_model_loads_without_the_check_stack() -> None:
+    """Reading the criteria module (a command's --help, the JSON Schema's model) does not
+    import the checks' comparison stack; the kinds load on first use."""
+    code = ("import sys\nimport refrun.acceptance.criteria as c\n"
+            "heavy = sorted(m for m in ('mlflow', 'pandas', 'scipy') if m in sys.modules)\n"
+            "print(heavy, len(c.CRITERION_KINDS), c.Closeness.KIND)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.strip()
+    assert out == "[] 14 closeness", out

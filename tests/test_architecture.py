@@ -122,14 +122,10 @@ ALLOWED: dict[str, set[str]] = {
     "refrun": STORE | {"recording"},
     "__main__": {"cli"},
 }
-# Known exceptions, each to be removed (named, never a blanket skip):
-KNOWN_UPWARD = {
-    # gradient checks are still written through the live session (refrun.start_run); they
-    # are to become complete runs (refrun.store.complete) like comparisons and imports.
-    ("refrun.gradcheck.record", "refrun"),
-    # the in-loop stopping-rule watcher is handed the training run's session.
-    ("refrun.acceptance.watcher", "refrun.recording.session"),
-}
+# Known exceptions, each to be removed (named, never a blanket skip).  None left: gradient
+# checks are complete runs (refrun.store.complete) and the in-loop watcher names the
+# session in annotations only.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 # The acceptance/ cycles are gone (criterion registry, acceptance.comparing): none known.
 KNOWN_CYCLES: list[set[str]] = []
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from refrun.acceptance.calibration import CalibrationOptions, _Series, envelope_k
+from refrun.acceptance.calibration.derive import CalibrationOptions, _Series, envelope_k
 from refrun.acceptance.statistics import prediction_z
 
 N, G, T = 5, 4, 12

@@ -41,6 +41,8 @@ def test_record_gradcheck_run(store):
     assert tags[TAG_FAILED] == "exp x0.0"
     assert tags[TAG_VERDICT] == "wrong"
     assert run.info.status == "FINISHED"
+    # the checks ran in this process: its environment is recorded, as for a live run
+    assert tags[schema.TAG_FW_PREFIX + "numpy"] == np.__version__ and tags[schema.TAG_HOST]
     m = run.data.metrics
     assert m["gradcheck/exp x1.0/passed"] == 1.0 and m["gradcheck/exp x0.0/passed"] == 0.0
     assert m["gradcheck/parity w/w/rel_error"] == 0.0
@@ -57,6 +59,7 @@ def test_record_gradcheck_run(store):
     html = (store.tmp / "dl" / ARTIFACT_FD_HTML).read_text()
     assert "plotly" in html and "exp x0.0" in html
     assert local and ARTIFACT_JSON.startswith("refrun/")
+    assert (store.tmp / "dl" / schema.ARTIFACT_ENVIRONMENT).is_file()
 
 
 def test_importing_refrun_gradcheck_and_the_plugin_loads_no_framework():

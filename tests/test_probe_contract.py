@@ -81,6 +81,8 @@ def test_the_same_options_for_every_backend() -> None:
             mod.instrument(None, options=opts, warmup_steps=2)
         with pytest.raises(TypeError, match="unexpected keyword argument 'warmup'"):
             mod.instrument(None, warmup=2)
+        with pytest.raises(RefrunInputError, match="run: expected the RunSession"):
+            mod.instrument(object())  # torch alone checked this
     # torch's hardware: a device (its old expect_device values) or a hardware name.
     from refrun.probes.torch import normalise_expected
 

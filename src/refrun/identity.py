@@ -89,6 +89,18 @@ def git_state(path: Path | None = None) -> dict[str, str]:
     return {"commit": commit, "dirty": "true" if dirty else "false"}
 
 
+def environment_tags() -> dict[str, str]:
+    """The tags describing this process (device, host, framework versions, git state of
+    the main script), for a run this process made: a live run or a gradient check."""
+    tags = {schema.TAG_DEVICE: device_description(), schema.TAG_HOST: socket.gethostname()}
+    tags.update({schema.TAG_FW_PREFIX + k: v for k, v in framework_versions().items()})
+    git = git_state()
+    if git:
+        tags[schema.TAG_GIT_COMMIT] = git["commit"]
+        tags[schema.TAG_GIT_DIRTY] = git["dirty"]
+    return tags
+
+
 def environment_snapshot() -> dict[str, Any]:
     """Installed packages, Python and OS, for the ``refrun/environment.json`` artifact."""
     packages = sorted(

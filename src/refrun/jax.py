@@ -30,7 +30,7 @@ from refrun.probes.jax import (
 )
 from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
-from refrun.probes.options import ProbeOptions, probe_options
+from refrun.probes.options import ProbeOptions, probe_options, require_session
 
 if TYPE_CHECKING:
     from refrun import RunSession
@@ -77,6 +77,7 @@ def instrument(
     ``step_fns`` entry that is neither a function nor a name, or a bad option.
     """
     opts = probe_options(options, keywords, f"{__name__}.instrument")
+    require_session(run)
     if transfer_guard is not None and transfer_guard not in TRANSFER_LEVELS:
         raise RefrunInputError(f"transfer_guard: {transfer_guard!r} is not one of "
                                f"{', '.join(TRANSFER_LEVELS)}")

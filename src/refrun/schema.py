@@ -312,7 +312,7 @@ LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
               TAG_IMPORT_SOURCE, TAG_VERSION)
 LABEL_TAG_PREFIXES = (TAG_FW_PREFIX,)  # framework versions (refrun.fw.torch ...)
 
-# === 14. same-seed pairs (issue 21 item 4; docs/acceptance.md, "Same-seed paired") =========
+# === 14. same-seed pairs: a candidate started like a reference seed (docs/acceptance.md) ====
 # A run that starts from the same initial weights and the same data order as one reference
 # seed (a port of that seed, or a rerun of it) declares its pair with these tags
 # (refrun.pairing.pair_tags, passed to start_run(tags=...)); `paired` criteria compare its

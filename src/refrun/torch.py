@@ -24,13 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import refrun
-from refrun.errors import RefrunInputError
 from refrun.probes.base import Probe
 from refrun.probes.hardware import declared_hardware
 from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
-from refrun.probes.options import ProbeOptions, probe_options
+from refrun.probes.options import ProbeOptions, probe_options, require_session
 from refrun.probes.torch import (
     TorchBackend,
     check_torch_objects,
@@ -72,7 +70,8 @@ def instrument(
     if keywords.get("expect_device") is not None:  # the old name keeps its meaning: a device
         device_name(keywords["expect_device"], "expect_device")
     opts = probe_options(options, keywords, f"{__name__}.instrument")
-    _validate(run, model, optimizer)
+    require_session(run)
+    check_torch_objects(model, optimizer)
     expected = normalise_expected(opts.hardware, declared_hardware(run))
     device = model_device(model, optimizer)
     backend = TorchBackend(model=model, optimizer=optimizer, expected=expected, device=device,
@@ -83,13 +82,6 @@ def instrument(
                           "torch.distributed.get_world_size()")
     return Probe(run, backend, warmup_steps=opts.warmup_steps, monitors=mons,
                  sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
-
-
-def _validate(run: Any, model: Any, optimizer: Any) -> None:
-    if not isinstance(run, refrun.RunSession):
-        raise RefrunInputError(f"run: expected the RunSession of refrun.start_run, got "
-                               f"{type(run).__name__}")
-    check_torch_objects(model, optimizer)
 
 
 def _nvml_indices(device: torch.device) -> list[int] | None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from refrun.probes.base import Probe
 from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
-from refrun.probes.options import ProbeOptions, probe_options
+from refrun.probes.options import ProbeOptions, probe_options, require_session
 
 if TYPE_CHECKING:
     from refrun import RunSession
@@ -55,6 +55,7 @@ def instrument(
     an ``optimizer`` that is not a ``torch.optim.Optimizer``, or a bad option.
     """
     opts = probe_options(options, keywords, f"{__name__}.instrument")
+    require_session(run)
     import torch
 
     from refrun.probes.torch import check_torch_objects

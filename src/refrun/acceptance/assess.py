@@ -274,9 +274,9 @@ def load_for_assessment(crit: CriteriaFile, reference_ids: Sequence[str], candid
 
 def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | None
                    ) -> list[GradcheckRun] | None:
-    """The gradient-check runs recorded for ``candidate`` when the file has a
-    ``gradcheck`` criterion (one MLflow search), else None (not looked up)."""
-    if not any(c.KIND == "gradcheck" for c in crit.criteria):
+    """The gradient-check runs recorded for ``candidate`` when a criterion of the file
+    needs them (``gradcheck``: ``NEEDS``; one MLflow search), else None (not looked up)."""
+    if not any("gradchecks" in c.NEEDS for c in crit.criteria):
         return None
     return find_gradchecks(candidate, tracking_uri)
 
@@ -284,10 +284,10 @@ def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | N
 def pair_for(crit: CriteriaFile, candidate: RunData, references: Sequence[RunData],
              tracking_uri: str | None, latest: dict[str, dict],
              explicit: str | None = None) -> pairs.PairLookup | None:
-    """The candidate's same-seed reference when the file has a ``paired`` criterion (or
+    """The candidate's same-seed reference when a criterion needs it (``paired``: ``NEEDS``; or
     ``explicit``, ``refrun accept --pair``, is given), else None (not looked up); adds the
     pair's latest MLflow metric values to ``latest`` (its evidence fingerprint)."""
-    if not explicit and not any(c.KIND == "paired" for c in crit.criteria):
+    if not explicit and not any("pair" in c.NEEDS for c in crit.criteria):
         return None
     lookup = pairs.find_pair(candidate, references, tracking_uri, explicit)
     run = pair_run(lookup, references)

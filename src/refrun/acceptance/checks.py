@@ -15,11 +15,8 @@ import numpy as np
 from refrun import schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
-from refrun.acceptance.results import (
-    NOT_APPLICABLE,
-    NOT_EVALUABLE,
-    CriterionResult,
-)
+from refrun.acceptance.criterion_evidence import FirstDivergence
+from refrun.acceptance.results import NOT_APPLICABLE, NOT_EVALUABLE, CriterionResult
 from refrun.comparison import Comparison, RunData
 from refrun.comparison.divergence import effective_sustain, first_sustained
 from refrun.comparison.measures import final_window_size
@@ -91,7 +88,8 @@ def aligned_frame(ctx: Context, c: Criterion, metric: str):
     return ctx.comparison.metrics[metric].frame, ""
 
 
-def first_left(sel, outside: np.ndarray, above: np.ndarray, axis: str) -> dict[str, Any] | None:
+def first_left(sel, outside: np.ndarray, above: np.ndarray, axis: str
+               ) -> FirstDivergence | None:
     """Where the candidate first left a criterion's band among the selected aligned
     points, by the comparison's divergence rule
     (:func:`refrun.comparison.divergence.first_sustained`: ``effective_sustain(n)``
@@ -106,10 +104,16 @@ def first_left(sel, outside: np.ndarray, above: np.ndarray, axis: str) -> dict[s
     steps = sel["step"].to_numpy()
     at = sel[axis].to_numpy() if axis in sel.columns else steps
     j = int(np.argmax(outside))
-    return {"axis": axis, "at": num(at[i]), "step": int(steps[i]),
-            "first_outside_at": num(at[j]), "sustain": k,
-            "direction": "above" if bool(above[i]) else "below",
-            "outside_points": int(outside.sum()), "points": n}
+    return FirstDivergence(axis=axis, at=num(at[i]), step=int(steps[i]),
+                           first_outside_at=num(at[j]), sustain=k,
+                           direction="above" if bool(above[i]) else "below",
+                           outside_points=int(outside.sum()), points=n)
+
+
+def first_left_evidence(fl: FirstDivergence | None) -> dict[str, Any]:
+    """The evidence keys of a first divergence (``None`` values when it never left)."""
+    return {schema.EV_FIRST_DIVERGENCE: None if fl is None else fl.to_dict(),
+            schema.EV_FIRST_DIVERGENCE_STEP: None if fl is None else fl.step}
 
 
 def num(x: Any) -> int | float:
@@ -117,12 +121,8 @@ def num(x: Any) -> int | float:
     return int(v) if v.is_integer() else v
 
 
-def where(fl: dict[str, Any] | None) -> str:
-    if fl is None:
-        return ""
-    at = f"{fl['axis']} {fl['at']:g}" + (f" (step {fl['step']})" if fl["axis"] != "step"
-                                         else "")
-    return f"{schema.FIRST_LEFT_REASON}{at}, {fl['direction']}"
+def where(fl: FirstDivergence | None) -> str:
+    return "" if fl is None else f"{schema.FIRST_LEFT_REASON}{fl.where()}, {fl.direction}"
 
 
 def select(frame, over: str, wpoints: int | None, wfrac: float | None, ctx: Context):

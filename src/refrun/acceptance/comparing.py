@@ -1,7 +1,7 @@
 """The one comparison an assessment rests on: the criteria file's ``[settings]`` as
 comparison options, and every metric common to the runs compared once.  Used by the
 assessment (:mod:`refrun.acceptance.assess`), by re-checking a calibrated file on
-held-out seeds (:func:`refrun.acceptance.calibration.check_file`) and by the stopping
+held-out seeds (:func:`refrun.acceptance.calibration.check.check_file`) and by the stopping
 rules, so the three judge the same aligned values."""
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """The criteria file of a workload: a typed model and its TOML loader.
 
 A criteria file is data (TOML, read with :mod:`tomllib`); nothing in it is executed.  The
-dataclasses below are the single source of truth: the loader validates against their
-fields (type, bounds, allowed values, documented in each field's metadata) and
-:mod:`refrun.acceptance.json_schema` derives the shipped JSON Schema from them.
+dataclasses are the single source of truth: the file-level sections and stopping rules
+below, and the criterion kinds of :mod:`refrun.acceptance.kinds` (each kind's model beside
+its check, registered once in ``KINDS``).  The loader validates against their fields (type,
+bounds, allowed values, documented in each field's metadata; a kind's cross-field rules in
+its ``problems()``) and :mod:`refrun.acceptance.json_schema` derives the shipped JSON
+Schema from them.
 
 Every validation error is a :class:`RefrunInputError` whose message starts with
 ``FILE:LINE:`` (the line when it can be found) and names the key path, e.g.
@@ -21,26 +24,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from refrun import identity, schema
-from refrun.acceptance.kinds import (
-    KINDS,
-    Claim,
-    Closeness,
-    Compilation,
-    Convergence,
-    Cost,
-    Envelope,
-    Equivalence,
-    Fallback,
-    Gradcheck,
-    Hardware,
-    HostTransfers,
-    Paired,
-    StepTime,
-    Utilization,
-)
 from refrun.acceptance.model import LEVELS, MISSING, SELECT_OVER, Criterion, key
 from refrun.errors import RefrunInputError
 
@@ -125,7 +111,39 @@ class Calibration:
 
 
 # --- criteria: the kinds (refrun.acceptance.kinds, each model beside its check) ---------
-CRITERION_KINDS: dict[str, type[Criterion]] = KINDS
+# Loaded on first use (PEP 562): the kinds' checks import the comparison stack (MLflow,
+# pandas), which reading this module for a command's --help or a schema must not pull in.
+_FROM_KINDS = ("Claim", "Closeness", "Compilation", "Convergence", "Cost", "Envelope",
+               "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers", "Paired",
+               "StepTime", "Utilization")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CRITERION_KINDS" or name in _FROM_KINDS:
+        from refrun.acceptance import kinds
+
+        return kinds.KINDS if name == "CRITERION_KINDS" else getattr(kinds, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # static analysis sees the kinds as names of this module
+    from refrun.acceptance.kinds import KINDS as CRITERION_KINDS
+    from refrun.acceptance.kinds import (
+        Claim,
+        Closeness,
+        Compilation,
+        Convergence,
+        Cost,
+        Envelope,
+        Equivalence,
+        Fallback,
+        Gradcheck,
+        Hardware,
+        HostTransfers,
+        Paired,
+        StepTime,
+        Utilization,
+    )
 
 
 # --- stopping rules -------------------------------------------------------------------
@@ -285,7 +303,9 @@ def parse_criteria(text: str, path: str = "<criteria>", sha256: str | None = Non
     for name, cls in SECTIONS.items():
         if name in data:
             kwargs[name] = v.table(data[name], cls, (name,))
-    kwargs["criteria"] = v.entries(data.get("criteria", []), CRITERION_KINDS, "criteria")
+    from refrun.acceptance.kinds import KINDS  # the registry (see __getattr__ above)
+
+    kwargs["criteria"] = v.entries(data.get("criteria", []), KINDS, "criteria")
     kwargs["stopping"] = v.entries(data.get("stopping", []), STOP_KINDS, "stopping")
     if not kwargs["criteria"] and not kwargs["stopping"]:
         raise RefrunInputError(f"{path}: no [[criteria]] or [[stopping]] tables (the built-in "

@@ -21,18 +21,20 @@ from typing import Any
 import numpy as np
 
 from refrun import schema
+from refrun.acceptance import criterion_evidence
 from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
 FORMAT = schema.FORMAT_EVIDENCE
-FORMAT_VERSION = "3"
+FORMAT_VERSION = criterion_evidence.VERSION  # "3"
 # Version 2 added each run's ``points_from``; version 3 each per-step result's
 # ``first_divergence`` (where the candidate first left the criterion's band).  Evidence
 # recorded in an older version is recomputed in that version, so an older sign-off still
 # verifies against unchanged data.
 FORMAT_VERSIONS = ("1", "2", "3")
-# Result evidence keys each version added (left out when recomputing an older version).
-ADDED_RESULT_KEYS = {"3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP)}
+# Result evidence keys each version added (left out when recomputing an older version):
+# the typed shape's own record (refrun.acceptance.criterion_evidence).
+ADDED_RESULT_KEYS = criterion_evidence.ADDED_IN
 
 
 def canonical_json(obj: Any) -> str:

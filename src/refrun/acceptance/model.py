@@ -42,6 +42,10 @@ class Criterion:
     # Groups of keys of which at least one (ANY_OF) or exactly one (ONE_OF) is required.
     ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
     ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    # What the assessment must look up in the store before this kind's check runs (the
+    # check reads it from the context): "gradchecks" (the candidate's gradient-check runs,
+    # Context.gradchecks), "pair" (its same-seed reference, Context.pair).
+    NEEDS: ClassVar[frozenset[str]] = frozenset()
 
     id: str = key("unique name of the criterion (reported, used by sign-off diffs)")
     kind: str = key("kind of criterion")

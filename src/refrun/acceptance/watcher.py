@@ -13,12 +13,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from refrun import identity
 from refrun.acceptance.criteria import CriteriaFile, load_criteria
 from refrun.acceptance.stopping import StopReport, evaluate_stopping
 from refrun.comparison import RunData, load_run
-from refrun.recording.session import RunSession
+
+if TYPE_CHECKING:  # a reader never loads the recording stack: the session is handed in
+    from refrun.recording.session import RunSession
 
 
 def session_snapshot(session: RunSession) -> RunData:

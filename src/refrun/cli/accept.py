@@ -90,22 +90,24 @@ def _record(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> st
 
 def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
     """One candidate: the full table, intervals, calibration digest."""
+    from refrun.acceptance.criterion_evidence import Interval, PairedEvidence
+
     assessment = item.assessment
     print(assessment.table())
     for r in assessment.results:  # paired criteria: the pair and where it first diverged
-        if r.kind == "paired" and r.evidence.get("pair_run"):
-            first = r.evidence.get(schema.EV_FIRST_DIVERGENCE_STEP)
-            print(f"{r.id}: pair {r.evidence['pair_run']} "
-                  f"({(r.evidence.get('pair') or {}).get('source')}); "
+        pe = PairedEvidence.from_dict(r.evidence) if r.kind == "paired" else None
+        if pe is not None and pe.pair_run:
+            first = pe.first_divergence_step
+            print(f"{r.id}: pair {pe.pair_run} ({pe.pair.get('source')}); "
                   + ("never left the band" if first is None else
                      f"first diverges at step {first}"))
     al = assessment.alignment
     print(f"aligned on {al.get('axis')} (from {al.get('source')})")
     for r in assessment.results:  # statistical criteria: the interval and its seeds
-        if schema.EV_INTERVAL in r.evidence:
-            lo, hi = r.evidence[schema.EV_INTERVAL]
-            print(f"{r.id}: interval [{lo}, {hi}] from "
-                  f"{r.evidence.get(schema.EV_N_REFERENCE)} reference seed(s)")
+        iv = Interval.from_dict(r.evidence)
+        if iv is not None and iv.interval is not None:
+            lo, hi = iv.interval
+            print(f"{r.id}: interval [{lo}, {hi}] from {iv.n_reference} reference seed(s)")
     if assessment.calibration_sha256:
         print(f"calibration sha256 {assessment.calibration_sha256}")
     if args.json is not None:

@@ -23,13 +23,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refrun import schema
 from refrun.errors import RefrunInputError
+from refrun.identity import RunIdentity, environment_snapshot, environment_tags
+from refrun.keys import key_problem
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
@@ -67,17 +71,27 @@ def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str
                      spool_dir: str | Path | None = None, backend: str | None = None,
                      hardware: str = "cpu", run_name: str | None = None,
                      tags: dict[str, Any] | None = None, plot: bool = True,
-                     candidate_run_id: str | None = None) -> str | None:
+                     candidate_run_id: str | None = None) -> str:
     """Record ``results`` as one MLflow run (role ``gradcheck``); returns its run id.
 
     Each result needs ``label``, ``kind``, ``passed``, ``summary()`` and
     ``record_metrics()`` (all refrun.gradcheck results have them).
     ``candidate_run_id``: the candidate run these checks were made for (tag
     ``refrun.gradcheck.candidate``), by which ``refrun accept`` finds them.
-    """
-    import refrun
-    from refrun.gradcheck.finite_diff import VERDICTS, FiniteDiffResult
 
+    The results are known before anything is written, so the run is a complete run
+    (:func:`refrun.store.complete.write_complete_run`): written in one pass, FINISHED on
+    return, nothing left half-written; no spool (``spool_dir`` is accepted and unused).
+    It carries this process's environment tags and ``refrun/environment.json``, as a
+    live run does: the checks ran here.
+
+    Raises :class:`RefrunInputError` for no results, a bad identity, candidate id or tag
+    key, and :class:`~refrun.errors.RefrunStoreError` when the store cannot be written.
+    """
+    from refrun.gradcheck.finite_diff import VERDICTS, FiniteDiffResult
+    from refrun.store.complete import CompleteRun, now_ms, string_tags, write_complete_run
+
+    del spool_dir  # a complete run needs no spool
     if not results:
         raise RefrunInputError("results: nothing to record")
     labels = _unique_labels(results)
@@ -94,34 +108,56 @@ def record_gradcheck(results: Sequence[Any], *, workload: str, tracking_uri: str
             raise RefrunInputError(f"candidate_run_id: {candidate_run_id!r} is not an MLflow "
                                    "run id (32 hex digits)")
         run_tags[schema.TAG_GRADCHECK_CANDIDATE] = candidate_run_id
+    for key in tags or {}:
+        problem = key_problem(key)
+        if problem is not None:
+            raise RefrunInputError(f"tags: {key!r}: {problem}")
     run_tags.update(tags or {})
-    with refrun.start_run(workload, "gradcheck", hardware=hardware, backend=backend,
-                          tracking_uri=tracking_uri, spool_dir=spool_dir, run_name=run_name,
-                          tags=run_tags) as run:
-        for lab, r in zip(labels, results, strict=True):
-            run.log_metrics(0, {metric_key(lab, k): v for k, v in r.record_metrics().items()})
-            if isinstance(r, FiniteDiffResult):
-                _log_curve(run, lab, r)
-        run.log_json(schema.ARTIFACT_GRADCHECK, {"passed": not failed, "failed": failed,
-                                     "results": [dict(to_jsonable(r), label=lab)
-                                                 for lab, r in zip(labels, results,
-                                                                   strict=True)]})
-        if plot and fds:
-            from refrun.gradcheck.plot import fd_html
+    ident = RunIdentity(workload=workload, role="gradcheck", hardware=hardware, backend=backend)
+    files: dict[str, bytes] = {}
+    if plot and fds:
+        from refrun.gradcheck.plot import fd_html
 
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "gradcheck_fd.html"
-                path.write_text(fd_html(fds), encoding="utf-8")
-                run.log_artifact(path, schema.ARTIFACT_GRADCHECK_FD_HTML)
-    return run.run_id
+        files[schema.ARTIFACT_GRADCHECK_FD_HTML] = fd_html(fds).encode("utf-8")
+    run = CompleteRun(
+        experiment=workload,
+        tags={**ident.tags(), **environment_tags(), **string_tags(run_tags)},
+        table=_points(labels, results, now_ms()), run_name=run_name,
+        json_artifacts={
+            schema.ARTIFACT_GRADCHECK: {
+                "passed": not failed, "failed": failed,
+                "results": [dict(to_jsonable(r), label=lab)
+                            for lab, r in zip(labels, results, strict=True)]},
+            schema.ARTIFACT_ENVIRONMENT: environment_snapshot()},
+        file_artifacts=files)
+    return write_complete_run(run, tracking_uri)
 
 
-def _log_curve(run: Any, label: str, r: Any) -> None:
-    for i, h in enumerate(r.steps):
-        point = {metric_key(label, "fd", "step_size"): h}
-        for c in r.curves:
-            point[metric_key(label, "fd", f"d{c.direction}", "rel_error")] = c.rel_error[i]
-        run.log_metrics(i, point)
+def _points(labels: Sequence[str], results: Sequence[Any], stamp: int) -> pd.DataFrame:
+    """Every metric of the results as the curves table: each result's measures at step 0,
+    a finite-difference sweep's curves indexed by sweep position (step 0 = largest h)."""
+    from refrun.gradcheck.finite_diff import FiniteDiffResult
+    from refrun.store.complete import curves_table
+
+    names: list[str] = []
+    steps: list[int] = []
+    values: list[float] = []
+
+    def add(name: str, step: int, value: Any) -> None:
+        names.append(name)
+        steps.append(step)
+        values.append(float(value))
+
+    for lab, r in zip(labels, results, strict=True):
+        for k, v in r.record_metrics().items():
+            add(metric_key(lab, k), 0, v)
+        if isinstance(r, FiniteDiffResult):
+            for i, h in enumerate(r.steps):
+                add(metric_key(lab, "fd", "step_size"), i, h)
+                for c in r.curves:
+                    add(metric_key(lab, "fd", f"d{c.direction}", "rel_error"), i,
+                        c.rel_error[i])
+    return curves_table(names, steps, values, stamp)
 
 
 def _unique_labels(results: Sequence[Any]) -> list[str]:

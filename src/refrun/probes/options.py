@@ -94,3 +94,13 @@ def probe_options(options: ProbeOptions | None, keywords: Mapping[str, Any],
         raise TypeError(f"{what}(): pass the probe options either as options= or as "
                         f"keywords, not both (got {sorted(given)} beside options=)")
     return options if options is not None else ProbeOptions(**given)
+
+
+def require_session(run: Any) -> None:
+    """Refuse anything but the :class:`~refrun.recording.session.RunSession` of
+    ``refrun.start_run`` as a probe's run (every backend alike, before any work)."""
+    from refrun.recording.session import RunSession
+
+    if not isinstance(run, RunSession):
+        raise RefrunInputError(f"run: expected the RunSession of refrun.start_run, got "
+                               f"{type(run).__name__}")

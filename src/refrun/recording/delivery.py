@@ -125,12 +125,6 @@ def read_status(spool: Spool) -> DeliveryStatus | None:
 
 
 # --- the store ------------------------------------------------------------------------
-def client_for(uri: str) -> MlflowClient:
-    """The store's client for a writer (:func:`refrun.store.client.client`, ``create=True``):
-    a new sqlite store is created once, under a file lock."""
-    return store_client(uri, create=True)
-
-
 def ensure_run(spool: Spool) -> str:
     """The spool's MLflow run id, creating the run (and experiment) the first time.
 
@@ -146,7 +140,7 @@ def ensure_run(spool: Spool) -> str:
         meta = spool.read_meta()
         if meta.run_id:
             return meta.run_id
-        client = client_for(meta.tracking_uri)
+        client = store_client(meta.tracking_uri, create=True)
         exp_id = ensure_experiment(client, meta.experiment)
         mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
         run = client.create_run(exp_id, start_time=meta.start_ms, tags=meta.tags,
@@ -288,7 +282,7 @@ def deliver_pending(spool: Spool, max_batches: int | None = None) -> str:
         return meta.run_id or ""
     run_id = ensure_run(spool)
     meta = spool.read_meta()
-    client = client_for(meta.tracking_uri)
+    client = store_client(meta.tracking_uri, create=True)
     deliver_tags_params(spool, client, run_id)
     deliver_points(spool, client, run_id, meta.mlflow_every, max_batches)
     return run_id
@@ -426,9 +420,9 @@ def finalize(spool: Spool) -> str:
         return finalize_rank(spool)
     run_id = deliver_pending(spool)
     meta = spool.read_meta()
-    client = client_for(meta.tracking_uri)
+    client = store_client(meta.tracking_uri, create=True)
     cursor = spool.read_cursor()
-    owed = view.seal(cursor.view)
+    owed = view.owed_at_end(cursor.view)
     if owed:
         _send_points(spool, client, run_id, owed)
         spool.write_cursor(Cursor(cursor.lines, cursor.nbytes, cursor.view))
@@ -496,7 +490,7 @@ def terminate_in_store(spool: Spool, ending: Ending | None, why: BaseException) 
     meta = spool.read_meta()
     if not meta.run_id or meta.secondary_rank is not None:
         return None
-    client = client_for(meta.tracking_uri)
+    client = store_client(meta.tracking_uri, create=True)
     status = ending.status if ending is not None else (
         "KILLED" if meta.status == "RUNNING" else meta.status)
     end_ms = ending.end_ms if ending is not None else (
@@ -528,7 +522,7 @@ def _ending_in_store(spool: Spool, meta: SpoolMeta) -> tuple[RunStatus, int] | N
     rather than calling the run KILLED."""
     if not meta.run_id:
         return None
-    run = client_for(meta.tracking_uri).get_run(meta.run_id)
+    run = store_client(meta.tracking_uri, create=True).get_run(meta.run_id)
     if schema.TAG_SYNC_PENDING not in run.data.tags or run.info.status == "RUNNING":
         return None
     return run.info.status, run.info.end_time  # type: ignore[return-value]
@@ -671,7 +665,7 @@ def finalize_rank(spool: Spool) -> str:
     meta = spool.read_meta()
     k = meta.secondary_rank
     assert k is not None
-    client = client_for(meta.tracking_uri)
+    client = store_client(meta.tracking_uri, create=True)
     run_id = meta.run_id or find_job_run(client, meta)
 
     def record(m: SpoolMeta) -> None:

@@ -42,6 +42,7 @@ from refrun.recording import delivery
 from refrun.recording.spool import Spool, SpoolMeta, unlock
 from refrun.settings import settings
 from refrun.store.client import bound_http_requests
+from refrun.store.client import client as store_client
 
 LOG_FILE = "delivery.log"
 
@@ -173,7 +174,7 @@ def _warm_up(spool: Spool) -> None:
     t = threading.Thread(target=beat, daemon=True)
     t.start()
     try:
-        delivery.client_for(spool.read_meta().tracking_uri)
+        store_client(spool.read_meta().tracking_uri, create=True)
     except Exception as exc:  # the delivery loop retries and reports it
         _say(f"opening the store failed: {exc}")
     finally:

@@ -54,6 +54,7 @@ from refrun.recording.writer import SpoolWriter
 from refrun.settings import settings
 from refrun.store import limits
 from refrun.store.client import bound_http_requests
+from refrun.store.client import client as store_client
 from refrun.store.uri import local_store
 
 log = logging.getLogger("refrun")
@@ -414,7 +415,7 @@ class RunSession:
 
         uri = self.config.options.tracking_uri
         try:  # local work only (import MLflow; create a new sqlite store once)
-            delivery.client_for(uri)
+            store_client(uri, create=True)
         except Exception as exc:
             failure.append(exc)
         t = threading.Thread(target=create, name="refrun-create-run", daemon=True)
@@ -631,7 +632,7 @@ def start_run(
 
 def _spool_meta(config: RunConfig) -> SpoolMeta:
     opts = config.options
-    tags = identity_tags(config)
+    tags = _run_tags(config)
     # Cut to MLflow's limits here; start_run warns about and counts each cut afterwards.
     tags.update({k: _tag_value(v)[:TAG_VALUE_MAX] for k, v in config.tags.items()
                  if key_problem(k) is None})
@@ -652,23 +653,16 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
     )
 
 
-def identity_tags(config: RunConfig) -> dict[str, str]:
-    """The ``refrun.*`` identity tags of a run (and, for runs of this process, its device,
-    host, framework versions and git state)."""
+def _run_tags(config: RunConfig) -> dict[str, str]:
+    """The ``refrun.*`` identity tags of a run, its job's and, for runs of this process,
+    the environment's (:func:`refrun.identity.environment_tags`)."""
     tags = config.identity.tags()
     opts = config.options
     if opts.multi_process:
         tags.update({schema.TAG_JOB_ID: str(opts.job), schema.TAG_JOB_RANK: str(opts.rank),
                      schema.TAG_JOB_WORLD_SIZE: str(opts.world_size)})
-    if not opts.snapshot_environment:  # e.g. an imported run: this machine did not run it
-        return tags
-    tags[schema.TAG_DEVICE] = identity.device_description()
-    tags[schema.TAG_HOST] = socket.gethostname()
-    tags.update({schema.TAG_FW_PREFIX + k: v for k, v in identity.framework_versions().items()})
-    git = identity.git_state()
-    if git:
-        tags[schema.TAG_GIT_COMMIT] = git["commit"]
-        tags[schema.TAG_GIT_DIRTY] = git["dirty"]
+    if opts.snapshot_environment:  # not for e.g. an imported run: this machine did not run it
+        tags.update(identity.environment_tags())
     return tags
 
 

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from refrun import schema
+from refrun.acceptance.criterion_evidence import FirstDivergence, Interval, PairedEvidence
 from refrun.report.html import Raw, esc, is_number, join, kv_table, num, table, tag
 
 LEVEL_NAMES = schema.LEVELS
@@ -150,15 +151,12 @@ def assessed_envelope_k(a: dict[str, Any] | None, metric: str, default: float = 
 def first_divergence_mark(r: dict[str, Any]) -> Raw:
     """Where a failing per-step criterion's candidate first left its band (the evidence's
     ``first_divergence``: axis value, step, side), or nothing."""
-    ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
-    fd = ev.get(schema.EV_FIRST_DIVERGENCE) if isinstance(ev, dict) else None
-    if r.get("outcome") != "fail" or not isinstance(fd, dict) or not is_number(fd.get("at")):
+    fd = FirstDivergence.of_result(r.get("evidence"))
+    if r.get("outcome") != "fail" or fd is None:
         return Raw("")
-    axis = str(fd.get("axis") or "step")
-    at = f"{axis} {fd['at']:g}" + (f" (step {fd.get('step')})" if axis != "step" else "")
-    return join([tag("b", f"first left the band at {at}" + (
-        f", {fd['direction']}" if fd.get("direction") else ""), "first-divergence",
-        data_step=str(fd.get("step"))), " "])
+    return join([tag("b", f"first left the band at {fd.where()}" + (
+        f", {fd.direction}" if fd.direction else ""), "first-divergence",
+        data_step=str(fd.step)), " "])
 
 
 def verdict_banner(a: dict[str, Any] | None, ns: str = "") -> Raw:
@@ -198,15 +196,12 @@ def verdict_banner(a: dict[str, Any] | None, ns: str = "") -> Raw:
 
 
 def _interval(r: dict[str, Any]) -> Raw:
-    ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
-    iv, n = ev.get("interval"), ev.get("n_reference", ev.get("n_references"))
+    iv = Interval.from_dict(r.get("evidence"))
     parts: list[str] = []
-    if isinstance(iv, list | tuple) and len(iv) == 2:
-        parts += ["[", num(iv[0]), ", ", num(iv[1]), "]"]
-    elif iv is not None:
-        parts.append(_value(iv))
-    if n is not None:
-        parts += [" n=" if parts else "n=", num(n)]
+    if iv is not None and iv.interval is not None:
+        parts += ["[", num(iv.interval[0]), ", ", num(iv.interval[1]), "]"]
+    if iv is not None and iv.n_reference is not None:
+        parts += [" n=" if parts else "n=", num(iv.n_reference)]
     return join(parts)
 
 
@@ -242,8 +237,10 @@ def assessment_section(a: dict[str, Any]) -> Raw:
         ("evidence sha256", a.get("evidence_sha256") or ""),
     ], table_id="acceptance-summary")
     rs = results(a)
-    with_iv = any(isinstance(r.get("evidence"), dict) and ("interval" in r["evidence"]
-                  or "n_reference" in r["evidence"]) for r in rs)
+    # the column when a statistical criterion states its interval or seeds
+    with_iv = any(isinstance(r.get("evidence"), dict) and (
+        schema.EV_INTERVAL in r["evidence"] or schema.EV_N_REFERENCE in r["evidence"])
+        for r in rs)
     rows = []
     for r in rs:
         name = join([tag("code", str(r.get("id", ""))), Raw("<br>"),
@@ -269,16 +266,18 @@ def paired_table(a: dict[str, Any]) -> Raw:
     for r in results(a):
         if r.get("kind") != "paired":
             continue
-        ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
-        pair = ev.get("pair") if isinstance(ev.get("pair"), dict) else {}
-        first = ev.get("first_divergence_step")
-        where = ("never left the band" if first is None and ev.get("pair_run") else
+        pe = PairedEvidence.from_dict(r.get("evidence"))
+        pair = pe.pair if pe else {}
+        j = pe.judgement if pe else None
+        first = pe.first_divergence_step if pe else None
+        where = ("never left the band" if first is None and pe and pe.pair_run else
                  "—" if first is None else f"step {first}")
         rows.append((tag("code", str(r.get("id", ""))), badge(r.get("outcome")),
                      f"{pair.get('run_id') or 'none'} ({pair.get('source') or 'not found'})",
-                     where, ev.get("divergence_at_first"), ev.get("band_at_first"),
-                     ev.get("max_ratio_observed"), ev.get("max_ratio"),
-                     ev.get("steps_compared"), r.get("reason", "")))
+                     where, j.divergence_at_first if j else None,
+                     j.band_at_first if j else None, j.max_ratio_observed if j else None,
+                     pe.max_ratio if pe else None, j.steps_compared if j else None,
+                     r.get("reason", "")))
     if not rows:
         return Raw("")
     return join([tag("h3", "Same-seed pair"),

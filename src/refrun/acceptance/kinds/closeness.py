@@ -15,17 +15,13 @@ from refrun.acceptance.checks import (
     Context,
     aligned_frame,
     first_left,
+    first_left_evidence,
     result,
     select,
     where,
 )
 from refrun.acceptance.model import SELECT_OVER, Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,9 +111,7 @@ def closeness(c: Closeness, ctx: Context) -> CriterionResult:
     ev.update(aggregate="point", steps_within=int(within.sum()), fraction_within=frac,
               min_fraction=c.min_fraction, steps_outside=len(outside),
               first_step_outside=int(outside[0]) if len(outside) else None,
-              outside_steps_listed=outside[:MAX_LISTED].tolist(),
-              **{schema.EV_FIRST_DIVERGENCE: fl,
-                 schema.EV_FIRST_DIVERGENCE_STEP: None if fl is None else fl["step"]})
+              outside_steps_listed=outside[:MAX_LISTED].tolist(), **first_left_evidence(fl))
     ok = frac >= c.min_fraction - 1e-12
     reason = (f"{int(within.sum())}/{len(steps)} steps within tolerance "
               f"({frac:.1%}, need {c.min_fraction:.1%}); max |diff| {rv.fnum(ad[imax])} at "

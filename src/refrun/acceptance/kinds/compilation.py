@@ -6,19 +6,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from refrun import schema
-from refrun.acceptance.checks import (
-    MAX_LISTED,
-    Context,
-    counter_sum,
-    result,
-)
+from refrun.acceptance.checks import MAX_LISTED, Context, counter_sum, result
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,20 +8,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from refrun import schema
 from refrun.acceptance import runview as rv
 from refrun.acceptance import statistics as stats
-from refrun.acceptance.checks import (
-    Context,
-    result,
-)
+from refrun.acceptance.checks import Context, result
+from refrun.acceptance.criterion_evidence import Interval
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData
 
 
@@ -58,7 +50,7 @@ def convergence(c: Convergence, ctx: Context) -> CriterionResult:
     if len(ctx.references) < 3:
         return result(c, NOT_EVALUABLE, f"convergence needs at least 3 reference runs "
                       f"(olympic scoring drops the min and max), got {len(ctx.references)}",
-                      {schema.EV_N_REFERENCE: len(ctx.references)})
+                      Interval(None, len(ctx.references)).to_dict())
     scale = c.samples_per_step or 1.0
     unit = "samples" if c.samples_per_step else "steps"
 
@@ -83,9 +75,10 @@ def convergence(c: Convergence, ctx: Context) -> CriterionResult:
           "rcp_std": lim.rcp_std, "alpha": c.alpha,
           "min_acceptable": lim.min_acceptable_mean,
           "max_acceptable": lim.max_acceptable_mean if c.side == "both" else None,
-          "max_speedup": lim.max_speedup, schema.EV_INTERVAL: list(lim.interval)
-          if c.side == "both" else [lim.min_acceptable_mean, None],
-          schema.EV_N_REFERENCE: lim.n_reference, "n_reference_runs": len(refs)}
+          "max_speedup": lim.max_speedup,
+          **Interval(tuple(lim.interval) if c.side == "both"
+                     else (lim.min_acceptable_mean, None), lim.n_reference).to_dict(),
+          "n_reference_runs": len(refs)}
     op = "<=" if c.direction == "at_most" else ">="
     if cand is None:
         return result(c, FAIL, f"candidate never reaches {c.metric} {op} {c.target:g} "

@@ -9,17 +9,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from refrun.acceptance import runview as rv
-from refrun.acceptance.checks import (
-    Context,
-    result,
-)
+from refrun.acceptance.checks import Context, result
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,23 +7,18 @@ from typing import ClassVar
 
 import numpy as np
 
-from refrun import schema
 from refrun.acceptance.checks import (
     MAX_LISTED,
     Context,
     aligned_frame,
     first_left,
+    first_left_evidence,
     result,
     select,
     where,
 )
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,9 +78,7 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
           "first_step_outside": int(outside[0]) if len(outside) else None,
           "outside_steps_listed": outside[:MAX_LISTED].tolist(),
           "max_abs_z": float(az.max()) if len(az) else None,
-          "zero_spread_steps": int((std <= 0).sum()),
-          schema.EV_FIRST_DIVERGENCE: fl,
-          schema.EV_FIRST_DIVERGENCE_STEP: None if fl is None else fl["step"]}
+          "zero_spread_steps": int((std <= 0).sum()), **first_left_evidence(fl)}
     ok = frac >= c.min_fraction - 1e-12
     band = f"mean +- {c.k:g} std" if c.band == "std" else "min-max"
     reason = (f"{int(inside.sum())}/{len(steps)} steps inside the "

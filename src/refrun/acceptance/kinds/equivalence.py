@@ -7,21 +7,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from refrun import schema
 from refrun.acceptance import runview as rv
 from refrun.acceptance import statistics as stats
-from refrun.acceptance.checks import (
-    Context,
-    one_point,
-    result,
-)
+from refrun.acceptance.checks import Context, one_point, result
+from refrun.acceptance.criterion_evidence import Interval
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +53,7 @@ def equivalence(c: Equivalence, ctx: Context) -> CriterionResult:
     if len(vals) < 2:
         return result(c, NOT_EVALUABLE, f"equivalence needs a finite {c.metric!r} value "
                       f"in at least 2 reference runs, got {len(vals)}",
-                      {schema.EV_N_REFERENCE: len(vals)})
+                      Interval(None, len(vals)).to_dict())
     ref_mean = float(np.mean(vals))
     margins = [m for m in (c.margin, None if c.rel_margin is None
                            else c.rel_margin * abs(ref_mean)) if m is not None]
@@ -72,7 +63,7 @@ def equivalence(c: Equivalence, ctx: Context) -> CriterionResult:
           "reference_mean": ref_mean, "diff": t.diff, "se": t.se, "df": t.df,
           "margin": margin, "alpha": c.alpha, "p_lower": t.p_lower, "p_upper": t.p_upper,
           "p": t.p, "confidence": 1 - 2 * c.alpha,
-          schema.EV_INTERVAL: list(t.interval), schema.EV_N_REFERENCE: t.n_reference,
+          **Interval(tuple(t.interval), t.n_reference).to_dict(),
           "n_candidate": t.n_candidate}
     lo, hi = t.interval
     head = (f"diff {rv.fnum(t.diff)}, {1 - 2 * c.alpha:.0%} CI [{rv.fnum(lo)}, "

@@ -7,18 +7,9 @@ from typing import ClassVar
 
 from refrun import schema
 from refrun.acceptance import runview as rv
-from refrun.acceptance.checks import (
-    MAX_LISTED,
-    Context,
-    result,
-)
+from refrun.acceptance.checks import MAX_LISTED, Context, result
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,17 +6,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from refrun import schema
-from refrun.acceptance.checks import (
-    Context,
-    result,
-)
+from refrun.acceptance.checks import Context, result
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +18,7 @@ class Gradcheck(Criterion):
                           "gradcheck, tag refrun.gradcheck.candidate = the candidate's run id, "
                           "refrun.gradcheck.record) finished and passed; a candidate without "
                           "one fails")
+    NEEDS: ClassVar[frozenset[str]] = frozenset({"gradchecks"})
 
     labels: list[str] = key("labels of checks that must be among those recorded (and "  # noqa: RUF009
                             "passed), e.g. 'parity/loss'; default: any", [])

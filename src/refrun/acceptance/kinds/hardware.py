@@ -6,17 +6,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from refrun import schema
-from refrun.acceptance.checks import (
-    Context,
-    result,
-)
+from refrun.acceptance.checks import Context, result
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)

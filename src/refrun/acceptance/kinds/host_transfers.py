@@ -8,18 +8,9 @@ from typing import ClassVar
 import numpy as np
 
 from refrun import schema
-from refrun.acceptance.checks import (
-    Context,
-    counter_sum,
-    result,
-)
+from refrun.acceptance.checks import Context, counter_sum, result
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)

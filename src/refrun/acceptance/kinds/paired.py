@@ -3,21 +3,17 @@ lookup, divergence and band arithmetic are :mod:`refrun.acceptance.paired`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from refrun import schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
+from refrun.acceptance.criterion_evidence import PairedEvidence
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_APPLICABLE,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +25,7 @@ class Paired(Criterion):
                           "max_ratio x the known-good pairs' divergence at every step "
                           "(refrun.acceptance.paired); not applicable to a candidate that "
                           "declares no pair, not evaluable when its declared pair is missing")
+    NEEDS: ClassVar[frozenset[str]] = frozenset({"pair"})
 
     metric: str = key("per-step metric compared with the same-seed reference", schema.M_LOSS)
     band_steps: list[int] = key("steps of the known-good envelope's knots, increasing "  # noqa: RUF009
@@ -60,9 +57,9 @@ def paired(c: Paired, ctx: Context) -> CriterionResult:
     found (missing, ambiguous) or that lacks the metric (a gap in the evidence, never a
     pass); otherwise *pass* / *fail*, the evidence naming where the pair first diverged."""
     lookup = ctx.pair if ctx.pair is not None else pairs.pair_among(ctx.candidate, ctx.references)
-    ev: dict[str, Any] = {"pair": lookup.to_dict(), "max_ratio": c.max_ratio,
-                          "band_first_step": c.band_steps[0],
-                          "band_last_step": c.band_steps[-1]}
+    shape = PairedEvidence(pair=lookup.to_dict(), max_ratio=c.max_ratio,
+                           band_first_step=c.band_steps[0], band_last_step=c.band_steps[-1])
+    ev = shape.to_dict()
     if not lookup.declared:
         return result(c, NOT_APPLICABLE, f"{pairs.NO_PAIR}: candidate {ctx.candidate.run_id} "
                       f"declares none ({schema.TAG_PAIR_SEED} / {schema.TAG_PAIR_REFERENCE} "
@@ -80,16 +77,8 @@ def paired(c: Paired, ctx: Context) -> CriterionResult:
                       f"candidate and its pair {lookup.run.run_id}" if div is not None else
                       f"metric {c.metric!r} not recorded in run {who}", ev)
     j = pairs.judge(div, c.band_steps, c.band_values, c.max_ratio)
-    ev.update({"pair_run": lookup.run.run_id, "pair_seed": lookup.run.seed,
-               "steps_compared": j.steps_compared, "first_step": j.first_step,
-               "last_step": j.last_step,
-               schema.EV_FIRST_DIVERGENCE_STEP: j.first_divergence_step,
-               "divergence_at_first": j.divergence_at_first, "band_at_first": j.band_at_first,
-               "steps_outside": j.steps_outside, "fraction_outside": j.fraction_outside,
-               "max_ratio_observed": j.max_ratio_observed,
-               "step_of_max_ratio": j.step_of_max_ratio,
-               "divergence_at_last": j.divergence_at_last, "band_at_last": j.band_at_last,
-               "steps_beyond_band": j.steps_beyond_band})
+    ev = dataclasses.replace(shape, pair_run=lookup.run.run_id, pair_seed=lookup.run.seed,
+                             judgement=j).to_dict()
     pair = f"pair {lookup.run.run_id} (seed {lookup.run.seed})"
     if j.first_divergence_step is None:
         return result(c, PASS, f"{pair}: divergence stays within {c.max_ratio:.3g} x the "

@@ -10,19 +10,9 @@ import numpy as np
 
 from refrun import identity, schema
 from refrun.acceptance import runview as rv
-from refrun.acceptance.checks import (
-    Context,
-    missing_in,
-    result,
-)
+from refrun.acceptance.checks import Context, missing_in, result
 from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import (
-    FAIL,
-    NOT_APPLICABLE,
-    NOT_EVALUABLE,
-    PASS,
-    CriterionResult,
-)
+from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData, step_time_ratio
 from refrun.comparison.measures import steady_points
 from refrun.thinning import sorted_unique

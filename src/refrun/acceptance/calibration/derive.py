@@ -1,32 +1,8 @@
-"""Calibration: a criteria file derived from N >= 3 reference seeds by held-out validation.
+"""Deriving thresholds: pure functions from the reference seeds' data to frozen results
+(:class:`Calibrated`, one :class:`Derived` per criterion); nothing here reads a store or
+writes a file (:mod:`.render` writes the file, :mod:`.check` re-checks one).
 
-Every reference seed is held out in turn and judged against groups of ``group_size`` of
-the others, as a benign candidate would be judged against the reference group; for every
-criterion we record what the held-out seed *needed* (the smallest threshold that accepts
-it), take each seed's worst need over its groups, and set the threshold to an upper
-tolerance limit of those N worst needs (:func:`refrun.acceptance.statistics.upper_limit`:
-``max(worst, mean + k s)``, ``k`` the one-sided normal tolerance factor for N values,
-``coverage = 1 - false_alarm_rate / n_criteria`` (Bonferroni over the file) at
-``confidence``).  So the margin above the worst held-out value grows when N is small or
-the seeds disagree, and no constant of any one workload enters.
-
-What is calibrated, for every metric all references share (any cadence):
-
-* per-step metrics (``loss``, ``grad_norm/...``, ``eval/val_loss`` ...): an ``envelope``
-  (std band, ``k`` a tolerance limit on log k for ``min_fraction`` of the steps, capped by
-  the Student-t prediction bound of one new seed, :func:`envelope_k`) and a
-  final-window ``closeness`` of the window means (``abs_tol``);
-* one-point metrics (one value per run, e.g. ``eval/test_accuracy``): a min-max
-  ``envelope`` whose ``abs_tol`` is the limit of the signed distance outside the group's
-  range (negative inside, so a limit exists even when every seed fell inside);
-* ``perf/step_time_s``: ``step_time`` (steady median, compilation steps left out, same
-  backend only), ``max_ratio`` from the log ratios of held-out seeds;
-* integrity counters (compilations, host syncs and device-to-host copies inside the step,
-  CPU fallbacks): from the references' own evidence when their backend records it, else a
-  structural default stated as such, scoped to the backends whose probe records it.
-
-``check_file`` re-measures any criteria file with the real checks on held-out seeds.
-"""
+The method is described in :mod:`refrun.acceptance.calibration`."""
 
 from __future__ import annotations
 
@@ -34,40 +10,26 @@ import contextlib
 import dataclasses
 import datetime as dt
 import itertools
-import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from refrun import identity, schema
-from refrun._version import __version__
-from refrun.acceptance import checks
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
-from refrun.acceptance.comparing import run_comparison
-from refrun.acceptance.criteria import (  # calibration_digest: re-exported
-    CriteriaFile,
-    CriteriaSettings,
-    calibration_digest,
-    parse_criteria,
-)
+from refrun.acceptance.calibration.render import clean_float, render
+from refrun.acceptance.criteria import CriteriaSettings
 from refrun.acceptance.kinds.step_time import steady_step_times
-from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.acceptance.statistics import prediction_z, symmetric_limit, tost, upper_limit
 from refrun.comparison import RunData, warmup_end
 from refrun.comparison.measures import final_window_size
 from refrun.errors import RefrunInputError
 from refrun.pairing import declares_pair
 
-METHOD = ("held-out seeds: each reference seed judged against groups of the others; "
-          "threshold = max(worst trial, mean + k s) of what the held-out trials needed, k the "
-          "one-sided normal tolerance factor for N seeds (coverage 1 - false_alarm_rate / "
-          "criteria, confidence); a per-step envelope's k capped by the Student-t prediction "
-          "bound of one new seed")
 MIN_RUNS = 3
 # Backends whose refrun probe records each integrity counter (docs/{jax,xla}.md): a
 # criterion on evidence only these record is scoped to them.
@@ -305,10 +267,6 @@ def _round_up(x: float, sig: int = 4) -> float:
     e = math.floor(math.log10(x)) - sig + 1
     return math.ceil(x / 10 ** e - 1e-9) * 10 ** e if e < 0 else float(
         math.ceil(x / 10 ** e) * 10 ** e)
-
-
-def _clean_float(x: float) -> float:
-    return float(f"{x:.6g}")
 
 
 def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
@@ -619,7 +577,9 @@ def shared_metrics(runs: Sequence[RunData]) -> list[str]:
                   if all(len(rv.finite(rv.resolved(r, m)).values) for r in runs))  # type: ignore[arg-type]
 
 
-def _check_runs(runs: Sequence[RunData], opts: CalibrationOptions) -> tuple[int, str, str]:
+def check_runs(runs: Sequence[RunData], opts: CalibrationOptions) -> tuple[int, str, str]:
+    """``(group size, workload, backends)`` of reference seeds fit to calibrate on, or a
+    one-line :class:`RefrunInputError` (too few, repeated, paired, mixed workloads)."""
     if len(runs) < MIN_RUNS:
         raise RefrunInputError(f"calibration needs at least {MIN_RUNS} reference runs "
                                f"(seeds), got {len(runs)}")
@@ -760,7 +720,7 @@ def calibrate(references: Sequence[RunData],
     """
     opts = options or CalibrationOptions()
     runs = list(references)
-    _check_runs(runs, opts)
+    check_runs(runs, opts)
     found = outliers(runs, opts)
     bad = {o.run_id for o in found}
     left = len(runs) - len(bad)
@@ -777,7 +737,7 @@ def calibrate(references: Sequence[RunData],
 def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                known_good: Sequence[RunData] = (),
                pair_references: Sequence[RunData] = ()) -> Calibrated:
-    g, workload, backend = _check_runs(runs, opts)
+    g, workload, backend = check_runs(runs, opts)
     keep = opts.settings.keep
     metrics = shared_metrics(runs)
     if opts.metrics is not None:
@@ -891,10 +851,10 @@ def _paired(b: pairs.PairedBand) -> Derived:
               "rounding)" if structural else
               f"max_ratio raised to the known-good pairs' worst leave-one-out need "
               f"{max(b.needs):.4g}"))
-    cal = {"pairs": float(len(b.pairs)), "floor": _clean_float(b.floor),
+    cal = {"pairs": float(len(b.pairs)), "floor": clean_float(b.floor),
            "structural": 1.0 if structural else 0.0}
     if b.needs:
-        cal["worst"] = _clean_float(max(b.needs))
+        cal["worst"] = clean_float(max(b.needs))
     det = (f"a same-seed port whose divergence from its seed exceeds {b.max_ratio:.3g} x the "
            f"known-good pairs' at any step (e.g. bfloat16 or TF32 matmuls)")
     return Derived({"id": f"{_slug(b.metric)}-paired", "kind": "paired", "level": "L1",
@@ -924,9 +884,9 @@ def _envelope(m: str, env: tuple[float, float, float, np.ndarray], opts: Calibra
              "band": "std", "k": k, "min_fraction": opts.min_fraction,
              "description": f"{m} inside mean +- k std of the reference group at "
                             f">= {opts.min_fraction:.0%} of the steps (calibrated)",
-             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(k - worst),
+             "calibration": {"worst": clean_float(worst), "margin": clean_float(k - worst),
                              "seeds": n, "group_size": g,
-                             "detectable_shift": _clean_float(shift)}}
+                             "detectable_shift": clean_float(shift)}}
     return Derived(table, worst, k - worst, det,
                    [_held_out_line(worst, k - worst, n, f"k needed for {opts.min_fraction:.0%}"
                                    " of the steps"), f"detects: {det}"], n)
@@ -948,8 +908,8 @@ def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: Calibration
                             "steps, at the candidate's own logged steps) close to the "
                             "reference group's (calibrated; a window of fewer points is "
                             "allowed its extra noise)",
-             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(tol - worst),
-                             "seeds": n, "detectable_shift": _clean_float(tol)}}
+             "calibration": {"worst": clean_float(worst), "margin": clean_float(tol - worst),
+                             "seeds": n, "detectable_shift": clean_float(tol)}}
     comment = [_held_out_line(worst, tol - worst, n, "relative window mean difference")]
     if noise and noise.rel > 0:
         table.update(window_noise_rel=_round_up(noise.rel),
@@ -972,8 +932,8 @@ def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], 
     spread = float(values.max() - values.min())
     det = (f"a value more than {tol:.3g} outside the reference group's range (seeds span "
            f"{spread:.3g})")
-    cal = {"worst": _clean_float(worst), "margin": _clean_float(tol - worst),
-           "seeds": n, "detectable_shift": _clean_float(tol)}
+    cal = {"worst": clean_float(worst), "margin": clean_float(tol - worst),
+           "seeds": n, "detectable_shift": clean_float(tol)}
     if step is None:
         table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": "L3",
                  "metric": m, "band": "minmax", "abs_tol": tol,
@@ -1003,8 +963,8 @@ def _equivalence(m: str, values: np.ndarray, eq: tuple[float, float, np.ndarray]
            f"the reference seeds' mean (margin {margin:.3g} minus the {1 - 2 * TOST_ALPHA:.0%} "
            f"interval's half-width {half:.3g} for {g} references)")
     what = "final evaluation" if step is not None else "value"
-    cal = {"worst": _clean_float(worst), "margin": _clean_float(margin - worst), "seeds": n,
-           "group_size": g, "detectable_shift": _clean_float(max(margin - half, 0.0))}
+    cal = {"worst": clean_float(worst), "margin": clean_float(margin - worst), "seeds": n,
+           "group_size": g, "detectable_shift": clean_float(max(margin - half, 0.0))}
     if step is not None:
         cal["step"] = float(step)
     table = {"id": f"{_slug(m)}-equivalence", "kind": "equivalence", "level": "L3",
@@ -1056,11 +1016,11 @@ def _step_time(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float
                             "not applicable across backends); judged on the fastest "
                             f"{STEP_TIME_LOW_QUANTILE:.0%} of the steps (other processes "
                             "only add time: they measure the code) ; " + src,
-             "calibration": {"worst": _clean_float(worst), "margin": _clean_float(ratio - worst),
+             "calibration": {"worst": clean_float(worst), "margin": clean_float(ratio - worst),
                              "seeds": len(runs), "warmup_end_step": start,
-                             "held_out_ratio": _clean_float(lim.held_out),
-                             "bootstrap_ratio": _clean_float(lim.bootstrap),
-                             "floor": _clean_float(lim.floor)}}
+                             "held_out_ratio": clean_float(lim.held_out),
+                             "bootstrap_ratio": clean_float(lim.bootstrap),
+                             "floor": clean_float(lim.floor)}}
     return Derived(table, worst, ratio - worst, det,
                    [_held_out_line(worst, ratio - worst, len(runs), "ratio"), src,
                     f"detects: {det}"], len(runs))
@@ -1200,221 +1160,3 @@ def _per_step_transfers(runs: list[RunData], opts: CalibrationOptions, cov: floa
              "description": f"{kind.description}; {src}", "calibration": cal}
     return Derived(table, cal.get("worst"), cal.get("margin"),
                    f"a mean above {mx:g} {kind.what} per step", [src], len(runs))
-
-
-# --- TOML ----------------------------------------------------------------------------------
-def _toml(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ValueError(f"not a finite number: {v}")
-        return repr(_clean_float(v))
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
-    raise TypeError(type(v))
-
-
-def _comment(text: str) -> list[str]:
-    import textwrap
-
-    return [f"# {ln}" for ln in textwrap.wrap(text, 88)] or ["#"]
-
-
-def render(c: Calibrated) -> str:
-    """The criteria file of a calibration: a header, ``[calibration]``, ``[settings]`` and
-    one commented ``[[criteria]]`` table per criterion."""
-    o = c.options
-    lines = [f"# Criteria of workload {c.workload!r} written by `refrun calibrate` "
-             f"(refrun {__version__}, {c.created_utc}).", "#"]
-    lines += _comment(f"Every threshold comes from held-out validation over {len(c.run_ids)} "
-                      f"reference seeds: each seed judged against groups of {c.group_size} "
-                      f"of the others (use {c.group_size} references with `refrun accept`). "
-                      f"Target false-alarm rate {o.false_alarm_rate:g} for the whole file "
-                      f"(coverage 1 - {o.false_alarm_rate:g}/{len(c.criteria)} per "
-                      f"criterion), tolerance limits at confidence {o.confidence:g}.")
-    lines += ["#", "# Power (the smallest shift each criterion detects with these seeds):"]
-    for d in c.criteria:
-        lines += _comment(f"  {d.id}: {d.detectable}")
-    if c.outliers:
-        lines += ["#", "# Outlier reference seeds:"]
-        for out in c.outliers:
-            lines += _comment(f"  {out.text()}")
-    if c.notes:
-        lines += ["#", "# Notes:"]
-        for note in c.notes:
-            lines += _comment(f"  {note}")
-    if c.skipped:
-        lines += ["#", "# Metrics without a criterion:"]
-        for m, why in c.skipped.items():
-            lines += _comment(f"  {m}: {why}")
-    lines += ["#", "# Re-measure with: refrun calibrate --check THIS_FILE --reference "
-              + " ".join(c.run_ids[:3]) + (" ..." if len(c.run_ids) > 3 else ""),
-              "version = 1", f"workload = {_toml(c.workload)}",
-              f"description = {_toml(f'calibrated from {len(c.run_ids)} reference seeds')}",
-              "", "[calibration]", f"method = {_toml(METHOD)}", f"runs = {_toml(c.run_ids)}",
-              f"n = {len(c.run_ids)}", f"group_size = {c.group_size}",
-              f"backend = {_toml(c.backend)}",
-              f"false_alarm_rate = {_toml(float(o.false_alarm_rate))}",
-              f"confidence = {_toml(float(o.confidence))}", f"date = {_toml(c.created_utc)}",
-              f"refrun_version = {_toml(__version__)}"]
-    if o.require_gradcheck:
-        lines.append("require_gradcheck = true")
-    if c.outliers:
-        lines.append(f"outliers = {_toml([x.run_id for x in c.outliers])}")
-        lines.append(f"outliers_excluded = {_toml(any(x.excluded for x in c.outliers))}")
-    lines.append("")
-    settings = {k: v for k, v in asdict(o.settings).items()
-                if v != getattr(CriteriaSettings(), k)}
-    lines += ["[settings]"] + [f"{k} = {_toml(v)}" for k, v in settings.items()] + [""]
-    for d in c.criteria:
-        lines += _comment(f"{d.id}: " + "; ".join(d.comment))
-        lines.append("[[criteria]]")
-        lines += [f"{k} = {_toml(v)}" for k, v in d.table.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def calibrate_ids(run_ids: Sequence[str], tracking_uri: str | None = None,
-                  options: CalibrationOptions | None = None) -> Calibrated:
-    """Load the reference runs by id and :func:`calibrate`."""
-    from refrun.comparison import load_run
-
-    runs = [load_run(i, tracking_uri=tracking_uri, progress=False) for i in run_ids]
-    return calibrate(runs, options, known_good_runs(runs, tracking_uri))
-
-
-def known_good_runs(references: Sequence[RunData], tracking_uri: str | None
-                    ) -> list[RunData]:
-    """The known-good same-seed pair runs of the references' workload in the store
-    (``refrun.pair.known_good``), loaded; empty when the references share no workload."""
-    from refrun.comparison import load_run
-
-    workload = references[0].workload if references else None
-    if not workload:
-        return []
-    return [load_run(i, tracking_uri=tracking_uri, progress=False)
-            for i in pairs.known_good_ids(workload, tracking_uri)]
-
-
-def reference_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
-    """Finished runs of ``workload`` with role reference, oldest first."""
-    from refrun.comparison import find_run_ids
-    from refrun.store.client import client as store_client
-
-    ids = find_run_ids(workload, schema.ROLES[0], tracking_uri=tracking_uri)
-    client = store_client(tracking_uri)
-    # A run that declares a same-seed pair (a rerun of a seed) is no independent seed.
-    done = [i for i in ids if (r := client.get_run(i)).info.status == "FINISHED"
-            and not declares_pair(r.data.tags)]
-    return list(reversed(done))
-
-
-def write_file(c: Calibrated, path: str) -> str:
-    """Write the calibrated file atomically after checking it loads (nothing half-written)."""
-    import os
-    from pathlib import Path
-
-    text = c.text()
-    parse_criteria(text, path)  # the file must load with the ordinary loader
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, p)
-    return text
-
-
-# --- calibration digest ------------------------------------------------------------------------
-# --- re-measuring a file ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rejection:
-    """A criterion that rejected (or could not judge) a held-out reference seed."""
-
-    criterion: str
-    held_out: str
-    group: list[str]
-    outcome: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    """``refrun calibrate --check``: every criterion judged on held-out seeds."""
-
-    path: str
-    run_ids: list[str]
-    group_size: int
-    trials: int
-    judged: dict[str, int]  # criterion id -> trials in which it was evaluated
-    rejections: list[Rejection]
-    not_evaluable: list[Rejection]
-
-    @property
-    def ok(self) -> bool:
-        return not self.rejections
-
-    def rejecting(self) -> list[str]:
-        return sorted({r.criterion for r in self.rejections})
-
-    def text(self) -> str:
-        lines = [f"{self.path}: {self.trials} held-out trials ({len(self.run_ids)} seeds, "
-                 f"groups of {self.group_size})"]
-        for cid, n in self.judged.items():
-            rej = [r for r in self.rejections if r.criterion == cid]
-            lines.append(f"  {cid:<36} {'REJECTS' if rej else 'ok':<8} "
-                         f"{len(rej)}/{n} held-out seeds rejected")
-            for r in rej[:3]:
-                lines.append(f"      seed run {r.held_out}: {r.reason}")
-        for r in self.not_evaluable[:5]:
-            lines.append(f"  note: {r.criterion} not evaluable for {r.held_out}: {r.reason}")
-        lines.append("every criterion accepts every held-out seed" if self.ok else
-                     f"criteria that reject a held-out seed: {', '.join(self.rejecting())}")
-        return "\n".join(lines)
-
-
-def check_file(crit: CriteriaFile, references: Sequence[RunData], group_size: int | None = None,
-               max_groups: int = 5) -> CheckReport:
-    """Judge every criterion of ``crit`` with the real checks on each reference seed held
-    out against groups of the others (group size: the file's ``[calibration]
-    group_size``, else N - 1); lists every criterion that rejects a held-out seed."""
-    runs = list(references)
-    g = group_size or (crit.calibration.group_size if crit.calibration and
-                       crit.calibration.group_size else len(runs) - 1)
-    _check_runs(runs, CalibrationOptions(group_size=min(g, len(runs) - 1)))
-    g = min(g, len(runs) - 1)
-    judged = {c.id: 0 for c in crit.criteria}
-    rejections, gaps = [], []
-    trials = 0
-    for i, cand in enumerate(runs):
-        for grp in groups_for(len(runs), i, g, max_groups):
-            trials += 1
-            refs = [runs[j] for j in grp]
-            # The assessment's own comparison: the re-check judges what accept judges.
-            comparison, why = run_comparison(crit, refs, cand)
-            ctx = checks.Context(crit, refs, cand, comparison, why)
-            for c in crit.criteria:
-                r: CriterionResult = checks.evaluate(c, ctx)
-                if r.outcome == FAIL:
-                    rejections.append(Rejection(c.id, cand.run_id, [x.run_id for x in refs],
-                                                r.outcome, r.reason))
-                elif r.outcome == NOT_EVALUABLE:
-                    gaps.append(Rejection(c.id, cand.run_id, [x.run_id for x in refs],
-                                          r.outcome, r.reason))
-                if r.outcome in (FAIL, PASS):
-                    judged[c.id] += 1
-    return CheckReport(crit.path, [r.run_id for r in runs], g, trials, judged, rejections,
-                       gaps)
-
-
-__all__ = ["Calibrated", "CalibrationOptions", "CheckReport", "Derived", "Goal", "Outlier",
-           "Rejection",
-           "calibrate", "calibrate_ids", "calibration_digest", "check_file", "outliers",
-           "parse_goal",
-           "reference_ids",
-           "render", "write_file"]

@@ -1,0 +1,180 @@
+"""The typed shape of a criterion result's evidence, where it crosses a module boundary.
+
+A check writes its evidence as a JSON object of named values (``CriterionResult.evidence``;
+signed, so its JSON must not change).  The values other modules read are typed here, each a
+frozen dataclass with ``to_dict()`` (the exact keys, in the order written) and
+``from_dict()`` (the reader, for every evidence format version):
+
+* :class:`FirstDivergence`: where a per-step criterion's candidate first left its band
+  (``closeness``, ``envelope``; written by :func:`refrun.acceptance.checks.first_left`,
+  read by the report's failing-criteria list and ``refrun accept``);
+* :class:`Interval`: the interval a statistical decision rests on and its reference seeds
+  (``equivalence``, ``convergence``; read by the report and ``refrun accept``);
+* :class:`PairedEvidence`: a same-seed pair and where it first diverged (``paired``; read
+  by the report's pair table and ``refrun accept``).
+
+``schema.EV_FIRST_DIVERGENCE_STEP`` names the same key in every kind (``first_divergence``'s
+step, or the pair's ``first_divergence_step``).
+
+:data:`ADDED_IN` says which evidence format version added which result key, so that
+``verify`` recomputes an older signed assessment without them
+(:mod:`refrun.acceptance.evidence`).  The version of this shape is that format's
+(:data:`VERSION`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from refrun import schema
+from refrun.acceptance.paired import PairJudgement
+
+VERSION = "3"
+# Result evidence keys each evidence format version added (none before 3).
+ADDED_IN: dict[str, tuple[str, ...]] = {
+    "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP)}
+
+Side = Literal["above", "below"]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if _number(v) else None
+
+
+def _bound(v: Any) -> float | None:
+    """An interval end as written (infinite ends included); None for a missing one."""
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class FirstDivergence:
+    """Where the candidate first left a criterion's band among the selected aligned
+    points (:func:`refrun.comparison.divergence.first_sustained`'s rule).
+
+    ``at``: the axis value there (the step, or samples / tokens seen when aligned on
+    them); ``step``: the candidate's own step there; ``first_outside_at``: the first point
+    outside at all; ``sustain``: consecutive points outside that count as leaving;
+    ``direction``: the side it left on; ``outside_points`` of ``points`` selected."""
+
+    axis: str
+    at: int | float
+    step: int | None
+    first_outside_at: int | float | None
+    sustain: int | None
+    direction: Side | None
+    outside_points: int | None
+    points: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> FirstDivergence | None:
+        """The typed value of a result's ``first_divergence``; None when there is none
+        (the candidate never left the band, or evidence of a format before version 3)."""
+        if not isinstance(d, Mapping) or not _number(d.get("at")):
+            return None
+        direction = d.get("direction")
+        return cls(axis=str(d.get("axis") or "step"), at=d["at"],
+                   step=_int_or_none(d.get("step")),
+                   first_outside_at=d.get("first_outside_at")
+                   if _number(d.get("first_outside_at")) else None,
+                   sustain=_int_or_none(d.get("sustain")),
+                   direction=direction if direction in ("above", "below") else None,
+                   outside_points=_int_or_none(d.get("outside_points")),
+                   points=_int_or_none(d.get("points")))
+
+    @classmethod
+    def of_result(cls, evidence: Any) -> FirstDivergence | None:
+        """The first divergence in a result's evidence dict, if any."""
+        return cls.from_dict(evidence.get(schema.EV_FIRST_DIVERGENCE)) \
+            if isinstance(evidence, Mapping) else None
+
+    def where(self) -> str:
+        """``step 42`` or ``samples 1344 (step 42)``."""
+        at = f"{self.axis} {self.at:g}"
+        return at + (f" (step {self.step})" if self.axis != "step" else "")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The interval a statistical criterion's decision rests on (``interval``: ``[lo,
+    hi]``, ``hi`` None for a one-sided limit) and the reference seeds behind it
+    (``n_reference``; older assessments name it ``n_references``)."""
+
+    interval: tuple[float | None, float | None] | None
+    n_reference: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.interval is not None:
+            out[schema.EV_INTERVAL] = list(self.interval)
+        if self.n_reference is not None:
+            out[schema.EV_N_REFERENCE] = self.n_reference
+        return out
+
+    @classmethod
+    def from_dict(cls, evidence: Any) -> Interval | None:
+        """The interval and seeds of a result's evidence dict (seeds alone for a per-step
+        criterion's ``n_references``); None when it names neither."""
+        if not isinstance(evidence, Mapping):
+            return None
+        if not {schema.EV_INTERVAL, schema.EV_N_REFERENCE, "n_references"} & set(evidence):
+            return None
+        iv = evidence.get(schema.EV_INTERVAL)
+        n = evidence.get(schema.EV_N_REFERENCE, evidence.get("n_references"))
+        pair = (_bound(iv[0]), _bound(iv[1])) \
+            if isinstance(iv, list | tuple) and len(iv) == 2 else None
+        return cls(pair, _int_or_none(n))
+
+
+@dataclass(frozen=True)
+class PairedEvidence:
+    """A ``paired`` criterion's evidence: the pair lookup (``declared``, ``run_id``,
+    ``source``, ``problem``), the band's ratio and span, and, when the pair was compared,
+    its run and seed and the judgement (:class:`refrun.acceptance.paired.PairJudgement`,
+    whose ``first_divergence_step`` is where the pair first left the band)."""
+
+    pair: dict[str, Any]
+    max_ratio: float
+    band_first_step: int
+    band_last_step: int
+    pair_run: str | None = None
+    pair_seed: int | None = None
+    judgement: PairJudgement | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pair": dict(self.pair), "max_ratio": self.max_ratio,
+                               "band_first_step": self.band_first_step,
+                               "band_last_step": self.band_last_step}
+        if self.judgement is not None:
+            out.update(pair_run=self.pair_run, pair_seed=self.pair_seed,
+                       **dataclasses.asdict(self.judgement))
+        return out
+
+    @classmethod
+    def from_dict(cls, evidence: Any) -> PairedEvidence | None:
+        """The typed evidence of a ``paired`` result; None for another kind's."""
+        if not isinstance(evidence, Mapping) or not isinstance(evidence.get("pair"), Mapping):
+            return None
+        judgement = None
+        if evidence.get("pair_run"):
+            judgement = PairJudgement(**{f.name: evidence.get(f.name)
+                                         for f in dataclasses.fields(PairJudgement)})
+        return cls(pair=dict(evidence["pair"]), max_ratio=evidence.get("max_ratio"),
+                   band_first_step=evidence.get("band_first_step"),
+                   band_last_step=evidence.get("band_last_step"),
+                   pair_run=evidence.get("pair_run"), pair_seed=evidence.get("pair_seed"),
+                   judgement=judgement)
+
+    @property
+    def first_divergence_step(self) -> int | None:
+        return None if self.judgement is None else self.judgement.first_divergence_step
