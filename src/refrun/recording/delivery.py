@@ -422,7 +422,7 @@ def finalize(spool: Spool) -> str:
     meta = spool.read_meta()
     client = store_client(meta.tracking_uri, create=True)
     cursor = spool.read_cursor()
-    owed = view.seal(cursor.view)
+    owed = view.owed_at_end(cursor.view)
     if owed:
         _send_points(spool, client, run_id, owed)
         spool.write_cursor(Cursor(cursor.lines, cursor.nbytes, cursor.view))

@@ -12,7 +12,8 @@ length, so delivery cost stops growing with it.  Per metric, in logging order:
   non-finite value — the per-bucket rule of :func:`refrun.thinning.minmax_indices`,
   computed here as a stream because the points arrive a batch at a time and the state
   must fit in the delivery cursor;
-* at the end of the run (the seal) the open bucket's extremes and the metric's last point.
+* at the end of the run (:func:`owed_at_end`) the open bucket's extremes and the metric's
+  last point.
 
 So a metric of ``n > BUDGET`` points shows at most ``BUDGET + 4 * 125 * ceil(log2(n /
 BUDGET)) + 1`` points (≈ 6,000 for a million), every spike and NaN among them.
@@ -98,7 +99,7 @@ class MetricView:
         self.lo = self.hi = None
         return out
 
-    def seal(self) -> list[Sample]:
+    def owed_at_end(self) -> list[Sample]:
         """End of the run: the open bucket's extremes and the last point, once."""
         if self.last is None:
             return []
@@ -154,11 +155,11 @@ def select(points: list[Point], state: dict[str, dict], every: int = 1) -> list[
     return out
 
 
-def seal(state: dict[str, dict]) -> list[Point]:
+def owed_at_end(state: dict[str, dict]) -> list[Point]:
     """The points still owed to the view at the end of the run; updates ``state``."""
     out: list[Point] = []
     for key, raw in state.items():
         v = MetricView.from_json(raw)
-        out.extend((key, s, t, x) for s, t, x in v.seal())
+        out.extend((key, s, t, x) for s, t, x in v.owed_at_end())
         state[key] = v.to_json()
     return out
