@@ -224,3 +224,36 @@ def test_transient_errors_reading_a_run_are_retried_then_one_line(mlflow_server)
     finally:
         down.close()
     assert "\n" not in str(exc.value) and down.failed == 5
+
+
+def test_a_rank_listing_the_store_does_not_answer_is_an_error_not_a_missing_rank(
+        mlflow_server) -> None:
+    # A two-rank job of which only rank 0 recorded: reading it lists refrun/ twice (the
+    # curves artifact, then the per-rank artifacts).  The second listing fails for good:
+    # before, that error was swallowed and the job read as "rank 1 missing".
+    with refrun.start_run(workload="read", role="reference", tracking_uri=mlflow_server.url,
+                          delivery="thread", flush_interval_s=0.05, rank=0,
+                          world_size=2) as run:
+        for step in range(20):
+            run.log(step, loss=1.0 / (step + 1))
+    from refrun.comparison.loading import load_run
+    from refrun.errors import RefrunInputError
+
+    listings = []
+
+    def after_the_first_listing(method: str, path: str) -> bool:
+        if not (_listing(method, path) and path.endswith("%2Frefrun")):  # lists refrun/
+            return False
+        listings.append(path)
+        return len(listings) > 1
+
+    healthy = load_run(run.run_id, tracking_uri=mlflow_server.url, wait_s=0)
+    assert healthy.job is not None  # the job summary is read (rank 1: never reported)
+    down = FaultProxy(mlflow_server.url, after_the_first_listing, budget=None)
+    try:
+        with pytest.raises(RefrunInputError, match=f"run {run.run_id}: listing refrun/ in "
+                           ".* failed 5 times") as exc:
+            load_run(run.run_id, tracking_uri=down.url, wait_s=0)
+    finally:
+        down.close()
+    assert "\n" not in str(exc.value) and down.failed == 5

@@ -301,15 +301,35 @@ def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,
 
 def _download_ranks(client: MlflowClient, uri: str, run_id: str, tmp: Path) -> Path:
     """Download ``refrun/ranks/`` (and rank 0's curves for its step times) into ``tmp``;
-    returns ``tmp`` laid out like the run's artifact root.  Missing files stay missing."""
+    returns ``tmp`` laid out like the run's artifact root.  A file the store says is not
+    there stays missing (the job summary names the rank); an error reading the store is
+    retried like every other read, then a one-line error: a rank must never look absent
+    because the store did not answer."""
     for path in (schema.ARTIFACT_RANKS_DIR, schema.ARTIFACT_CURVES):
-        with contextlib.suppress(MlflowException, OSError):
-            listed = client.list_artifacts(run_id, path.rsplit("/", 1)[0])
-            if not any(f.path == path for f in listed):
-                continue
-            mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path,
-                                                dst_path=str(tmp), tracking_uri=uri)
+        parent = path.rsplit("/", 1)[0]
+        listed = retried(f"run {run_id}: listing {parent}/ in {uri}",
+                         lambda parent=parent: _listed(client, uri, run_id, parent))
+        if path not in listed:
+            continue
+        retried(f"run {run_id}: downloading {path} from {uri}",
+                lambda path=path: mlflow.artifacts.download_artifacts(
+                    run_id=run_id, artifact_path=path, dst_path=str(tmp), tracking_uri=uri))
     return tmp
+
+
+def _listed(client: MlflowClient, uri: str, run_id: str, directory: str) -> set[str]:
+    """The paths in one artifact directory of a run; empty when the store says the
+    directory does not exist.  Transient errors propagate (for :func:`retried`); any
+    other answer is a one-line error."""
+    try:
+        return {f.path for f in client.list_artifacts(run_id, directory)}
+    except MlflowException as exc:
+        if transient_read_error(exc):
+            raise
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return set()  # the store says the directory is not there
+        raise RefrunInputError(f"run {run_id}: listing its artifacts in {uri}: "
+                               f"{' '.join(str(exc).split())[:200]}") from exc
 
 
 def load_runs(run_ids: Sequence[str], metrics: Sequence[str] | None = None,
@@ -437,18 +457,8 @@ def _read_artifact(client: MlflowClient, uri: str, run_id: str, artifact_uri: st
                                    ) from exc
         return read_curves_fast(path, metrics)
 
-    def listing() -> set[str]:
-        try:
-            return {f.path for f in client.list_artifacts(run_id, schema.ARTIFACT_DIR)}
-        except MlflowException as exc:
-            if transient_read_error(exc):
-                raise
-            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return set()  # the store says the directory is not there
-            raise RefrunInputError(f"run {run_id}: listing its artifacts in {uri}: "
-                                   f"{' '.join(str(exc).split())[:200]}") from exc
-
-    listed = retried(f"run {run_id}: listing its artifacts in {uri}", listing)
+    listed = retried(f"run {run_id}: listing its artifacts in {uri}",
+                     lambda: _listed(client, uri, run_id, schema.ARTIFACT_DIR))
     if schema.ARTIFACT_CURVES not in listed:
         return None
     with tempfile.TemporaryDirectory(prefix="refrun-load-") as tmp:
