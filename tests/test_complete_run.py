@@ -60,3 +60,28 @@ def test_sorted_unique_is_numpy_unique():
         got = sorted_unique(x)
         assert got.dtype == np.unique(x).dtype
         np.testing.assert_array_equal(got, sorted(set(x.tolist())))
+
+
+def test_values_over_mlflows_length_are_cut_warned_and_counted(store, caplog) -> None:
+    # A complete run (imports, comparisons, assessments) cut long values silently before.
+    from mlflow.tracking import MlflowClient
+
+    from refrun.store import limits
+    from refrun.store.complete import CompleteRun, string_tags, write_complete_run
+
+    long_tag, long_param = "t" * (limits.TAG_VALUE_LENGTH + 7), "p" * 9000
+    table = curves_table(["loss"] * 3, np.arange(3), np.array([3.0, 2.0, 1.0]), 0)
+    with caplog.at_level("WARNING", logger="refrun"):
+        run_id = write_complete_run(CompleteRun(
+            "cut-test", {**string_tags({"user.note": long_tag}), "short": "kept"}, table,
+            params={"option.long": long_param, "option.short": "1"},
+            end_tags={"end.note": long_tag}), store.tracking_uri)
+    run = MlflowClient(store.tracking_uri).get_run(run_id)
+    assert run.data.tags["user.note"] == long_tag[:limits.TAG_VALUE_LENGTH]
+    assert run.data.tags["end.note"] == long_tag[:limits.TAG_VALUE_LENGTH]
+    assert run.data.params["option.long"] == long_param[:limits.PARAM_VALUE_LENGTH]
+    assert run.data.tags["short"] == "kept" and run.data.params["option.short"] == "1"
+    assert run.data.tags[schema.TAG_TRUNCATED] == "3"
+    warned = [r.getMessage() for r in caplog.records if "cut to MLflow's limit" in r.getMessage()]
+    assert len(warned) == 3 and all(k in " ".join(warned)
+                                    for k in ("'user.note'", "'end.note'", "'option.long'"))

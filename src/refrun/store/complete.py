@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,8 @@ from refrun.store.client import ensure_experiment
 from refrun.store.curves import SCHEMA, summary_tags, write_curves
 from refrun.store.uri import resolve_tracking_uri
 from refrun.thinning import MLFLOW_MAX_POINTS, bounded_view, sorted_unique
+
+log = logging.getLogger("refrun")
 
 __all__ = [
     "CompleteRun",
@@ -165,6 +168,8 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
     fails midway; a run created before the failure is marked FAILED and deleted.
     """
     uri = resolve_tracking_uri(tracking_uri)
+    cut: list[str] = []
+    tags = _fitted(run.tags, limits.TAG_VALUE_LENGTH, "tag", cut)
     with tempfile.TemporaryDirectory(prefix="refrun-run-") as tmp, \
             ThreadPoolExecutor(1, thread_name_prefix="refrun-artifacts") as pool:
         # The artifact files (and the table's summary tags) are made on a second thread
@@ -179,13 +184,13 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
             mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
             run_id = client.create_run(
                 exp_id, start_time=now_ms(),
-                tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **run.tags},
+                tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **tags},
                 run_name=run.run_name or mlflow_ui.default_run_name(run.tags)).info.run_id
         except (MlflowException, OSError) as exc:  # RefrunStoreError passes through
             raise RefrunStoreError(f"tracking store {uri}: cannot create the run "
                                    f"({health.cause(exc)})") from exc
         try:
-            _fill(client, run_id, run, view, files, Path(tmp))
+            _fill(client, run_id, run, view, files, Path(tmp), cut)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 client.set_terminated(run_id, "FAILED")
@@ -198,8 +203,9 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
 
 
 def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric],
-          files: Future[dict[str, str]], tree: Path) -> None:
-    params = [Param(k, str(v)[:limits.PARAM_VALUE_LENGTH]) for k, v in run.params.items()]
+          files: Future[dict[str, str]], tree: Path, cut: list[str]) -> None:
+    params = [Param(k, v) for k, v in
+              _fitted(run.params, limits.PARAM_VALUE_LENGTH, "param", cut).items()]
     for i in range(0, len(params), limits.TAGS_PER_BATCH):
         client.log_batch(run_id, params=params[i:i + limits.TAGS_PER_BATCH])
     for i in range(0, len(view), limits.METRICS_PER_BATCH):
@@ -215,6 +221,9 @@ def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric
         **run.end_tags,
         **(run.tags_for_run(client, run_id) if run.tags_for_run is not None else {}),
     }
+    end = _fitted(end, limits.TAG_VALUE_LENGTH, "tag", cut)
+    if cut:  # set only when something was cut: the tags of a complete run stay as they were
+        end[schema.TAG_TRUNCATED] = str(len(cut))
     tags = [RunTag(k, v) for k, v in end.items()]
     for i in range(0, len(tags), limits.TAGS_PER_BATCH):
         client.log_batch(run_id, tags=tags[i:i + limits.TAGS_PER_BATCH])
@@ -279,7 +288,25 @@ def mlflow_view_note(max_points: int, sent: int, total: int) -> str:
 
 
 def string_tags(tags: Mapping[str, Any]) -> dict[str, str]:
-    """Tag values as MLflow stores them (strings, at most 5,000 characters)."""
+    """Tag values as strings (JSON for containers).  Values over MLflow's length are cut
+    by :func:`write_complete_run`, which warns about each and counts them."""
     return {k: (v if isinstance(v, str) else json.dumps(v, default=str)
-                if isinstance(v, dict | list | tuple) else str(v))[:limits.TAG_VALUE_LENGTH]
+                if isinstance(v, dict | list | tuple) else str(v))
             for k, v in tags.items()}
+
+
+def _fitted(values: Mapping[str, Any], limit: int, what: str, cut: list[str]
+            ) -> dict[str, str]:
+    """``values`` as strings of at most ``limit`` characters; each key whose value was cut
+    is appended to ``cut`` and warned about (logger ``refrun``), never cut silently."""
+    out = {}
+    for k, v in values.items():
+        text = str(v)
+        if len(text) > limit:
+            cut.append(k)
+            log.warning("%s %r: value of %s characters cut to MLflow's limit of %s "
+                        "(counted in %s)", what, k, f"{len(text):,}", f"{limit:,}",
+                        schema.TAG_TRUNCATED)
+            text = text[:limit]
+        out[k] = text
+    return out
