@@ -67,7 +67,9 @@ class Report:
 
     html: str
     figures: list[dict[str, Any]] = field(repr=False)
-    """Every figure's plotly JSON (``id``, ``data``, ``layout``), candidate by candidate."""
+    """Every figure's plotly JSON (``id``, ``title``, ``data``, ``layout``; the page's shared
+    template ``plotly_white`` is left out of each layout), candidate by candidate.  As a
+    plotly figure: ``go.Figure(f["data"], {**f["layout"], "template": "plotly_white"})``."""
     build_s: float = 0.0
     matrix: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -82,7 +84,7 @@ def _figure_json(spec: FigureSpec) -> dict[str, Any]:
     d = spec.figure.to_plotly_json()
     layout = dict(d.get("layout", {}))
     layout.pop("template", None)  # one shared template for the page, set by the script
-    return {"id": spec.id, "data": d["data"], "layout": layout}
+    return {"id": spec.id, "title": spec.title, "data": d["data"], "layout": layout}
 
 
 @dataclass(frozen=True, eq=False)
