@@ -27,6 +27,11 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 # Likewise start_run's wait for a server. Tests of the bounded waits pass them explicitly.
 os.environ.setdefault("REFRUN_CLOSE_TIMEOUT_S", "300")
 os.environ.setdefault("REFRUN_START_WAIT_S", "120")
+# `mlflow server` (3.x) starts seven job-runner processes (huey consumers for MLflow's GenAI
+# jobs), each importing MLflow: ~5 s more to start and ~15-20 s of CPU per server on two
+# cores.  refrun never submits such a job; the tracking and artifact APIs the tests use are
+# the same without them.
+os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
