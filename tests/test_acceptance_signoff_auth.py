@@ -44,7 +44,7 @@ def _cheap_hash(server: MlflowServer, user: str, password: str) -> None:
     asserted below), but each check costs microseconds instead of ~0.5-3 s of CPU, which
     made this test take minutes on a busy machine."""
     hashed = generate_password_hash(password, method="pbkdf2:sha256:1")
-    with contextlib.closing(sqlite3.connect(server.auth_db)) as con, con:  # type: ignore[attr-defined]
+    with contextlib.closing(sqlite3.connect(server.root / "auth.db")) as con, con:
         assert con.execute("UPDATE users SET password_hash = ? WHERE username = ?",
                            (hashed, user)).rowcount == 1
 
@@ -69,7 +69,6 @@ def auth_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         "--artifacts-destination", str(root / "artifacts"),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"])
     server.start(timeout=240)  # polls /health until it answers
-    server.auth_db = root / "auth.db"  # type: ignore[attr-defined]
     _cheap_hash(server, ADMIN, ADMIN_PW)
     try:
         yield server
