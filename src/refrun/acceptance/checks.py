@@ -20,7 +20,7 @@ from refrun.acceptance.results import NOT_APPLICABLE, NOT_EVALUABLE, CriterionRe
 from refrun.comparison import Comparison, RunData
 from refrun.comparison.divergence import effective_sustain, first_sustained
 from refrun.comparison.measures import final_window_size
-from refrun.thinning import sorted_unique
+from refrun.util.thinning import sorted_unique
 
 if TYPE_CHECKING:  # annotations only: the kinds' modules import this one
     from refrun.acceptance.criteria import CriteriaFile
