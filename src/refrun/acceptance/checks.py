@@ -116,6 +116,40 @@ def first_left_evidence(fl: FirstDivergence | None) -> dict[str, Any]:
             schema.EV_FIRST_DIVERGENCE_STEP: None if fl is None else fl.step}
 
 
+@dataclass(frozen=True)
+class Inside:
+    """How many of the selected aligned points lie inside a criterion's band, judged
+    against ``min_fraction``, with the evidence every per-step band criterion carries."""
+
+    ok: bool
+    inside: int
+    points: int
+    fraction: float
+    first: FirstDivergence | None
+    evidence: dict[str, Any]
+
+    def where(self) -> str:
+        """'' when passing, else where the candidate first left the band."""
+        return "" if self.ok else where(self.first)
+
+
+def steps_inside(sel, inside: np.ndarray, above: np.ndarray, min_fraction: float,
+                 ctx: Context) -> Inside:
+    """Fraction of the selected points inside (``inside``; ``above``: outside on the high
+    side) >= ``min_fraction`` (1e-12 slack for the float fraction), the steps outside
+    (count, first, the first ``MAX_LISTED``) and where the candidate first left the band
+    (:func:`first_left`)."""
+    steps = sel["step"].to_numpy()
+    frac = float(inside.mean())
+    outside = steps[~inside]
+    fl = first_left(sel, ~inside, above, ctx.criteria.settings.axis)
+    ev = {"min_fraction": min_fraction, "steps_outside": len(outside),
+          "first_step_outside": int(outside[0]) if len(outside) else None,
+          "outside_steps_listed": outside[:MAX_LISTED].tolist(), **first_left_evidence(fl)}
+    return Inside(ok=frac >= min_fraction - 1e-12, inside=int(inside.sum()),
+                  points=len(steps), fraction=frac, first=fl, evidence=ev)
+
+
 def num(x: Any) -> int | float:
     v = float(x)
     return int(v) if v.is_integer() else v
