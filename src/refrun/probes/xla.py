@@ -25,9 +25,11 @@ read from ``torch_xla.debug.metrics`` through the cheap ``_XLAC`` accessors:
 ``float()`` / ``bool()`` (each one ``TransferFromDevice``, verified against torch_xla
 2.9 on PJRT CPU; ``.numpy()`` of an XLA tensor raises); ``xfer/host_syncs`` the subset
 that goes through ``aten::_local_scalar_dense`` (``.item()``, ``float()``, ``bool()``).
-Both are counted between the step's entry and exit only (the counters are read at
-``begin_step`` and ``end_step``): a deliberate host read between steps (a progress print,
-an evaluation) is not the step's, whatever the evaluation cadence.
+Both are counted between the step's entry and exit only: a deliberate host read between
+steps (a progress print, an evaluation) is not the step's, whatever the evaluation
+cadence.  The exact count (``TransferFromDeviceTime``) is a metric whose read copies up to
+1024 samples, so it is read only when a cheap counter shows a copy may have happened
+(:class:`TransferCount`, checked exactly at every warm-up step and one step in 64).
 
 Compilation and transfer counts are exact per step (recorded on the training thread);
 execution counts and times are recorded by the runtime when an asynchronous execution
@@ -83,10 +85,22 @@ from refrun.probes.tensors import (
 )
 
 HOST_SYNC_OP = "aten::_local_scalar_dense"
+# torch's dispatcher copies an XLA tensor to the host through these ops, each a torch_xla
+# counter (~0.3 us to read): ``.cpu()``, ``.to("cpu")``, ``.tolist()``, printing
+# (``xla::_to_copy`` without ``xla::_copy_from``); ``.item()``, ``float()``, ``bool()``
+# (``xla::_to_cpu`` and the host sync ``aten::_local_scalar_dense``).  A copy to the device
+# or a dtype cast on it moves ``xla::_to_copy`` *and* ``xla::_copy_from`` (torch_xla 2.9).
+TO_COPY, COPY_FROM, TO_CPU = "xla::_to_copy", "xla::_copy_from", "xla::_to_cpu"
+# Every warm-up step and one steady step in this many is also counted exactly, which checks
+# the sentinels against torch_xla's exact count (see TransferCount).
+EXACT_EVERY = 64
 # Logged values wait on the device until it is idle, at most this many or this long
 # (see XlaBackend.ready); the device keeps a scalar buffer per waiting value.
-TRANSFER_MAX_WAITING = 256
-TRANSFER_MAX_AGE_S = 5.0
+TRANSFER_MAX_WAITING = 2048
+TRANSFER_MAX_AGE_S = 30.0
+# How often a readiness callback is asked for (on the newest logged value): registering one
+# costs ~0.1 ms on a step of many operations.
+ARM_INTERVAL_S = 0.25
 _MARK_STEP = "MarkStep"
 
 
@@ -96,8 +110,8 @@ class _XlaValue:
 
     tensor: torch.Tensor
     version: int
-    marks: int  # MarkStep count when last checked (a sync since then may have materialised it)
-    event: threading.Event | None = None
+    marks: int  # MarkStep count when logged (a sync since then materialised it)
+    event: threading.Event | None = None  # readiness callback (only on some values)
     value: float | None = None
 
 
@@ -179,6 +193,48 @@ def summarize(records: Iterable[StepRecord], warmup_steps: int) -> XlaSummary:
     )
 
 
+class _DirectCopies:
+    """Counts calls of ``torch_xla._XLAC._xla_get_cpu_tensors`` made by anyone but the
+    probe while a backend is open: the one host copy no torch op (so no sentinel counter)
+    sees -- ``xm.save``, ``xm.mesh_reduce`` and torch_xla's checkpointing call it directly.
+    The wrapper passes every argument through and adds one integer increment per call;
+    the probe's own copies call the original.  Installed by the first open backend,
+    removed when the last one closes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.original: Any = None
+        self._users = 0
+        self._lock = threading.Lock()
+
+    def install(self, xlac: Any) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            original = self.original = xlac._xla_get_cpu_tensors
+
+            def _xla_get_cpu_tensors(*args: Any, **kwargs: Any) -> Any:
+                self.calls += 1
+                return original(*args, **kwargs)
+
+            xlac._xla_get_cpu_tensors = _xla_get_cpu_tensors
+
+    def remove(self, xlac: Any) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self.original is not None:
+                xlac._xla_get_cpu_tensors = self.original
+                self.original = None
+
+    def get_cpu_tensors(self, xlac: Any) -> Any:
+        """The unwrapped function (the probe's own copies are not counted here)."""
+        return self.original or xlac._xla_get_cpu_tensors
+
+
+DIRECT_COPIES = _DirectCopies()
+
+
 class XlaCounters:
     """Cumulative torch_xla counters under schema names, read through ``_XLAC``.
 
@@ -187,6 +243,10 @@ class XlaCounters:
 
     def __init__(self, xlac: Any) -> None:
         self._x = xlac
+        self._compiles: tuple[int, float] = (-1, 0.0)  # (UncachedCompile, CompileTime ns)
+        self._timed: tuple[int, float, int] | None = None  # ExecuteTime n, ns; h2d
+        self._aten: list[str] = []  # fallback counter names as last listed
+        self._to_cpu_listed = -1  # xla::_to_cpu when they were listed
 
     def _counter(self, name: str) -> int:
         v = self._x._xla_counter_value(name)
@@ -206,33 +266,152 @@ class XlaCounters:
     def host_syncs(self) -> int:
         return self._counter(HOST_SYNC_OP)
 
-    def fallback(self) -> dict[str, int]:
-        """``aten::*`` counters (ops executed through the CPU fallback) except the host sync."""
+    def fallback(self, relist: bool = True) -> dict[str, int]:
+        """``aten::*`` counters (ops executed through the CPU fallback) except the host
+        sync.  Listing torch_xla's counter names costs 0.2-0.4 ms on a step of many op
+        kinds, so the names are listed again only when ``relist`` or when
+        ``xla::_to_cpu`` moved since the last listing: the CPU fallback copies an op's
+        inputs to the host through ``_to_cpu``, so a new fallback op moves it."""
         x = self._x
-        return {n: int(x._xla_counter_value(n) or 0) for n in x._xla_counter_names()
-                if n.startswith("aten::") and n != HOST_SYNC_OP}
+        to_cpu = self._counter(TO_CPU)
+        if relist or to_cpu != self._to_cpu_listed:
+            self._aten = [n for n in x._xla_counter_names()
+                          if n.startswith("aten::") and n != HOST_SYNC_OP]
+            self._to_cpu_listed = to_cpu
+        return {n: int(x._xla_counter_value(n) or 0) for n in self._aten}
 
-    def window(self) -> tuple[int, int]:
-        """(device-to-host transfers, host syncs) so far: read at a step's entry and exit."""
-        return self.d2h(), self.host_syncs()
+    def sentinels(self) -> tuple[tuple[int, int, int], int]:
+        """((``xla::_to_copy``, ``xla::_copy_from``, ``xla::_to_cpu`` + host syncs + direct
+        copies), host syncs): four counter reads, no metric copy.  A device-to-host copy
+        made through torch or ``_xla_get_cpu_tensors`` moves them as :func:`may_have_copied`
+        tells."""
+        c = self._counter
+        syncs = c(HOST_SYNC_OP)
+        return (c(TO_COPY), c(COPY_FROM), c(TO_CPU) + syncs + DIRECT_COPIES.calls), syncs
 
-    def read(self) -> tuple[dict[str, float], dict[str, int]]:
+    def _compile_ns(self, uncached: int) -> float:
+        """``CompileTime``'s accumulator, read only when a compilation happened since the
+        last read (a metric read copies up to XLA_METRICS_SAMPLES samples)."""
+        if uncached != self._compiles[0]:
+            self._compiles = (uncached, self._metric("CompileTime")[1])
+        return self._compiles[1]
+
+    def read(self, timed: bool = True) -> tuple[dict[str, float], dict[str, int]]:
         """(schema-named cumulative counters, fallback counts by op name).  Device-to-host
-        transfers and host syncs are not here: :class:`XlaBackend` counts them inside the
-        step with :meth:`window`."""
-        _, compile_ns = self._metric("CompileTime")
-        exec_n, exec_ns = self._metric("ExecuteTime")
+        transfers and host syncs are not here: :class:`TransferCount` counts them inside
+        the step.  With ``timed`` False the two timed metrics (``ExecuteTime``,
+        ``TransferToDeviceTime``: each read copies up to XLA_METRICS_SAMPLES samples, and
+        the first such read after a step's ``sync`` costs ~1 ms of CPU on PJRT CPU) keep
+        the values of their last read, and the fallback op names are listed again only
+        when :meth:`fallback` sees a reason to."""
+        uncached = self._counter("UncachedCompile")
+        compile_ns = self._compile_ns(uncached)
+        if timed or self._timed is None:
+            exec_n, exec_ns = self._metric("ExecuteTime")
+            self._timed = (exec_n, exec_ns, self._metric("TransferToDeviceTime")[0])
+        exec_n, exec_ns, h2d = self._timed
         executions = self._x._xla_counter_value("ExecuteComputation")
-        fb = self.fallback()
+        fb = self.fallback(relist=timed)
         return {
-            schema.M_COMPILE_GRAPHS: float(self._counter("UncachedCompile")),
+            schema.M_COMPILE_GRAPHS: float(uncached),
             schema.M_COMPILE_CACHE_HITS: float(self._counter("CachedCompile")),
             schema.M_COMPILE_TIME: compile_ns / 1e9,
             schema.M_EXECUTIONS: float(executions if executions is not None else exec_n),
             schema.M_EXECUTE_TIME: exec_ns / 1e9,
-            schema.M_XFER_H2D: float(self._metric("TransferToDeviceTime")[0]),
+            schema.M_XFER_H2D: float(h2d),
             schema.M_FALLBACK_OPS: float(sum(fb.values())),
         }, fb
+
+
+def may_have_copied(before: tuple[int, int, int], after: tuple[int, int, int]) -> bool:
+    """Whether a device-to-host copy may have happened between two :meth:`XlaCounters.
+    sentinels` readings: more ``_to_copy`` calls than ``_copy_from`` calls (the copies
+    that were not to the device or a cast on it), or any ``_to_cpu``, host sync or direct
+    ``_xla_get_cpu_tensors`` call.  A step that both copies to the host with ``.cpu()`` and
+    copies into a device tensor with ``copy_`` can hide the first: the exact checks of
+    :class:`TransferCount` catch such a pattern when it repeats."""
+    return (after[0] - before[0] > after[1] - before[1]) or after[2] != before[2]
+
+
+@dataclass
+class TransferCount:
+    """Device-to-host copies and host syncs inside steps, counted at the cost of a few
+    counter reads.
+
+    The exact copy count is the sample count of torch_xla's ``TransferFromDeviceTime``
+    metric, but reading a metric copies its retained samples (up to
+    ``XLA_METRICS_SAMPLES``, 1024): 0.1-0.6 ms, which at every step's entry and exit cost
+    2-4 % of a 30 ms recurrent step (``benchmarks/bench_xla_probe.py --model rnn``).  Every
+    copy the user's code makes through torch moves cheap counters (:func:`may_have_copied`),
+    and every direct ``_xla_get_cpu_tensors`` call (``xm.save``, ``xm.mesh_reduce``) moves
+    :data:`DIRECT_COPIES`, so the metric is read only when these moved since it was last
+    read; a step that copies nothing costs eight counter reads.  ``known`` is the metric's
+    count as last read plus the probe's own copies since (one sample per batched copy,
+    :meth:`own_copy`, which moves no sentinel).
+
+    The sentinels are checked against the exact count at every warm-up step and one steady
+    step in ``EXACT_EVERY``: a step whose exact count moved while no sentinel did (a copy
+    path this module does not know, e.g. from C++ code of another library) is counted, and
+    from then on every step is counted exactly
+    (``uncounted_at`` says where; the backend warns).  A copy between steps is never the
+    step's: its sentinel move only makes the next step read the metric at entry.
+    """
+
+    counters: XlaCounters
+    warmup_steps: int
+    exact: bool = False  # every step read exactly (after a copy no sentinel saw)
+    uncounted_at: int | None = None  # step of the first copy no sentinel saw
+    known: int | None = None  # the metric's count, valid while nothing moved since `sent`
+    sent: tuple[int, int, int] | None = None
+    steps: int = 0
+    d2h: int = 0  # cumulative copies inside steps (the user's)
+    syncs: int = 0  # cumulative host syncs inside steps
+    # (sentinels, syncs, baseline, checked) of the open step
+    _open: tuple[tuple[int, int, int], int, int, bool] | None = None
+    _own: int = 0  # the probe's copies made while a step is open
+    checked: bool = True  # the last step was read exactly (warm-up, 1 in EXACT_EVERY)
+
+    def own_copy(self) -> None:
+        """The probe copied its ready values to the host in one call (one metric sample)."""
+        if self.known is not None:
+            self.known += 1
+        if self._open is not None:
+            self._own += 1
+
+    def _read(self, sent: tuple[int, int, int]) -> int:
+        self.known, self.sent = self.counters.d2h(), sent
+        return self.known
+
+    def begin(self) -> None:
+        sent, syncs = self.counters.sentinels()
+        check = (self.exact or self.steps < self.warmup_steps
+                 or self.steps % EXACT_EVERY == 0)
+        self.steps += 1
+        # The known count is still exact when nothing copied through torch (or the
+        # wrapped _xla_get_cpu_tensors) since it was read.
+        fresh = check or self.known is None or self.sent is None or \
+            may_have_copied(self.sent, sent)
+        base = self._read(sent) if fresh else self.known
+        assert base is not None
+        self.sent = sent
+        self._open, self._own = (sent, syncs, base, check), 0
+
+    def end(self, step: int) -> None:
+        if self._open is None:
+            return
+        sent0, syncs0, base, check = self._open
+        self.checked = check
+        sent, syncs = self.counters.sentinels()
+        self._open = None
+        self.syncs += syncs - syncs0
+        moved = may_have_copied(sent0, sent)
+        if not moved and not check:
+            self.sent = sent  # still exact: only copies to the device or casts since
+            return
+        n = self._read(sent) - base - self._own
+        if n > 0 and not moved and not self.exact:
+            self.exact, self.uncounted_at = True, step
+        self.d2h += n
 
 
 @dataclass
@@ -247,12 +426,10 @@ class XlaBackend(BackendBase):
     name: str = "torch_xla"
     _xla: Any = field(default=None, repr=False)
     _counters: XlaCounters = field(init=False, repr=False)
-    _own_d2h: int = 0  # transfers made by this backend, not the user's step
-    # (d2h, host syncs, own d2h) at the open step's entry; None between steps
-    _at_begin: tuple[int, int, int] | None = field(default=None, repr=False)
-    _step_d2h: int = 0  # cumulative user transfers inside steps
-    _step_syncs: int = 0  # cumulative host syncs inside steps
-    _waiting: list[_XlaValue] = field(default_factory=list, repr=False)
+    _transfers: TransferCount = field(init=False, repr=False)
+    _uncounted_warned: bool = False
+    _waiting: list[_XlaValue] = field(default_factory=list, repr=False)  # in log order
+    _next_arm: float = 0.0  # monotonic time of the next readiness callback request
     _ready_since: float | None = None  # monotonic time a waiting value was first ready
     _records: list[StepRecord] = field(default_factory=list, repr=False)
     _prev: dict[str, float] | None = field(default=None, repr=False)
@@ -268,12 +445,14 @@ class XlaBackend(BackendBase):
         BackendBase.__init__(self)
         self._xla = torch_xla
         self._counters = XlaCounters(torch_xla._XLAC)
+        self._transfers = TransferCount(self._counters, self.warmup_steps)
+        DIRECT_COPIES.install(torch_xla._XLAC)
         if self.device is None:
             self.device = _param_device(self.model, self.optimizer) or torch_xla.device()
 
     # --- timing -------------------------------------------------------------------
     def begin_step(self, step: int) -> Any:
-        self._at_begin = (*self._counters.window(), self._own_d2h)
+        self._transfers.begin()
         return time.perf_counter()
 
     def end_step(self, step: int, token: Any) -> Any:
@@ -282,12 +461,14 @@ class XlaBackend(BackendBase):
         steady-state median is the device step time; warm-up steps include tracing."""
         elapsed = time.perf_counter() - token
         self._ended_step = step
-        if self._at_begin is not None:
-            d2h, syncs, own = self._at_begin
-            d2h_now, syncs_now = self._counters.window()
-            self._step_d2h += d2h_now - d2h - (self._own_d2h - own)
-            self._step_syncs += syncs_now - syncs
-            self._at_begin = None
+        tc = self._transfers
+        tc.end(step)
+        if tc.uncounted_at is not None and not self._uncounted_warned:
+            self._uncounted_warned = True
+            self.warn("xla-d2h-uncounted", f"step {tc.uncounted_at} copied a tensor to the "
+                      "host by a path neither a torch op nor _xla_get_cpu_tensors shows: "
+                      "from then on xfer/d2h is read exactly at every step (slower)",
+                      tc.uncounted_at)
         return elapsed
 
     # --- values -------------------------------------------------------------------
@@ -302,7 +483,7 @@ class XlaBackend(BackendBase):
                 # A host tensor: reading it after the step is a memory load, not a sync.
                 return _XlaValue(value.detach(), value._version, -1, None,
                                  host_float(value))
-            h = _XlaValue(value, value._version, -1)
+            h = _XlaValue(value, value._version, self._counters.marks())
             self._waiting.append(h)
             return h
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -323,18 +504,26 @@ class XlaBackend(BackendBase):
             return pending
         if pending.value is not None:
             return pending.value
-        self._arm_waiting()
-        if pending.event is None or not pending.event.is_set():
-            return None
         now = time.monotonic()
         if self._ready_since is None:
             self._ready_since = now
-        idle = all(h.event is not None and h.event.is_set() for h in self._waiting)
-        if idle or len(self._waiting) >= TRANSFER_MAX_WAITING or \
+        newest = self._waiting[-1]
+        if newest.event is None and now >= self._next_arm:
+            self._next_arm = now + ARM_INTERVAL_S
+            self._arm(newest)
+        # A sync materialises every live tensor and executions complete in order: the
+        # newest value's buffer complete means every waiting value's is, and the device
+        # is idle.
+        idle = newest.event is not None and newest.event.is_set()
+        if idle:
+            self._transfer(list(self._waiting))
+        elif len(self._waiting) >= TRANSFER_MAX_WAITING or \
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
-            self._transfer([h for h in self._waiting
-                            if h.event is not None and h.event.is_set()])
-            self._ready_since = None
+            marks = self._counters.marks()  # values a sync has materialised since logged
+            self._transfer([h for h in self._waiting if h.marks < marks])
+        else:
+            return None
+        self._ready_since = None
         return pending.value
 
     def wait(self, pending: Any) -> float:
@@ -348,22 +537,15 @@ class XlaBackend(BackendBase):
             self._transfer([h for h in self._waiting if h.value is None])
         return float("nan") if pending.value is None else pending.value
 
-    def _arm_waiting(self) -> None:
-        """Ask for a readiness callback on every value a sync has materialised since the
-        last look.  Values still pending in the lazy graph raise in ``_on_ready_callback``;
-        they are only retried after the next ``sync``, so that costs one try per sync."""
-        marks = self._counters.marks()
-        on_ready = self._xla._XLAC._on_ready_callback
-        for h in self._waiting:
-            if h.event is not None or h.marks == marks:
-                continue
-            h.marks = marks
-            ev = threading.Event()
-            try:
-                on_ready(h.tensor, ev.set)
-            except RuntimeError:  # still an IR value: not computed yet
-                continue
-            h.event = ev
+    def _arm(self, h: _XlaValue) -> None:
+        """Ask the runtime to set ``h.event`` once ``h``'s buffer is complete; a value
+        still pending in the lazy graph (no sync yet) raises and is asked again later."""
+        ev = threading.Event()
+        try:
+            self._xla._XLAC._on_ready_callback(h.tensor, ev.set)
+        except RuntimeError:  # still an IR value: not computed yet
+            return
+        h.event = ev
 
     def _transfer(self, handles: list[_XlaValue]) -> None:
         """Copy ``handles`` to the host in one call; the transfers it makes are counted as
@@ -376,13 +558,11 @@ class XlaBackend(BackendBase):
                 self.warn("xla-inplace-after-log", "a logged XLA tensor was "
                                    "modified in place after probe.log; the recorded value is "
                                    "the modified one (log a tensor you do not update in place)")
-        inside = self._at_begin is not None  # only a copy inside a step needs bracketing
-        before = self._counters.d2h() if inside else 0
         try:
-            host = self._xla._XLAC._xla_get_cpu_tensors([h.tensor for h in handles])
+            get = DIRECT_COPIES.get_cpu_tensors(self._xla._XLAC)
+            host = get([h.tensor for h in handles])
         finally:
-            if inside:
-                self._own_d2h += self._counters.d2h() - before
+            self._transfers.own_copy()  # one sample of torch_xla's count, not the user's
         for h, t in zip(handles, host, strict=True):
             h.value = host_float(t)
             h.tensor = _RELEASED  # drop the device buffer reference
@@ -393,9 +573,9 @@ class XlaBackend(BackendBase):
     def counters(self) -> Mapping[str, float]:
         """Cumulative counters (schema names).  Called by the probe at start and after each
         step; the backend also keeps the per-step deltas for its end-of-run summary."""
-        now, fb = self._counters.read()
-        now[schema.M_XFER_D2H] = float(self._step_d2h)  # inside steps only (window())
-        now[schema.M_HOST_SYNCS] = float(self._step_syncs)
+        now, fb = self._counters.read(timed=self._transfers.checked)
+        now[schema.M_XFER_D2H] = float(self._transfers.d2h)  # inside steps only
+        now[schema.M_HOST_SYNCS] = float(self._transfers.syncs)
         if self._prev is not None and self._ended_step is not None:
             deltas = {k: v - self._prev.get(k, 0.0) for k, v in now.items()}
             ops = {k: n - self._prev_fb.get(k, 0) for k, n in fb.items()
@@ -467,6 +647,7 @@ class XlaBackend(BackendBase):
             return
         self._closed = True
         self._waiting.clear()
+        DIRECT_COPIES.remove(self._xla._XLAC)
 
 
 def placement_warnings(declared: str | None, executed_hw: str,
