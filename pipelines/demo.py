@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.digits.variants import Plan, Variant, plan
-from refrun.tracking import resolve_tracking_uri
+from refrun.store.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from refrun.acceptance.criteria import CriteriaFile

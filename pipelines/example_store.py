@@ -10,7 +10,7 @@ freshness is decided on a *description* (:func:`describe`), never on timestamps 
   backend, flags and the criteria it must trip), ``MLFLOW_EVERY`` and the SHA-256 of the
   criteria file;
 * ``training_runs``, per variant: run name; its description as the *current*
-  ``refrun.mlflow_ui.run_description`` writes it from the stored tags; the sorted names of
+  ``refrun.store.mlflow_ui.run_description`` writes it from the stored tags; the sorted names of
   its tags, params and metrics (values left out: times, hosts, ids);
 * ``comparison_runs``, per candidate: run name, description, verdict, highest level,
   failing criteria, the level tags, the sorted names of its tags, params and metrics, and
@@ -136,7 +136,8 @@ def describe(store: Path, training: Mapping[str, str], comparisons: Mapping[str,
     """The description of the store at ``store`` (its ``mlflow.db`` and ``artifacts/``):
     ``training`` maps variant -> training run id, ``comparisons`` candidate variant ->
     comparison run id."""
-    from refrun import mlflow_ui, schema
+    from refrun import schema
+    from refrun.store import mlflow_ui
 
     db = store / "mlflow.db"
     tags = _by_run(db, "tags")

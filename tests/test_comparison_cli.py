@@ -99,7 +99,7 @@ def test_comparison_run_history_is_a_bounded_view_with_first_last_and_spikes(
 
     from refrun.comparison import compare, record_comparison
     from refrun.comparison.loading import read_curves_fast
-    from refrun.thinning import MLFLOW_MAX_POINTS
+    from refrun.util.thinning import MLFLOW_MAX_POINTS
 
     n = 10_000
     steps = np.arange(n)

@@ -8,7 +8,7 @@ import pytest
 
 from refrun import schema
 from refrun.store.complete import curves_table, table_summary_tags
-from refrun.thinning import sorted_unique
+from refrun.util.thinning import sorted_unique
 
 
 def _by_hand(metrics: list[str], steps: list[int], values: list[float],

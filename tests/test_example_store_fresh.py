@@ -79,7 +79,7 @@ def test_a_code_change_after_generation_is_caught(tmp_path: Path,
     """What an outdated store looks like: the code that names comparison runs changed
     after the store was made.  The description of the re-assessed copy then differs from
     the committed one at exactly that entry."""
-    from refrun import mlflow_ui
+    from refrun.store import mlflow_ui
 
     real = mlflow_ui.comparison_run_name
     monkeypatch.setattr(mlflow_ui, "comparison_run_name",

@@ -178,7 +178,7 @@ def test_big_import_is_finished_with_every_point_and_a_bounded_spiky_history(
         store, tmp_path: Path, capsys) -> None:
     from mlflow.tracking import MlflowClient
 
-    from refrun.thinning import MLFLOW_MAX_POINTS
+    from refrun.util.thinning import MLFLOW_MAX_POINTS
 
     steps = 20_000
     path, series = _megatron_doc(tmp_path, steps)

@@ -15,11 +15,12 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 import refrun
-from refrun import mlflow_ui, schema
+from refrun import schema
 from refrun.acceptance import assess, load_criteria
 from refrun.acceptance.evidence import build_evidence
 from refrun.acceptance.record import record_assessment
 from refrun.comparison import compare, load_run, record_comparison
+from refrun.store import mlflow_ui
 
 STEPS = np.arange(40)
 # The candidate's final accuracy (0.70) is below the claim (0.80): "goal" fails; "ran" passes.

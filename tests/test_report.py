@@ -29,7 +29,7 @@ from refrun.comparison import RunData, compare
 from refrun.report import build_report, write_report
 from refrun.report.downsample import lttb_indices, reduce_indices
 from refrun.report.overview import binned_max, first_departure, rank_departures
-from refrun.thinning import minmax_indices
+from refrun.util.thinning import minmax_indices
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 
 from refrun.comparison import RunData, compare
-from refrun.jsonsafe import json_safe
 from refrun.report import Candidate, PageBuilder, _figure_blocks, build_multi_report
 from refrun.report import labels as L
 from refrun.report.html import json_default
+from refrun.util.jsonsafe import json_safe
 
 
 def _text(o: object) -> str:

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from refrun.comparison import CompareOptions, compare, load_run
     from refrun.comparison.engine import run_axis_map
-    from refrun.tracking import resolve_tracking_uri
+    from refrun.store.uri import resolve_tracking_uri
 
     py = sys.executable
     ref_id = _run([py, "-m", "pipelines.scaling.reference", "--steps", str(a.steps),

@@ -11,7 +11,7 @@
                           callbacks=[refrun.hf.RefrunCallback(run)])
         trainer.train()
 
-A thin layer on :func:`refrun.torch.instrument` (see :mod:`refrun.trainer`): each optimizer
+A thin layer on :func:`refrun.torch.instrument` (see :mod:`refrun.probes.trainer`): each optimizer
 step is a probe step (``state.global_step`` at its start, so step ``n`` is the ``n+1``-th
 update); ``loss`` and evaluation metrics come from the Trainer's own ``on_log`` (the
 Trainer has already read them to the host, averaged over ``logging_steps``: use
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from refrun.trainer import TrainerRecorder
+from refrun.probes.trainer import TrainerRecorder
 
 if TYPE_CHECKING:
     from refrun import RunSession

@@ -10,7 +10,7 @@
         model.fit(x, y, batch_size=32, epochs=2, validation_data=(xv, yv),
                   callbacks=[refrun.keras.RefrunCallback(run)])
 
-A thin layer on :func:`refrun.jax.instrument` (see :mod:`refrun.trainer`): each call of
+A thin layer on :func:`refrun.jax.instrument` (see :mod:`refrun.probes.trainer`): each call of
 Keras's compiled train function is a probe step (numbered from 0 over the whole fit), the
 ``loss`` it returns (Keras's running mean over the epoch, as in its logs) is logged as the
 device value it is, ``val_<name>`` at epoch end is recorded as ``eval/<name>``, and the
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from refrun.errors import RefrunInputError
-from refrun.trainer import TrainerRecorder
+from refrun.probes.trainer import TrainerRecorder
 
 if TYPE_CHECKING:
     from refrun import RunSession

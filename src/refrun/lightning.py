@@ -10,7 +10,7 @@
         trainer = pl.Trainer(max_epochs=2, callbacks=[refrun.lightning.RefrunCallback(run)])
         trainer.fit(model, train_loader, val_loader)
 
-A thin layer on :func:`refrun.torch.instrument` (see :mod:`refrun.trainer`): each optimizer
+A thin layer on :func:`refrun.torch.instrument` (see :mod:`refrun.probes.trainer`): each optimizer
 step is a probe step (``trainer.global_step`` at its start), the loss ``training_step``
 returned is logged without a host sync, validation metrics (``trainer.callback_metrics``
 after validation) become ``eval/<name>``.  Requires the ``lightning`` extra
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from refrun.trainer import TrainerRecorder
+from refrun.probes.trainer import TrainerRecorder
 
 try:  # the unified package first, then the standalone one
     from lightning.pytorch.callbacks import Callback as _Callback

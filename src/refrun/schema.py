@@ -299,7 +299,7 @@ M_REPORT_CRITERIA_PASSED = "report/criteria_passed"
 M_REPORT_CRITERIA_FAILED = "report/criteria_failed"
 M_REPORT_CRITERIA_NOT_EVALUABLE = "report/criteria_not_evaluable"
 
-# === 12. MLflow's own names that refrun writes (refrun.mlflow_ui) ========================
+# === 12. MLflow's own names that refrun writes (refrun.store.mlflow_ui) ========================
 TAG_MLFLOW_SOURCE = "mlflow.source.name"  # set on every recorded run
 SOURCE_NAME = "refrun"
 TAG_RUN_NAME = "mlflow.runName"

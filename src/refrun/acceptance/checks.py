@@ -20,7 +20,7 @@ from refrun.acceptance.results import NOT_APPLICABLE, NOT_EVALUABLE, CriterionRe
 from refrun.comparison import Comparison, RunData
 from refrun.comparison.divergence import effective_sustain, first_sustained
 from refrun.comparison.measures import final_window_size
-from refrun.thinning import sorted_unique
+from refrun.util.thinning import sorted_unique
 
 if TYPE_CHECKING:  # annotations only: the kinds' modules import this one
     from refrun.acceptance.criteria import CriteriaFile
@@ -114,6 +114,40 @@ def first_left_evidence(fl: FirstDivergence | None) -> dict[str, Any]:
     """The evidence keys of a first divergence (``None`` values when it never left)."""
     return {schema.EV_FIRST_DIVERGENCE: None if fl is None else fl.to_dict(),
             schema.EV_FIRST_DIVERGENCE_STEP: None if fl is None else fl.step}
+
+
+@dataclass(frozen=True)
+class Inside:
+    """How many of the selected aligned points lie inside a criterion's band, judged
+    against ``min_fraction``, with the evidence every per-step band criterion carries."""
+
+    ok: bool
+    inside: int
+    points: int
+    fraction: float
+    first: FirstDivergence | None
+    evidence: dict[str, Any]
+
+    def where(self) -> str:
+        """'' when passing, else where the candidate first left the band."""
+        return "" if self.ok else where(self.first)
+
+
+def steps_inside(sel, inside: np.ndarray, above: np.ndarray, min_fraction: float,
+                 ctx: Context) -> Inside:
+    """Fraction of the selected points inside (``inside``; ``above``: outside on the high
+    side) >= ``min_fraction`` (1e-12 slack for the float fraction), the steps outside
+    (count, first, the first ``MAX_LISTED``) and where the candidate first left the band
+    (:func:`first_left`)."""
+    steps = sel["step"].to_numpy()
+    frac = float(inside.mean())
+    outside = steps[~inside]
+    fl = first_left(sel, ~inside, above, ctx.criteria.settings.axis)
+    ev = {"min_fraction": min_fraction, "steps_outside": len(outside),
+          "first_step_outside": int(outside[0]) if len(outside) else None,
+          "outside_steps_listed": outside[:MAX_LISTED].tolist(), **first_left_evidence(fl)}
+    return Inside(ok=frac >= min_fraction - 1e-12, inside=int(inside.sum()),
+                  points=len(steps), fraction=frac, first=fl, evidence=ev)
 
 
 def num(x: Any) -> int | float:

@@ -25,11 +25,12 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from refrun import mlflow_ui, schema
+from refrun import schema
 from refrun.acceptance.criteria import CriteriaFile
 from refrun.acceptance.results import Assessment
 from refrun.errors import RefrunInputError
 from refrun.identity import canonical_hardware
+from refrun.store import mlflow_ui
 from refrun.store.client import client as store_client
 from refrun.store.complete import (
     CompleteRun,

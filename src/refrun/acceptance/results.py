@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from refrun import schema
-from refrun.jsonsafe import json_safe as clean
+from refrun.util.jsonsafe import json_safe as clean
 
 PASS, FAIL, NOT_EVALUABLE = "pass", "fail", "not_evaluable"
 # A criterion scoped to other backends (its ``backends`` key): neither a pass nor a gap.

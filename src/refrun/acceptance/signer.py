@@ -20,7 +20,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from refrun.errors import RefrunInputError
-from refrun.printable import escape, name_problem
+from refrun.util.printable import escape, name_problem
 
 Authentication = Literal["mlflow-basic-auth", "unauthenticated"]
 UNAUTHENTICATED: Authentication = "unauthenticated"

@@ -60,7 +60,7 @@ from refrun.acceptance.record import (
 from refrun.acceptance.results import PASS, Assessment
 from refrun.acceptance.signer import UNAUTHENTICATED, check_by, current_user, resolve_signer
 from refrun.errors import RefrunInputError
-from refrun.printable import escape
+from refrun.util.printable import escape
 
 TAG_SIGNOFF_PREFIX = schema.TAG_SIGNOFF_PREFIX
 DECISIONS = ("accept", "reject")
@@ -118,7 +118,7 @@ class Verification:
 
     def text(self) -> str:
         """What ``refrun verify`` prints.  Every value read from the store is escaped
-        (:func:`refrun.printable.escape`): a stored newline or terminal escape can neither
+        (:func:`refrun.util.printable.escape`): a stored newline or terminal escape can neither
         add a line nor hide one."""
         s = self.signoff
         head = f"sign-off of {escape(self.comparison_id)}: {signed_by(s)}" + (

@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except RefrunInputError as exc:
-        from refrun.printable import escape
+        from refrun.util.printable import escape
 
         # One line, whatever the message quotes (a tag, a file name, a --by value).
         print(f"refrun {args.command}: error: {escape(exc)}", file=sys.stderr)

@@ -175,7 +175,7 @@ def _compare(args: argparse.Namespace, candidate: str, metrics: list[str] | None
 def _describe_assessed(run_id: str, assessment: dict[str, Any], uri: str) -> None:
     """Name the comparison run ``accept <candidate> vs N refs: <verdict>`` and put the
     verdict and failing criteria in its description, like `refrun accept`'s run."""
-    from refrun import mlflow_ui
+    from refrun.store import mlflow_ui
     from refrun.store.client import client as store_client
 
     results = assessment.get("results") or []
@@ -268,7 +268,7 @@ def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
     """The comparison run's page in the MLflow UI at ``base`` (None without one)."""
     if base is None:
         return None
-    from refrun import mlflow_ui
+    from refrun.store import mlflow_ui
     from refrun.store.client import client as store_client
 
     exp = store_client(uri).get_run(run_id).info.experiment_id
@@ -277,7 +277,7 @@ def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Strict JSON (non-finite numbers as null), written atomically."""
-    from refrun.jsonsafe import json_safe
+    from refrun.util.jsonsafe import json_safe
 
     tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import argparse
 from refrun import schema
 from refrun.cli import add_tracking_uri
 from refrun.errors import RefrunInputError
-from refrun.runs import list_runs
+from refrun.store.runs import list_runs
 
 
 def register(sub: argparse._SubParsersAction) -> None:

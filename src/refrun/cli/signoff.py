@@ -15,7 +15,7 @@ from pathlib import Path
 
 from refrun.acceptance.signoff import DECISIONS, sign_off, signed_by, verify
 from refrun.cli import add_tracking_uri
-from refrun.printable import escape
+from refrun.util.printable import escape
 
 
 def register(sub: argparse._SubParsersAction) -> None:

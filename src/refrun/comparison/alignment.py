@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-from refrun.thinning import sorted_unique
+from refrun.util.thinning import sorted_unique
 
 Keep = Literal["last", "first"]
 Interpolate = Literal["none", "candidate", "reference"]

@@ -60,7 +60,7 @@ from refrun.comparison.measures import (
     warmup_end,
 )
 from refrun.errors import RefrunInputError
-from refrun.jsonsafe import json_safe as _clean
+from refrun.util.jsonsafe import json_safe as _clean
 
 FORMAT_VERSION = "1"
 

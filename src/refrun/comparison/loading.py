@@ -42,8 +42,8 @@ from refrun import schema
 from refrun.comparison.alignment import Series, resolve_series
 from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
-from refrun.runs import list_runs
 from refrun.store.client import client as store_client
+from refrun.store.runs import list_runs
 from refrun.store.uri import resolve_tracking_uri
 
 T = TypeVar("T")

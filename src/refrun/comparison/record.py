@@ -5,7 +5,7 @@ ids) and ``refrun.compared.candidate``, metrics ``diff/<metric>`` (candidate - r
 metric units) and ``reldiff/<metric>``, and the comparison JSON as artifact
 ``refrun/comparison.json``.  Its ``refrun/curves.parquet`` artifact holds ``diff/*`` and
 ``reldiff/*`` at every aligned step; MLflow's metric history holds the bounded view of
-:func:`refrun.thinning.bounded_view` (every aligned step when there are at most
+:func:`refrun.util.thinning.bounded_view` (every aligned step when there are at most
 ``max_points``; otherwise the first and last aligned step and each bucket's first point,
 extremes and first non-finite value, so a spike is never lost).
 
@@ -21,9 +21,10 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from refrun import mlflow_ui, schema
+from refrun import schema
 from refrun.comparison.engine import Comparison
 from refrun.identity import canonical_hardware
+from refrun.store import mlflow_ui
 from refrun.store.complete import (
     CompleteRun,
     curves_table,
@@ -32,7 +33,7 @@ from refrun.store.complete import (
     string_tags,
     write_complete_run,
 )
-from refrun.thinning import MLFLOW_MAX_POINTS
+from refrun.util.thinning import MLFLOW_MAX_POINTS
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
 

@@ -25,7 +25,7 @@ from refrun.store.complete import (
     string_tags,
     write_complete_run,
 )
-from refrun.thinning import MLFLOW_MAX_POINTS
+from refrun.util.thinning import MLFLOW_MAX_POINTS
 
 BACKEND = "import"
 
@@ -84,7 +84,7 @@ def create_run(curves: ImportedCurves, *, workload: str, role: str, hardware: st
     })
     return write_complete_run(CompleteRun(
         experiment=workload, tags=all_tags, table=table, params=dict(curves.params),
-        run_name=run_name,  # default: refrun.mlflow_ui.default_run_name
+        run_name=run_name,  # default: refrun.store.mlflow_ui.default_run_name
         end_tags={schema.TAG_IMPORT_NONFINITE: str(curves.nonfinite)},
         max_points=max_points,
     ), tracking_uri)

@@ -197,4 +197,4 @@ class RunConfig:
     tags: Mapping[str, Any] = field(default_factory=dict)
     """User tags, beside the ``refrun.*`` identity tags."""
     run_name: str | None = None
-    """MLflow run name; None: built from the identity (:mod:`refrun.mlflow_ui`)."""
+    """MLflow run name; None: built from the identity (:mod:`refrun.store.mlflow_ui`)."""

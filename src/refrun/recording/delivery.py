@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from refrun import mlflow_ui, schema
+from refrun import schema
 from refrun.keys import key_problem, step_problem
 from refrun.recording import view
 from refrun.recording.spool import (
@@ -44,7 +44,7 @@ from refrun.recording.spool import (
     disk_full,
     unlock,
 )
-from refrun.store import limits
+from refrun.store import limits, mlflow_ui
 from refrun.store.client import client as store_client
 from refrun.store.client import ensure_experiment, transient
 from refrun.store.curves import summary_tags, write_curves

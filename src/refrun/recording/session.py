@@ -43,7 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from refrun import identity, mlflow_ui, schema
+from refrun import identity, schema
 from refrun.identity import RunIdentity
 from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
 from refrun.recording import delivery, process
@@ -52,7 +52,7 @@ from refrun.recording.delivery import SESSION_LOCK
 from refrun.recording.spool import RunStatus, Spool, SpoolMeta, disk_full, unlock
 from refrun.recording.writer import SpoolWriter
 from refrun.settings import settings
-from refrun.store import limits
+from refrun.store import limits, mlflow_ui
 from refrun.store.client import bound_http_requests
 from refrun.store.client import client as store_client
 from refrun.store.uri import local_store

@@ -9,7 +9,7 @@ length, so delivery cost stops growing with it.  Per metric, in logging order:
   ``BUDGET * 2**(L-1)`` points, cut into ``BUCKETS_PER_LEVEL`` (125) consecutive buckets
   (8, 16, 32 ... points: the bucket size doubles every level).  Of each bucket the view
   keeps the first point, the smallest and the largest finite value and the first
-  non-finite value — the per-bucket rule of :func:`refrun.thinning.minmax_indices`,
+  non-finite value — the per-bucket rule of :func:`refrun.util.thinning.minmax_indices`,
   computed here as a stream because the points arrive a batch at a time and the state
   must fit in the delivery cursor;
 * at the end of the run (:func:`owed_at_end`) the open bucket's extremes and the metric's

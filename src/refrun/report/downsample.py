@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refrun.thinning import bucket_edges, minmax_indices
+from refrun.util.thinning import bucket_edges, minmax_indices
 
 DEFAULT_MAX_POINTS = 2400
 

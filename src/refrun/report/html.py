@@ -28,7 +28,7 @@ import numpy as np
 import plotly
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-from refrun.jsonsafe import json_safe
+from refrun.util.jsonsafe import json_safe
 
 Cell = Any  # str (escaped here), number, None, or Raw
 

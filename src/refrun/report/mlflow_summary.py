@@ -8,7 +8,7 @@ of steps outside the seeds' range and first step out of band (or the mean relati
 difference with a single reference) as metrics at step 0.  Select the comparison runs
 (``tags."refrun.role" = "comparison"``), press Compare, and chart
 ``report/mean_abs_z/<metric>``.  Run names and descriptions are left to
-:mod:`refrun.mlflow_ui`.
+:mod:`refrun.store.mlflow_ui`.
 """
 
 from __future__ import annotations

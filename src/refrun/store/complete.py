@@ -7,7 +7,7 @@ grows with the number of points, ~10k points/s into MLflow).  Instead, in one pa
 1. the run is created with its identity tags (built by the same function as a recorded
    run's, so it is found and compared like any other);
 2. params, then MLflow's metric history gets a bounded spike-preserving view per metric
-   (:func:`refrun.thinning.bounded_view`: every point when there are few; otherwise the
+   (:func:`refrun.util.thinning.bounded_view`: every point when there are few; otherwise the
    first and last step, each bucket's first point, extremes and first non-finite value);
 3. the ``refrun/curves.parquet`` artifact gets every point, plus any JSON artifacts;
 4. end-of-run tags (step counts, non-finite count, the view's size), then FINISHED.
@@ -37,15 +37,15 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from refrun import mlflow_ui, schema
+from refrun import schema
 from refrun.errors import RefrunStoreError
 from refrun.identity import RunIdentity
-from refrun.store import health, limits
+from refrun.store import health, limits, mlflow_ui
 from refrun.store.client import client as store_client
 from refrun.store.client import ensure_experiment
 from refrun.store.curves import SCHEMA, summary_tags, write_curves
 from refrun.store.uri import resolve_tracking_uri
-from refrun.thinning import MLFLOW_MAX_POINTS, bounded_view, sorted_unique
+from refrun.util.thinning import MLFLOW_MAX_POINTS, bounded_view, sorted_unique
 
 log = logging.getLogger("refrun")
 
@@ -96,7 +96,7 @@ def curves_table(metrics: Sequence[str] | np.ndarray | pd.Categorical,
 
 def mlflow_view(table: pd.DataFrame, max_points: int = MLFLOW_MAX_POINTS) -> list[Metric]:
     """The points sent to MLflow's metric history: per metric, in step order (logging
-    order within a step), the :func:`~refrun.thinning.bounded_view` of at most about
+    order within a step), the :func:`~refrun.util.thinning.bounded_view` of at most about
     ``max_points`` points (first and last step always; every point when there are few)."""
     out: list[Metric] = []
     col = table["metric"]

@@ -10,16 +10,7 @@ import numpy as np
 
 from refrun import schema
 from refrun.acceptance import runview as rv
-from refrun.acceptance.checks import (
-    MAX_LISTED,
-    Context,
-    aligned_frame,
-    first_left,
-    first_left_evidence,
-    result,
-    select,
-    where,
-)
+from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
 from refrun.acceptance.model import SELECT_OVER, Criterion, key
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
@@ -105,18 +96,13 @@ def closeness(c: Closeness, ctx: Context) -> CriterionResult:
                   f"{'<=' if ok else '>'} allowed {rv.fnum(limit)}")
         return result(c, PASS if ok else FAIL, reason, ev)
     within = rv.isclose(cand, ref, c.abs_tol, c.rel_tol)
-    frac = float(within.mean())
-    outside = steps[~within]
-    fl = first_left(sel, ~within, d > 0, ctx.criteria.settings.axis)
-    ev.update(aggregate="point", steps_within=int(within.sum()), fraction_within=frac,
-              min_fraction=c.min_fraction, steps_outside=len(outside),
-              first_step_outside=int(outside[0]) if len(outside) else None,
-              outside_steps_listed=outside[:MAX_LISTED].tolist(), **first_left_evidence(fl))
-    ok = frac >= c.min_fraction - 1e-12
-    reason = (f"{int(within.sum())}/{len(steps)} steps within tolerance "
-              f"({frac:.1%}, need {c.min_fraction:.1%}); max |diff| {rv.fnum(ad[imax])} at "
-              f"step {int(steps[imax])}" + ("" if ok else where(fl)))
-    return result(c, PASS if ok else FAIL, reason, ev)
+    j = steps_inside(sel, within, d > 0, c.min_fraction, ctx)
+    ev.update(aggregate="point", steps_within=j.inside, fraction_within=j.fraction,
+              **j.evidence)
+    reason = (f"{j.inside}/{j.points} steps within tolerance "
+              f"({j.fraction:.1%}, need {c.min_fraction:.1%}); max |diff| {rv.fnum(ad[imax])} "
+              f"at step {int(steps[imax])}" + j.where())
+    return result(c, PASS if j.ok else FAIL, reason, ev)
 
 
 def window_noise_allowance(c: Closeness, k: int, g: int, scale: float) -> float:

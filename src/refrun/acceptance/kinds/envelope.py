@@ -7,16 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from refrun.acceptance.checks import (
-    MAX_LISTED,
-    Context,
-    aligned_frame,
-    first_left,
-    first_left_evidence,
-    result,
-    select,
-    where,
-)
+from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
 from refrun.acceptance.model import Criterion, key
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
@@ -56,7 +47,6 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
     if frame is None:
         return result(c, NOT_EVALUABLE, why)
     sel = select(frame, c.over, c.window_points, c.window_fraction, ctx)
-    steps = sel["step"].to_numpy()
     cand = sel["candidate"].to_numpy()
     mean, std = sel["ref_mean"].to_numpy(), sel["ref_std"].to_numpy()
     lo_band, hi_band = sel["ref_min"].to_numpy(), sel["ref_max"].to_numpy()
@@ -65,23 +55,16 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
     else:
         lo, hi = lo_band - c.abs_tol, hi_band + c.abs_tol
     inside = (cand >= lo) & (cand <= hi)
-    frac = float(inside.mean())
-    outside = steps[~inside]
-    fl = first_left(sel, ~inside, cand > hi, ctx.criteria.settings.axis)
+    j = steps_inside(sel, inside, cand > hi, c.min_fraction, ctx)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(std > 0, (cand - mean) / std, np.nan)
     az = np.abs(z[np.isfinite(z)])
     ev = {"band": c.band, "k": c.k if c.band == "std" else None, "abs_tol": c.abs_tol,
-          "over": c.over, "n_references": len(ctx.references), "n_steps": len(steps),
-          "steps_inside": int(inside.sum()), "fraction_inside": frac,
-          "min_fraction": c.min_fraction, "steps_outside": len(outside),
-          "first_step_outside": int(outside[0]) if len(outside) else None,
-          "outside_steps_listed": outside[:MAX_LISTED].tolist(),
+          "over": c.over, "n_references": len(ctx.references), "n_steps": j.points,
+          "steps_inside": j.inside, "fraction_inside": j.fraction, **j.evidence,
           "max_abs_z": float(az.max()) if len(az) else None,
-          "zero_spread_steps": int((std <= 0).sum()), **first_left_evidence(fl)}
-    ok = frac >= c.min_fraction - 1e-12
+          "zero_spread_steps": int((std <= 0).sum())}
     band = f"mean +- {c.k:g} std" if c.band == "std" else "min-max"
-    reason = (f"{int(inside.sum())}/{len(steps)} steps inside the "
-              f"{band} band "
-              f"({frac:.1%}, need {c.min_fraction:.1%})" + ("" if ok else where(fl)))
-    return result(c, PASS if ok else FAIL, reason, ev)
+    reason = (f"{j.inside}/{j.points} steps inside the {band} band "
+              f"({j.fraction:.1%}, need {c.min_fraction:.1%})" + j.where())
+    return result(c, PASS if j.ok else FAIL, reason, ev)

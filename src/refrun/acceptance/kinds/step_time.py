@@ -16,7 +16,7 @@ from refrun.acceptance.model import Criterion, key
 from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData, step_time_ratio
 from refrun.comparison.measures import steady_points
-from refrun.thinning import sorted_unique
+from refrun.util.thinning import sorted_unique
 
 # The rule for "the candidate's machine was clearly busier than the references'"
 # (docs/acceptance.md, "Step time on a busy machine"): other processes took at least
