@@ -22,7 +22,8 @@ from refrun.probes.torch import frame_compile_index
 from refrun.store.curves import read_curves
 
 SYS_KEYS = {"sys/cpu_pct", "sys/mem_used_bytes", "sys/mem_pct", "sys/proc_cpu_pct",
-            "sys/rss_bytes"}
+            "sys/rss_bytes", schema.M_SYS_RUN_CPU_CORES, schema.M_SYS_OTHERS_CPU_CORES,
+            schema.M_SYS_LOGICAL_CPUS}
 
 
 def _start(store, hardware: str = "cpu", **kw):
@@ -124,6 +125,10 @@ def test_logged_losses_equal_the_loop_values_and_step_times_are_plausible(store)
         assert sub.step.is_unique and sub.step.between(0, steps - 1).all()
     rss = df[df.metric == "sys/rss_bytes"].value
     assert (rss > 1e7).all()  # a process with torch loaded holds well over 10 MB
+    import psutil
+
+    assert (df[df.metric == schema.M_SYS_LOGICAL_CPUS].value == psutil.cpu_count()).all()
+    assert (df[df.metric == schema.M_SYS_OTHERS_CPU_CORES].value >= 0).all()
 
 
 def test_no_added_host_sync(store):

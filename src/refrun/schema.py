@@ -120,6 +120,14 @@ M_HOST_SYNCS = "xfer/host_syncs"
 M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
 M_NONFINITE = "health/nonfinite"
 SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
+M_SYS_CPU_PCT = "sys/cpu_pct"  # system-wide CPU busy since the previous sample, %
+# CPU used since the previous sample, in cores: by this process and its descendants (the
+# run's own work: delivery process, DataLoader workers ...), and by every other process on
+# the machine (system busy cores minus the run's own).  The step-time criterion reads the
+# latter as how busy the machine was (contention), with the logical CPU count.
+M_SYS_RUN_CPU_CORES = "sys/run_cpu_cores"
+M_SYS_OTHERS_CPU_CORES = "sys/others_cpu_cores"
+M_SYS_LOGICAL_CPUS = "sys/logical_cpus"
 # Per-step counters are deltas for that step; these prefixes name them (compared as counts,
 # never as measurements).
 COUNTER_PREFIXES = ("compile/", "xfer/", "fallback/", "exec/", "health/")
@@ -257,6 +265,9 @@ EV_N_REFERENCE = "n_reference"
 # and the step alone (the report marks it on the metric's figure).
 EV_FIRST_DIVERGENCE = "first_divergence"
 EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
+# How busy other processes kept the machine during a step_time judgement
+# (refrun.acceptance.criterion_evidence.Contention).
+EV_CONTENTION = "contention"
 # A failing per-step criterion's reason ends with this, then the axis value and side.
 FIRST_LEFT_REASON = "; first left the band at "
 

@@ -12,6 +12,8 @@ frozen dataclass with ``to_dict()`` (the exact keys, in the order written) and
   (``equivalence``, ``convergence``; read by the report and ``refrun accept``);
 * :class:`PairedEvidence`: a same-seed pair and where it first diverged (``paired``; read
   by the report's pair table and ``refrun accept``).
+* :class:`Contention`: how busy other processes kept the machine during the candidate and
+  the references (``step_time``; read by ``refrun accept``).
 
 ``schema.EV_FIRST_DIVERGENCE_STEP`` names the same key in every kind (``first_divergence``'s
 step, or the pair's ``first_divergence_step``).
@@ -33,10 +35,11 @@ from typing import Any, Literal
 from refrun import schema
 from refrun.acceptance.paired import PairJudgement
 
-VERSION = "3"
+VERSION = "4"
 # Result evidence keys each evidence format version added (none before 3).
 ADDED_IN: dict[str, tuple[str, ...]] = {
-    "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP)}
+    "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
+    "4": (schema.EV_CONTENTION,)}
 
 Side = Literal["above", "below"]
 
@@ -178,3 +181,77 @@ class PairedEvidence:
     @property
     def first_divergence_step(self) -> int | None:
         return None if self.judgement is None else self.judgement.first_divergence_step
+
+
+@dataclass(frozen=True)
+class Contention:
+    """How busy *other* processes kept the machine (``sys/others_cpu_cores``: system busy
+    cores less the run's own process tree), as a ``step_time`` result records it.
+
+    ``known``: every run has the metric (else the rest is None and step time is judged as
+    without it).  ``candidate_cores``: the median over the candidate's samples;
+    ``reference_cores``: each reference's median, in the references' order;
+    ``candidate_cpu_pct``: the candidate's median system CPU busy share, %;
+    ``logical_cpus``: the candidate machine's; ``margin_cores`` and ``saturated_pct``: the
+    rule's settings; ``candidate_busier``: the rule held (others took at least
+    ``margin_cores`` more during the candidate than during any reference, on a machine at
+    least ``saturated_pct`` busy); ``missing``: the runs without the metric."""
+
+    known: bool
+    metric: str
+    margin_cores: float
+    saturated_pct: float
+    candidate_busier: bool = False
+    candidate_cores: float | None = None
+    reference_cores: tuple[float, ...] | None = None
+    candidate_cpu_pct: float | None = None
+    logical_cpus: float | None = None
+    missing: tuple[str, ...] = ()
+
+    @property
+    def reference_max(self) -> float | None:
+        return max(self.reference_cores) if self.reference_cores else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["reference_cores"] = None if self.reference_cores is None \
+            else list(self.reference_cores)
+        d["missing"] = list(self.missing)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Contention | None:
+        """The typed value of a result's ``contention``; None when there is none (another
+        kind, or evidence of a format before version 4)."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("known"), bool):
+            return None
+
+        def num(k: str) -> float | None:
+            return float(d[k]) if _number(d.get(k)) else None
+
+        refs = d.get("reference_cores")
+        return cls(known=d["known"], metric=str(d.get("metric") or ""),
+                   margin_cores=num("margin_cores") or 0.0,
+                   saturated_pct=num("saturated_pct") or 0.0,
+                   candidate_busier=d.get("candidate_busier") is True,
+                   candidate_cores=num("candidate_cores"),
+                   reference_cores=tuple(float(x) for x in refs if _number(x))
+                   if isinstance(refs, list) else None,
+                   candidate_cpu_pct=num("candidate_cpu_pct"),
+                   logical_cpus=num("logical_cpus"),
+                   missing=tuple(str(x) for x in d.get("missing") or ()))
+
+    @classmethod
+    def of_result(cls, evidence: Any) -> Contention | None:
+        return cls.from_dict(evidence.get(schema.EV_CONTENTION)) \
+            if isinstance(evidence, Mapping) else None
+
+    def summary(self) -> str:
+        """One line: the figures, or that contention was not known."""
+        if not self.known:
+            return (f"contention not known ({', '.join(self.missing) or 'a run'} "
+                    f"without {self.metric}): step time judged as recorded")
+        of = f" of {self.logical_cpus:g} CPUs" if self.logical_cpus else " cores"
+        return (f"other processes used {self.candidate_cores:.2f}{of} during the candidate "
+                f"(machine {self.candidate_cpu_pct:.0f} % busy) vs at most "
+                f"{self.reference_max:.2f} during the references")

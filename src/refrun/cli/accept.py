@@ -90,7 +90,7 @@ def _record(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> st
 
 def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
     """One candidate: the full table, intervals, calibration digest."""
-    from refrun.acceptance.criterion_evidence import Interval, PairedEvidence
+    from refrun.acceptance.criterion_evidence import Contention, Interval, PairedEvidence
 
     assessment = item.assessment
     print(assessment.table())
@@ -108,6 +108,10 @@ def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
         if iv is not None and iv.interval is not None:
             lo, hi = iv.interval
             print(f"{r.id}: interval [{lo}, {hi}] from {iv.n_reference} reference seed(s)")
+    for r in assessment.results:  # step time: how busy other processes kept the machine
+        cont = Contention.of_result(r.evidence)
+        if cont is not None:
+            print(f"{r.id}: {cont.summary()}")
     if assessment.calibration_sha256:
         print(f"calibration sha256 {assessment.calibration_sha256}")
     if args.json is not None:

@@ -18,6 +18,12 @@ Metric names (all ``sys/...``; ``<i>`` is the NVML device index):
 ``sys/mem_pct``       system memory in use, %
 ``sys/proc_cpu_pct``  this process's CPU since the previous sample, % of one core
 ``sys/rss_bytes``     this process's resident memory, bytes
+``sys/run_cpu_cores`` CPU of this process and its descendants since the previous
+                      sample, cores (the run's own work: workers, delivery process)
+``sys/others_cpu_cores`` CPU of every other process since the previous sample, cores:
+                      system busy cores (``cpu_pct`` x logical CPUs / 100) minus the
+                      run's own, at least 0 (how busy others kept the machine)
+``sys/logical_cpus``  the machine's logical CPU count
 ``sys/gpu<i>_util_pct``  GPU busy time over NVML's last sampling period, %
 ``sys/gpu<i>_mem_bytes`` GPU memory in use, bytes
 ``sys/gpu<i>_mem_pct``   GPU memory in use / total, %
@@ -38,11 +44,21 @@ from refrun import schema
 
 @dataclass
 class PsutilMonitor:
-    """System and process CPU/memory through psutil (a dependency of refrun)."""
+    """System and process CPU/memory through psutil (a dependency of refrun).
+
+    The CPU of other processes (``sys/others_cpu_cores``) is the system's busy cores less
+    this process and its descendants: the run's children (the delivery process, DataLoader
+    workers) are its own work, and a candidate slowed by its own work must not look like a
+    busy machine.  Children are kept across samples (``cpu_percent(None)`` measures since
+    the object's previous call); a child first seen at a sample counts from that sample on
+    (its CPU before that counts as others'); a child that vanished is dropped.  Reading
+    the tree costs one pass over ``/proc`` per sample, on the sampler thread."""
 
     name: str = "psutil"
     _psutil: Any = field(default=None, repr=False)
     _proc: Any = field(default=None, repr=False)
+    _children: dict[int, Any] = field(default_factory=dict, repr=False)
+    _ncpu: int = field(default=1, repr=False)
 
     @classmethod
     def create(cls, pid: int | None = None) -> PsutilMonitor | None:
@@ -54,19 +70,53 @@ class PsutilMonitor:
         # cpu_percent(None) measures since the previous call; the first call primes it.
         psutil.cpu_percent(None)
         proc.cpu_percent(None)
-        return cls(_psutil=psutil, _proc=proc)
+        mon = cls(_psutil=psutil, _proc=proc, _ncpu=psutil.cpu_count() or 1)
+        mon._children_cores()  # primes the children's counters too
+        return mon
 
     def sample(self) -> dict[str, float]:
         ps = self._psutil
         vm = ps.virtual_memory()
         p = schema.SYS_PREFIX
-        return {
-            p + "cpu_pct": float(ps.cpu_percent(None)),
+        cpu_pct = float(ps.cpu_percent(None))
+        proc_pct = float(self._proc.cpu_percent(None))
+        out = {
+            schema.M_SYS_CPU_PCT: cpu_pct,
             p + "mem_used_bytes": float(vm.total - vm.available),
             p + "mem_pct": float(vm.percent),
-            p + "proc_cpu_pct": float(self._proc.cpu_percent(None)),
+            p + "proc_cpu_pct": proc_pct,
             p + "rss_bytes": float(self._proc.memory_info().rss),
         }
+        children = self._children_cores()
+        if children is not None:  # the tree could not be read: no contention figures
+            own = proc_pct / 100.0 + children
+            out[schema.M_SYS_RUN_CPU_CORES] = own
+            out[schema.M_SYS_OTHERS_CPU_CORES] = others_cpu_cores(cpu_pct, self._ncpu, own)
+            out[schema.M_SYS_LOGICAL_CPUS] = float(self._ncpu)
+        return out
+
+    def _children_cores(self) -> float | None:
+        """Cores used by this process's descendants since the previous call (a new child
+        primed, reading 0); None when the process table cannot be read at all."""
+        ps = self._psutil
+        try:
+            now = {c.pid: c for c in self._proc.children(recursive=True)}
+        except ps.Error:
+            return None
+        total = 0.0
+        for pid, child in now.items():
+            known = self._children.get(pid)
+            # A reused pid is another process: psutil.Process compares by pid and start time.
+            if known is None or known != child:
+                self._children[pid] = child
+                known = child
+            try:
+                total += known.cpu_percent(None) / 100.0
+            except ps.Error:  # vanished (or hidden) since it was listed: skipped
+                self._children.pop(pid, None)
+        for gone in set(self._children) - set(now):
+            del self._children[gone]
+        return total
 
     def close(self) -> None:
         return None
@@ -130,6 +180,16 @@ class NvmlMonitor:
 
     def close(self) -> None:
         _shutdown(self._nvml)
+
+
+def others_cpu_cores(cpu_pct: float, logical_cpus: int, own_cores: float) -> float:
+    """Cores used by other processes: ``max(0, cpu_pct / 100 * logical_cpus - own)``.
+
+    ``cpu_pct`` is the system's busy share of all logical CPUs over an interval
+    (``psutil.cpu_percent``), ``own_cores`` the run's process tree's CPU over the same
+    interval in cores (``Process.cpu_percent`` / 100 summed); sampling both at slightly
+    different instants can make the difference negative, clamped to 0."""
+    return max(0.0, cpu_pct / 100.0 * logical_cpus - own_cores)
 
 
 def _shutdown(pynvml: Any) -> None:

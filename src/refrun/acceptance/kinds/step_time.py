@@ -11,11 +11,67 @@ import numpy as np
 from refrun import identity, schema
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, missing_in, result
+from refrun.acceptance.criterion_evidence import Contention
 from refrun.acceptance.model import Criterion, key
 from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData, step_time_ratio
 from refrun.comparison.measures import steady_points
 from refrun.util.thinning import sorted_unique
+
+# The rule for "the candidate's machine was clearly busier than the references'"
+# (docs/acceptance.md, "Step time on a busy machine"): other processes took at least
+# CONTENTION_MARGIN_CORES more CPU (medians over each run's samples) during the candidate
+# than during any reference, on a machine at least CONTENTION_SATURATED_PCT busy (with idle
+# cores, others' work need not take time from the run's).  Half a core: a single-threaded
+# neighbour that runs half the time; 90 %: at most a tenth of the CPUs idle.
+CONTENTION_MARGIN_CORES = 0.5
+CONTENTION_SATURATED_PCT = 90.0
+
+
+def run_median(run: RunData, metric: str, keep: str) -> float | None:
+    """Median of the run's finite ``metric`` values (all its samples); None without."""
+    r = rv.resolved(run, metric, keep)
+    v = rv.finite(r).values if r is not None else np.empty(0)
+    return float(np.median(v)) if len(v) else None
+
+
+def contention(candidate: RunData, references: list[RunData], keep: str) -> Contention:
+    """The contention figures of one judgement and whether the rule holds (see
+    :data:`CONTENTION_MARGIN_CORES`): medians of ``sys/others_cpu_cores`` per run (the
+    candidate's and each reference's), the candidate's median ``sys/cpu_pct`` and
+    logical CPU count.  Not known when a run lacks either figure."""
+    others = schema.M_SYS_OTHERS_CPU_CORES
+    base = {"metric": others, "margin_cores": CONTENTION_MARGIN_CORES,
+            "saturated_pct": CONTENTION_SATURATED_PCT}
+    cand = run_median(candidate, others, keep)
+    busy = run_median(candidate, schema.M_SYS_CPU_PCT, keep)
+    refs = [run_median(r, others, keep) for r in references]
+    missing = ([] if cand is not None and busy is not None else [candidate.run_id]) + [
+        r.run_id for r, v in zip(references, refs, strict=True) if v is None]
+    if missing or not refs:
+        return Contention(known=False, missing=tuple(missing), **base)
+    ref_cores = tuple(float(v) for v in refs if v is not None)
+    assert cand is not None and busy is not None
+    busier = (cand - max(ref_cores) >= CONTENTION_MARGIN_CORES
+              and busy >= CONTENTION_SATURATED_PCT)
+    return Contention(known=True, candidate_busier=busier, candidate_cores=cand,
+                      reference_cores=ref_cores, candidate_cpu_pct=busy,
+                      logical_cpus=run_median(candidate, schema.M_SYS_LOGICAL_CPUS, keep),
+                      **base)
+
+
+def _judged(c: StepTime, outcome: str, reason: str, ev: dict[str, object], cont: Contention
+            ) -> CriterionResult:
+    """The step-time result with its contention evidence.  A fail on a machine clearly
+    busier than the references' is not judged (others' CPU only adds time: the ratio
+    cannot tell slower code from a busier machine); a pass there stands (the code was
+    within the limit even with the extra load)."""
+    ev = {**ev, schema.EV_CONTENTION: cont.to_dict()}
+    if outcome == FAIL and cont.candidate_busier:
+        return result(c, NOT_EVALUABLE, f"{cont.summary()}: step time not judged (it would "
+                      f"fail: {reason}); re-run the candidate on a machine as idle as the "
+                      "references'", ev)
+    return result(c, outcome, reason, ev)
 
 
 def _backend_key(run: RunData) -> str | None:
@@ -112,20 +168,22 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
         return result(c, NOT_EVALUABLE, f"no steady {c.metric!r} value after step {start} "
                       f"(reference n={m.reference_n}, candidate n={m.candidate_n})", ev)
     tail = f"({cand[2]} compilation step(s) of the candidate left out)"
+    cont = contention(ctx.candidate, list(ctx.references), ctx.keep)
     if c.low_quantile is None:
         ok = m.ratio <= c.max_ratio
-        return result(c, PASS if ok else FAIL,
-                      f"steady median step time {rv.fnum(m.candidate_median)} s vs "
-                      f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
-                      f"{'<=' if ok else '>'} {c.max_ratio:g} {tail}", ev)
+        return _judged(c, PASS if ok else FAIL,
+                       f"steady median step time {rv.fnum(m.candidate_median)} s vs "
+                       f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
+                       f"{'<=' if ok else '>'} {c.max_ratio:g} {tail}", ev, cont)
     ref_low = float(np.quantile(np.concatenate([s[1] for s in refs]), c.low_quantile))
     cand_low = float(np.quantile(cand[1], c.low_quantile))
     low = cand_low / ref_low if ref_low > 0 else math.inf
     ok = low <= c.max_ratio
     ev.update(low_quantile=c.low_quantile, reference_low_s=ref_low, candidate_low_s=cand_low,
               low_quantile_ratio=low, judged_ratio=low)
-    return result(c, PASS if ok else FAIL,
-                  f"fastest {c.low_quantile:.0%} of the steady steps "
-                  f"{rv.fnum(cand_low)} s vs {rv.fnum(ref_low)} s: ratio {low:.3f} "
-                  f"{'<=' if ok else '>'} {c.max_ratio:g} (medians {rv.fnum(m.candidate_median)} "
-                  f"s vs {rv.fnum(m.reference_median)} s, ratio {m.ratio:.3f}) {tail}", ev)
+    return _judged(c, PASS if ok else FAIL,
+                   f"fastest {c.low_quantile:.0%} of the steady steps "
+                   f"{rv.fnum(cand_low)} s vs {rv.fnum(ref_low)} s: ratio {low:.3f} "
+                   f"{'<=' if ok else '>'} {c.max_ratio:g} (medians "
+                   f"{rv.fnum(m.candidate_median)} s vs {rv.fnum(m.reference_median)} s, "
+                   f"ratio {m.ratio:.3f}) {tail}", ev, cont)
