@@ -200,36 +200,47 @@ D2H_FORMS: dict[str, Callable[[torch.Tensor], object]] = {
 }
 
 
+def copy_forms(probe, model: torch.nn.Module, forms: list[str],
+               copy: dict[str, Callable[[torch.Tensor], object]],
+               between: Callable[[torch.Tensor], None] | None = None) -> list[dict[str, int]]:
+    """The user's loop making the host copy ``copy[forms[n]]`` of one weight right after
+    step n's sync ("none": no copy), then ``between(loss)`` after the step; returns
+    torch_xla's own counts of each step's body."""
+    w = model[0].weight.detach()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    own = []
+    for n, form in enumerate(forms):
+        x, y = batch(n, 8)
+        with probe.step(n):
+            before = raw()
+            loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch_xla.sync()
+            if form != "none":
+                copy[form](w[0, 0])
+            probe.log(loss=loss)
+            own.append(diff(before, raw()))
+        if between is not None:
+            between(loss)
+    return own
+
+
 def test_every_device_to_host_copy_in_the_step_is_counted_and_reads_between_steps_not(
         store) -> None:
     model, _ = make(width=23)
     forms = ["none", *D2H_FORMS, "none"]
-    w = model[0].weight.detach()
+    between = []
 
-    def copy_in_step(n: int) -> None:
-        if forms[n] != "none":
-            D2H_FORMS[forms[n]](w[0, 0])
+    def progress_print(loss: torch.Tensor) -> None:  # a deliberate read between steps
+        b0 = raw()
+        float(loss.detach().cpu())
+        between.append(diff(b0, raw())["d2h"])
 
     run = start(store)
-    between = []
     with refrun.xla.instrument(run, model=model) as probe:
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        own = []
-        for n in range(len(forms)):
-            x, y = batch(n, 8)
-            with probe.step(n):
-                before = raw()
-                loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                torch_xla.sync()
-                copy_in_step(n)
-                probe.log(loss=loss)
-                own.append(diff(before, raw()))
-            b0 = raw()
-            float(loss.detach().cpu())  # a deliberate read between steps (a progress print)
-            between.append(diff(b0, raw())["d2h"])
+        own = copy_forms(probe, model, forms, D2H_FORMS, progress_print)
     run.close()
     assert [o["d2h"] for o in own] == [0, 1, 1, 1, 1, 1, 0]  # torch_xla's own count
     assert per_step(store, run.run_id, schema.M_XFER_D2H, len(forms)) == \
@@ -247,40 +258,21 @@ def test_steady_steps_count_every_copy_but_read_the_exact_count_only_after_one(
     a step that copies nothing reads no metric."""
     model, _ = make(width=29)
     forms = ["none", "none", *D2H_FORMS, "xm.save", "none", "none"]
-    w = model[0].weight.detach()
     copy = {**D2H_FORMS, "xm.save": lambda t: xm.save({"w": t}, str(tmp_path / "w.pt"))}
-
-    def copy_in_step(n: int) -> None:
-        if forms[n] != "none":
-            copy[forms[n]](w[0, 0])
-
     run = start(store)
     with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
         counters = probe.backend._counters
         reads = []
         exact = counters.d2h
-        counters.d2h = lambda: reads.append(probe.backend._transfers.steps) or exact()  # type: ignore[method-assign]
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        own = []
-        for n in range(len(forms)):
-            x, y = batch(n, 8)
-            with probe.step(n):
-                before = raw()
-                loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                torch_xla.sync()
-                copy_in_step(n)
-                probe.log(loss=loss)
-                own.append(diff(before, raw()))
+        counters.d2h = lambda: reads.append(1) or exact()  # type: ignore[method-assign]
+        own = copy_forms(probe, model, forms, copy)
     run.close()
     copies = [0 if f == "none" else 1 for f in forms]
     assert [o["d2h"] for o in own] == copies  # torch_xla's own count
     assert per_step(store, run.run_id, schema.M_XFER_D2H, len(forms)) == copies
     # Step 0 (warm-up) reads at entry and exit; a steady step reads once, at exit, and
     # only when it copied; no read at all for the steps that copy nothing.
-    assert len(reads) == 2 + sum(copies[1:]), str(reads)
+    assert len(reads) == 2 + sum(copies[1:])
 
 
 def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exactly(
