@@ -11,7 +11,8 @@ Prints a table:
   after every step), measured once the metric sample windows are full;
 * the cost of the backend's ``counters()`` (the read plus the deltas kept for the summary);
 * the cost of the two in-step reads of the transfer and sync counts
-  (``XlaCounters.window`` at the step's entry and exit).
+  (``XlaCounters.sentinels`` at the step's entry and exit: counters only; the exact
+  count is read only when they moved, see ``refrun.probes.xla.TransferCount``).
 
 ``--model rnn`` measures a realistic step instead: a GRU cell unrolled over a sequence
 (``--seq`` steps, batch 16, hidden 64, Adam), hundreds of small operations per graph,
@@ -227,7 +228,7 @@ def main() -> None:
 
     counters = XlaCounters(torch_xla._XLAC)
     read_us = time_call(counters.read)
-    window_us = 2 * time_call(counters.window)
+    window_us = 2 * time_call(counters.sentinels)
     backend = probe.backend
     bookkeeping_us = time_call(backend.counters)
     probe.close()
@@ -242,7 +243,7 @@ def main() -> None:
         ("XLA_METRICS_SAMPLES", os.environ.get("XLA_METRICS_SAMPLES", "default (1024)")),
         ("XlaCounters.read (per step)", f"{read_us:.1f} us"),
         ("backend.counters incl. deltas (per step)", f"{bookkeeping_us:.1f} us"),
-        ("XlaCounters.window at entry + exit (per step)", f"{window_us:.1f} us"),
+        ("XlaCounters.sentinels at entry + exit (per step)", f"{window_us:.1f} us"),
         ("all counter reads / unwrapped step", f"{(read_us + window_us) * 1e-6 / p:.4%}"),
     ]
     width = max(len(r[0]) for r in rows)
