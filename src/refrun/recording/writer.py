@@ -107,9 +107,13 @@ class SpoolWriter(threading.Thread):
         """Apply the queued tag/param changes in one metadata update (also called by the
         closing thread once this thread has stopped, for changes queued meanwhile)."""
         q = self.meta_changes
-        changes = [q.popleft() for _ in range(len(q))]
-        if not changes:
+        n = len(q)
+        if not n:
             return
+        # Taken off the queue only once written: ``RunSession.tags`` reads the spool's
+        # metadata plus the queue, so a change waiting here for the metadata lock must
+        # stay visible in the queue (applying it twice is harmless: a change sets values).
+        changes = [q[i] for i in range(n)]
 
         def change_all(meta: SpoolMeta) -> None:
             for change in changes:
@@ -119,6 +123,9 @@ class SpoolWriter(threading.Thread):
             self.spool.update_meta(change_all)
         except Exception as exc:
             self._warn("meta", f"tags/params not recorded: {exc}")
+        finally:
+            for _ in range(n):
+                q.popleft()
 
     def _spool_queued(self, fd: int) -> None:
         q = self.queue
