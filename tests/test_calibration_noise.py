@@ -205,3 +205,32 @@ def test_an_outlier_reference_seed_is_named_and_left_out(
     doc = tomllib.loads(path.read_text(encoding="utf-8"))
     assert doc["calibration"]["runs"] == [*good, odd]
     assert doc["calibration"]["outliers_excluded"] is False
+
+
+def test_envelope_fraction_accounts_for_the_points_the_candidate_logged(
+        tmp_path: Path) -> None:
+    """A candidate logging every 10th step is judged on 20 points, not 200: its fraction
+    inside is binomially noisier, and the calibrated ``min_fraction`` is lowered by
+    ``z sqrt(p (1 - p) (1/n - 1/N))`` (by hand below), not applied as is."""
+    uri, spool = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "spool"
+    refs = [_record(uri, spool, "reference", s, _loss(s)) for s in range(5)]
+    path = tmp_path / "c.toml"
+    write_file(calibrate_ids(refs, uri, CalibrationOptions(group_size=4)), str(path))
+    crit = load_criteria(path)
+    env = crit.criterion("loss-envelope")
+    assert env.calibrated_points == N and env.min_fraction == 0.9
+    need = 0.9 - env.points_noise_z * math.sqrt(0.9 * 0.1 * (1 / 20 - 1 / N))
+    logged = np.arange(N)[np.arange(N) % 10 == 9]  # the 20 steps a candidate logs
+    band = np.vstack([_loss(s)[logged] for s in range(4)])  # the group, by hand
+    mean, sd = band.mean(0), band.std(0, ddof=1)
+    for seed, pushed, outcome in ((31, 2, "pass"), (32, 7, "fail")):
+        loss = _loss(seed)
+        loss[logged[1:1 + 2 * pushed:2]] += 5.0  # far outside the band at `pushed` points
+        inside = int(np.sum(np.abs(loss[logged] - mean) <= env.k * sd))
+        assert need <= inside / 20 < 0.9 if outcome == "pass" else inside / 20 < need
+        cand = _record(uri, spool, "candidate", seed, loss, every=10)
+        a, _ = assess_ids(crit, refs[:4], cand, uri)
+        r = a.result("loss-envelope")
+        assert r.evidence["n_steps"] == 20 and r.evidence["steps_inside"] == inside
+        assert r.evidence["min_fraction"] == pytest.approx(need, rel=1e-12)
+        assert r.outcome == outcome, r.reason

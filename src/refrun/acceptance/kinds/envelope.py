@@ -31,6 +31,14 @@ class Envelope(Criterion):
     over: str = key("which aligned steps", "all", enum=("all", "final_window", "last"))
     window_points: int | None = key("final window size in steps", None, ge=1)
     window_fraction: float | None = key("final window as a fraction", None, gt=0, le=1)
+    # Cadence-aware fraction (refrun calibrate): fewer points, a noisier fraction.
+    calibrated_points: int | None = key(
+        "steps the references shared when min_fraction was calibrated: a candidate "
+        "aligned at n < calibrated_points steps (logging less often) needs "
+        "min_fraction - points_noise_z * sqrt(min_fraction (1 - min_fraction) (1/n - "
+        "1/calibrated_points)) inside", None, ge=1)
+    points_noise_z: float = key("normal quantile applied to the extra noise of a fraction "
+                                "over fewer points", 3.0, ge=0)
 
     def check(self, ctx: Context) -> CriterionResult:
         return envelope(self, ctx)
@@ -55,7 +63,8 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
     else:
         lo, hi = lo_band - c.abs_tol, hi_band + c.abs_tol
     inside = (cand >= lo) & (cand <= hi)
-    j = steps_inside(sel, inside, cand > hi, c.min_fraction, ctx)
+    need = c.min_fraction - fraction_allowance(c, len(inside))
+    j = steps_inside(sel, inside, cand > hi, need, ctx)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(std > 0, (cand - mean) / std, np.nan)
     az = np.abs(z[np.isfinite(z)])
@@ -63,8 +72,34 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
           "over": c.over, "n_references": len(ctx.references), "n_steps": j.points,
           "steps_inside": j.inside, "fraction_inside": j.fraction, **j.evidence,
           "max_abs_z": float(az.max()) if len(az) else None,
-          "zero_spread_steps": int((std <= 0).sum())}
+          "zero_spread_steps": int((std <= 0).sum()),
+          "calibrated_min_fraction": c.min_fraction, "calibrated_points": c.calibrated_points}
     band = f"mean +- {c.k:g} std" if c.band == "std" else "min-max"
     reason = (f"{j.inside}/{j.points} steps inside the {band} band "
-              f"({j.fraction:.1%}, need {c.min_fraction:.1%})" + j.where())
+              f"({j.fraction:.1%}, need {need:.1%}" + fewer_points(c, need, j.points) + ")"
+              + j.where())
     return result(c, PASS if j.ok else FAIL, reason, ev)
+
+
+def fraction_allowance(c: Envelope, n: int) -> float:
+    """How much lower the fraction inside may be for a candidate aligned at ``n`` points
+    when ``min_fraction`` was calibrated at ``N = calibrated_points`` (0 when n >= N, or
+    nothing was calibrated).
+
+    The fraction of n points inside is a binomial proportion: with probability ``p`` of a
+    point inside and points independent, its variance is ``p (1 - p) / n``.  The calibrated
+    ``min_fraction`` already covers the noise of N points, so n points add
+    ``p (1 - p) (1/n - 1/N)``, taken at ``p = min_fraction`` and ``points_noise_z``
+    standard deviations (the same rule as the final window's cadence allowance,
+    :func:`refrun.acceptance.kinds.closeness.window_noise_allowance`).  A candidate that
+    logs every 10th step of a 400-step run (41 points) needs 76.7 % inside, not 90 %."""
+    big = c.calibrated_points
+    if big is None or n >= big or n < 1:
+        return 0.0
+    p = c.min_fraction
+    return float(min(p, c.points_noise_z * np.sqrt(p * (1 - p) * (1 / n - 1 / big))))
+
+
+def fewer_points(c: Envelope, need: float, n: int) -> str:
+    return ("" if need >= c.min_fraction else
+            f": {c.min_fraction:.1%} calibrated at {c.calibrated_points} steps, {n} here")
