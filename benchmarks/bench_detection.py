@@ -142,9 +142,9 @@ class Result:
 
 
 # --- the workloads -------------------------------------------------------------------------
-def digits_workload(held_out: int) -> Workload:
+def digits_workload(held_out: int, first: int | None = None) -> Workload:
     """The digits MLP: 5 reference seeds (0-2 and 10-11, so the benign ``torch-seed3`` stays
-    unseen), its benign and defect variants, held-out seeds 100 and up."""
+    unseen), its benign and defect variants, held-out seeds 100 (or ``first``) and up."""
     from refrun.acceptance.criteria import load_criteria
 
     refs = digits.reference_variants((0, 1, 2, 10, 11))
@@ -159,22 +159,22 @@ def digits_workload(held_out: int) -> Workload:
               for v in defects}
     held = [digits.Variant(f"digits-heldout-seed{s}", "torch", s,
                            mirrors="a held-out seed of the reference code")
-            for s in range(100, 100 + held_out)]
+            for s in range(first or 100, (first or 100) + held_out)]
     return Workload("digits-mlp", refs,
                     [*digits.BENIGN, *digits.DETECTION_BENIGN, *defects], held, intent,
                     evidence=list(digits.DETECTION_EVIDENCE))
 
 
-def charlm_workload(held_out: int) -> Workload:
-    p = charlm.plan(held_out)
+def charlm_workload(held_out: int, first: int | None = None) -> Workload:
+    p = charlm.plan(held_out, first)
     return Workload("charlm", p.references, p.candidates, p.held_out,
                     {v.name: v.expect for v in charlm.DEFECTS},
                     gradcheck="pipelines.charlm.gradcheck", evidence=list(charlm.EVIDENCE))
 
 
-def markov_workload(held_out: int) -> Workload:
+def markov_workload(held_out: int, first: int | None = None) -> Workload:
     """The GRU classifier added for issue 21: nothing in refrun was tuned on it."""
-    p = markov.plan(held_out)
+    p = markov.plan(held_out, first)
     return Workload("markov-gru", p.references, p.candidates, p.held_out,
                     {v.name: v.expect for v in markov.DEFECTS}, evidence=list(markov.EVIDENCE))
 
@@ -483,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out", type=int, default=20,
                     help="further reference seeds per workload assessed as candidates "
                          "(false-alarm trials)")
+    ap.add_argument("--held-out-from", type=int, default=None, metavar="SEED",
+                    help="first held-out seed (default: each workload's own, 100): seeds "
+                         "nobody has looked at, to re-measure after a change of calibration")
     ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
     ap.add_argument("--goal", action="append", default=[], metavar="WORKLOAD=GOAL",
                     help="refrun calibrate --goal GOAL for that workload (at most one each; "
@@ -511,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     store.mkdir(parents=True, exist_ok=True)
     results = []
     for name in names:
-        w = WORKLOADS[name](args.held_out)
+        w = WORKLOADS[name](args.held_out, args.held_out_from)
         print(f"== {w.name}: {len(w.references)} reference seeds, {len(w.candidates)} "
               f"candidates, {len(w.held_out)} held-out seeds ({'quick' if args.quick else 'full'})"
               f"; load {os.getloadavg()[0]:.1f}", flush=True)

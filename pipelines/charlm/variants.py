@@ -133,7 +133,8 @@ DEFECTS = [
 ]
 
 
-def plan(held_out: int = len(HELD_OUT_SEEDS)) -> Plan:
-    """The whole pipeline: reference seeds, candidates, and ``held_out`` further seeds."""
-    return Plan(reference_variants(), [*BENIGN, *DEFECTS],
-                held_out_variants(HELD_OUT_SEEDS[:held_out]))
+def plan(held_out: int = len(HELD_OUT_SEEDS), first: int | None = None) -> Plan:
+    """The whole pipeline: reference seeds, candidates, and ``held_out`` further seeds
+    (``HELD_OUT_SEEDS``, or ``first``, ``first + 1`` ... to draw seeds nobody has looked at)."""
+    seeds = HELD_OUT_SEEDS if first is None else tuple(range(first, first + held_out))
+    return Plan(reference_variants(), [*BENIGN, *DEFECTS], held_out_variants(seeds[:held_out]))
