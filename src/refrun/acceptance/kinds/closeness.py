@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from refrun import schema
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
-from refrun.acceptance.model import SELECT_OVER, Criterion, key
+from refrun.acceptance.model import SELECT_OVER, Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("closeness", any_of=(("abs_tol", "rel_tol"),))
 class Closeness(Criterion):
-    KIND: ClassVar[str] = "closeness"
-    DOC: ClassVar[str] = ("candidate within abs_tol + rel_tol * |reference| of the reference "
-                          "(mean of the reference runs) at the selected aligned steps")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("abs_tol", "rel_tol"),)
+    """candidate within abs_tol + rel_tol * |reference| of the reference (mean of the reference
+    runs) at the selected aligned steps"""
 
     metric: str = key("metric to compare, e.g. 'loss' or 'eval/accuracy'")
     over: str = key("which aligned steps: all, the final window, the last one, or the "

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from refrun import schema
 from refrun.acceptance.checks import MAX_LISTED, Context, counter_sum, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("compilation")
 class Compilation(Criterion):
-    KIND: ClassVar[str] = "compilation"
-    DOC: ClassVar[str] = "compilations after warm-up (sum of per-step counters) <= max"
+    """compilations after warm-up (sum of per-step counters) <= max"""
 
     max: float = key("largest allowed number of compilations after warm-up", ge=0)
-    metrics: list[str] = key("per-step counters summed", [schema.M_COMPILE_GRAPHS],  # noqa: RUF009
+    metrics: list[str] = key("per-step counters summed", [schema.M_COMPILE_GRAPHS],
                              min_items=1)
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
 

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 
 from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("envelope")
 class Envelope(Criterion):
-    KIND: ClassVar[str] = "envelope"
-    DOC: ClassVar[str] = ("candidate inside the reference group's band (seed mean +- k std, "
-                          "or min-max) for at least min_fraction of the selected steps; "
-                          "needs at least two reference runs")
+    """candidate inside the reference group's band (seed mean +- k std, or min-max) for at least
+    min_fraction of the selected steps; needs at least two reference runs"""
 
     metric: str = key("metric to compare")
     band: str = key("'std': |candidate - seed mean| <= k * std + abs_tol; 'minmax': "

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 
 from refrun import schema
 from refrun.acceptance.checks import Context, counter_sum, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("host_transfers")
 class HostTransfers(Criterion):
-    KIND: ClassVar[str] = "host_transfers"
-    DOC: ClassVar[str] = "host transfers per step after warm-up (mean or max) <= max"
+    """host transfers per step after warm-up (mean or max) <= max"""
 
     max: float = key("largest allowed transfers per step", ge=0)
-    metrics: list[str] = key("per-step counters added up", [schema.M_XFER_D2H], min_items=1)  # noqa: RUF009
+    metrics: list[str] = key("per-step counters added up", [schema.M_XFER_D2H], min_items=1)
     statistic: str = key("per-step statistic compared with max", "mean",
                          enum=("mean", "max"))
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
