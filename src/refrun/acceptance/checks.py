@@ -89,6 +89,16 @@ def aligned_frame(ctx: Context, c: Criterion, metric: str):
     return ctx.comparison.metrics[metric].frame, ""
 
 
+def selected(ctx: Context, c: Any):
+    """The aligned points of ``c.metric`` that ``c.over`` selects (:func:`select`, with the
+    criterion's ``window_points`` / ``window_fraction``), or None and why the metric's
+    aligned frame is not available (:func:`aligned_frame`)."""
+    frame, why = aligned_frame(ctx, c, c.metric)
+    if frame is None:
+        return None, why
+    return select(frame, c.over, c.window_points, c.window_fraction, ctx), ""
+
+
 def first_left(sel, outside: np.ndarray, above: np.ndarray, axis: str
                ) -> FirstDivergence | None:
     """Where the candidate first left a criterion's band among the selected aligned

@@ -9,7 +9,7 @@ import numpy as np
 
 from refrun import schema
 from refrun.acceptance import runview as rv
-from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
+from refrun.acceptance.checks import Context, result, selected, steps_inside
 from refrun.acceptance.model import SELECT_OVER, Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
@@ -60,10 +60,9 @@ def closeness(c: Closeness, ctx: Context) -> CriterionResult:
     """Per step: within when |cand - ref| <= abs_tol + rel_tol * |ref| (ref = mean of the
     reference runs); pass when the fraction within >= min_fraction.  ``aggregate = mean``
     compares the means over the selected steps once."""
-    frame, why = aligned_frame(ctx, c, c.metric)
-    if frame is None:
+    sel, why = selected(ctx, c)
+    if sel is None:
         return result(c, NOT_EVALUABLE, why)
-    sel = select(frame, c.over, c.window_points, c.window_fraction, ctx)
     steps = sel["step"].to_numpy()
     ref, cand = sel["reference"].to_numpy(), sel["candidate"].to_numpy()
     ev: dict[str, Any] = {"over": c.over, "abs_tol": c.abs_tol, "rel_tol": c.rel_tol,

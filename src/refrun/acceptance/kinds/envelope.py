@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
+from refrun.acceptance.checks import Context, result, selected, steps_inside
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
@@ -38,10 +38,9 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
     if len(ctx.references) < 2:
         return result(c, NOT_EVALUABLE, f"an envelope needs at least 2 reference runs "
                       f"(seeds), got {len(ctx.references)}")
-    frame, why = aligned_frame(ctx, c, c.metric)
-    if frame is None:
+    sel, why = selected(ctx, c)
+    if sel is None:
         return result(c, NOT_EVALUABLE, why)
-    sel = select(frame, c.over, c.window_points, c.window_fraction, ctx)
     cand = sel["candidate"].to_numpy()
     mean, std = sel["ref_mean"].to_numpy(), sel["ref_std"].to_numpy()
     lo_band, hi_band = sel["ref_min"].to_numpy(), sel["ref_max"].to_numpy()
