@@ -154,6 +154,53 @@ def test_a_kind_without_its_check_cannot_be_defined() -> None:
         registry((Closeness, Closeness))
 
 
+def test_kind_defines_a_frozen_keyword_only_model_documented_by_its_docstring() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from refrun.acceptance.criteria import STOP_KINDS, StopRule
+    from refrun.acceptance.kinds import KINDS, registry
+    from refrun.acceptance.model import Criterion, key, kind
+
+    @kind("two_keys", any_of=(("a", "b"),), needs={"pair"})
+    class TwoKeys(Criterion):
+        """a description written over
+        two lines"""
+
+        a: float | None = key("first", None)
+        b: float | None = key("second", None)
+
+        def check(self, ctx):  # pragma: no cover - never evaluated
+            raise AssertionError
+
+    assert (TwoKeys.KIND, TwoKeys.DOC) == ("two_keys", "a description written over two lines")
+    assert (TwoKeys.ANY_OF, TwoKeys.ONE_OF) == ((("a", "b"),), ())
+    assert sorted(TwoKeys.NEEDS) == ["pair"] and isinstance(TwoKeys.NEEDS, frozenset)
+    t = TwoKeys(id="t", kind="two_keys", level="L1", a=1.0)
+    with pytest.raises(FrozenInstanceError):
+        t.a = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        TwoKeys("t", "two_keys", "L1")  # type: ignore[misc]  # keyword-only
+    assert registry((TwoKeys,)) == {"two_keys": TwoKeys}
+    # @kind runs once the class exists: a kind without its check still fails at definition
+    with pytest.raises(TypeError, match="check"):
+        @kind("no_check")
+        class NoCheck(Criterion):
+            """no check"""
+
+    # a model not defined with @kind has no kind name: the registry refuses it
+    @dataclass(frozen=True, kw_only=True)
+    class Unnamed(Criterion):
+        def check(self, ctx):  # pragma: no cover - never evaluated
+            raise AssertionError
+
+    with pytest.raises(TypeError, match="@kind"):
+        registry((Unnamed,))
+    # every registered kind and stopping rule is documented (the JSON Schema's description)
+    for name, model in [*KINDS.items(), *STOP_KINDS.items()]:
+        assert name == model.KIND and model.DOC and "\n" not in model.DOC, name
+    assert all(issubclass(m, StopRule) for m in STOP_KINDS.values())
+
+
 def test_a_kind_name_typo_is_one_line_naming_the_key() -> None:
     text = ('[[criteria]]\nid = "loss"\nkind = "closenes"\nlevel = "L1"\n'
             'metric = "loss"\nabs_tol = 0.1\n')

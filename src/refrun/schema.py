@@ -166,9 +166,9 @@ TAG_PLACEMENT_WARNING = "refrun.placement.warning"
 TAG_SUMMARY_PREFIX = "refrun.summary."  # end-of-run summary counts (XLA)
 TAG_FALLBACK_OPS = "refrun.fallback.ops"  # JSON {op name: executions}
 TAG_JAX_PREFIX = "refrun.jax."
-TAG_JAX_TRANSFER_GUARD = "refrun.jax.transfer_guard"
-TAG_JAX_STEP_FUNCTIONS = "refrun.jax.step_functions"
-TAG_JAX_FRESH_CACHES = "refrun.jax.fresh_caches"
+TAG_JAX_TRANSFER_GUARD = "refrun.jax.transfer_guard"  # level inside the step, or "off"
+TAG_JAX_STEP_FUNCTIONS = "refrun.jax.step_functions"  # whose compilations count, comma-separated
+TAG_JAX_FRESH_CACHES = "refrun.jax.fresh_caches"  # "true": compilation caches cleared at start
 TAG_JAX_TRANSFERS = "refrun.jax.h2d_transfers"  # total implicit h2d transfers counted
 # Which host reads of jax.Arrays inside the step are counted as xfer/host_syncs
 # ("counted: ...", or "off (...)"): refrun.probes.host_reads.

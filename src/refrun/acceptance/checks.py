@@ -7,6 +7,7 @@ never a guess."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from refrun import schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.criterion_evidence import FirstDivergence
-from refrun.acceptance.results import NOT_APPLICABLE, NOT_EVALUABLE, CriterionResult
+from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import Comparison, RunData
 from refrun.comparison.divergence import effective_sustain, first_sustained
 from refrun.comparison.measures import final_window_size
@@ -86,6 +87,16 @@ def aligned_frame(ctx: Context, c: Criterion, metric: str):
         why = ctx.comparison.skipped.get(metric, "not compared")
         return None, f"metric {metric!r}: {why}"
     return ctx.comparison.metrics[metric].frame, ""
+
+
+def selected(ctx: Context, c: Any):
+    """The aligned points of ``c.metric`` that ``c.over`` selects (:func:`select`, with the
+    criterion's ``window_points`` / ``window_fraction``), or None and why the metric's
+    aligned frame is not available (:func:`aligned_frame`)."""
+    frame, why = aligned_frame(ctx, c, c.metric)
+    if frame is None:
+        return None, why
+    return select(frame, c.over, c.window_points, c.window_fraction, ctx), ""
 
 
 def first_left(sel, outside: np.ndarray, above: np.ndarray, axis: str
@@ -196,6 +207,25 @@ def counter_sum(ctx: Context, c: Criterion, metrics: list[str], warmup: int | No
           "warmup_end_step": start, "steps_after_warmup": len(per_step),
           "totals_after_warmup": totals}
     return per_step, ev, ""
+
+
+def counters_at_most(c: Criterion, ctx: Context, metrics: list[str], warmup: int | None,
+                     limit: float,
+                     measure: Callable[[dict[int, float], dict[str, Any]],
+                                       tuple[float | None, str]]) -> CriterionResult:
+    """The verdict of a per-step counter criterion: ``measure(per-step sums after warm-up,
+    evidence)`` (:func:`counter_sum`; it adds its own evidence) gives ``(value, what the
+    value is)``, and the criterion passes when value <= ``limit``.  Not evaluable when no
+    counter is recorded, or when ``measure`` gives no value (``what`` then says why)."""
+    per_step, ev, what = counter_sum(ctx, c, metrics, warmup)
+    value = None
+    if per_step is not None:
+        value, what = measure(per_step, ev)
+    if value is None:
+        return result(c, NOT_EVALUABLE, what, ev, metric=metrics[0])
+    ok = value <= limit
+    return result(c, PASS if ok else FAIL, f"{what} {'<=' if ok else '>'} {limit:g}", ev,
+                  metric=metrics[0])
 
 
 def one_point(run: RunData, metric: str, statistic: str, window: int, keep: str

@@ -24,10 +24,10 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from refrun import identity, schema
-from refrun.acceptance.model import LEVELS, MISSING, SELECT_OVER, Criterion, key
+from refrun.acceptance.model import LEVELS, MISSING, SELECT_OVER, Criterion, Rule, key, kind
 from refrun.errors import RefrunInputError
 
 __all__ = [  # the kinds' models, re-exported where they were defined before
@@ -148,28 +148,18 @@ if TYPE_CHECKING:  # static analysis sees the kinds as names of this module
 
 # --- stopping rules -------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class StopRule:
-    KIND: ClassVar[str] = ""
-    DOC: ClassVar[str] = ""
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
-    ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
+class StopRule(Rule):
+    """Fields every stopping rule has; each kind is a subclass defined with ``@kind``."""
 
     id: str = key("unique name of the rule")
     kind: str = key("kind of stopping rule")
     description: str = key("why this rule (free text)", "")
 
-    def used_metrics(self) -> tuple[str, ...]:
-        """Metrics this rule names."""
-        m = getattr(self, "metric", None)
-        return (m,) if m else ()
 
-
-@dataclass(frozen=True, kw_only=True)
+@kind("budget", any_of=(("max_hours", "max_cost"),))
 class Budget(StopRule):
-    KIND: ClassVar[str] = "budget"
-    DOC: ClassVar[str] = ("projected total time (elapsed + remaining steps x median step "
-                          "time) and cost against a budget")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("max_hours", "max_cost"),)
+    """projected total time (elapsed + remaining steps x median step time) and cost against a
+    budget"""
 
     max_hours: float | None = key("time budget of the whole run, hours", None, gt=0)
     max_cost: float | None = key("cost budget of the whole run, [prices] currency", None,
@@ -182,12 +172,10 @@ class Budget(StopRule):
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("smoke", any_of=(("abs_tol", "rel_tol"),))
 class Smoke(StopRule):
-    KIND: ClassVar[str] = "smoke"
-    DOC: ClassVar[str] = ("difference from the reference over the steps so far beyond a "
-                          "threshold (a reason to look, not a verdict)")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("abs_tol", "rel_tol"),)
+    """difference from the reference over the steps so far beyond a threshold (a reason to look,
+    not a verdict)"""
 
     metric: str = key("metric compared with the reference")
     abs_tol: float = key("absolute threshold", 0.0, ge=0)
@@ -200,12 +188,10 @@ class Smoke(StopRule):
     min_steps: int = key("compare only once this many steps are aligned", 1, ge=1)
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("no_progress", any_of=(("after_hours", "stall_minutes"),))
 class NoProgress(StopRule):
-    KIND: ClassVar[str] = "no_progress"
-    DOC: ClassVar[str] = ("the run has not reached L0 (finished with its planned steps) "
-                          "after after_hours, or logged no new step for stall_minutes")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("after_hours", "stall_minutes"),)
+    """the run has not reached L0 (finished with its planned steps) after after_hours, or logged
+    no new step for stall_minutes"""
 
     after_hours: float | None = key("hours since start without reaching L0", None, gt=0)
     stall_minutes: float | None = key("minutes without a new logged point", None, gt=0)

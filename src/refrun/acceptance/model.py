@@ -1,12 +1,16 @@
-"""The model every criterion kind is built on: documented, constrained fields (``key``)
-and the :class:`Criterion` base, whose subclasses (one per kind, each beside its check in
-:mod:`refrun.acceptance.kinds`) the criteria loader validates against."""
+"""The model every criterion kind is built on: documented, constrained fields (``key``),
+the :func:`kind` decorator that defines a kind's model, and the :class:`Criterion` base,
+whose subclasses (one per kind, each beside its check in :mod:`refrun.acceptance.kinds`)
+the criteria loader validates against.  Stopping rules
+(:class:`refrun.acceptance.criteria.StopRule`) share the :class:`Rule` base and the
+decorator."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, dataclass_transform
 
 from refrun import identity, schema
 
@@ -33,15 +37,50 @@ def key(doc: str, default: Any = MISSING, *, enum: tuple[str, ...] | None = None
     return field(default=default, metadata=meta)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Criterion:
-    """Fields every criterion has."""
+class Rule:
+    """What every kind of entry of a criteria file's ``[[criteria]]`` and ``[[stopping]]``
+    arrays has: its kind's name and documentation and its groups of keys (set by
+    :func:`kind`), and the metrics it names."""
 
     KIND: ClassVar[str] = ""
     DOC: ClassVar[str] = ""
     # Groups of keys of which at least one (ANY_OF) or exactly one (ONE_OF) is required.
     ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
     ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    def used_metrics(self) -> tuple[str, ...]:
+        """Metrics this entry names (for the 'no run has it' check)."""
+        m = getattr(self, "metric", None)
+        return (m,) if m else tuple(getattr(self, "metrics", ()))
+
+
+_Model = TypeVar("_Model", bound=type[Rule])
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(key, field))
+def kind(name: str, *, any_of: tuple[tuple[str, ...], ...] = (),
+         one_of: tuple[tuple[str, ...], ...] = (), needs: Iterable[str] = ()
+         ) -> Callable[[_Model], _Model]:
+    """Defines the model of the kind ``name`` of criterion or stopping rule: the decorated
+    :class:`Rule` subclass becomes a frozen, keyword-only dataclass whose ``KIND`` is
+    ``name``, ``DOC`` its docstring with white space folded (the kind's description in the
+    JSON Schema), ``ANY_OF`` / ``ONE_OF`` the groups of keys of which at least one / exactly
+    one is required, and (criteria only) ``NEEDS`` what the assessment looks up for its
+    check (see :class:`Criterion`)."""
+    def define(cls: _Model) -> _Model:
+        doc = cls.__dict__.get("__doc__") or ""  # read before dataclass() writes one
+        cls.KIND, cls.DOC, cls.ANY_OF, cls.ONE_OF = name, " ".join(doc.split()), any_of, one_of
+        if needs:
+            cls.NEEDS = frozenset(needs)  # type: ignore[attr-defined]
+        return dataclass(frozen=True, kw_only=True)(cls)
+    return define
+
+
+@dataclass(frozen=True, kw_only=True)
+class Criterion(Rule):
+    """Fields every criterion has; each kind is a subclass defined with :func:`kind`,
+    holding its own check."""
+
     # What the assessment must look up in the store before this kind's check runs (the
     # check reads it from the context): "gradchecks" (the candidate's gradient-check runs,
     # Context.gradchecks), "pair" (its same-seed reference, Context.pair).
@@ -62,11 +101,12 @@ class Criterion:
         "worst held-out value, margin, held-out seeds, detectable shift ...", None)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # A kind without its check cannot exist: defining one fails at import.
+        # A kind without its check cannot exist: defining one fails at import (with or
+        # without @kind, which runs once the class exists).
         super().__init_subclass__(**kwargs)
-        if not cls.KIND or "check" not in cls.__dict__:
-            raise TypeError(f"criterion kind {cls.__name__} needs a KIND and its own "
-                            "check(self, ctx) method (refrun.acceptance.kinds)")
+        if "check" not in cls.__dict__:
+            raise TypeError(f"criterion kind {cls.__name__} needs its own check(self, ctx) "
+                            "method (refrun.acceptance.kinds)")
 
     def check(self, ctx: Context) -> CriterionResult:
         """This kind's verdict on the candidate in ``ctx`` (every kind defines it)."""
@@ -77,11 +117,6 @@ class Criterion:
         path below the criterion, message)`` for each broken one (the loader reports the
         first with the file, line and key)."""
         return []
-
-    def used_metrics(self) -> tuple[str, ...]:
-        """Metrics this criterion names (for the 'no run has it' check)."""
-        m = getattr(self, "metric", None)
-        return (m,) if m else tuple(getattr(self, "metrics", ()))
 
     def applies_to(self, backend: str | None) -> bool | None:
         """Whether the criterion applies to a candidate recorded with ``backend`` (its

@@ -3,10 +3,12 @@ dataclass whose fields carry their documentation, constraints and cross-field ru
 right below it, its check.  :data:`KINDS` registers each once, in the order the JSON
 Schema and the documentation list them.
 
-Adding a kind is one module here and one entry in :data:`KINDS`: a model without its
-``check`` cannot be defined (:meth:`refrun.acceptance.model.Criterion.__init_subclass__`),
-and the loader, the JSON Schema, ``refrun calibrate --exclude`` and the assessment take the
-kinds from this registry only.
+Adding a kind is one module here and one entry in :data:`KINDS`: the model is a
+:class:`~refrun.acceptance.model.Criterion` subclass defined with
+:func:`@kind <refrun.acceptance.model.kind>`; one without its ``check`` cannot be defined
+(:meth:`refrun.acceptance.model.Criterion.__init_subclass__`), and the loader, the JSON
+Schema, ``refrun calibrate --exclude`` and the assessment take the kinds from this registry
+only.
 """
 
 from __future__ import annotations
@@ -29,9 +31,13 @@ from refrun.acceptance.model import Criterion
 
 
 def registry(models: tuple[type[Criterion], ...]) -> dict[str, type[Criterion]]:
-    """``{kind name: model}``; a name registered twice is a programming error."""
+    """``{kind name: model}``; a model without a name (not defined with ``@kind``) or a
+    name registered twice is a programming error."""
     out: dict[str, type[Criterion]] = {}
     for m in models:
+        if not m.KIND:
+            raise TypeError(f"criterion model {m.__name__} has no kind name (define it with "
+                            "@kind, refrun.acceptance.model)")
         if m.KIND in out:
             raise TypeError(f"criterion kind {m.KIND!r} registered twice "
                             f"({out[m.KIND].__name__}, {m.__name__})")

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, one_point, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("claim", one_of=(("at_least", "at_most"),))
 class Claim(Criterion):
-    KIND: ClassVar[str] = "claim"
-    DOC: ClassVar[str] = ("a final value at least / at most a published number; optionally, "
-                          "when the reference also misses it, matching the reference within "
-                          "a tolerance counts as preserving behaviour")
-    ONE_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("at_least", "at_most"),)
+    """a final value at least / at most a published number; optionally, when the reference also
+    misses it, matching the reference within a tolerance counts as preserving behaviour"""
 
     metric: str = key("metric holding the claimed quantity, e.g. 'eval/accuracy'")
     at_least: float | None = key("claim: value >= this", None)

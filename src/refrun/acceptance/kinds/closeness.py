@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from refrun import schema
 from refrun.acceptance import runview as rv
-from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
-from refrun.acceptance.model import SELECT_OVER, Criterion, key
+from refrun.acceptance.checks import Context, result, selected, steps_inside
+from refrun.acceptance.model import SELECT_OVER, Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("closeness", any_of=(("abs_tol", "rel_tol"),))
 class Closeness(Criterion):
-    KIND: ClassVar[str] = "closeness"
-    DOC: ClassVar[str] = ("candidate within abs_tol + rel_tol * |reference| of the reference "
-                          "(mean of the reference runs) at the selected aligned steps")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("abs_tol", "rel_tol"),)
+    """candidate within abs_tol + rel_tol * |reference| of the reference (mean of the reference
+    runs) at the selected aligned steps"""
 
     metric: str = key("metric to compare, e.g. 'loss' or 'eval/accuracy'")
     over: str = key("which aligned steps: all, the final window, the last one, or the "
@@ -63,10 +60,9 @@ def closeness(c: Closeness, ctx: Context) -> CriterionResult:
     """Per step: within when |cand - ref| <= abs_tol + rel_tol * |ref| (ref = mean of the
     reference runs); pass when the fraction within >= min_fraction.  ``aggregate = mean``
     compares the means over the selected steps once."""
-    frame, why = aligned_frame(ctx, c, c.metric)
-    if frame is None:
+    sel, why = selected(ctx, c)
+    if sel is None:
         return result(c, NOT_EVALUABLE, why)
-    sel = select(frame, c.over, c.window_points, c.window_fraction, ctx)
     steps = sel["step"].to_numpy()
     ref, cand = sel["reference"].to_numpy(), sel["candidate"].to_numpy()
     ev: dict[str, Any] = {"over": c.over, "abs_tol": c.abs_tol, "rel_tol": c.rel_tol,

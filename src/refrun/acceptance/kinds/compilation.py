@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any
 
 from refrun import schema
-from refrun.acceptance.checks import MAX_LISTED, Context, counter_sum, result
-from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
+from refrun.acceptance.checks import MAX_LISTED, Context, counters_at_most
+from refrun.acceptance.model import Criterion, key, kind
+from refrun.acceptance.results import CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("compilation")
 class Compilation(Criterion):
-    KIND: ClassVar[str] = "compilation"
-    DOC: ClassVar[str] = "compilations after warm-up (sum of per-step counters) <= max"
+    """compilations after warm-up (sum of per-step counters) <= max"""
 
     max: float = key("largest allowed number of compilations after warm-up", ge=0)
-    metrics: list[str] = key("per-step counters summed", [schema.M_COMPILE_GRAPHS],  # noqa: RUF009
+    metrics: list[str] = key("per-step counters summed", [schema.M_COMPILE_GRAPHS],
                              min_items=1)
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
 
@@ -27,13 +25,9 @@ class Compilation(Criterion):
 
 def compilation(c: Compilation, ctx: Context) -> CriterionResult:
     """Sum of the compile counters over steps >= warm-up end <= ``max``."""
-    per_step, ev, why = counter_sum(ctx, c, c.metrics, c.warmup_steps)
-    if per_step is None:
-        return result(c, NOT_EVALUABLE, why, metric=c.metrics[0])
-    total = float(sum(per_step.values()))
-    ev.update(total_after_warmup=total, max=c.max,
-              steps_with_compilation=[s for s, v in per_step.items() if v > 0][:MAX_LISTED])
-    ok = total <= c.max
-    return result(c, PASS if ok else FAIL,
-                  f"{total:g} compilation(s) after warm-up (step >= {ev['warmup_end_step']})"
-                  f" {'<=' if ok else '>'} {c.max:g}", ev, metric=c.metrics[0])
+    def total(per_step: dict[int, float], ev: dict[str, Any]) -> tuple[float, str]:
+        n = float(sum(per_step.values()))
+        ev.update(total_after_warmup=n, max=c.max,
+                  steps_with_compilation=[s for s, v in per_step.items() if v > 0][:MAX_LISTED])
+        return n, f"{n:g} compilation(s) after warm-up (step >= {ev['warmup_end_step']})"
+    return counters_at_most(c, ctx, c.metrics, c.warmup_steps, c.max, total)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -12,18 +10,16 @@ from refrun.acceptance import runview as rv
 from refrun.acceptance import statistics as stats
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.criterion_evidence import Interval
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("convergence")
 class Convergence(Criterion):
-    KIND: ClassVar[str] = "convergence"
-    DOC: ClassVar[str] = ("steps to reach a target value, judged with MLPerf Training's "
-                          "reference-convergence-point rule: olympic mean of the reference runs "
-                          "(min and max dropped), one-sided Student t-test at alpha; needs at "
-                          "least three reference runs")
+    """steps to reach a target value, judged with MLPerf Training's reference-convergence-point
+    rule: olympic mean of the reference runs (min and max dropped), one-sided Student t-test at
+    alpha; needs at least three reference runs"""
 
     metric: str = key("metric that reaches the target, e.g. 'eval/val_loss'")
     target: float = key("target value of the metric")

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("cost", any_of=(("max_ratio", "max_cost"),))
 class Cost(Criterion):
-    KIND: ClassVar[str] = "cost"
-    DOC: ClassVar[str] = ("cost per run = hours x price per hour ([prices]); candidate / mean "
-                          "reference cost <= max_ratio and/or candidate cost <= max_cost")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("max_ratio", "max_cost"),)
+    """cost per run = hours x price per hour ([prices]); candidate / mean reference cost <=
+    max_ratio and/or candidate cost <= max_cost"""
 
     max_ratio: float | None = key("largest allowed cost ratio", None, gt=0)
     max_cost: float | None = key("largest allowed candidate cost, in [prices] currency",

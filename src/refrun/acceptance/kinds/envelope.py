@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 
-from refrun.acceptance.checks import Context, aligned_frame, result, select, steps_inside
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.checks import Context, result, selected, steps_inside
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("envelope")
 class Envelope(Criterion):
-    KIND: ClassVar[str] = "envelope"
-    DOC: ClassVar[str] = ("candidate inside the reference group's band (seed mean +- k std, "
-                          "or min-max) for at least min_fraction of the selected steps; "
-                          "needs at least two reference runs")
+    """candidate inside the reference group's band (seed mean +- k std, or min-max) for at least
+    min_fraction of the selected steps; needs at least two reference runs"""
 
     metric: str = key("metric to compare")
     band: str = key("'std': |candidate - seed mean| <= k * std + abs_tol; 'minmax': "
@@ -51,10 +46,9 @@ def envelope(c: Envelope, ctx: Context) -> CriterionResult:
     if len(ctx.references) < 2:
         return result(c, NOT_EVALUABLE, f"an envelope needs at least 2 reference runs "
                       f"(seeds), got {len(ctx.references)}")
-    frame, why = aligned_frame(ctx, c, c.metric)
-    if frame is None:
+    sel, why = selected(ctx, c)
+    if sel is None:
         return result(c, NOT_EVALUABLE, why)
-    sel = select(frame, c.over, c.window_points, c.window_fraction, ctx)
     cand = sel["candidate"].to_numpy()
     mean, std = sel["ref_mean"].to_numpy(), sel["ref_std"].to_numpy()
     lo_band, hi_band = sel["ref_min"].to_numpy(), sel["ref_max"].to_numpy()

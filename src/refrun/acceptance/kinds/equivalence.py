@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 
 from refrun.acceptance import runview as rv
 from refrun.acceptance import statistics as stats
 from refrun.acceptance.checks import Context, one_point, result
 from refrun.acceptance.criterion_evidence import Interval
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("equivalence", any_of=(("margin", "rel_margin"),))
 class Equivalence(Criterion):
-    KIND: ClassVar[str] = "equivalence"
-    DOC: ClassVar[str] = ("two one-sided t-tests (TOST) on a one-point metric: the candidate "
-                          "minus the mean of the reference seeds lies within +-margin (and/or "
-                          "+-rel_margin * |reference mean|) at level alpha; reports the "
-                          "(1 - 2 alpha) confidence interval; needs at least two reference runs")
-    ANY_OF: ClassVar[tuple[tuple[str, ...], ...]] = (("margin", "rel_margin"),)
+    """two one-sided t-tests (TOST) on a one-point metric: the candidate minus the mean of the
+    reference seeds lies within +-margin (and/or +-rel_margin * |reference mean|) at level
+    alpha; reports the (1 - 2 alpha) confidence interval; needs at least two reference runs"""
 
     metric: str = key("metric compared, e.g. 'eval/test_accuracy'")
     margin: float | None = key("equivalence margin in the metric's units (declared, not "

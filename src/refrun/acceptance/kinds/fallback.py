@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from refrun import schema
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import MAX_LISTED, Context, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("fallback")
 class Fallback(Criterion):
-    KIND: ClassVar[str] = "fallback"
-    DOC: ClassVar[str] = ("no CPU-fallback operation outside the allowlist (tag "
-                          "refrun.fallback.ops, else the fallback/ops counter)")
+    """no CPU-fallback operation outside the allowlist (tag refrun.fallback.ops, else the
+    fallback/ops counter)"""
 
-    allow: list[str] = key("operation names allowed to fall back, e.g. 'aten::nonzero'", [])  # noqa: RUF009
+    allow: list[str] = key("operation names allowed to fall back, e.g. 'aten::nonzero'", [])
 
     def check(self, ctx: Context) -> CriterionResult:
         return fallback(self, ctx)

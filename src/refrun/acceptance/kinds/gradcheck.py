@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from refrun import schema
 from refrun.acceptance.checks import Context, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("gradcheck", needs={"gradchecks"})
 class Gradcheck(Criterion):
-    KIND: ClassVar[str] = "gradcheck"
-    DOC: ClassVar[str] = ("every gradient-check run recorded for the candidate (role "
-                          "gradcheck, tag refrun.gradcheck.candidate = the candidate's run id, "
-                          "refrun.gradcheck.record) finished and passed; a candidate without "
-                          "one fails")
-    NEEDS: ClassVar[frozenset[str]] = frozenset({"gradchecks"})
+    """every gradient-check run recorded for the candidate (role gradcheck, tag
+    refrun.gradcheck.candidate = the candidate's run id, refrun.gradcheck.record) finished and
+    passed; a candidate without one fails"""
 
-    labels: list[str] = key("labels of checks that must be among those recorded (and "  # noqa: RUF009
+    labels: list[str] = key("labels of checks that must be among those recorded (and "
                             "passed), e.g. 'parity/loss'; default: any", [])
 
     def check(self, ctx: Context) -> CriterionResult:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from refrun import schema
 from refrun.acceptance.checks import Context, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("hardware")
 class Hardware(Criterion):
-    KIND: ClassVar[str] = "hardware"
-    DOC: ClassVar[str] = ("the executing hardware (probe tag refrun.exec.hardware) is the "
-                          "expected one, and no placement warning was recorded")
+    """the executing hardware (probe tag refrun.exec.hardware) is the expected one, and no
+    placement warning was recorded"""
 
     expected: str = key("expected hardware, e.g. 'tpu' or 'cuda: NVIDIA H100'")
     match: str = key("'contains': case-insensitive substring; 'exact': case-insensitive "

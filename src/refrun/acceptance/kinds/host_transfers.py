@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any
 
 import numpy as np
 
 from refrun import schema
-from refrun.acceptance.checks import Context, counter_sum, result
-from refrun.acceptance.model import Criterion, key
-from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
+from refrun.acceptance.checks import Context, counters_at_most
+from refrun.acceptance.model import Criterion, key, kind
+from refrun.acceptance.results import CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("host_transfers")
 class HostTransfers(Criterion):
-    KIND: ClassVar[str] = "host_transfers"
-    DOC: ClassVar[str] = "host transfers per step after warm-up (mean or max) <= max"
+    """host transfers per step after warm-up (mean or max) <= max"""
 
     max: float = key("largest allowed transfers per step", ge=0)
-    metrics: list[str] = key("per-step counters added up", [schema.M_XFER_D2H], min_items=1)  # noqa: RUF009
+    metrics: list[str] = key("per-step counters added up", [schema.M_XFER_D2H], min_items=1)
     statistic: str = key("per-step statistic compared with max", "mean",
                          enum=("mean", "max"))
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
@@ -30,16 +28,13 @@ class HostTransfers(Criterion):
 
 def host_transfers(c: HostTransfers, ctx: Context) -> CriterionResult:
     """Transfers per step after warm-up (counters added per step; mean or max) <= ``max``."""
-    per_step, ev, why = counter_sum(ctx, c, c.metrics, c.warmup_steps)
-    if per_step is None:
-        return result(c, NOT_EVALUABLE, why, metric=c.metrics[0])
-    if not per_step:
-        return result(c, NOT_EVALUABLE, "no step after warm-up", ev, metric=c.metrics[0])
-    vals = np.array(list(per_step.values()))
-    stat = float(vals.mean() if c.statistic == "mean" else vals.max())
-    ev.update(per_step_mean=float(vals.mean()), per_step_max=float(vals.max()),
-              statistic=c.statistic, value=stat, max=c.max)
-    ok = stat <= c.max
-    return result(c, PASS if ok else FAIL,
-                  f"{c.statistic} {stat:.4g} transfers/step after warm-up "
-                  f"{'<=' if ok else '>'} {c.max:g}", ev, metric=c.metrics[0])
+    def per_step_statistic(per_step: dict[int, float], ev: dict[str, Any]
+                           ) -> tuple[float | None, str]:
+        if not per_step:
+            return None, "no step after warm-up"
+        vals = np.array(list(per_step.values()))
+        stat = float(vals.mean() if c.statistic == "mean" else vals.max())
+        ev.update(per_step_mean=float(vals.mean()), per_step_max=float(vals.max()),
+                  statistic=c.statistic, value=stat, max=c.max)
+        return stat, f"{c.statistic} {stat:.4g} transfers/step after warm-up"
+    return counters_at_most(c, ctx, c.metrics, c.warmup_steps, c.max, per_step_statistic)

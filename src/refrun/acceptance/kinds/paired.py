@@ -4,33 +4,28 @@ lookup, divergence and band arithmetic are :mod:`refrun.acceptance.paired`)."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import ClassVar
 
 from refrun import schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.criterion_evidence import PairedEvidence
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("paired", needs={"pair"})
 class Paired(Criterion):
-    KIND: ClassVar[str] = "paired"
-    DOC: ClassVar[str] = ("a port of one reference seed (same seed, initial weights and data "
-                          "order; tag refrun.pair.seed or refrun accept --pair) against that "
-                          "seed's run: the running max of |candidate - reference| stays within "
-                          "max_ratio x the known-good pairs' divergence at every step "
-                          "(refrun.acceptance.paired); not applicable to a candidate that "
-                          "declares no pair, not evaluable when its declared pair is missing")
-    NEEDS: ClassVar[frozenset[str]] = frozenset({"pair"})
+    """a port of one reference seed (same seed, initial weights and data order; tag
+    refrun.pair.seed or refrun accept --pair) against that seed's run: the running max of
+    |candidate - reference| stays within max_ratio x the known-good pairs' divergence at every
+    step (refrun.acceptance.paired); not applicable to a candidate that declares no pair, not
+    evaluable when its declared pair is missing"""
 
     metric: str = key("per-step metric compared with the same-seed reference", schema.M_LOSS)
-    band_steps: list[int] = key("steps of the known-good envelope's knots, increasing "  # noqa: RUF009
+    band_steps: list[int] = key("steps of the known-good envelope's knots, increasing "
                                 "(written by refrun calibrate)", min_items=1)
-    band_values: list[float] = key("known-good divergence (running max of |diff|, metric "  # noqa: RUF009
+    band_values: list[float] = key("known-good divergence (running max of |diff|, metric "
                                    "units) from each knot's step on", min_items=1, gt=0)
     max_ratio: float = key("largest allowed ratio of the candidate's divergence to the "
                            "known-good envelope at the same step", gt=1)

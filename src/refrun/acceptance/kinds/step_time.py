@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -12,7 +10,7 @@ from refrun import identity, schema
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, missing_in, result
 from refrun.acceptance.criterion_evidence import Contention
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData, step_time_ratio
 from refrun.comparison.measures import steady_points
@@ -100,16 +98,15 @@ def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], kee
     return steady_points(r.steps, r.values, start, comp)
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("step_time")
 class StepTime(Criterion):
-    KIND: ClassVar[str] = "step_time"
-    DOC: ClassVar[str] = ("median (or low_quantile) step time after warm-up, candidate / "
-                          "reference (pooled reference runs) <= max_ratio")
+    """median (or low_quantile) step time after warm-up, candidate / reference (pooled reference
+    runs) <= max_ratio"""
 
     max_ratio: float = key("largest allowed ratio (> 1: the candidate is slower)", gt=0)
     metric: str = key("step-time metric, seconds", schema.M_STEP_TIME)
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
-    compile_metrics: list[str] = key(  # noqa: RUF009
+    compile_metrics: list[str] = key(
         "per-step compilation counters: a step where one of them is > 0 is a compilation "
         "step, left out of the median of every run ([] keeps every step)",
         list(schema.STEP_TIME_COMPILE_METRICS))

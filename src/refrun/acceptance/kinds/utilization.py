@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
-from refrun.acceptance.model import Criterion, key
+from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 
 UTIL_PATTERN = re.compile(r"^sys/(gpu|tpu)\d+_(util|duty_cycle)_pct$")
 
 
-@dataclass(frozen=True, kw_only=True)
+@kind("utilization")
 class Utilization(Criterion):
-    KIND: ClassVar[str] = "utilization"
-    DOC: ClassVar[str] = ("mean accelerator utilization after warm-up (sys/gpu<i>_util_pct, "
-                          "sys/tpu<i>_duty_cycle_pct) >= min_pct")
+    """mean accelerator utilization after warm-up (sys/gpu<i>_util_pct,
+    sys/tpu<i>_duty_cycle_pct) >= min_pct"""
 
     min_pct: float = key("least mean utilization, percent", ge=0, le=100)
-    metrics: list[str] = key("utilization metrics (default: every sys/gpu<i>_util_pct and "  # noqa: RUF009
+    metrics: list[str] = key("utilization metrics (default: every sys/gpu<i>_util_pct and "
                              "sys/tpu<i>_duty_cycle_pct of the candidate)", [])
     warmup_steps: int | None = key("warm-up steps (default: settings)", None, ge=0)
 
