@@ -34,7 +34,7 @@ from refrun.acceptance.calibration import (
     calibrate_ids,
     write_file,
 )
-from refrun.acceptance.criteria import load_criteria
+from refrun.acceptance.criteria import CriteriaFile, load_criteria
 from refrun.cli import main
 
 N = 200
@@ -67,13 +67,19 @@ def _record(uri: str, spool: Path, role: str, seed: int, loss: np.ndarray, every
     return run.run_id
 
 
-def test_final_window_tolerance_accounts_for_the_points_the_window_holds(
-        tmp_path: Path) -> None:
+def _calibrated(tmp_path: Path) -> tuple[str, Path, list[str], CriteriaFile]:
+    """Five reference seeds logging every step, and the file calibrate writes from them."""
     uri, spool = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "spool"
     refs = [_record(uri, spool, "reference", s, _loss(s)) for s in range(5)]
     path = tmp_path / "c.toml"
     write_file(calibrate_ids(refs, uri, CalibrationOptions(group_size=4)), str(path))
     crit = load_criteria(path)
+    return uri, spool, refs, crit
+
+
+def test_final_window_tolerance_accounts_for_the_points_the_window_holds(
+        tmp_path: Path) -> None:
+    uri, spool, refs, crit = _calibrated(tmp_path)
     fw = crit.criterion("loss-final-window")
     assert fw.window_calibrated_points == 20 and fw.window_noise_rel > 0
     # By hand: the per-point noise from first differences of the references' last 20
@@ -212,11 +218,7 @@ def test_envelope_fraction_accounts_for_the_points_the_candidate_logged(
     """A candidate logging every 10th step is judged on 20 points, not 200: its fraction
     inside is binomially noisier, and the calibrated ``min_fraction`` is lowered by
     ``z sqrt(p (1 - p) (1/n - 1/N))`` (by hand below), not applied as is."""
-    uri, spool = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "spool"
-    refs = [_record(uri, spool, "reference", s, _loss(s)) for s in range(5)]
-    path = tmp_path / "c.toml"
-    write_file(calibrate_ids(refs, uri, CalibrationOptions(group_size=4)), str(path))
-    crit = load_criteria(path)
+    uri, spool, refs, crit = _calibrated(tmp_path)
     env = crit.criterion("loss-envelope")
     assert env.calibrated_points == N and env.min_fraction == 0.9
     need = 0.9 - env.points_noise_z * math.sqrt(0.9 * 0.1 * (1 / 20 - 1 / N))
