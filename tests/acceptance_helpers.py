@@ -70,6 +70,17 @@ def eval_steps(n: int = N, every: int = 10) -> np.ndarray:
     return np.array(sorted(set(s)))
 
 
+# An L3 goal on the loss (a file without L3 holds L4 back): for files that judge L4.
+GOAL_CLAIM = """
+[[criteria]]
+id = "goal"
+level = "L3"
+kind = "claim"
+metric = "loss"
+at_most = 1.0
+"""
+
+
 def write_criteria(tmp: Path, body: str, name: str = "criteria.toml") -> Path:
     p = tmp / name
     p.write_text(body, encoding="utf-8")

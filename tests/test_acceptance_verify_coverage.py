@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from acceptance_helpers import N, base_loss, error_line, record, write_criteria
+from acceptance_helpers import GOAL_CLAIM, N, base_loss, error_line, record, write_criteria
 from mlflow.tracking import MlflowClient
 
 from refrun.cli import main
@@ -24,14 +24,7 @@ level = "L1"
 kind = "closeness"
 metric = "loss"
 abs_tol = 0.1
-
-[[criteria]]
-id = "goal"
-level = "L3"
-kind = "claim"
-metric = "loss"
-at_most = 1.0
-"""
+""" + GOAL_CLAIM
 
 
 def _accept(crit: Path, ref: str, cand: str, capsys) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from acceptance_helpers import N, base_loss, record, write_criteria
+from acceptance_helpers import GOAL_CLAIM, N, base_loss, record, write_criteria
 from mlflow.tracking import MlflowClient
 
 from refrun import schema
@@ -96,14 +96,7 @@ def test_monitor_counts_other_processes_cpu_not_the_runs_children() -> None:
     mon.close()
 
 
-CRITERIA = """
-[[criteria]]
-id = "goal"
-level = "L3"
-kind = "claim"
-metric = "loss"
-at_most = 1.0
-
+CRITERIA = GOAL_CLAIM + """
 [[criteria]]
 id = "speed"
 level = "L4"
