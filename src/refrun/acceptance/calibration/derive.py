@@ -67,6 +67,9 @@ STRUCTURAL_SYNCS_PER_STEP = 0.5
 # keeps identical code on a busy machine from failing and still catches a step twice as
 # slow.  On dedicated hardware, lower it with --step-time-floor.
 STEP_TIME_FLOOR = 1.5
+# best_of: how equal "equal" is (a reloaded checkpoint re-evaluated in float32, logged as
+# float64 by MLflow, gives the recorded value to about 1e-7 relative).
+BEST_OF_REL_TOL = 1e-6
 # ... and the ratio judged is that of the fastest 5 % of the steady steps: two CPU-spinning
 # processes beside a 4.5 ms step on the loaded 2-core machine raised
 # its median 3-5x, its 10 % quantile 1.1-2.2x and its 5 % quantile 1.0x (Python's timeit
@@ -855,6 +858,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                          f"{det_eq:.3g}, the range criterion {env_d.id} about "
                          f"{det_env:.3g} (abs_tol + half the seeds' range)")
     out += goals
+    out += best_of_relations(runs, one_point, [m for m in per_step
+                                               if m.startswith(schema.EVAL_PREFIX)], keep)
     if has_time:
         out.append(_step_time(runs, opts, g, cov))
     out += integrity(runs, opts, cov)
@@ -1065,6 +1070,44 @@ def _step_time(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float
     return Derived(table, worst, ratio - worst, det,
                    [_held_out_line(worst, ratio - worst, len(runs), "ratio"), src,
                     f"detects: {det}"], len(runs))
+
+
+def best_of_relations(runs: list[RunData], one_point: list[str], periodic: list[str],
+                      keep: str) -> list[Derived]:
+    """A ``best_of`` criterion (L2) for every one-value metric that, in *every* reference,
+    equals the min (or max) of a periodic evaluation metric of the same run to within
+    ``BEST_OF_REL_TOL``: the workload reports its best checkpoint's evaluation.  Written
+    only when at least one reference's best point is not its last one (else the value may
+    just be the last evaluation, and a candidate whose last point is not its best would
+    fail for nothing).  No threshold is calibrated: the relation holds within one run."""
+    out: list[Derived] = []
+    for m in one_point:
+        values = [_series(r, m, keep).values[-1] for r in runs]
+        for of in periodic:
+            series = [rv.finite(_series(r, of, keep)) for r in runs]
+            for best, pick in (("min", np.argmin), ("max", np.argmax)):
+                idx = [int(pick(s.values)) if len(s.values) else -1 for s in series]
+                if any(i < 0 for i in idx):
+                    continue
+                bests = [float(s.values[i]) for s, i in zip(series, idx, strict=True)]
+                if all(abs(v - b) <= BEST_OF_REL_TOL * abs(b)
+                       for v, b in zip(values, bests, strict=True)) and \
+                        any(i != len(s.values) - 1 for s, i in zip(series, idx, strict=True)):
+                    out.append(_best_of(m, of, best, len(runs)))
+    return out
+
+
+def _best_of(m: str, of: str, best: str, n: int) -> Derived:
+    why = (f"in all {n} reference runs {m} equals the {best} of {of} (the best checkpoint's "
+           f"evaluation is reported), and in at least one the {best} is not the last point")
+    det = f"a run that reports another evaluation than its {best} {of} (no best-checkpoint reload)"
+    return Derived({"id": f"{_slug(m)}-is-{best}-of-{_slug(of)}", "kind": "best_of",
+                    "level": "L2", "metric": m, "of": of, "best": best,
+                    "rel_tol": BEST_OF_REL_TOL,
+                    "description": f"{m} is the {best} of {of} within the run, as in every "
+                                   "reference (calibrated: the relation, no threshold)",
+                    "calibration": {"structural": 1.0, "seeds": n}}, None, None, det,
+                   [why, f"detects: {det}"], n)
 
 
 def _gradcheck() -> Derived:

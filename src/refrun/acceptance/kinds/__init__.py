@@ -13,6 +13,7 @@ only.
 
 from __future__ import annotations
 
+from refrun.acceptance.kinds.best_of import BestOf
 from refrun.acceptance.kinds.claim import Claim
 from refrun.acceptance.kinds.closeness import Closeness
 from refrun.acceptance.kinds.compilation import Compilation
@@ -47,8 +48,8 @@ def registry(models: tuple[type[Criterion], ...]) -> dict[str, type[Criterion]]:
 
 KINDS: dict[str, type[Criterion]] = registry((
     Closeness, Envelope, Claim, Hardware, Fallback, Compilation, HostTransfers, Utilization,
-    StepTime, Cost, Equivalence, Convergence, Gradcheck, Paired))
+    StepTime, Cost, Equivalence, Convergence, Gradcheck, Paired, BestOf))
 
-__all__ = ["KINDS", "Claim", "Closeness", "Compilation", "Convergence", "Cost", "Envelope",
-           "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers", "Paired",
-           "StepTime", "Utilization", "registry"]
+__all__ = ["KINDS", "BestOf", "Claim", "Closeness", "Compilation", "Convergence", "Cost",
+           "Envelope", "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers",
+           "Paired", "StepTime", "Utilization", "registry"]
