@@ -215,10 +215,13 @@ def test_eight_trainers_through_postgres_and_s3_survive_an_object_store_outage(
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(server.url)
-        object_store.start()
-        outage_s = time.monotonic() - t_down
 
-        def finished() -> list[str] | None:
+        def delivery_errors() -> int:
+            return sum(Path(s, "delivery.log").read_text().count("refrun delivery: error")
+                       for s in (tmp_path / "spool").iterdir()
+                       if (Path(s) / "delivery.log").exists())
+
+        def finished_ids() -> list[str] | None:
             exp = client.get_experiment_by_name("scaleout")
             runs = {r.data.tags.get(schema.TAG_LOCAL_ID): r for r in client.search_runs(
                 [exp.experiment_id], max_results=1000)} if exp else {}
@@ -226,7 +229,15 @@ def test_eight_trainers_through_postgres_and_s3_survive_an_object_store_outage(
                 return [runs[i].info.run_id for i in local_ids]
             return None
 
-        run_ids = wait_for(finished, "every run FINISHED after the object store came back",
+        # The store stays away until background delivery has met it (on a busy machine the
+        # trainers' 5 s close wait can pass before any delivery reaches its artifacts), or
+        # until every run finished without it, which the assertions below then refuse.
+        wait_for(lambda: delivery_errors() > 0 or finished_ids() is not None,
+                 "delivery meets the absent object store", 300, every=0.5)
+        object_store.start()
+        outage_s = time.monotonic() - t_down
+
+        run_ids = wait_for(finished_ids, "every run FINISHED after the object store came back",
                            300)
         t_finished = time.monotonic()
         # Nothing lost: every point of every run in its curves artifact (read back through
@@ -243,9 +254,7 @@ def test_eight_trainers_through_postgres_and_s3_survive_an_object_store_outage(
                 np.testing.assert_array_equal(steps, np.arange(STEPS))
             assert client.get_run(run_id).data.tags[schema.TAG_DROPPED] == "0"
         # The outage reached delivery: finishing a run was retried while it lasted.
-        retries = sum(Path(s, "delivery.log").read_text().count("refrun delivery: error")
-                      for s in (tmp_path / "spool").iterdir()
-                      if (Path(s) / "delivery.log").exists())
+        retries = delivery_errors()
         assert retries >= 1
         # accept and report read everything through the server and the object store.
         crit = tmp_path / "criteria.toml"
