@@ -100,6 +100,9 @@ def test_calibrated_file_loads_validates_and_states_its_provenance(world: World)
     assert {"loss-envelope", "loss-final-window", "grad_norm-fc1.weight-envelope",
             "val_loss-envelope", "test_accuracy-envelope", "step-time",
             "compilations-after-warmup", "host-syncs-per-step", "no-cpu-fallback"} <= ids
+    # a gradient norm is judged by its envelope over every step, not by where it ends
+    assert "grad_norm-fc1.weight-final-window" not in ids
+    assert "judged by their envelope only" in text
     for c in crit.criteria:
         assert c.calibration, c.id  # provenance as data
         assert f"# {c.id}: " in text  # ... and as a comment

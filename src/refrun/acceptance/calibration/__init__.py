@@ -14,8 +14,9 @@ What is calibrated, for every metric all references share (any cadence):
 
 * per-step metrics (``loss``, ``grad_norm/...``, ``eval/val_loss`` ...): an ``envelope``
   (std band, ``k`` a tolerance limit on log k for ``min_fraction`` of the steps, capped by
-  the Student-t prediction bound of one new seed, :func:`envelope_k`) and a
-  final-window ``closeness`` of the window means (``abs_tol``);
+  the Student-t prediction bound of one new seed, :func:`envelope_k`) and, except for
+  evaluation metrics and gradient norms (:func:`has_final_window`), a final-window
+  ``closeness`` of the window means (``rel_tol``);
 * one-point metrics (one value per run, e.g. ``eval/test_accuracy``): a min-max
   ``envelope`` whose ``abs_tol`` is the limit of the signed distance outside the group's
   range (negative inside, so a limit exists even when every seed fell inside);
