@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,6 +95,48 @@ def test_monitor_counts_other_processes_cpu_not_the_runs_children() -> None:
     finally:
         os.kill(pid, signal.SIGKILL)
     mon.close()
+
+
+def test_first_sample_on_the_sampler_thread_sees_the_machine_busy() -> None:
+    # The probe creates its monitor on the training thread and samples on its own thread.
+    # psutil keeps cpu_percent(None)'s previous reading per thread, so the first sample
+    # there read 0 % (others' CPU 0) however busy the machine was.
+    mon = PsutilMonitor.create()
+    assert mon is not None
+    pid = _detached_spinner()
+    try:
+        spinner = psutil.Process(pid)
+        start = spinner.cpu_times().user
+        deadline = time.monotonic() + 60
+        while spinner.cpu_times().user - start < 0.5:  # it has spun half a second
+            assert time.monotonic() < deadline, "the spinner did not run"
+            time.sleep(0.05)
+        got: dict[str, float] = {}
+        t = threading.Thread(target=lambda: got.update(mon.sample()))
+        t.start()
+        t.join(timeout=60)
+        # at least the spinner's share since the monitor was created (> 0.5 s of CPU in
+        # a window of a few seconds), counted as another process's
+        assert got[CPU] > 5.0, got
+        assert got[OTHERS] > 0.05, got
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    mon.close()
+
+
+def test_busy_percent_is_psutils_definition() -> None:
+    from refrun.probes.monitors import busy_percent
+
+    psutil.cpu_percent(None)  # primes this thread's reading
+    before = psutil.cpu_times()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # keep one core busy for the interval
+        pass
+    after = psutil.cpu_times()
+    theirs = psutil.cpu_percent(None)
+    assert busy_percent(before, after) == pytest.approx(theirs, abs=3.0)
+    assert busy_percent(before, after) >= 100 / psutil.cpu_count() * 0.5
+    assert busy_percent(after, after) == 0.0
 
 
 CRITERIA = GOAL_CLAIM + """

@@ -59,6 +59,7 @@ class PsutilMonitor:
     _proc: Any = field(default=None, repr=False)
     _children: dict[int, Any] = field(default_factory=dict, repr=False)
     _ncpu: int = field(default=1, repr=False)
+    _cpu_times: Any = field(default=None, repr=False)  # system CPU times at the last sample
 
     @classmethod
     def create(cls, pid: int | None = None) -> PsutilMonitor | None:
@@ -67,10 +68,15 @@ class PsutilMonitor:
         except ImportError:
             return None
         proc = psutil.Process(pid or os.getpid())
-        # cpu_percent(None) measures since the previous call; the first call primes it.
-        psutil.cpu_percent(None)
+        # Process.cpu_percent(None) measures since the object's previous call; this primes
+        # it.  The system's share is computed from cpu_times() kept here, not with
+        # psutil.cpu_percent(None): psutil (>= 5.9.6) keeps that one's previous reading
+        # per *thread*, so priming it here, on the creating thread, left the sampler
+        # thread's first sample at 0.0 % (and others' CPU at 0), which halved the median
+        # of a run with two samples.
         proc.cpu_percent(None)
-        mon = cls(_psutil=psutil, _proc=proc, _ncpu=psutil.cpu_count() or 1)
+        mon = cls(_psutil=psutil, _proc=proc, _ncpu=psutil.cpu_count() or 1,
+                  _cpu_times=psutil.cpu_times())
         mon._children_cores()  # primes the children's counters too
         return mon
 
@@ -78,7 +84,9 @@ class PsutilMonitor:
         ps = self._psutil
         vm = ps.virtual_memory()
         p = schema.SYS_PREFIX
-        cpu_pct = float(ps.cpu_percent(None))
+        now = ps.cpu_times()
+        cpu_pct = busy_percent(self._cpu_times, now)
+        self._cpu_times = now
         proc_pct = float(self._proc.cpu_percent(None))
         out = {
             schema.M_SYS_CPU_PCT: cpu_pct,
@@ -180,6 +188,27 @@ class NvmlMonitor:
 
     def close(self) -> None:
         _shutdown(self._nvml)
+
+
+def busy_percent(before: Any, after: Any) -> float:
+    """System-wide busy CPU between two ``psutil.cpu_times()`` readings, in %.
+
+    ``100 (busy_2 - busy_1) / (total_2 - total_1)`` with ``total`` the sum of the fields
+    less ``guest`` and ``guest_nice`` (Linux counts them in ``user`` and ``nice``
+    already) and ``busy = total - idle - iowait``: psutil's own definition
+    (``psutil.cpu_percent``, psutil/__init__.py, ``_cpu_tot_time`` and
+    ``_cpu_busy_time``), kept per monitor instead of per thread.  0.0 when no time
+    passed."""
+    def total(t: Any) -> float:
+        return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+    def busy(t: Any) -> float:
+        return total(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    all_delta = total(after) - total(before)
+    if all_delta <= 0:
+        return 0.0
+    return round(min(100.0, max(0.0, 100.0 * (busy(after) - busy(before)) / all_delta)), 1)
 
 
 def others_cpu_cores(cpu_pct: float, logical_cpus: int, own_cores: float) -> float:
