@@ -59,7 +59,7 @@ def _simulate(rho: float, seed: int) -> dict[str, float]:
         refs = _seeds(rng, N, rho)
         got = envelope_k([_Series(STEPS, r) for r in refs], opts, G, COVERAGE)
         assert got is not None
-        k, _, std, needs = got
+        k, std, needs = got.k, got.std, got.needs
         ko = _old_k(needs)
         k_new.append(k)
         k_old.append(ko)
@@ -158,7 +158,7 @@ def test_five_seeds_that_happen_to_agree_do_not_make_a_tight_band() -> None:
         refs = pool[np.argsort(np.abs(q - np.median(q)))[:N]]
         got = envelope_k([_Series(s, r) for r in refs], opts, G, cov)
         assert got is not None
-        k, worst, _, needs = got
+        k, worst, needs = got.k, got.worst, got.needs
         kf = stats.nct.ppf(CONFIDENCE, N - 1, stats.norm.ppf(cov) * math.sqrt(N)) / math.sqrt(N)
         logs = np.log(needs).ravel()
         k_old = max(worst, min(math.exp(logs.mean() + kf * logs.std(ddof=1)),

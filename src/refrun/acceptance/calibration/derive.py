@@ -23,6 +23,7 @@ from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.calibration.render import clean_float, render
 from refrun.acceptance.criteria import CriteriaSettings
+from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL
 from refrun.acceptance.kinds.step_time import steady_step_times
 from refrun.acceptance.statistics import (
     need_quantile,
@@ -68,9 +69,6 @@ STRUCTURAL_SYNCS_PER_STEP = 0.5
 # keeps identical code on a busy machine from failing and still catches a step twice as
 # slow.  On dedicated hardware, lower it with --step-time-floor.
 STEP_TIME_FLOOR = 1.5
-# best_of: how equal "equal" is (a reloaded checkpoint re-evaluated in float32, logged as
-# float64 by MLflow, gives the recorded value to about 1e-7 relative).
-BEST_OF_REL_TOL = 1e-6
 # ... and the ratio judged is that of the fastest 5 % of the steady steps: two CPU-spinning
 # processes beside a 4.5 ms step on the loaded 2-core machine raised
 # its median 3-5x, its 10 % quantile 1.1-2.2x and its 5 % quantile 1.0x (Python's timeit
@@ -295,9 +293,20 @@ def _round_up(x: float, sig: int = 4) -> float:
         math.ceil(x / 10 ** e) * 10 ** e)
 
 
+@dataclass(frozen=True)
+class EnvelopeK:
+    """A calibrated std envelope (:func:`envelope_k`)."""
+
+    k: float  # the band's half-width in group stds
+    worst: float  # the largest held-out need
+    std: float  # median over the common steps of the seeds' std (the detectable shift's unit)
+    needs: np.ndarray  # every held-out need, one row per seed
+    k_model: float  # the heavy-tailed model's floor (:func:`model_k`)
+
+
 def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
-               ) -> tuple[float, float, float, np.ndarray] | None:
-    """``(k, worst, median std, needs)`` of a per-step std envelope.
+               ) -> EnvelopeK | None:
+    """The :class:`EnvelopeK` of a per-step std envelope.
 
     Each held-out seed needs the ``min_fraction`` quantile of ``z = |x - mean| / std``
     over the common steps (mean and std, ddof=1, of a group of ``g`` others).  Then
@@ -342,12 +351,12 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     worst = float(needs.max())
     n_steps = len(_all_common(series))
     per_step = 1.0 - (1.0 - cov) * max(1.0 - opts.min_fraction, 1.0 / max(n_steps, 1))
-    k = max(worst, min(max(math.exp(lim), model_k(series, opts, g, cov)),
-                       prediction_z(g, per_step)))
-    stds = [np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, st)]
-                                        for s in series]), 0, ddof=1))
-            for st in [_all_common(series)]]
-    return k, worst, float(stds[0]), needs
+    k_model = model_k(series, opts, g, cov)
+    k = max(worst, min(max(math.exp(lim), k_model), prediction_z(g, per_step)))
+    common = _all_common(series)
+    std = np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, common)]
+                                      for s in series]), 0, ddof=1))
+    return EnvelopeK(k, worst, float(std), needs, k_model)
 
 
 def lag1_autocorrelation(series: list[_Series]) -> float:
@@ -856,8 +865,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
         if env is None:
             skipped[m] = "a held-out seed differs from a zero-spread group (no finite k)"
         else:
-            out.append(_envelope(m, env, opts, len(runs), g,
-                                 model_k(series, opts, g, cov), len(_all_common(series))))
+            out.append(_envelope(m, env, opts, len(runs), g, len(_all_common(series))))
         if has_final_window(m):
             out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
                                      len(runs), window_noise(series, opts, cov)))
@@ -948,10 +956,10 @@ def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
             f"{margin:.4g} (tolerance limit)")
 
 
-def _envelope(m: str, env: tuple[float, float, float, np.ndarray], opts: CalibrationOptions,
-              n: int, g: int, k_model: float, points: int) -> Derived:
-    k, worst, std, _ = env
-    k = _round_up(k)
+def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,
+              points: int) -> Derived:
+    worst, std, k_model = env.worst, env.std, env.k_model
+    k = _round_up(env.k)
     shift = k * std
     level = "L1"
     det = (f"a shift of about {shift:.3g} ({k:.3g} x the median seed std {std:.3g}) on more "
