@@ -21,6 +21,10 @@ and probed steps run in alternating blocks of ``--steps`` steps in one process; 
 of each probed block to the mean of its two neighbouring plain blocks is one paired
 sample, and the table gives their mean with a 95 % t-interval (the "Done when" target is
 an upper end <= 1.01).  The probed loop records the same counters as the default run.
+Each block ends by waiting for the device, so every probed block starts on an idle device
+and the probe copies the previous block's logged values then; ``--continuous`` steps of
+one unbroken probed stretch (between two plain ones) give the probe's own work as a run
+without pauses has it.
 
 torch_xla keeps the last ``XLA_METRICS_SAMPLES`` (default 1024) samples of every metric and
 ``metric_data`` copies them all, so the counter read costs ~0.1 ms per timed metric once
@@ -108,13 +112,25 @@ def bench_rnn(args: argparse.Namespace) -> None:
         probed.append(run_steps(probed_m, probed_o, x, y, args.steps, step, probe))
         step += args.steps
         plain.append(run_steps(plain_m, plain_o, x, y, args.steps, 0))
+    n_probed = args.rounds * args.steps
+    blocks = dict(hooks)
+    # A continuous run as users have it: no pause between blocks, so the probe never finds
+    # the device idle because a plain block drained it; one long probed stretch between two
+    # long plain ones.
+    for k in hooks:
+        hooks[k] = 0.0
+    cont_plain = [run_steps(plain_m, plain_o, x, y, args.continuous, 0)]
+    cont_probed = run_steps(probed_m, probed_o, x, y, args.continuous, step, probe)
+    cont_plain.append(run_steps(plain_m, plain_o, x, y, args.continuous, 0))
+    cont = dict(hooks)
     probe.close()
     run.close()
     m, lo, hi, n = paired_ratio(plain, probed)
     recorded = sorted(k for k in probe.backend.counters())
-    n_probed = args.rounds * args.steps
-    hook_us = sum(hooks.values()) / n_probed * 1e6
+    hook_us = sum(blocks.values()) / n_probed * 1e6
     plain_cpu = statistics.median(plain) * 1e6
+    cont_us = sum(cont.values()) / args.continuous * 1e6
+    cont_plain_us = statistics.fmean(cont_plain) * 1e6
     rows = [
         ("step", f"GRU cell x {args.seq} time steps, batch 16, hidden 64, Adam"),
         ("warm-up (compile both graphs)", f"{warm:.1f} s"),
@@ -127,7 +143,14 @@ def bench_rnn(args: argparse.Namespace) -> None:
          "and probe.log), per step", f"{hook_us:.0f} us = {hook_us / plain_cpu:.2%} of the "
          "plain step (wall)"),
         ("  of which entry / exit / log", " / ".join(
-            f"{hooks[k] / n_probed * 1e6:.0f} us" for k in ("enter", "exit", "log"))),
+            f"{blocks[k] / n_probed * 1e6:.0f} us" for k in ("enter", "exit", "log"))),
+        (f"continuous run of {args.continuous} steps: plain (mean of before and after) / "
+         "probed step", f"{cont_plain_us / 1e3:.2f} ms / {cont_probed * 1e3:.2f} ms "
+         f"(ratio {cont_probed * 1e6 / cont_plain_us:.4f}, one sample)"),
+        ("  probe's own work on the training thread there, per step",
+         f"{cont_us:.0f} us = {cont_us / cont_plain_us:.2%} of the plain step: " + " / ".join(
+             f"{cont[k] / args.continuous * 1e6:.0f} us" for k in ("enter", "exit", "log"))
+         + " (entry / exit / log)"),
         ("counters still recorded per step", ", ".join(recorded)),
     ]
     width = max(len(r[0]) for r in rows)
@@ -201,6 +224,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model", choices=("mlp", "rnn"), default="mlp")
     ap.add_argument("--seq", type=int, default=16, help="rnn: time steps per sequence")
+    ap.add_argument("--continuous", type=int, default=400,
+                    help="rnn: steps of the continuous plain / probed / plain stretch whose "
+                         "probe work is reported apart from the alternating blocks'")
     ap.add_argument("--fill", type=int, default=1100,
                     help="rnn: plain steps run first so that torch_xla's metric sample "
                          "windows (1024) are full, as in a long run")

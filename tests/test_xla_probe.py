@@ -355,6 +355,32 @@ def test_every_logged_loss_equals_the_loop_value(store) -> None:
     assert recorded == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+def test_a_logged_tensor_does_not_keep_its_autograd_graph_alive(store) -> None:
+    # The probe holds a logged value until it copies it to the host (several steps later).
+    # Holding the tensor itself kept its step's autograd graph, and everything the graph
+    # saved, alive until then; freeing it in the probe's call cost ~0.3 ms a value on a
+    # GRU step.  The graph must go when the loop drops the tensor, as without the probe.
+    import gc
+    import weakref
+
+    model, _ = make(width=5)
+    run = start(store)
+    with refrun.xla.instrument(run, model=model, optimizer=None) as probe, probe.step(0):
+        x, y = batch(0, 8)
+        saved = x.to(DEV).requires_grad_(False) * 1.0  # saved by the graph only
+        ref = weakref.ref(saved)
+        loss = ((model(saved) * saved[:, :1] - y.to(DEV)) ** 2).mean()
+        del saved
+        torch_xla.sync()
+        probe.log(loss=loss)
+        assert ref() is not None  # the graph (through `loss`) still holds it
+        del loss
+        gc.collect()
+        assert ref() is None, "the probe kept the logged loss's graph alive"
+    run.close()
+    assert history(store, run.run_id, schema.M_LOSS)  # ... and the value was recorded
+
+
 def test_log_accepts_numbers_rejects_vectors_without_breaking_the_loop(store) -> None:
     model, _ = make(width=21)
     run = start(store)
