@@ -302,6 +302,7 @@ class EnvelopeK:
     std: float  # median over the common steps of the seeds' std (the detectable shift's unit)
     needs: np.ndarray  # every held-out need, one row per seed
     k_model: float  # the heavy-tailed model's floor (:func:`model_k`)
+    points: int  # steps common to every reference (the fraction's calibrated_points)
 
 
 def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
@@ -349,14 +350,13 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     logs = np.log(np.maximum(needs, 1e-6))
     lim, _ = upper_limit(logs, cov, opts.confidence, n=len(series))
     worst = float(needs.max())
-    n_steps = len(_all_common(series))
-    per_step = 1.0 - (1.0 - cov) * max(1.0 - opts.min_fraction, 1.0 / max(n_steps, 1))
+    common = _all_common(series)
+    per_step = 1.0 - (1.0 - cov) * max(1.0 - opts.min_fraction, 1.0 / max(len(common), 1))
     k_model = model_k(series, opts, g, cov)
     k = max(worst, min(max(math.exp(lim), k_model), prediction_z(g, per_step)))
-    common = _all_common(series)
     std = np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, common)]
                                       for s in series]), 0, ddof=1))
-    return EnvelopeK(k, worst, float(std), needs, k_model)
+    return EnvelopeK(k, worst, float(std), needs, k_model, len(common))
 
 
 def lag1_autocorrelation(series: list[_Series]) -> float:
@@ -865,7 +865,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
         if env is None:
             skipped[m] = "a held-out seed differs from a zero-spread group (no finite k)"
         else:
-            out.append(_envelope(m, env, opts, len(runs), g, len(_all_common(series))))
+            out.append(_envelope(m, env, opts, len(runs), g))
         if has_final_window(m):
             out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
                                      len(runs), window_noise(series, opts, cov)))
@@ -956,9 +956,9 @@ def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
             f"{margin:.4g} (tolerance limit)")
 
 
-def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,
-              points: int) -> Derived:
-    worst, std, k_model = env.worst, env.std, env.k_model
+def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int
+              ) -> Derived:
+    worst, std, k_model, points = env.worst, env.std, env.k_model, env.points
     k = _round_up(env.k)
     shift = k * std
     level = "L1"
