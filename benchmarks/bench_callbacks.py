@@ -31,6 +31,7 @@ Usage: python benchmarks/bench_callbacks.py [--steps 400] [--warmup 20] [--repea
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -67,9 +68,10 @@ class Clock:
         self.t0 = self.t1 = (0.0, 0.0)
 
     @staticmethod
-    def now() -> tuple[float, float]:
-        """(wall seconds, this process's CPU seconds: every thread, refrun's included)."""
-        return time.perf_counter(), time.process_time()
+    def now() -> tuple[float, float, float]:
+        """(wall seconds, this process's CPU seconds: every thread, refrun's included, the
+        calling thread's CPU seconds)."""
+        return time.perf_counter(), time.process_time(), time.thread_time()
 
     def per_step(self, steps: int) -> tuple[float, float]:
         return ((self.t1[0] - self.t0[0]) / steps, (self.t1[1] - self.t0[1]) / steps)
@@ -102,6 +104,64 @@ class HookTimer:
 
 
 HOOK_US: dict[tuple[str, Variant], list[float]] = {}
+
+
+class Blocks:
+    """Probe and callback interleaved step-block by step-block inside one fit.
+
+    After ``warmup`` steps (which alternate the two, so both code paths are warm), the
+    steps run in rounds of four blocks of ``block`` steps, ABBA: probe, callback,
+    callback, probe in even rounds and the mirror in odd ones, so a drift that is linear
+    over a round cancels within it.  Each round gives one paired ratio
+    ``(callback blocks) / (probe blocks)`` on both clocks: the whole step (everything the
+    trainer does between two block starts), measured in one process, with the machine's
+    slow drift common to both halves.  After the last round: the probe."""
+
+    def __init__(self, warmup: int, block: int, rounds: int) -> None:
+        self.warmup, self.block, self.rounds = warmup, block, rounds
+        self.marks: list[tuple[float, float]] = []
+
+    @property
+    def total(self) -> int:
+        """Steps to run: warm-up, the rounds, and one step whose start closes the last."""
+        return self.warmup + 4 * self.block * self.rounds + 1
+
+    def at(self, i: int) -> Variant:
+        """The variant of step ``i`` (0-based), marking the clocks at each block start."""
+        if i < self.warmup:
+            return "probe" if i % 2 else "callback"
+        b, k = divmod(i - self.warmup, self.block)
+        if k == 0 and b <= 4 * self.rounds:
+            self.marks.append(Clock.now())
+        if b >= 4 * self.rounds:
+            return "probe"
+        r, pos = divmod(b, 4)
+        first, second = ("probe", "callback") if r % 2 == 0 else ("callback", "probe")
+        return first if pos in (0, 3) else second
+
+    def ratios(self) -> list[tuple[float, ...]]:
+        """(wall, cpu, thread) ratio callback/probe of each complete round."""
+        out = []
+        for r in range(min(self.rounds, (len(self.marks) - 1) // 4)):
+            d = [tuple(b - a for a, b in zip(self.marks[4 * r + j], self.marks[4 * r + j + 1],
+                                              strict=True)) for j in range(4)]
+            cb_first = r % 2 == 1
+            cb = [d[j] for j in ((0, 3) if cb_first else (1, 2))]
+            pr = [d[j] for j in ((1, 2) if cb_first else (0, 3))]
+            out.append(tuple((cb[0][c] + cb[1][c]) / (pr[0][c] + pr[1][c]) for c in CLOCKS))
+        return out
+
+
+# The clocks of :meth:`Clock.now`.  "thread": the training thread's CPU time: everything
+# the trainer, the step and the hooks do on it, without the other threads of the process
+# (refrun's sampler, the framework's pools: the same in both variants of a fit) and without
+# time the thread waits or is preempted; on JAX, where the computation runs on XLA's
+# threads, it is the dispatch side only, so its ratio overstates a hook's share of the step.
+CLOCKS = (0, 1, 2)
+CLOCK_NAMES = ("wall", "cpu", "thread")
+# --null: the "callback" blocks run a second hand-driven probe on the second run, so the
+# design's own bias and noise show (an A/A test: the ratio's truth is 1).
+NULL_TEST = [False]
 
 
 def start(store: Path, name: str, backend: str) -> refrun.RunSession:
@@ -153,7 +213,8 @@ def data(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --- Lightning ----------------------------------------------------------------------------
-def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[float, float]:
+def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path,
+                  blocks: Blocks | None = None) -> tuple[float, float]:
     import pytorch_lightning as pl
     from lightning_fabric.accelerators.xla import XLAAccelerator
 
@@ -207,31 +268,60 @@ def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tup
         def on_fit_end(self, trainer, pl_module):
             self.probe.close()
 
+    class Gate(pl.Callback):
+        """Each step's hooks go to the variant of its block (:class:`Blocks`)."""
+
+        def __init__(self, delegates: dict[Variant, Any]) -> None:
+            self.delegates, self.cur = delegates, None
+
+        def on_fit_start(self, trainer, pl_module):
+            for d in self.delegates.values():
+                d.on_fit_start(trainer, pl_module)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.cur = self.delegates[blocks.at(batch_idx)]
+            self.cur.on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.cur.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+        def on_fit_end(self, trainer, pl_module):
+            for d in self.delegates.values():
+                d.on_fit_end(trainer, pl_module)
+
+    total = blocks.total if blocks else total
     x, y = (torch.from_numpy(a) for a in data(BATCH * total))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
                                          batch_size=BATCH)
     run = start(store, "lightning", "torch") if variant != "plain" else None
     cbs: list[Any] = [Timer()]
-    if variant == "probe":
+    run_b = start(store, "lightning-callback", "torch") if blocks else None
+    if blocks:
+        cbs.append(Gate({"probe": ByHand(run), "callback": ByHand(run_b) if NULL_TEST[0]
+                         else refrun.lightning.RefrunCallback(run_b)}))
+    elif variant == "probe":
         cbs.append(ByHand(run))
     elif variant == "callback":
         cbs.append(refrun.lightning.RefrunCallback(run))
     hooks = HookTimer()
-    if variant != "plain":
+    if variant != "plain" and not blocks:
         hooks.wrap(cbs[-1], ("on_train_batch_start", "on_train_batch_end"),
                    "on_train_batch_end")
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", callbacks=cbs)
     trainer.fit(M(), loader)
-    HOOK_US.setdefault(("lightning", variant), []).append(hooks.per_step_us())
-    if run:
-        run.close()
+    if not blocks:
+        HOOK_US.setdefault(("lightning", variant), []).append(hooks.per_step_us())
+    for r in (run, run_b):
+        if r:
+            r.close()
     return clock.per_step(steps)
 
 
 # --- Hugging Face --------------------------------------------------------------------------
-def hf_train(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[float, float]:
+def hf_train(variant: Variant, steps: int, warmup: int, store: Path,
+             blocks: Blocks | None = None) -> tuple[float, float]:
     import transformers
 
     import refrun.hf
@@ -273,6 +363,31 @@ def hf_train(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[fl
         def on_train_end(self, args, state, control, **kw):
             self.probe.close()
 
+    class Gate(transformers.TrainerCallback):
+        """Each step's hooks go to the variant of its block (:class:`Blocks`)."""
+
+        def __init__(self, delegates: dict[Variant, Any]) -> None:
+            self.delegates, self.cur = delegates, None
+
+        def on_train_begin(self, args, state, control, **kw):
+            for d in self.delegates.values():
+                d.on_train_begin(args, state, control, **kw)
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.cur = self.delegates[blocks.at(state.global_step)]
+            self.cur.on_step_begin(args, state, control, **kw)
+
+        def on_step_end(self, args, state, control, **kw):
+            self.cur.on_step_end(args, state, control, **kw)
+
+        def on_log(self, args, state, control, **kw):
+            self.cur.on_log(args, state, control, **kw)
+
+        def on_train_end(self, args, state, control, **kw):
+            for d in self.delegates.values():
+                d.on_train_end(args, state, control, **kw)
+
+    total = blocks.total if blocks else total
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2))
@@ -284,23 +399,30 @@ def hf_train(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[fl
         save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True)
     run = start(store, "hf", "torch") if variant != "plain" else None
     cbs: list[Any] = [Timer()]
-    if variant == "probe":
+    run_b = start(store, "hf-callback", "torch") if blocks else None
+    if blocks:
+        cbs.append(Gate({"probe": ByHand(run), "callback": ByHand(run_b) if NULL_TEST[0]
+                         else refrun.hf.RefrunCallback(run_b)}))
+    elif variant == "probe":
         cbs.append(ByHand(run))
     elif variant == "callback":
         cbs.append(refrun.hf.RefrunCallback(run))
     hooks = HookTimer()
-    if variant != "plain":
+    if variant != "plain" and not blocks:
         hooks.wrap(cbs[-1], ("on_step_begin", "on_step_end", "on_log"), "on_step_end")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=cbs)
     trainer.train()
-    HOOK_US.setdefault(("hf", variant), []).append(hooks.per_step_us())
-    if run:
-        run.close()
+    if not blocks:
+        HOOK_US.setdefault(("hf", variant), []).append(hooks.per_step_us())
+    for r in (run, run_b):
+        if r:
+            r.close()
     return clock.per_step(steps)
 
 
 # --- Keras ----------------------------------------------------------------------------------
-def keras_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[float, float]:
+def keras_fit(variant: Variant, steps: int, warmup: int, store: Path,
+              blocks: Blocks | None = None) -> tuple[float, float]:
     import keras
 
     import refrun.jax
@@ -347,6 +469,43 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[f
             self.model.train_function = self.fn
             self.probe.close()
 
+    class Gate(keras.callbacks.Callback):
+        """Each call of the train function goes to the variant of its block
+        (:class:`Blocks`): Keras's own function wrapped by the hand-driven probe or by
+        the callback, each installed as it installs itself and then taken back."""
+
+        def __init__(self, delegates: dict[Variant, Any]) -> None:
+            super().__init__()
+            self.delegates, self.fns, self.n = delegates, {}, 0
+
+        def set_model(self, model):
+            super().set_model(model)
+            for d in self.delegates.values():
+                d.set_model(model)
+
+        def on_train_begin(self, logs=None):
+            own = self.model.train_function
+            for v, d in self.delegates.items():
+                self.model.train_function = own
+                d.on_train_begin(logs)
+                self.fns[v] = self.model.train_function
+
+            def dispatch(state, iterator):
+                fn = self.fns[blocks.at(self.n)]
+                self.n += 1
+                return fn(state, iterator)
+
+            self.model.train_function = dispatch
+
+        def on_epoch_end(self, epoch, logs=None):
+            for d in self.delegates.values():
+                d.on_epoch_end(epoch, logs)
+
+        def on_train_end(self, logs=None):
+            for d in self.delegates.values():
+                d.on_train_end(logs)
+
+    total = blocks.total if blocks else total
     keras.utils.set_random_seed(0)
     x, y = data(BATCH * total)
     # wider than the torch models: XLA's fused CPU step is fast; this gives a few ms
@@ -356,13 +515,19 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path) -> tuple[f
     model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # compile
     run = start(store, "keras", "jax") if variant != "plain" else None
     cbs: list[Any] = [Timer()]
-    if variant == "probe":
+    run_b = start(store, "keras-callback", "jax") if blocks else None
+    if blocks:
+        cbs.append(Gate({"probe": ByHand(run), "callback": ByHand(run_b) if NULL_TEST[0]
+                         else refrun.keras.RefrunCallback(run_b,
+                                                          instrument={"fresh_caches": False})}))
+    elif variant == "probe":
         cbs.append(ByHand(run))
     elif variant == "callback":
         cbs.append(refrun.keras.RefrunCallback(run, instrument={"fresh_caches": False}))
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=cbs, shuffle=False)
-    if run:
-        run.close()
+    for r in (run, run_b):
+        if r:
+            r.close()
     return clock.per_step(steps)
 
 
@@ -507,6 +672,36 @@ def paired_ci(base: list[float], other: list[float]) -> tuple[float, float, floa
 PAIRED: dict[str, dict[Variant, list[tuple[float, float]]]] = {}
 
 
+def interleave(fn: Callable[..., tuple[float, float]], block: int, rounds: int, warmup: int,
+               fits: int, root: Path) -> list[list[tuple[float, ...]]]:
+    """Per fit, the (wall, cpu, thread) callback/probe ratio of each round of :class:`Blocks`,
+    after one short untimed fit (first-use costs of the process)."""
+    out = []
+    for i in range(fits + 1):
+        store = root / f"{fn.__name__}-blocks-{i}"
+        store.mkdir()
+        blocks = Blocks(warmup, block, rounds if i else 2)
+        fn("probe", blocks.total, warmup, store, blocks)
+        if i:
+            out.append(blocks.ratios())
+    return out
+
+
+def print_interleaved(name: str, per_fit: list[list[tuple[float, ...]]]) -> None:
+    """The paired interval over every round of every fit, and each fit's estimate."""
+    import math
+
+    for c, clock in zip(CLOCKS, CLOCK_NAMES, strict=True):
+        pooled = [r[c] for fit in per_fit for r in fit]
+        g, lo, hi = paired_ci([1.0] * len(pooled), pooled)
+        fits = ", ".join(f"{math.exp(statistics.fmean(math.log(r[c]) for r in fit)):.4f}"
+                         for fit in per_fit)
+        ok = "<= 1.01" if hi <= 1.01 else "> 1.01"
+        print(f"{name:<10} {clock:<5} callback/probe over {len(pooled)} ABBA rounds in "
+              f"{len(per_fit)} fit(s): {g:.4f} [95 % CI {lo:.4f}, {hi:.4f}] upper end {ok}; "
+              f"per fit {fits}", flush=True)
+
+
 def measure(fn: Callable[[Variant, int, int, Path], tuple[float, float]], steps: int, warmup: int,
             repeats: int, root: Path) -> dict[Variant, tuple[float, float]]:
     """Median (wall, process CPU) seconds per steady step of each variant, interleaved
@@ -532,7 +727,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", choices=tuple(TRAINERS), default=None)
     ap.add_argument("--hook-steps", type=int, default=3000)
+    ap.add_argument("--design", choices=("fits", "blocks", "both"), default="both",
+                    help="fits: whole fits interleaved ABC (--repeats); blocks: probe and "
+                         "callback interleaved block by block inside one fit (--block, "
+                         "--rounds, --fits)")
+    ap.add_argument("--block", type=int, default=25, help="steps per block (blocks design)")
+    ap.add_argument("--rounds", default="lightning=240,hf=40,keras=120",
+                    help="ABBA rounds per fit, per trainer (blocks design)")
+    ap.add_argument("--fits", type=int, default=2, help="fits per trainer (blocks design)")
+    ap.add_argument("--null", action="store_true",
+                    help="blocks design, A/A: the callback blocks run the hand-driven probe "
+                         "too (on the second run), so the design's own noise and bias show")
+    ap.add_argument("--dump", default=None, help="write every round's ratios here (JSON)")
     ap.add_argument("--skip-training", action="store_true", help="hook loops only")
+    ap.add_argument("--skip-hooks", action="store_true", help="no hook loops")
     ap.add_argument("--gc-off", action="store_true",
                     help="disable Python's cyclic GC (tells GC pauses, which land in whichever "
                          "code allocates when a collection is due, from refrun's own work)")
@@ -542,6 +750,8 @@ def main() -> None:
 
         gc.disable()
     root = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
+    dumped: dict[str, list[list[tuple[float, ...]]]] = {}
+    NULL_TEST[0] = args.null
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cpus); "
           f"{args.steps} steady steps after {args.warmup}, {args.repeats} repeats ABC")
     print("per steady step, medians; 'cpu' = the process's CPU time (all threads), robust "
@@ -550,6 +760,15 @@ def main() -> None:
           f"{'probe/plain':>12} {'cb/plain':>9} {'cb/probe':>9}")
     for name, fn in TRAINERS.items():
         if args.only not in (None, name) or args.skip_training:
+            continue
+        if args.design in ("blocks", "both"):
+            rounds = dict(kv.split("=") for kv in args.rounds.split(","))
+            per_fit = interleave(fn, args.block, int(rounds[name]), args.warmup, args.fits, root)
+            print_interleaved(name, per_fit)
+            if args.dump:
+                dumped[name] = per_fit
+                Path(args.dump).write_text(json.dumps(dumped))
+        if args.design == "blocks":
             continue
         m = measure(fn, args.steps, args.warmup, args.repeats, root)
         for i, clock in ((0, "wall"), (1, "cpu")):
@@ -570,6 +789,9 @@ def main() -> None:
             print(f"{name:<10} hooks (thread CPU per step): probe "
                   f"{statistics.median(probe_us):.1f} us, callback "
                   f"{statistics.median(cb_us):.1f} us", flush=True)
+    if args.skip_hooks:
+        print(f"load average at end: {os.getloadavg()[0]:.2f}")
+        return
     print(f"hook loops ({args.hook_steps} steps, {args.repeats} repeats interleaved; thread "
           "CPU per step of the per-step hooks alone, same probe object for both):")
     for name, fn in HOOK_LOOPS.items():
