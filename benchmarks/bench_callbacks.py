@@ -24,8 +24,19 @@ time (all threads; less sensitive to other processes on a shared machine).  Star
 start, probe creation, the delivery process) is outside the timed steps; its cost is
 stated separately in docs/lightning.md.
 
+The ``blocks`` design (``--design blocks``, and first under ``both``) measures the same
+ratio inside one fit: a hand-driven probe on one run and the callback on a second run are
+both installed behind a gate that hands each step's hooks to one of them, in rounds of
+four blocks of ``--block`` steps, ABBA (:class:`Blocks`).  Each round is one paired
+ratio callback/probe of whole steps (everything the trainer does between two block
+starts), on wall time, process CPU time and the training thread's CPU time, and the table
+prints their geometric mean with a 95 % t-interval over every round of ``--fits`` fits.
+``--null`` runs the hand-driven probe in both halves (an A/A test whose truth is 1): the
+design's own bias and noise.
+
 Usage: python benchmarks/bench_callbacks.py [--steps 400] [--warmup 20] [--repeats 5]
-       [--only lightning|hf|keras]
+       [--only lightning|hf|keras] [--design fits|blocks|both] [--block 25]
+       [--rounds lightning=240,hf=40,keras=120] [--fits 2] [--null] [--dump F.json]
 """
 
 from __future__ import annotations

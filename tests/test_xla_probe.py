@@ -331,6 +331,29 @@ def test_fallback_op_recorded_by_name(store) -> None:
     assert any("aten::nonzero" in w["message"] and w["step"] == 2 for w in warnings)
 
 
+def test_a_fallback_op_first_run_after_warm_up_is_recorded_without_relisting(store) -> None:
+    """After warm-up the probe lists torch_xla's counter names again only when
+    ``xla::_to_cpu`` moved (XlaCounters.fallback): a new fallback op at a steady step,
+    which is not an exact-check step, must still be recorded at that step.  ``histc``
+    runs through the CPU fallback on PJRT CPU and nothing else in this suite calls it,
+    so its counter name is new to the process here."""
+    model, _ = make(width=19)
+    before = met.counter_value("aten::histc") or 0
+
+    def histc_at_step_3(n: int) -> None:
+        if n == 3:
+            torch.histc(torch.tensor([0.0, 1.0, 2.0, 3.0], device=DEV), bins=4)
+
+    run = start(store)
+    with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
+        train(model, [8] * 6, probe, extra=histc_at_step_3)
+    run.close()
+    assert (met.counter_value("aten::histc") or 0) - before == 1  # torch_xla's own count
+    assert per_step(store, run.run_id, schema.M_FALLBACK_OPS, 6) == [0, 0, 0, 1, 0, 0]
+    tags = store.client().get_run(run.run_id).data.tags
+    assert json.loads(tags["refrun.fallback.ops"]) == {"aten::histc": 1}
+
+
 # --- logged values ----------------------------------------------------------------------
 def test_every_logged_loss_equals_the_loop_value(store) -> None:
     model, cpu = make(width=19, seed=3)

@@ -23,7 +23,7 @@ from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.calibration.render import clean_float, render
 from refrun.acceptance.criteria import CriteriaSettings
-from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL
+from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL, best_index, reports
 from refrun.acceptance.kinds.step_time import steady_step_times
 from refrun.acceptance.statistics import (
     need_quantile,
@@ -252,6 +252,12 @@ def _cov(opts: CalibrationOptions, n_criteria: int) -> float:
     return 1.0 - opts.false_alarm_rate / max(1, n_criteria)
 
 
+def is_gradient_norm(metric: str) -> bool:
+    """A gradient norm: per parameter (``grad_norm/<param>``) or any metric whose last
+    path part is ``grad_norm`` (``train/grad_norm``)."""
+    return is_parameter_metric(metric) or metric.rsplit("/", 1)[-1] == "grad_norm"
+
+
 def has_final_window(metric: str) -> bool:
     """Whether calibrate writes a final-window closeness for a per-step metric.
 
@@ -261,8 +267,7 @@ def has_final_window(metric: str) -> bool:
     holds for the objective and not for a gradient norm, whose end-of-run level depends
     on the minimum each seed reached (measured: about 1 in 10 seeds of the digits MLP
     ends at twice the others' norms).  Their envelope still judges every step."""
-    return not (metric.startswith(schema.EVAL_PREFIX) or is_parameter_metric(metric)
-                or metric.rsplit("/", 1)[-1] == "grad_norm")
+    return not (metric.startswith(schema.EVAL_PREFIX) or is_gradient_norm(metric))
 
 
 def _slug(metric: str) -> str:
@@ -871,7 +876,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                                      len(runs), window_noise(series, opts, cov)))
     notes: list[str] = []
     envelope_only = [m for m in per_step
-                     if not m.startswith(schema.EVAL_PREFIX) and not has_final_window(m)]
+                     if not m.startswith(schema.EVAL_PREFIX) and is_gradient_norm(m)]
     if envelope_only:
         notes.append(f"{len(envelope_only)} gradient norm(s) ({', '.join(envelope_only[:3])}"
                      f"{', ...' if len(envelope_only) > 3 else ''}) judged by their "
@@ -1115,7 +1120,8 @@ def best_of_relations(runs: list[RunData], one_point: list[str], periodic: list[
                       keep: str) -> list[Derived]:
     """A ``best_of`` criterion (L2) for every one-value metric that, in *every* reference,
     equals the min (or max) of a periodic evaluation metric of the same run to within
-    ``BEST_OF_REL_TOL``: the workload reports its best checkpoint's evaluation.  Written
+    ``BEST_OF_REL_TOL`` (:func:`refrun.acceptance.kinds.best_of.reports`, the check's own
+    test): the workload reports its best checkpoint's evaluation.  Written
     only when at least one reference's best point is not its last one (else the value may
     just be the last evaluation, and a candidate whose last point is not its best would
     fail for nothing).  No threshold is calibrated: the relation holds within one run."""
@@ -1124,13 +1130,12 @@ def best_of_relations(runs: list[RunData], one_point: list[str], periodic: list[
         values = [_series(r, m, keep).values[-1] for r in runs]
         for of in periodic:
             series = [rv.finite(_series(r, of, keep)) for r in runs]
-            for best, pick in (("min", np.argmin), ("max", np.argmax)):
-                idx = [int(pick(s.values)) if len(s.values) else -1 for s in series]
-                if any(i < 0 for i in idx):
-                    continue
+            if not all(len(s.values) for s in series):
+                continue
+            for best in ("min", "max"):
+                idx = [best_index(s.values, best) for s in series]
                 bests = [float(s.values[i]) for s, i in zip(series, idx, strict=True)]
-                if all(abs(v - b) <= BEST_OF_REL_TOL * abs(b)
-                       for v, b in zip(values, bests, strict=True)) and \
+                if all(reports(v, b) for v, b in zip(values, bests, strict=True)) and \
                         any(i != len(s.values) - 1 for s, i in zip(series, idx, strict=True)):
                     out.append(_best_of(m, of, best, len(runs)))
     return out

@@ -23,6 +23,17 @@ from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 BEST_OF_REL_TOL = 1e-6
 
 
+def best_index(values: np.ndarray, best: str) -> int:
+    """Index of the best point of ``values``: ``argmin`` for ``"min"``, ``argmax`` for
+    ``"max"`` (the first one on ties, as NumPy returns)."""
+    return int(np.argmin(values) if best == "min" else np.argmax(values))
+
+
+def reports(value: float, best_value: float, rel_tol: float = BEST_OF_REL_TOL) -> bool:
+    """Whether ``value`` is ``best_value`` as reported: ``|value - best| <= rel_tol |best|``."""
+    return abs(value - best_value) <= rel_tol * abs(best_value)
+
+
 @kind("best_of")
 class BestOf(Criterion):
     """a one-value metric equals the best point (min or max) of a per-step metric of the same
@@ -51,16 +62,16 @@ def best_of(c: BestOf, ctx: Context) -> CriterionResult:
         missing = c.metric if value is None else c.of
         return result(c, NOT_EVALUABLE, f"candidate run {ctx.candidate.run_id} has no "
                       f"finite {missing!r} value")
-    i = int(np.argmin(series.values) if c.best == "min" else np.argmax(series.values))
+    i = best_index(series.values, c.best)
     b, last = float(series.values[i]), float(series.values[-1])
     diff = abs(value - b)
-    ok = diff <= c.rel_tol * abs(b)
+    ok = reports(value, b, c.rel_tol)
     ev = {"value": value, "best": b, "best_step": int(series.steps[i]), "last": last,
           "last_step": int(series.steps[-1]), "rel_diff": diff / abs(b) if b else None,
           "rel_tol": c.rel_tol}
     said = f"{c.metric} {value:.6g} {'is' if ok else 'is not'} the {c.best} of {c.of} " \
            f"({b:.6g} at step {ev['best_step']}"
-    if not ok and abs(value - last) <= c.rel_tol * abs(last):
+    if not ok and reports(value, last, c.rel_tol):
         said += f"; it is the last evaluation, step {ev['last_step']}: the best checkpoint " \
                 "was not the one reported"
     return result(c, PASS if ok else FAIL, said + ")", ev, metric=c.metric)
