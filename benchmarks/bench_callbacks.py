@@ -68,6 +68,9 @@ VARIANTS: tuple[Variant, ...] = ("plain", "probe", "callback")
 WIDTH = 256
 KERAS_HIDDEN = 1024
 BATCH = 64
+# Batches held in memory: a longer run goes through them again (another epoch).  Without a
+# cap the blocks design's long fits held every batch (24 GB for 96k Lightning steps).
+POOL_STEPS = 2000
 
 
 class Clock:
@@ -253,7 +256,7 @@ def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path,
 
     class Timer(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if batch_idx == clock.warmup:
+            if trainer.global_step == clock.warmup:  # batch_idx restarts each epoch
                 clock.t0 = clock.now()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -290,7 +293,7 @@ def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path,
                 d.on_fit_start(trainer, pl_module)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.cur = self.delegates[blocks.at(batch_idx)]
+            self.cur = self.delegates[blocks.at(trainer.global_step)]  # across epochs
             self.cur.on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -301,7 +304,7 @@ def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path,
                 d.on_fit_end(trainer, pl_module)
 
     total = blocks.total if blocks else total
-    x, y = (torch.from_numpy(a) for a in data(BATCH * total))
+    x, y = (torch.from_numpy(a) for a in data(BATCH * min(total, POOL_STEPS)))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
                                          batch_size=BATCH)
     run = start(store, "lightning", "torch") if variant != "plain" else None
@@ -318,7 +321,7 @@ def lightning_fit(variant: Variant, steps: int, warmup: int, store: Path,
     if variant != "plain" and not blocks:
         hooks.wrap(cbs[-1], ("on_train_batch_start", "on_train_batch_end"),
                    "on_train_batch_end")
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_epochs=-1, max_steps=total, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", callbacks=cbs)
     trainer.fit(M(), loader)
@@ -402,7 +405,7 @@ def hf_train(variant: Variant, steps: int, warmup: int, store: Path,
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2))
-    ids = np.random.default_rng(0).integers(0, 64, size=(8 * total, 32))
+    ids = np.random.default_rng(0).integers(0, 64, size=(8 * min(total, POOL_STEPS), 32))
     rows = [{"input_ids": torch.tensor(r), "labels": torch.tensor(r)} for r in ids]
     tmp = tempfile.mkdtemp(prefix="bench-hf-", dir=store)
     args = transformers.TrainingArguments(
@@ -448,7 +451,7 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path,
         logs there, so every step has finished on the device."""
 
         def on_train_batch_begin(self, batch, logs=None):
-            if batch == clock.warmup:
+            if batch == clock.warmup and not clock.t0[0]:  # the first epoch's
                 clock.t0 = clock.now()
 
         def on_epoch_end(self, epoch, logs=None):
@@ -518,7 +521,7 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path,
 
     total = blocks.total if blocks else total
     keras.utils.set_random_seed(0)
-    x, y = data(BATCH * total)
+    x, y = data(BATCH * min(total, POOL_STEPS))
     # wider than the torch models: XLA's fused CPU step is fast; this gives a few ms
     model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(KERAS_HIDDEN, "relu"),
                               keras.layers.Dense(KERAS_HIDDEN, "relu"), keras.layers.Dense(1)])
@@ -535,7 +538,8 @@ def keras_fit(variant: Variant, steps: int, warmup: int, store: Path,
         cbs.append(ByHand(run))
     elif variant == "callback":
         cbs.append(refrun.keras.RefrunCallback(run, instrument={"fresh_caches": False}))
-    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=cbs, shuffle=False)
+    model.fit(x, y, batch_size=BATCH, epochs=-(-total // POOL_STEPS), verbose=0, callbacks=cbs,
+              shuffle=False)
     for r in (run, run_b):
         if r:
             r.close()
