@@ -127,13 +127,13 @@ class Blocks:
     steps run in rounds of four blocks of ``block`` steps, ABBA: probe, callback,
     callback, probe in even rounds and the mirror in odd ones, so a drift that is linear
     over a round cancels within it.  Each round gives one paired ratio
-    ``(callback blocks) / (probe blocks)`` on both clocks: the whole step (everything the
-    trainer does between two block starts), measured in one process, with the machine's
-    slow drift common to both halves.  After the last round: the probe."""
+    ``(callback blocks) / (probe blocks)`` on each clock (:data:`CLOCKS`): the whole step
+    (everything the trainer does between two block starts), measured in one process, with
+    the machine's slow drift common to both halves.  After the last round: the probe."""
 
     def __init__(self, warmup: int, block: int, rounds: int) -> None:
         self.warmup, self.block, self.rounds = warmup, block, rounds
-        self.marks: list[tuple[float, float]] = []
+        self.marks: list[tuple[float, float, float]] = []  # Clock.now() at block starts
 
     @property
     def total(self) -> int:
