@@ -155,6 +155,16 @@ DETECTION_BENIGN = [
                     "(steps 151-180 logged twice)"),
     Variant("jax-pair-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0 declaring its same-seed pair"),
+    # Added 2026-12-02 11:20 UTC, expected outcomes written before their first assessment:
+    # the 4-device data-parallel JAX port of reference seed 0, declaring its pair (same
+    # initial weights and global batches; only the reduction order across devices
+    # differs) is accepted, its paired divergence inside the known-good band; the same
+    # port clipping each device's gradient before averaging is rejected by the same-seed
+    # ``paired`` criterion (the pair departs at the first step where a device's local
+    # norm exceeds the clip and the global one does not).
+    Variant("jax-4dev-pair-seed0", "jax", 0, devices=4, extra_args=("--pair",),
+            mirrors="the JAX port of reference seed 0, data parallel on 4 devices "
+                    "(declared pair)"),
 ]
 
 # Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
@@ -173,4 +183,8 @@ DETECTION_DEFECTS = [
     Variant("jax-bf16", "jax", 0, defects=("bf16_matmul",), expect=("paired",),
             extra_args=("--pair",),
             mirrors="a port computing its matmuls in bfloat16"),
+    Variant("jax-4dev-clip-per-device-pair", "jax", 0, devices=4,
+            defects=("clip_per_device",), expect=("paired",), extra_args=("--pair",),
+            mirrors="four-chip port of reference seed 0 clipping per chip (§IV-B), "
+                    "declared pair"),
 ]

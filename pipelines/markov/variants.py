@@ -90,6 +90,16 @@ BENIGN = [
     Variant("markov-jax-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0: same initial weights and batches "
                     "(declared pair)"),
+    # Added 2026-12-02 11:20 UTC, expected outcomes written before their first assessment:
+    # the 4-device data-parallel JAX port of reference seed 0, declaring its pair (same
+    # initial weights and global batches; only the reduction order across devices
+    # differs) is accepted, its paired divergence inside the known-good band; the same
+    # port clipping each device's gradient before averaging is rejected by the same-seed
+    # ``paired`` criterion (the pair departs at the first step where a device's local
+    # norm exceeds the clip and the global one does not).
+    Variant("markov-jax-4dev-pair-seed0", "jax", 0, devices=4, extra_args=("--pair",),
+            mirrors="the JAX port of reference seed 0, data parallel on 4 devices "
+                    "(declared pair)"),
 ]
 
 # Known-good same-seed evidence for ``refrun calibrate``'s ``paired`` tolerance: trained
@@ -116,6 +126,10 @@ DEFECTS = [
             mirrors="float(loss) in every JAX step: a host read per step"),
     Variant("markov-xla-cpu-copy", "torch_xla", 5, defects=("cpu_copy",),
             expect=("xfer/d2h",), mirrors="loss.cpu() in every PyTorch/XLA step"),
+    Variant("markov-jax-4dev-clip-per-device-pair", "jax", 0, devices=4,
+            defects=("clip_per_device",), expect=("paired",), extra_args=("--pair",),
+            mirrors="four-chip port of reference seed 0 clipping per chip (§IV-B), "
+                    "declared pair"),
 ]
 
 
