@@ -180,6 +180,18 @@ def markov_workload(held_out: int, first: int | None = None) -> Workload:
 
 
 WORKLOADS = {"digits": digits_workload, "charlm": charlm_workload, "markov": markov_workload}
+REFERENCES = {"digits": digits.reference_variants, "charlm": charlm.reference_variants,
+              "markov": markov.reference_variants}
+
+
+def with_more_references(w: Workload, name: str, seeds: Sequence[int]) -> Workload:
+    """``w`` calibrated from further reference seeds (``--more-references``): a team with
+    more seeds than the plan's five (run-level quantile criteria need ten)."""
+    taken = {v.seed for v in [*w.references, *w.candidates, *w.held_out]}
+    clash = sorted(taken & set(seeds))
+    if clash:
+        raise SystemExit(f"--references-from: seed(s) {clash} are already {name}'s runs")
+    return replace(w, references=[*w.references, *REFERENCES[name](tuple(seeds))])
 
 
 def _watched(criterion: object) -> tuple[str, ...]:
@@ -486,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out-from", type=int, default=None, metavar="SEED",
                     help="first held-out seed (default: each workload's own, 100): seeds "
                          "nobody has looked at, to re-measure after a change of calibration")
+    ap.add_argument("--more-references", type=int, default=0, metavar="K",
+                    help="K further reference seeds per workload (from --references-from), "
+                         "calibrated with the plan's own")
+    ap.add_argument("--references-from", type=int, default=None, metavar="SEED",
+                    help="first of the --more-references seeds (never a held-out seed)")
     ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
     ap.add_argument("--goal", action="append", default=[], metavar="WORKLOAD=GOAL",
                     help="refrun calibrate --goal GOAL for that workload (at most one each; "
@@ -505,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
                          "have a run, leave out the others (the counts say how many)")
     ap.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
     args = ap.parse_args(argv)
+    if args.more_references and args.references_from is None:
+        ap.error("--more-references needs --references-from")
     if (args.assess_only or args.reuse) and not args.store:
         ap.error("--assess-only and --reuse need --store")
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
@@ -515,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in names:
         w = WORKLOADS[name](args.held_out, args.held_out_from)
+        if args.more_references:
+            first = args.references_from
+            w = with_more_references(w, name, range(first, first + args.more_references))
         print(f"== {w.name}: {len(w.references)} reference seeds, {len(w.candidates)} "
               f"candidates, {len(w.held_out)} held-out seeds ({'quick' if args.quick else 'full'})"
               f"; load {os.getloadavg()[0]:.1f}", flush=True)

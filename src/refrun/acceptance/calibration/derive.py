@@ -24,6 +24,7 @@ from refrun.acceptance import runview as rv
 from refrun.acceptance.calibration.render import clean_float, render
 from refrun.acceptance.criteria import CriteriaSettings
 from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL, best_index, reports
+from refrun.acceptance.kinds.quantile import run_quantile
 from refrun.acceptance.kinds.step_time import steady_step_times
 from refrun.acceptance.statistics import (
     need_quantile,
@@ -84,6 +85,16 @@ NO_CONVERGENCE = ("no convergence (MLPerf steps-to-target) criterion written: st
                   "another cadence would be judged by its cadence, and the target is the "
                   "project's to declare; add one by hand (kind = \"convergence\") when the "
                   "candidates evaluate at the references' cadence")
+# Run-level quantiles of each per-step training metric (kind ``quantile``): written from
+# this many reference seeds on.  Their range criterion is floored by the Student-t
+# prediction bound of one new seed with g - 1 degrees of freedom at the Bonferroni
+# coverage (range_tol_floor): at coverage 0.9992 that is t_{0.9996,3} = 13.9 for 5 seeds
+# (groups of 4), so a run-level value would detect only shifts of more than ten seed
+# standard deviations, adding criteria without power; for 10 seeds t_{0.9996,8} = 5.2.
+# See docs/acceptance.md, "Run-level quantiles".
+QUANTILE_MIN_RUNS = 10
+RUN_QUANTILES = (0.5, 0.9)  # location and upper tail of a metric over the run
+QUANTILE_MIN_POINTS = 20  # and at least half the points the references share
 SKIP_PREFIXES = (schema.SYS_PREFIX, "perf/", *schema.COUNTER_PREFIXES)
 
 
@@ -139,6 +150,8 @@ class CalibrationOptions:
     # Step time: the smallest max_ratio written (run-to-run noise on a shared machine that
     # N back-to-back reference runs do not show; see step_time_limits).
     step_time_floor: float = STEP_TIME_FLOOR
+    # Reference seeds from which run-level quantile criteria are written (QUANTILE_MIN_RUNS).
+    quantile_min_runs: int = QUANTILE_MIN_RUNS
     # Keep reference seeds named as outliers in the thresholds (they are named anyway).
     keep_outliers: bool = False
     # The project's stated goals (``--goal METRIC>=VALUE``): one L3 ``claim`` each.
@@ -860,8 +873,12 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     tost_ok = g >= TOST_MIN_GROUP
     n_tost = sum(tost_ok and float(np.std(v)) > 0 for _, v in one_values.values())
     goals = [_goal(goal, runs, metrics, keep) for goal in opts.goals]
+    quantile_metrics = [m for m in per_step if not m.startswith(schema.EVAL_PREFIX)] \
+        if len(runs) >= opts.quantile_min_runs and "quantile" not in opts.exclude_kinds \
+        else []
     n_crit = (len(per_step) + sum(map(has_final_window, per_step)) + len(one_values)
-              + n_tost + len(goals) + int(bool(has_time)))
+              + n_tost + len(goals) + int(bool(has_time))
+              + len(quantile_metrics) * len(RUN_QUANTILES))
     cov = _cov(opts, n_crit)
     out: list[Derived] = []
     for m in per_step:
@@ -875,6 +892,22 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
             out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
                                      len(runs), window_noise(series, opts, cov)))
     notes: list[str] = []
+    for m in quantile_metrics:
+        series = [_series(r, m, keep) for r in runs]
+        for q in RUN_QUANTILES:
+            values = run_quantiles(series, q)
+            if float(np.ptp(values)) == 0:  # a schedule, not a measurement of the run
+                notes.append(f"{m}: no {q:g}-quantile criterion: every reference has the "
+                             f"same value {values[0]:.6g}")
+                continue
+            out.append(_quantile(m, q, values, one_point_tol(values, opts, g, cov,
+                                                             resolution_of(series)),
+                                 len(runs), len(_all_common(series))))
+    if per_step and not quantile_metrics and "quantile" not in opts.exclude_kinds:
+        notes.append(f"no run-level quantile criteria: {len(runs)} reference seeds, "
+                     f"written from {opts.quantile_min_runs} (with fewer, the range of "
+                     "one run-level value detects only shifts of many seed standard "
+                     "deviations)")
     envelope_only = [m for m in per_step
                      if not m.startswith(schema.EVAL_PREFIX) and is_gradient_norm(m)]
     if envelope_only:
@@ -1037,6 +1070,33 @@ def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], 
                                 f"candidate shares with the references; calibrated at "
                                 f"step {step}) within the reference group's range "
                                 "+- abs_tol (calibrated)", "calibration": cal}
+    return Derived(table, worst, tol - worst, det,
+                   [_held_out_line(worst, tol - worst, n, "distance outside the range "
+                                   "(negative: inside)"), f"detects: {det}"], n)
+
+
+def run_quantiles(series: list[_Series], q: float) -> np.ndarray:
+    """Each reference's ``q``-quantile over the steps every reference logged (the check
+    samples the references at the candidate's steps alike)."""
+    steps = _all_common(series)
+    return np.array([run_quantile(s.values[np.isin(s.steps, steps)], q) for s in series])
+
+
+def _quantile(m: str, q: float, values: np.ndarray, op: tuple[float, float, np.ndarray],
+              n: int, points: int) -> Derived:
+    tol, worst, _ = op
+    tol = _round_up(tol) if tol > 0 else 0.0
+    det = (f"a run-level {q:g}-quantile more than {tol:.3g} outside the reference "
+           f"group's range (seeds span {float(np.ptp(values)):.3g})")
+    table = {"id": f"{_slug(m)}-p{round(q * 100)}", "kind": "quantile", "level": "L1",
+             "metric": m, "q": q, "abs_tol": tol,
+             "min_points": max(QUANTILE_MIN_POINTS, points // 2),
+             "description": f"the {q:g}-quantile of {m} over the run, at the candidate's "
+                            "own logged steps, within the reference group's range of the "
+                            "same quantile +- abs_tol (calibrated)",
+             "calibration": {"worst": clean_float(worst), "margin": clean_float(tol - worst),
+                             "seeds": n, "detectable_shift": clean_float(tol),
+                             "points": points}}
     return Derived(table, worst, tol - worst, det,
                    [_held_out_line(worst, tol - worst, n, "distance outside the range "
                                    "(negative: inside)"), f"detects: {det}"], n)

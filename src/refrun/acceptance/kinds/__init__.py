@@ -26,6 +26,7 @@ from refrun.acceptance.kinds.gradcheck import Gradcheck
 from refrun.acceptance.kinds.hardware import Hardware
 from refrun.acceptance.kinds.host_transfers import HostTransfers
 from refrun.acceptance.kinds.paired import Paired
+from refrun.acceptance.kinds.quantile import Quantile
 from refrun.acceptance.kinds.step_time import StepTime
 from refrun.acceptance.kinds.utilization import Utilization
 from refrun.acceptance.model import Criterion
@@ -48,8 +49,8 @@ def registry(models: tuple[type[Criterion], ...]) -> dict[str, type[Criterion]]:
 
 KINDS: dict[str, type[Criterion]] = registry((
     Closeness, Envelope, Claim, Hardware, Fallback, Compilation, HostTransfers, Utilization,
-    StepTime, Cost, Equivalence, Convergence, Gradcheck, Paired, BestOf))
+    StepTime, Cost, Equivalence, Convergence, Gradcheck, Paired, BestOf, Quantile))
 
 __all__ = ["KINDS", "BestOf", "Claim", "Closeness", "Compilation", "Convergence", "Cost",
            "Envelope", "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers",
-           "Paired", "StepTime", "Utilization", "registry"]
+           "Paired", "Quantile", "StepTime", "Utilization", "registry"]
