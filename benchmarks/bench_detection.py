@@ -8,6 +8,8 @@ and its numbers were never tuned against).
     .venv/bin/python benchmarks/bench_detection.py --quick    # [quick] steps of each config
     .venv/bin/python benchmarks/bench_detection.py --workload charlm --held-out 20 \\
         --store /tmp/det --markdown /tmp/det/table.md
+    .venv/bin/python benchmarks/bench_detection.py --quick --more-references 10 \\
+        --references-from 440 --held-out-from 450     # 15 reference seeds per workload
 
 Per workload:
 

@@ -989,6 +989,12 @@ def _paired(b: pairs.PairedBand) -> Derived:
                    [src, f"detects: {det}"], len(b.pairs))
 
 
+def _range_comment(worst: float, tol: float, n: int, det: str) -> list[str]:
+    """The comment lines of a min-max range criterion of one value per run."""
+    return [_held_out_line(worst, tol - worst, n, "distance outside the range (negative: "
+                           "inside)"), f"detects: {det}"]
+
+
 def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
     return (f"held-out worst {what} {worst:.4g} over {n} seeds; threshold adds margin "
             f"{margin:.4g} (tolerance limit)")
@@ -1070,9 +1076,7 @@ def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], 
                                 f"candidate shares with the references; calibrated at "
                                 f"step {step}) within the reference group's range "
                                 "+- abs_tol (calibrated)", "calibration": cal}
-    return Derived(table, worst, tol - worst, det,
-                   [_held_out_line(worst, tol - worst, n, "distance outside the range "
-                                   "(negative: inside)"), f"detects: {det}"], n)
+    return Derived(table, worst, tol - worst, det, _range_comment(worst, tol, n, det), n)
 
 
 def run_quantiles(series: list[_Series], q: float) -> np.ndarray:
@@ -1097,9 +1101,7 @@ def _quantile(m: str, q: float, values: np.ndarray, op: tuple[float, float, np.n
              "calibration": {"worst": clean_float(worst), "margin": clean_float(tol - worst),
                              "seeds": n, "detectable_shift": clean_float(tol),
                              "points": points}}
-    return Derived(table, worst, tol - worst, det,
-                   [_held_out_line(worst, tol - worst, n, "distance outside the range "
-                                   "(negative: inside)"), f"detects: {det}"], n)
+    return Derived(table, worst, tol - worst, det, _range_comment(worst, tol, n, det), n)
 
 
 def _equivalence(m: str, values: np.ndarray, eq: tuple[float, float, np.ndarray], g: int,
