@@ -91,10 +91,13 @@ LOST_TRAINER = textwrap.dedent("""
     import time, refrun
     run = refrun.start_run(workload="lost", role="candidate", flush_interval_s=1.0)
     print(run._process.pid, flush=True)
-    t0, step = time.monotonic(), 0
-    while True:  # 1,000 steps/s, 2 metrics a step: 2,000 points/s
-        while time.monotonic() - t0 < step / 1000:
+    due, step = time.monotonic(), 0
+    while True:  # at most 1,000 steps/s, 2 metrics a step: 2,000 points/s
+        while time.monotonic() < due:
             pass
+        # Paced from this step, never from the start: a trainer slowed by a busy machine
+        # does not catch up in a burst faster than the rate the estimate has seen.
+        due = time.monotonic() + 0.001
         run.log(step, loss=1.0 / (step + 1), lr=0.1)
         step += 1
         if step % 50 == 0:
