@@ -29,14 +29,31 @@ if [ "${1:-}" = "--with-test-deps" ]; then
   fi
 fi
 
+# Install requirements/dev.lock into $VENV with the uv release the lock pins; fails (for
+# the pip fallback) when uv cannot be installed or cannot install the lock.
+install_with_uv() {
+  local uv_pin
+  uv_pin="$(grep -E '^uv==' requirements/dev.lock)" || return 1
+  "$VENV/bin/python" -m pip install -q "$uv_pin" >&2 || return 1
+  # --native-tls: the system's certificates, as pip uses (a proxy's CA is installed there).
+  "$VENV/bin/uv" pip install --python "$VENV/bin/python" --native-tls -q \
+    -r requirements/dev.lock >&2
+}
+
 stamp_want="$(cat requirements/dev.lock pyproject.toml | sha256sum | cut -c1-16)"
 stamp_file="$VENV/.refrun-stamp"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp_want" ]; then
-  echo "[bootstrap] creating $VENV from requirements/dev.lock (first time: a few minutes)" >&2
+  echo "[bootstrap] creating $VENV from requirements/dev.lock (first time: about a minute with uv, several with pip)" >&2
   "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
   # torch_xla 2.9.0 requires torch==2.9.0 exactly; the lock pins the set known to work.
-  "$VENV/bin/python" -m pip install -q -r requirements/dev.lock >&2
+  # uv (pinned in the lock) installs it: it downloads and unpacks in parallel, about a
+  # minute for the lock's 8 GB where pip takes several (docs/dependencies.md).  Where uv
+  # cannot be installed or cannot reach the index, pip installs the same pinned set.
+  if ! install_with_uv; then
+    echo "[bootstrap] uv did not install the lock (above); installing it with pip (several minutes)" >&2
+    "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+    "$VENV/bin/python" -m pip install -q -r requirements/dev.lock >&2
+  fi
   "$VENV/bin/python" -m pip install -q --no-deps -e . >&2
   echo "$stamp_want" > "$stamp_file"
 else
