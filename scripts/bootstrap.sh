@@ -36,7 +36,10 @@ install_with_uv() {
   uv_pin="$(grep -E '^uv==' requirements/dev.lock)" || return 1
   "$VENV/bin/python" -m pip install -q "$uv_pin" >&2 || return 1
   # --native-tls: the system's certificates, as pip uses (a proxy's CA is installed there).
-  "$VENV/bin/uv" pip install --python "$VENV/bin/python" --native-tls -q \
+  # --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set (CI machines
+  # here), nothing is cached later, and every test subprocess would compile torch, jax and
+  # MLflow from source (measured: the suite 1404 s against 1000 s).
+  "$VENV/bin/uv" pip install --python "$VENV/bin/python" --native-tls --compile-bytecode -q \
     -r requirements/dev.lock >&2
 }
 
