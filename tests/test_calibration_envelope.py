@@ -145,8 +145,8 @@ def test_five_seeds_that_happen_to_agree_do_not_make_a_tight_band() -> None:
     deviations spike.  In each of 40 scenarios the 5 references are the 5 of 12 seeds
     whose deviations agree most (so their leave-one-out needs are close); 4000 fresh
     seeds are judged against 4 of them with numpy.  The old width (the tolerance limit of
-    the 5 needs, by hand) lets the false-alarm rate reach the target; the model floor
-    keeps it well below."""
+    the 5 needs, by hand) lets the false-alarm rate reach the target; the need model
+    keeps it below."""
     cov, steps = 0.998, 150
     s = np.arange(steps)
     opts = CalibrationOptions(min_fraction=MIN_FRACTION, confidence=CONFIDENCE)
@@ -169,5 +169,85 @@ def test_five_seeds_that_happen_to_agree_do_not_make_a_tight_band() -> None:
         fa_old.append(float(np.mean(np.mean(np.abs(fresh - m) <= k_old * sd, 1)
                                     < MIN_FRACTION)))
     assert np.mean(fa_old) > 0.75 * (1 - cov)  # at the target: no margin left
-    assert np.mean(fa_new) <= 0.5 * (1 - cov)
-    assert all(a <= b for a, b in zip(fa_new, fa_old, strict=True))
+    assert np.mean(fa_new) <= 1 - cov
+    # Fewer false alarms overall; not in every scenario: the width is the need model's
+    # alone now, no longer floored by the tolerance limit of the 5 needs, which some
+    # scenarios' needs scatter wide enough to exceed.
+    assert np.mean(fa_new) < np.mean(fa_old)
+
+
+def _effect_seeds(rng: np.random.Generator, n: int, steps: int, level: float,
+                  scale_sd: float, lag: float, heavy_level: bool = True) -> np.ndarray:
+    """Deviations ``sqrt(level) L + sqrt(1 - level) exp(scale_sd w) e`` built here with
+    numpy: ``e`` AR(1) at ``lag`` with Student t(3) innovations, ``L`` t(3) per seed
+    (normal where not ``heavy_level``; both of unit variance), ``w`` standard normal per
+    seed."""
+    unit = math.sqrt(3.0)  # sd of t(3)
+    u = rng.standard_t(3, (n, steps)) / unit
+    e = np.empty_like(u)
+    e[:, 0] = u[:, 0]
+    for t in range(1, steps):
+        e[:, t] = lag * e[:, t - 1] + math.sqrt(1 - lag ** 2) * u[:, t]
+    e *= np.exp(scale_sd * rng.standard_normal((n, 1)))
+    lvl = rng.standard_t(3, (n, 1)) / unit if heavy_level else rng.standard_normal((n, 1))
+    return math.sqrt(level) * lvl + math.sqrt(1 - level) * e
+
+
+@pytest.mark.parametrize(("level", "scale_sd"), [(0.0, 0.0), (0.4, 0.0), (0.3, 0.4)])
+def test_seed_effects_recover_the_level_and_scale_they_were_drawn_with(
+        level: float, scale_sd: float) -> None:
+    from refrun.acceptance.calibration.derive import seed_effects
+
+    # A normal level here: the sample variance of 200 t(3) levels scatters too widely
+    # (infinite fourth moment) to say what the estimator recovers.
+    steps = 150
+    d = _effect_seeds(np.random.default_rng(11), 200, steps, level, scale_sd, lag=0.3,
+                      heavy_level=False)
+    fx = seed_effects([_Series(np.arange(steps), 1.0 + 0.01 * x) for x in d])
+    assert fx.level == pytest.approx(level, abs=0.08)
+    assert fx.scale_sd == pytest.approx(scale_sd, abs=0.1)
+    assert fx.lag1 == pytest.approx(0.3, abs=0.06)  # the AR(1) part, the level removed
+
+
+def test_persistent_seed_effects_widen_the_need_and_hold_the_target() -> None:
+    """15 references and fresh seeds that share a run-long level (40 % of the variance)
+    and a per-seed scale: a bare AR(1) model at the references' lag-1 autocorrelation
+    under-states what a fresh seed needs, and the false-alarm rate of its k exceeds the
+    target; the k calibrated with the seed effects holds it.  Fresh seeds judged with
+    numpy against 14 of the references."""
+    from refrun.acceptance.calibration.derive import lag1_autocorrelation
+    from refrun.acceptance.statistics import need_quantile
+
+    cov, steps, n, g = 0.998, 150, 15, 14
+    base = need_quantile(g, steps, 0.3, MIN_FRACTION, cov, 3.0)
+    assert need_quantile(g, steps, 0.3, MIN_FRACTION, cov, 3.0, level=0.4) > base
+    assert need_quantile(g, steps, 0.3, MIN_FRACTION, cov, 3.0, scale_sd=0.3) > base
+    s = np.arange(steps)
+    opts = CalibrationOptions(min_fraction=MIN_FRACTION, confidence=CONFIDENCE)
+    fa_new, fa_bare = [], []
+    for scenario in range(8):
+        rng = np.random.default_rng(100 + scenario)
+        refs = 1.0 + 0.01 * _effect_seeds(rng, n, steps, 0.4, 0.2, lag=0.3)
+        series = [_Series(s, r) for r in refs]
+        got = envelope_k(series, opts, g, cov)
+        assert got is not None
+        k_bare = need_quantile(g, steps, lag1_autocorrelation(series), MIN_FRACTION, cov,
+                               3.0)
+        fresh = 1.0 + 0.01 * _effect_seeds(rng, 3000, steps, 0.4, 0.2, lag=0.3)
+        m, sd = refs[:g].mean(0), refs[:g].std(0, ddof=1)
+        inside = np.abs(fresh - m) / sd
+        fa_new.append(float(np.mean(np.mean(inside <= got.k, 1) < MIN_FRACTION)))
+        fa_bare.append(float(np.mean(np.mean(inside <= k_bare, 1) < MIN_FRACTION)))
+    se = math.sqrt((1 - cov) * cov / (8 * 3000))
+    assert np.mean(fa_bare) > (1 - cov) + 3 * se
+    assert np.mean(fa_new) <= (1 - cov) + 3 * se
+
+
+@pytest.mark.parametrize(("n", "lag"), [(1, 0.5), (12, 0.0), (12, 0.6), (150, 0.3)])
+def test_ar1_mean_variance_is_the_mean_of_the_covariance_matrix(n: int, lag: float) -> None:
+    """Var(mean of n values) = sum_ij cov(e_i, e_j) / n^2, cov = lag^|i - j|."""
+    from refrun.acceptance.statistics import ar1_mean_variance
+
+    i = np.arange(n)
+    cov = float(lag) ** np.abs(i[:, None] - i[None, :])
+    assert ar1_mean_variance(n, lag) == pytest.approx(cov.sum() / n ** 2, rel=1e-12)

@@ -9,7 +9,10 @@
 * :func:`prediction_z`: the Student-t prediction bound of one new seed's standardised
   distance from a group's mean (caps the calibrated width of a per-step envelope);
 * :func:`need_quantile`: the same seed's *need* over many steps under a heavy-tailed
-  AR(1) model, by Monte Carlo (the floor of a per-step envelope's width).
+  AR(1) model with run-long seed levels and scales, by Monte Carlo (a per-step
+  envelope's width); :func:`ar1` and :func:`unit_draws` are its pieces,
+  :func:`ar1_mean_variance` and :func:`log_mad_null` the moments its seed effects are
+  estimated with.
 
 No function here reads a run; the checks and the calibration pass arrays in.
 """
@@ -240,49 +243,109 @@ def prediction_z(group_size: int, coverage: float) -> float:
 NEED_MAX_STEPS = 200  # steps simulated at most (fewer steps: a wider, conservative quantile)
 
 
+def ar1(u: np.ndarray, lag: float) -> np.ndarray:
+    """A stationary AR(1) series along the last axis of innovations ``u``:
+    ``e_0 = u_0``, ``e_t = lag e_{t-1} + sqrt(1 - lag^2) u_t``, so that ``Var e_t = Var u``
+    at every t and ``corr(e_t, e_{t+k}) = lag^k`` (Box, Jenkins & Reinsel, *Time Series
+    Analysis*, 4th ed., Wiley 2008, sec. 3.2.4).  ``0 <= lag < 1``."""
+    e = np.empty_like(u)
+    e[..., 0] = u[..., 0]
+    c = math.sqrt(1 - lag * lag)
+    for t in range(1, u.shape[-1]):
+        e[..., t] = lag * e[..., t - 1] + c * u[..., t]
+    return e
+
+
+def unit_draws(rng: np.random.Generator, tail_df: float | None, shape: tuple[int, ...]
+               ) -> np.ndarray:
+    """Draws of unit variance: standard normal (``tail_df`` None) or Student t with
+    ``tail_df`` > 2 degrees of freedom divided by its sd ``sqrt(df / (df - 2))``."""
+    if not tail_df:
+        return rng.standard_normal(shape)
+    return rng.standard_t(tail_df, shape) / math.sqrt(tail_df / (tail_df - 2))
+
+
 def need_quantile(group_size: int, n_steps: int, lag1: float, fraction: float,
-                  coverage: float, tail_df: float | None) -> float:
+                  coverage: float, tail_df: float | None, level: float = 0.0,
+                  scale_sd: float = 0.0) -> float:
     """The ``coverage`` quantile of a new seed's *need* against a new group, by Monte Carlo.
 
     The need of a seed is the ``fraction`` quantile over the steps of
     ``z_t = |x_t - mean_t| / s_t`` (mean and s, ddof=1, of a group of ``g`` =
     ``group_size`` other seeds at step t): the smallest envelope width ``k`` that keeps the
     seed inside mean +- k s at ``fraction`` of the steps.  Model: the g + 1 seeds are
-    independent; each one's deviation from the common curve is a stationary AR(1) series
-    over the steps, ``e_t = lag1 e_{t-1} + sqrt(1 - lag1^2) u_t``, with innovations ``u_t``
-    Student t with ``tail_df`` degrees of freedom (``None``: normal).  Heavy tails matter:
-    gradient norms and losses spike, and 5 seeds rarely show a spike that 20 more seeds
-    do.  Unlike the held-out seeds' needs, this accounts for the *group's* randomness (a
-    group of g seeds that happens to be tight makes every candidate need more), which
-    leave-one-out trials over 5 seeds, sharing g - 1 of their g members, under-state.
+    independent; seed i's deviation from the common curve is
+
+        d_it = sqrt(level) L_i + sqrt(1 - level) exp(scale_sd w_i) e_it
+
+    * ``e_it``: a stationary AR(1) series over the steps (:func:`ar1` at ``lag1``) with
+      innovations of unit variance, Student t with ``tail_df`` degrees of freedom
+      (``None``: normal).  Heavy tails matter: gradient norms and losses spike, and 5
+      seeds rarely show a spike that 20 more seeds do;
+    * ``L_i``: a run-long level of the seed (unit variance, the same tails): seeds differ
+      persistently (a seed's initial weights and data order shift its whole curve), which
+      an AR(1) at the lag-1 autocorrelation does not reproduce: measured on three
+      workloads, the variance of a seed's time-mean deviation was 3-30x the AR(1)'s;
+    * ``exp(scale_sd w_i)``, ``w_i`` standard normal: a seed's own scale (some seeds'
+      curves are noisier throughout).
+
+    Unlike the held-out seeds' needs, this accounts for the *group's* randomness (a group
+    of g seeds that happens to be tight makes every candidate need more), which
+    leave-one-out trials, sharing g - 1 of their g members, under-state.
 
     ``n_steps`` is capped at :data:`NEED_MAX_STEPS` (the need's spread shrinks with more
     steps, so the cap only widens); ``lag1`` is rounded up to a multiple of 0.05 and
     capped at 0.95 (a fully persistent deviation is the prediction bound's case,
-    :func:`prediction_z`).  Deterministic (seeded) and cached: calibration is repeatable.
+    :func:`prediction_z`); ``level`` (capped at 0.9) and ``scale_sd`` (capped at 1) are
+    rounded up to multiples of 0.05.  Deterministic (seeded) and cached: calibration is
+    repeatable, and with no level and no scale the draws are those of the AR(1) alone.
     """
-    lag = min(0.95, math.ceil(max(0.0, lag1) * 20 - 1e-9) / 20)
-    return _need_quantile(group_size, min(n_steps, NEED_MAX_STEPS), lag, fraction,
-                          round(coverage, 9), tail_df)
+    def up(x: float, cap: float) -> float:
+        return min(cap, math.ceil(max(0.0, x) * 20 - 1e-9) / 20)
+
+    return _need_quantile(group_size, min(n_steps, NEED_MAX_STEPS), up(lag1, 0.95), fraction,
+                          round(coverage, 9), tail_df, up(level, 0.9), up(scale_sd, 1.0))
 
 
 @functools.lru_cache(maxsize=256)
 def _need_quantile(g: int, steps: int, lag: float, fraction: float, coverage: float,
-                   tail_df: float | None) -> float:
+                   tail_df: float | None, level: float, scale_sd: float) -> float:
     rng = np.random.default_rng(0)
     trials = int(min(20_000, max(2_000, math.ceil(20 / max(1e-9, 1 - coverage)))))
     idx = max(0, math.ceil(fraction * steps - 1e-9) - 1)
     needs = []
     for start in range(0, trials, 2_000):
         m = min(2_000, trials - start)
-        u = (rng.standard_t(tail_df, (m, g + 1, steps)) if tail_df
-             else rng.standard_normal((m, g + 1, steps)))
-        e = np.empty_like(u)
-        e[..., 0] = u[..., 0]
-        c = math.sqrt(1 - lag * lag)
-        for t in range(1, steps):
-            e[..., t] = lag * e[..., t - 1] + c * u[..., t]
+        e = ar1(unit_draws(rng, tail_df, (m, g + 1, steps)), lag)
+        if scale_sd:
+            e *= np.exp(scale_sd * rng.standard_normal((m, g + 1, 1)))
+        if level:
+            e = (math.sqrt(level) * unit_draws(rng, tail_df, (m, g + 1, 1))
+                 + math.sqrt(1 - level) * e)
         grp, x = e[:, :g], e[:, g]
         z = np.abs(x - grp.mean(1)) / grp.std(1, ddof=1)
         needs.append(np.sort(z, axis=1)[:, idx])
     return float(np.quantile(np.concatenate(needs), coverage))
+
+
+def ar1_mean_variance(n: int, lag: float) -> float:
+    """Variance of the mean of ``n`` consecutive values of a stationary AR(1) series of
+    unit variance: ``(1/n) [1 + 2 sum_{k=1}^{n-1} (1 - k/n) lag^k]`` (Box, Jenkins &
+    Reinsel, *Time Series Analysis*, 4th ed., eq. 2.1.13 with ``rho_k = lag^k``)."""
+    k = np.arange(1, n)
+    return float((1 + 2 * np.sum((1 - k / n) * lag ** k)) / n)
+
+
+@functools.lru_cache(maxsize=64)
+def log_mad_null(n: int, steps: int, lag: float) -> float:
+    """The null of a seed-scale estimate: the mean over 400 simulations of the variance
+    (ddof=1) of ``log MAD_i`` over ``n`` seeds, ``MAD_i`` the median absolute deviation
+    of seed i's ``r_it`` from its own median over ``steps`` steps, where ``r_it`` are
+    AR(1) deviations (:func:`ar1` at ``lag``; Student t(3) innovations, the envelope's
+    default tails) with no seed scale, standardised over the seeds at every step.
+    Seeded and cached."""
+    rng = np.random.default_rng(1)
+    d = ar1(unit_draws(rng, 3.0, (400, n, steps)), min(lag, 0.95))
+    r = (d - d.mean(1, keepdims=True)) / d.std(1, ddof=1, keepdims=True)
+    mad = np.median(np.abs(r - np.median(r, axis=2, keepdims=True)), axis=2)
+    return float(np.mean(np.var(np.log(mad), axis=1, ddof=1)))

@@ -27,6 +27,9 @@ from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL, best_index, reports
 from refrun.acceptance.kinds.quantile import run_quantile
 from refrun.acceptance.kinds.step_time import steady_step_times
 from refrun.acceptance.statistics import (
+    NEED_MAX_STEPS,
+    ar1_mean_variance,
+    log_mad_null,
     need_quantile,
     prediction_z,
     symmetric_limit,
@@ -319,8 +322,9 @@ class EnvelopeK:
     worst: float  # the largest held-out need
     std: float  # median over the common steps of the seeds' std (the detectable shift's unit)
     needs: np.ndarray  # every held-out need, one row per seed
-    k_model: float  # the heavy-tailed model's floor (:func:`model_k`)
+    k_model: float  # the need model's k (:func:`model_k`)
     points: int  # steps common to every reference (the fraction's calibrated_points)
+    effects: SeedEffects  # the seed level and scale the model's k was drawn with
 
 
 def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
@@ -330,17 +334,19 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     Each held-out seed needs the ``min_fraction`` quantile of ``z = |x - mean| / std``
     over the common steps (mean and std, ddof=1, of a group of ``g`` others).  Then
 
-        k = max(worst need, min(max(exp(L), k_model), k_pred))
+        k = max(worst need, min(k_model, k_pred))
 
-    * ``L``: the upper tolerance limit of the N seeds' log needs (``upper_limit``; k is a
-      scale factor), which uses ``min_fraction`` when the steps' deviations are weakly
-      correlated;
     * ``k_model``: the ``cov`` quantile of the need of a new seed against a *new* group
-      under a heavy-tailed AR(1) model of seed deviations (:func:`model_k`), a floor under
-      ``exp(L)``: N leave-one-out needs share most of their groups, so 5 seeds that
-      happen to agree give a tight ``L`` that fresh seeds exceed (measured: 5 of 20
-      held-out seeds of a 150-step transformer LM rejected at k 3.4 where they needed
-      up to 4.2);
+      under a heavy-tailed AR(1) model of seed deviations with run-long seed levels and
+      scales estimated from the references (:func:`model_k`, :func:`seed_effects`).  N
+      leave-one-out needs share most of their groups, so 5 seeds that happen to agree
+      look tight to any rule fitted to them (measured: 5 of 20 held-out seeds of a
+      150-step transformer LM rejected at k 3.4 where they needed up to 4.2; with 15
+      references, a group of 14 whose fresh seeds needed 1.92-2.00 on four gradient
+      norms where any other 14 gave 1.66-1.83).  An earlier rule also took the upper
+      tolerance limit of the N seeds' log needs, ``exp(L)``; with 5 seeds it scattered
+      to k 5.5-19 on workloads whose fresh seeds needed under 4, and the seed level now
+      carries what it covered;
     * ``k_pred = sqrt(1 + 1/g) t_{1-a/2, g-1}``, ``a = 1 - cov``
       (:func:`refrun.acceptance.statistics.prediction_z`): if a seed's value at a step is
       a normal draw exchangeable with the group's, ``P(z > k_pred) = a`` at every step,
@@ -365,39 +371,102 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     needs = _worst_by_seed(len(series), opts, g, need)
     if not np.all(np.isfinite(needs)):
         return None
-    logs = np.log(np.maximum(needs, 1e-6))
-    lim, _ = upper_limit(logs, cov, opts.confidence, n=len(series))
     worst = float(needs.max())
     common = _all_common(series)
     per_step = 1.0 - (1.0 - cov) * max(1.0 - opts.min_fraction, 1.0 / max(len(common), 1))
-    k_model = model_k(series, opts, g, cov)
-    k = max(worst, min(max(math.exp(lim), k_model), prediction_z(g, per_step)))
+    effects = seed_effects(series)
+    k_model = model_k(series, opts, g, cov, effects)
+    k = max(worst, min(k_model, prediction_z(g, per_step)))
     std = np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, common)]
                                       for s in series]), 0, ddof=1))
-    return EnvelopeK(k, worst, float(std), needs, k_model, len(common))
+    return EnvelopeK(k, worst, float(std), needs, k_model, len(common), effects)
 
 
-def lag1_autocorrelation(series: list[_Series]) -> float:
-    """Lag-1 autocorrelation of the seeds' standardised deviations from their mean,
-    ``r_it = (x_it - mean_t) / s_t`` at the steps every seed has, pooled over the seeds:
-    ``sum r_it r_i,t+1 / sum r_it^2`` (0 with fewer than 3 usable steps)."""
+def _standardised_deviations(series: list[_Series]) -> np.ndarray:
+    """``r_it = (x_it - mean_t) / s_t`` (mean and s, ddof=1, over the seeds) at the steps
+    every seed has and where ``s_t > 0``: one row per seed."""
     steps = _all_common(series)
     mat = np.vstack([s.values[np.searchsorted(s.steps, steps)] for s in series])
     with np.errstate(divide="ignore", invalid="ignore"):
         r = (mat - mat.mean(0)) / mat.std(0, ddof=1)
-    r = r[:, np.all(np.isfinite(r), axis=0)]
+    return r[:, np.all(np.isfinite(r), axis=0)]
+
+
+def _lag1(r: np.ndarray) -> float:
     if r.shape[1] < 3:
         return 0.0
     den = float(np.sum(r[:, :-1] ** 2))
     return float(np.sum(r[:, :-1] * r[:, 1:]) / den) if den > 0 else 0.0
 
 
-def model_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float) -> float:
-    """The floor of an envelope's k: :func:`refrun.acceptance.statistics.need_quantile`
-    at the references' lag-1 autocorrelation, common steps and ``min_fraction``, with
-    ``opts.envelope_tail_df``."""
-    return need_quantile(g, len(_all_common(series)), lag1_autocorrelation(series),
-                         opts.min_fraction, cov, opts.envelope_tail_df)
+def lag1_autocorrelation(series: list[_Series]) -> float:
+    """Lag-1 autocorrelation of the seeds' standardised deviations from their mean,
+    ``r_it = (x_it - mean_t) / s_t`` at the steps every seed has, pooled over the seeds:
+    ``sum r_it r_i,t+1 / sum r_it^2`` (0 with fewer than 3 usable steps)."""
+    return _lag1(_standardised_deviations(series))
+
+
+@dataclass(frozen=True)
+class SeedEffects:
+    """How seeds differ beyond an AR(1) process (:func:`seed_effects`); the terms of
+    :func:`refrun.acceptance.statistics.need_quantile`'s model."""
+
+    level: float  # share of a deviation's variance that is one run-long level per seed
+    scale_sd: float  # sd of a seed's log scale
+    lag1: float  # lag-1 autocorrelation of the AR(1) part (the level's share removed)
+
+
+def seed_effects(series: list[_Series]) -> SeedEffects:
+    """The seed level and scale of the need model, by the method of moments.
+
+    On the standardised deviations ``r_it`` (:func:`lag1_autocorrelation`; unit variance
+    over the seeds at every step), with ``N`` seeds and ``T`` common steps:
+
+    * level: under ``d_it = sqrt(lam) L_i + sqrt(1 - lam) e_it``, a seed's time mean
+      ``m_i = mean_t r_it`` has variance ``V = lam + (1 - lam) v(T, rho)`` with ``v``
+      the AR(1)'s (:func:`refrun.acceptance.statistics.ar1_mean_variance`) and ``rho``
+      the AR(1) part's lag-1, ``r1 = lam + (1 - lam) rho`` the observed pooled lag-1.
+      ``V`` is estimated by ``sum m_i^2 / (N - 1)`` (the ``m_i`` sum to zero); ``lam``
+      and ``rho`` are solved for jointly by fixed-point iteration, ``lam`` in [0, 0.9];
+    * scale: the variance over the seeds of ``log MAD_i`` (the median absolute deviation
+      of a seed's ``r_it`` from its own median, which the level does not move), less its
+      variance when no scale differs (:func:`refrun.acceptance.statistics.log_mad_null`),
+      floored at 0: ``scale_sd = sqrt(max(0, var - null))``.
+
+    Both are noisy with few seeds (4 degrees of freedom with 5), and a level makes the
+    need model wider, never narrower: an over-estimate costs detection power, an
+    under-estimate false alarms.  Fewer than 3 seeds or 3 steps: no effects."""
+    r = _standardised_deviations(series)
+    n, t = r.shape
+    if n < 3 or t < 3:
+        return SeedEffects(0.0, 0.0, _lag1(r))
+    r1 = min(0.95, max(0.0, _lag1(r)))
+    v_obs = float(np.sum(r.mean(1) ** 2) / (n - 1))
+    lam, rho = 0.0, r1
+    for _ in range(50):
+        v = ar1_mean_variance(t, rho)
+        lam_new = min(0.9, max(0.0, (v_obs - v) / (1 - v))) if v < 1 else 0.0
+        rho = max(0.0, (r1 - lam_new) / (1 - lam_new))
+        if abs(lam_new - lam) < 1e-6:
+            lam = lam_new
+            break
+        lam = lam_new
+    mad = np.median(np.abs(r - np.median(r, axis=1, keepdims=True)), axis=1)
+    if np.any(mad <= 0):
+        return SeedEffects(lam, 0.0, rho)
+    var_log = float(np.var(np.log(mad), ddof=1))
+    null = log_mad_null(n, min(t, NEED_MAX_STEPS), math.ceil(rho * 20 - 1e-9) / 20)
+    return SeedEffects(lam, math.sqrt(max(0.0, var_log - null)), rho)
+
+
+def model_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float,
+            effects: SeedEffects | None = None) -> float:
+    """The need model's k: :func:`refrun.acceptance.statistics.need_quantile` at the
+    references' common steps and ``min_fraction``, with their :func:`seed_effects`
+    (``effects``, estimated here when not given) and ``opts.envelope_tail_df``."""
+    fx = effects or seed_effects(series)
+    return need_quantile(g, len(_all_common(series)), fx.lag1, opts.min_fraction, cov,
+                         opts.envelope_tail_df, level=fx.level, scale_sd=fx.scale_sd)
 
 
 def _all_common(series: list[_Series]) -> np.ndarray:
@@ -1015,6 +1084,8 @@ def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int
                             f">= {opts.min_fraction:.0%} of the steps (calibrated)",
              "calibration": {"worst": clean_float(worst), "margin": clean_float(k - worst),
                              "seeds": n, "group_size": g, "model_k": clean_float(k_model),
+                             "seed_level": clean_float(round(env.effects.level, 4)),
+                             "seed_scale_sd": clean_float(round(env.effects.scale_sd, 4)),
                              "detectable_shift": clean_float(shift)}}
     return Derived(table, worst, k - worst, det,
                    [_held_out_line(worst, k - worst, n, f"k needed for {opts.min_fraction:.0%}"
