@@ -62,8 +62,14 @@ def spawn(spool: Spool, interval_s: float) -> subprocess.Popen | None:
                 [sys.executable, "-m", "refrun.recording.process", str(spool.path),
                  str(interval_s), str(lock_fd)],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                # Its own session: Ctrl-C on the training terminal must not kill delivery.
-                start_new_session=True, close_fds=True, pass_fds=(lock_fd,),
+                # Its own process group: Ctrl-C on the training terminal (sent to the
+                # foreground group) must not kill delivery.  Not its own session: with the
+                # scheduler's autogroups (Linux's default on desktops and many servers) a
+                # new session is a new group that gets as much CPU as the trainer's whole
+                # session, whatever its nice value (measured: a CPU-bound trainer beside one
+                # busy process had half a core and steps 2.4x slower than with delivery on a
+                # thread; docs/session.md, "The delivery process's CPU").
+                process_group=0, close_fds=True, pass_fds=(lock_fd,),
             )
     except OSError:
         unlock(lock_fd)
@@ -233,8 +239,23 @@ def _end_in_store(spool: Spool, ending: delivery.Ending | None, why: OSError) ->
         _say(f"could not terminate the run in the store: {exc!r}")
 
 
+DELIVERY_NICE = 10  # added to the delivery process's nice value: see _yield_to_training
+
+
+def _yield_to_training() -> None:
+    """Lower this process's CPU priority (``DELIVERY_NICE``) and ignore the terminal's
+    hang-up: delivery must only use CPU the training does not (its spool holds what it
+    has not delivered yet), and it outlives a closed terminal as it did in a session of
+    its own.  Where the priority cannot be changed, it stays as it was."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(DELIVERY_NICE)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    _yield_to_training()
     # argv[2], the inherited delivery-lock descriptor, stays open for the process's life.
     return run(Spool(Path(args[0])), float(args[1]))
 
