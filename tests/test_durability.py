@@ -52,18 +52,30 @@ def _assert_exactly_once(client: MlflowClient, run_id: str, steps: int) -> None:
 def test_server_killed_mid_run_and_restarted(mlflow_server, tmp_path):
     restarted = threading.Event()
 
+    def warned() -> bool:
+        return any("unreachable" in w["message"] for w in run.warnings)
+
+    def restart() -> None:
+        # The operator restarts the server once the run has seen it gone: on a busy
+        # machine the delivery process (lower priority than training) may not try the
+        # store again within a fixed number of steps.  No warning: restarted anyway, and
+        # the assertion below fails.
+        with contextlib.suppress(AssertionError):
+            wait_for(warned, "the run to warn that the store is unreachable", timeout=120)
+        mlflow_server.start()
+        restarted.set()
+
     def chaos(step: int) -> None:
         if step == 80:
             mlflow_server.kill()
         if step == 160:  # restart off the training thread, as an operator would
-            threading.Thread(target=lambda: (mlflow_server.start(), restarted.set()),
-                             daemon=True).start()
+            threading.Thread(target=restart, daemon=True).start()
 
     with refrun.start_run(workload="durable", role="candidate", tracking_uri=mlflow_server.url,
                           spool_dir=tmp_path / "spool", flush_interval_s=0.1) as run:
         durations = _loop(run, 400, chaos)
-        assert restarted.wait(120)
-        offline_warned = any("unreachable" in w["message"] for w in run.warnings)
+        assert restarted.wait(300)
+        offline_warned = warned()
     assert offline_warned
     # The logging call never waited on the dead server: no stall anywhere in the loop.
     # A call that waited on the store would take seconds (connection refused, restart).
