@@ -24,6 +24,23 @@ class Logged:
     tags: dict[str, str] = field(default_factory=dict)
 
 
+def loss_envelope_criteria(workload: str) -> str:
+    """A criteria file with one wide loss envelope (k = 5 std, 90 % of steps)."""
+    return f"""\
+version = 1
+workload = "{workload}"
+
+[[criteria]]
+id = "loss-envelope"
+level = "L1"
+kind = "envelope"
+metric = "loss"
+band = "std"
+k = 5.0
+min_fraction = 0.9
+"""
+
+
 def base_loss() -> np.ndarray:
     return 2.3 * np.exp(-STEPS / 30.0) + 0.2
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from acceptance_helpers import error_line
+from acceptance_helpers import error_line, loss_envelope_criteria
 
 from refrun import schema
 from refrun.acceptance.evidence import sha256_of
@@ -36,19 +36,7 @@ from refrun.store.complete import (
 assess_module = importlib.import_module("refrun.acceptance.assess")
 
 N = 60
-CRITERIA = """\
-version = 1
-workload = "sweep-test"
-
-[[criteria]]
-id = "loss-envelope"
-level = "L1"
-kind = "envelope"
-metric = "loss"
-band = "std"
-k = 5.0
-min_fraction = 0.9
-"""
+CRITERIA = loss_envelope_criteria("sweep-test")
 
 
 def write_run(uri: str, role: str, seed: int, *, shift: float = 0.0,

@@ -18,6 +18,9 @@ variable                            default    meaning
                                                or silent, a locked sqlite file) before the
                                                store is reported unreachable; see
                                                :mod:`refrun.store.client`
+``REFRUN_SQLITE_DIRECT``            ``1``      ``0``: a local sqlite store is always read and
+                                               written through MLflow's client, never by
+                                               :mod:`refrun.store.direct`
 ``REFRUN_JOB_ID``                   (derived)  id shared by every process of one multi-process
                                                job (see :func:`job_identity`)
 ``RANK`` / ``WORLD_SIZE``           unset      this process's rank and the job's process count
@@ -92,6 +95,15 @@ def settings() -> Settings:
         store_timeout_s=_float("REFRUN_STORE_TIMEOUT_S", DEFAULT_STORE_TIMEOUT_S),
     )
 
+
+
+def sqlite_direct() -> bool:
+    """``$REFRUN_SQLITE_DIRECT``: may refrun read and write a local sqlite store of a
+    schema it knows without MLflow's client (default yes; ``0`` no)."""
+    raw = os.environ.get("REFRUN_SQLITE_DIRECT", "").strip()
+    if raw not in ("", "0", "1"):
+        raise RefrunInputError(f"$REFRUN_SQLITE_DIRECT={raw!r}: use 0 or 1")
+    return raw != "0"
 
 
 @dataclass(frozen=True, slots=True)

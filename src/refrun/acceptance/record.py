@@ -20,10 +20,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING, Any
 
 from refrun import schema
 from refrun.acceptance.criteria import CriteriaFile
@@ -32,6 +29,7 @@ from refrun.errors import RefrunInputError
 from refrun.identity import canonical_hardware
 from refrun.store import mlflow_ui
 from refrun.store.client import client as store_client
+from refrun.store.client import refusals
 from refrun.store.complete import (
     CompleteRun,
     curves_table,
@@ -39,6 +37,9 @@ from refrun.store.complete import (
     now_ms,
     write_complete_run,
 )
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 TAG_PREFIX = schema.TAG_ACCEPTANCE_PREFIX
 TAG_VERDICT = schema.TAG_ACCEPTANCE_VERDICT
@@ -151,7 +152,7 @@ def load_recorded(comparison_id: str, tracking_uri: str | None = None) -> Record
     client = client_for(tracking_uri)
     try:
         run = client.get_run(comparison_id)
-    except MlflowException as exc:
+    except refusals() as exc:
         raise RefrunInputError(f"comparison run {comparison_id!r}: not found") from exc
     listed = {f.path for f in client.list_artifacts(comparison_id, "refrun")}
     if ARTIFACT_ASSESSMENT not in listed:

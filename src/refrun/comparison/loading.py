@@ -26,25 +26,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
-from urllib.parse import urlparse
-from urllib.request import url2pathname
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-import mlflow.artifacts
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from refrun import schema
 from refrun.comparison.alignment import Series, resolve_series
 from refrun.comparison.ranks import JobSummary, derived_points, job_summary, world_size_of
 from refrun.errors import RefrunInputError
 from refrun.store.client import client as store_client
+from refrun.store.client import refusals
+from refrun.store.direct import DirectClient, local_path
 from refrun.store.runs import list_runs
 from refrun.store.uri import resolve_tracking_uri
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
 
 T = TypeVar("T")
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
@@ -192,8 +192,18 @@ class RunData:
 
 
 def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
+    """The store's reader: refrun's own sqlite access where it applies
+    (:mod:`refrun.store.direct`: no MLflow import), else MLflow's client."""
     uri = resolve_tracking_uri(tracking_uri)
-    return store_client(uri), uri
+    return store_client(uri, direct=True), uri
+
+
+def _artifact_reader(client: MlflowClient, uri: str, run: Run) -> MlflowClient:
+    """``client``, or MLflow's when the run's artifacts are not on this machine (only
+    MLflow's client downloads from an object store or a server)."""
+    if isinstance(client, DirectClient) and local_path(run.info.artifact_uri) is None:
+        return store_client(uri)
+    return client
 
 
 @contextlib.contextmanager
@@ -242,6 +252,7 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     """
     client, uri = _client(tracking_uri)
     run = _get_run(client, uri, run_id)
+    client = _artifact_reader(client, uri, run)
     curves = _read_artifact(client, uri, run_id, run.info.artifact_uri, metrics)
     if not allow_partial:
         run, curves = _wait_until_complete(client, uri, run, curves, metrics,
@@ -311,6 +322,8 @@ def _download_ranks(client: MlflowClient, uri: str, run_id: str, tmp: Path) -> P
                          lambda parent=parent: _listed(client, uri, run_id, parent))
         if path not in listed:
             continue
+        import mlflow.artifacts
+
         retried(f"run {run_id}: downloading {path} from {uri}",
                 lambda path=path: mlflow.artifacts.download_artifacts(
                     run_id=run_id, artifact_path=path, dst_path=str(tmp), tracking_uri=uri))
@@ -323,7 +336,7 @@ def _listed(client: MlflowClient, uri: str, run_id: str, directory: str) -> set[
     other answer is a one-line error."""
     try:
         return {f.path for f in client.list_artifacts(run_id, directory)}
-    except MlflowException as exc:
+    except refusals() as exc:
         if transient_read_error(exc):
             raise
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
@@ -366,7 +379,7 @@ def load_query(workload: str, role: str | None = None, *, hardware: str | None =
 def _get_run(client: MlflowClient, uri: str, run_id: str) -> Run:
     try:
         return client.get_run(run_id)
-    except MlflowException as exc:
+    except refusals() as exc:
         raise RefrunInputError(f"run {run_id!r}: not found in {uri}") from exc
 
 
@@ -398,22 +411,15 @@ def _wait_until_complete(client: MlflowClient, uri: str, run: Run,
 
 def _local_artifact_dir(artifact_uri: str | None) -> Path | None:
     """The run's artifact directory when it is on this machine's file system."""
-    if not artifact_uri:
-        return None
-    parsed = urlparse(artifact_uri)
-    if parsed.scheme == "file":
-        return Path(url2pathname(parsed.path))
-    if parsed.scheme == "":
-        return Path(artifact_uri)
-    return None
+    return local_path(artifact_uri)
 
 
 def transient_read_error(exc: BaseException) -> bool:
     """True for a store error worth retrying: no answer (connection refused or reset,
     timeout), a server error (5xx) or throttling (429).  False for an answer about the
     request itself (MLflow's 4xx: e.g. the path does not exist)."""
-    if isinstance(exc, MlflowException):
-        code = exc.get_http_status_code()
+    if isinstance(exc, refusals()):
+        code = exc.get_http_status_code()  # type: ignore[attr-defined]
         return code >= 500 or code == 429
     import requests
 
@@ -462,6 +468,8 @@ def _read_artifact(client: MlflowClient, uri: str, run_id: str, artifact_uri: st
     if schema.ARTIFACT_CURVES not in listed:
         return None
     with tempfile.TemporaryDirectory(prefix="refrun-load-") as tmp:
+        import mlflow.artifacts
+
         path = retried(f"run {run_id}: downloading {schema.ARTIFACT_CURVES} from {uri}",
                        lambda: mlflow.artifacts.download_artifacts(
                            run_id=run_id, artifact_path=schema.ARTIFACT_CURVES,

@@ -16,10 +16,10 @@ that no longer grows with the number of aligned steps beyond the view.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from mlflow.tracking import MlflowClient
 
 from refrun import schema
 from refrun.comparison.engine import Comparison
@@ -34,6 +34,9 @@ from refrun.store.complete import (
     write_complete_run,
 )
 from refrun.util.thinning import MLFLOW_MAX_POINTS
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
 

@@ -12,6 +12,8 @@ module          concept
                 sqlite create lock, a reader never creates a store; ``ensure_experiment``
 ``complete``    the second way to write a run: a run whose content is known up front
                 (imports, comparisons, assessments, gradient checks) written in one pass
+``direct``      a local sqlite store of a schema refrun knows, read and written with
+                ``sqlite3`` (no MLflow import): what ``client(uri, direct=True)`` may give
 ``runs``        finding recorded runs by their refrun identity tags
 ``mlflow_ui``   how runs and experiments present themselves in MLflow's UI (names,
                 descriptions, the experiment kind)

@@ -21,12 +21,19 @@ writer shares.
 
 One client per process and URI is kept (MLflow's clients are thread-safe and hold the
 engine / HTTP session).
+
+``direct=True`` (a command that loads runs or writes a complete run) may get a
+:class:`refrun.store.direct.DirectClient` instead: the same methods on a local sqlite
+store of a schema refrun knows, without importing MLflow (see :mod:`refrun.store.direct`
+for why and for what falls back to MLflow's client).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +41,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from refrun.errors import RefrunStoreError
 from refrun.settings import Settings, settings
+from refrun.store import direct as direct_store
 from refrun.store import health
 from refrun.store.uri import resolve_tracking_uri, sqlite_path
 
@@ -41,7 +49,7 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 T = TypeVar("T")
-_clients: dict[str, MlflowClient] = {}
+_clients: dict[tuple[str, bool], MlflowClient | direct_store.DirectClient] = {}
 _checked: set[str] = set()  # URIs a reader has seen answer in this process
 _lock = threading.Lock()
 _last_uri: list[str] = []  # the store this process used last (for error messages)
@@ -55,35 +63,46 @@ def bound_http_requests(s: Settings | None = None) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(max(1, s.http_timeout_s))))
 
 
-def client(uri: str | None = None, *, create: bool = False) -> MlflowClient:
+def client(uri: str | None = None, *, create: bool = False, direct: bool = False
+           ) -> MlflowClient:
     """An MLflow client for the store ``uri`` (resolved by
     :func:`~refrun.store.uri.resolve_tracking_uri`) that is known to be usable.
 
     ``create=False`` (readers): the store must exist and answer.  ``create=True``
-    (writers): a sqlite store may be created where no file exists.  Raises
+    (writers): a sqlite store may be created where no file exists.  ``direct=True``: a
+    :class:`~refrun.store.direct.DirectClient` where :func:`refrun.store.direct.usable`
+    allows (typed as MLflow's client: it has the methods its callers use).  Raises
     :class:`RefrunStoreError` (one line naming the store and the cause) otherwise.
     """
-    cached = _clients.get(uri) if uri else None  # the delivery asks on every step: be quick
+    direct = direct and direct_store.enabled()
+    cached = _clients.get((uri, direct)) if uri else None  # the delivery asks every step
     if cached is not None and (create or uri in _checked):
         _last_uri[:] = [uri]
-        return cached
+        return cached  # type: ignore[return-value]
     resolved = resolve_tracking_uri(uri)
     _last_uri[:] = [resolved]
     s = settings()
     bound_http_requests(s)
     with _lock:
-        made = _clients.get(resolved) or _open(resolved, create, s)
-        _clients[resolved] = made
+        made = _clients.get((resolved, direct)) or _open(resolved, create, s, direct)
+        _clients[(resolved, direct)] = made
     if not create and resolved not in _checked:
         _answers(made, resolved)
         _checked.add(resolved)
-    return made
+    return made  # type: ignore[return-value]
 
 
-def _open(uri: str, create: bool, s: Settings) -> MlflowClient:
+def _open(uri: str, create: bool, s: Settings, direct: bool = False
+          ) -> MlflowClient | direct_store.DirectClient:
     path = sqlite_path(uri)
     if path is None:
         return _guarded(uri, lambda: _new_client(uri))
+
+    def made() -> MlflowClient | direct_store.DirectClient:
+        if direct and direct_store.usable(path, s.http_timeout_s):
+            return direct_store.DirectClient(uri, path, s.http_timeout_s)
+        return _guarded(uri, lambda: _new_client(uri))
+
     # Checked and opened under the lock a writer holds while MLflow creates and migrates a
     # new store (exclusive for writers, shared for readers), so nobody sees it half-made.
     lock = Path(f"{path}.refrun-init.lock")
@@ -91,12 +110,12 @@ def _open(uri: str, create: bool, s: Settings) -> MlflowClient:
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not lock.exists():
         health.check_sqlite(path, uri, create=False, timeout_s=s.http_timeout_s)
-        return _guarded(uri, lambda: _new_client(uri))
+        return made()
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644) if create else os.open(lock, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if create else fcntl.LOCK_SH)
         health.check_sqlite(path, uri, create=create, timeout_s=s.http_timeout_s)
-        return _guarded(uri, lambda: _new_client(uri))
+        return made()
     finally:
         os.close(fd)
 
@@ -127,7 +146,7 @@ def answering(uri: str | None = None, *, create: bool = False) -> MlflowClient:
     return c
 
 
-def _answers(c: MlflowClient, uri: str) -> None:
+def _answers(c: MlflowClient | direct_store.DirectClient, uri: str) -> None:
     """One cheap request, so that a reader finds out now, in one line, that the store is
     unreachable, instead of later as "run not found"."""
     _guarded(uri, lambda: c.search_experiments(max_results=1))
@@ -147,12 +166,26 @@ def store_error(exc: BaseException) -> RefrunStoreError | None:
     return RefrunStoreError(f"tracking store {last_uri() or '(unknown)'}: {health.cause(exc)}")
 
 
+def refusals() -> tuple[type[Exception], ...]:
+    """The exception types of a store's answer to a request (MLflow's ``MlflowException``
+    once MLflow is imported; :class:`~refrun.store.direct.DirectStoreError`), for
+    ``except refusals():`` without importing MLflow where it was not used."""
+    mlflow_exceptions = sys.modules.get("mlflow.exceptions")
+    found: tuple[type[Exception], ...] = (direct_store.DirectStoreError,)
+    if mlflow_exceptions is not None:
+        found += (mlflow_exceptions.MlflowException,)
+    return found
+
+
+def store_failures() -> tuple[type[Exception], ...]:
+    """:func:`refusals` and the errors of a store that did not answer (OS, sqlite3)."""
+    return (*refusals(), OSError, sqlite3.Error)
+
+
 def transient(exc: BaseException) -> bool:
     """True for a store error worth retrying (unreachable, timeout, 5xx, database busy);
     False for a refusal of the request itself (MLflow's 4xx: a bad name, value or step)."""
-    from mlflow.exceptions import MlflowException
-
-    if not isinstance(exc, MlflowException):
+    if not isinstance(exc, refusals()):
         return True
     return not 400 <= exc.get_http_status_code() < 500 or exc.get_http_status_code() == 429
 

@@ -27,25 +27,26 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from refrun import schema
 from refrun.errors import RefrunStoreError
 from refrun.identity import RunIdentity
 from refrun.store import health, limits, mlflow_ui
 from refrun.store.client import client as store_client
-from refrun.store.client import ensure_experiment
+from refrun.store.client import ensure_experiment, store_failures
 from refrun.store.curves import SCHEMA, summary_tags, write_curves
+from refrun.store.direct import DirectClient, Metric, Param, RunTag, local_path
 from refrun.store.uri import resolve_tracking_uri
 from refrun.util.thinning import MLFLOW_MAX_POINTS, bounded_view, sorted_unique
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger("refrun")
 
@@ -179,14 +180,13 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
         files = pool.submit(_write_artifact_tree, run, Path(tmp))
         view = mlflow_view(run.table, run.max_points)
         try:
-            client = store_client(uri, create=True)  # a new sqlite store: created once, locked
-            exp_id = ensure_experiment(client, run.experiment)
+            client, exp_id = _writer(uri, run.experiment)
             mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
             run_id = client.create_run(
                 exp_id, start_time=now_ms(),
                 tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **tags},
                 run_name=run.run_name or mlflow_ui.default_run_name(run.tags)).info.run_id
-        except (MlflowException, OSError) as exc:  # RefrunStoreError passes through
+        except store_failures() as exc:  # RefrunStoreError passes through
             raise RefrunStoreError(f"tracking store {uri}: cannot create the run "
                                    f"({health.cause(exc)})") from exc
         try:
@@ -195,19 +195,46 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
             with contextlib.suppress(Exception):
                 client.set_terminated(run_id, "FAILED")
                 client.delete_run(run_id)
-            if isinstance(exc, MlflowException | OSError):
+            if isinstance(exc, store_failures()):
                 raise RefrunStoreError(f"tracking store {uri}: writing run {run_id} failed, "
                                        f"run deleted ({health.cause(exc)})") from exc
             raise
     return run_id
 
 
+def _writer(uri: str, experiment: str) -> tuple[MlflowClient, str]:
+    """The client that writes the run and its experiment's id: refrun's own sqlite access
+    (:mod:`refrun.store.direct`) where the store's schema is known and the experiment
+    exists with its artifacts on this machine; MLflow's client otherwise (a new store or
+    experiment is made by MLflow, with MLflow's defaults)."""
+    c = store_client(uri, create=True, direct=True)  # a new sqlite store: created once, locked
+    if isinstance(c, DirectClient):
+        exp = c.get_experiment_by_name(experiment)
+        if (exp is not None and exp.lifecycle_stage == "active"
+                and local_path(exp.artifact_location) is not None):
+            return c, exp.experiment_id
+        c = store_client(uri, create=True)
+    return c, ensure_experiment(c, experiment)
+
+
+def _entities(client: MlflowClient, items: list[Any]) -> list[Any]:
+    """``items`` (:mod:`refrun.store.direct`'s Metric, Param, RunTag) as the client takes
+    them: as they are for refrun's sqlite access, as MLflow's entities for MLflow's."""
+    if isinstance(client, DirectClient) or not items:
+        return items
+    from mlflow import entities
+
+    kind = getattr(entities, type(items[0]).__name__)
+    return [kind(**{f: getattr(x, f) for f in x.__slots__}) for x in items]
+
+
 def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric],
           files: Future[dict[str, str]], tree: Path, cut: list[str]) -> None:
-    params = [Param(k, v) for k, v in
-              _fitted(run.params, limits.PARAM_VALUE_LENGTH, "param", cut).items()]
+    params = _entities(client, [Param(k, v) for k, v in _fitted(
+        run.params, limits.PARAM_VALUE_LENGTH, "param", cut).items()])
     for i in range(0, len(params), limits.TAGS_PER_BATCH):
         client.log_batch(run_id, params=params[i:i + limits.TAGS_PER_BATCH])
+    view = _entities(client, view)
     for i in range(0, len(view), limits.METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=view[i:i + limits.METRICS_PER_BATCH])
     summary = files.result()  # raises what the writer raised
@@ -224,7 +251,7 @@ def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric
     end = _fitted(end, limits.TAG_VALUE_LENGTH, "tag", cut)
     if cut:  # set only when something was cut: the tags of a complete run stay as they were
         end[schema.TAG_TRUNCATED] = str(len(cut))
-    tags = [RunTag(k, v) for k, v in end.items()]
+    tags = _entities(client, [RunTag(k, v) for k, v in end.items()])
     for i in range(0, len(tags), limits.TAGS_PER_BATCH):
         client.log_batch(run_id, tags=tags[i:i + limits.TAGS_PER_BATCH])
     client.set_terminated(run_id, "FINISHED", end_time=now_ms())

@@ -28,6 +28,7 @@ from refrun.errors import RefrunStoreError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _LIBRARIES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3")
+_DIRECT = "refrun.store.direct"  # refrun's own sqlite access speaks for the store too
 _CAUSES = (  # substring of an error's text (any in its chain) -> what the user is told
     ("connection refused", "unreachable (connection refused)"),
     ("name or service not known", "unreachable (unknown host)"),
@@ -114,7 +115,8 @@ def _read_schema_version(path: Path, timeout_s: float,
 def from_store_library(exc: BaseException) -> bool:
     """True for an error raised by the libraries that talk to the store (MLflow,
     SQLAlchemy, sqlite3, requests, urllib3), not by refrun's own code."""
-    return any(c.__module__.split(".")[0] in _LIBRARIES for c in type(exc).__mro__)
+    return any(c.__module__.split(".")[0] in _LIBRARIES or c.__module__ == _DIRECT
+               for c in type(exc).__mro__)
 
 
 def cause(exc: BaseException) -> str:
