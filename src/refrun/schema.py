@@ -303,6 +303,7 @@ M_REPORT_CRITERIA_NOT_EVALUABLE = "report/criteria_not_evaluable"
 TAG_MLFLOW_SOURCE = "mlflow.source.name"  # set on every recorded run
 SOURCE_NAME = "refrun"
 TAG_RUN_NAME = "mlflow.runName"
+TAG_MLFLOW_USER = "mlflow.user"  # MLflow takes a new run's user_id from it
 TAG_NOTE = "mlflow.note.content"  # the run's Markdown description on its page
 # The experiment tag MLflow 3.x's UI reads to choose the experiment page's mode; values
 # understood by its UI bundle: genai_development, custom_model_development, finetuning,

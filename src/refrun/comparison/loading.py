@@ -38,7 +38,7 @@ from refrun.comparison.ranks import JobSummary, derived_points, job_summary, wor
 from refrun.errors import RefrunInputError
 from refrun.store.client import client as store_client
 from refrun.store.client import refusals
-from refrun.store.direct import DirectClient, local_path
+from refrun.store.direct import FLOAT_MAX, DirectClient, local_path
 from refrun.store.runs import list_runs
 from refrun.store.uri import resolve_tracking_uri
 
@@ -63,8 +63,6 @@ _ACTIVE = ("RUNNING", "SCHEDULED")
 # tried again after these pauses (s), then refused with one line: never taken for "no
 # curves artifact" (that would compare the run on MLflow's bounded view).
 READ_RETRY_PAUSES_S = (0.5, 1.0, 2.0, 4.0)
-# MLflow stores +-inf as +-float max (sqlalchemy store, mlflow 2.x/3.x).
-_FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -492,8 +490,8 @@ def history_values(values: np.ndarray) -> np.ndarray:
     non-finite loss never reads as a finite number.  A value that really was float max
     reads as inf (MLflow keeps no difference)."""
     out = np.array(values, dtype=np.float64)
-    out[out == _FLOAT_MAX] = np.inf
-    out[out == -_FLOAT_MAX] = -np.inf
+    out[out == FLOAT_MAX] = np.inf
+    out[out == -FLOAT_MAX] = -np.inf
     return out
 
 

@@ -42,14 +42,16 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
+from refrun import schema
+
 KNOWN_REVISIONS = frozenset({
     "dc11669786a5",  # MLflow 3.17.2
 })
 """``alembic_version.version_num`` of the MLflow schemas this module reads and writes."""
 
 FLOAT_MAX = 1.7976931348623157e308  # how MLflow's SQL stores keep +-inf
-RUN_NAME_TAG = "mlflow.runName"
-USER_TAG = "mlflow.user"
+RUN_NAME_TAG = schema.TAG_RUN_NAME
+USER_TAG = schema.TAG_MLFLOW_USER
 _ACTIVE = "active"
 _DELETED = "deleted"
 _STATUSES = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
