@@ -276,7 +276,7 @@ def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,
     with the derived ``job/*`` points added (when wanted by ``metrics``)."""
     run_id = run.info.run_id
     with contextlib.ExitStack() as stack:
-        root = _local_artifact_dir(run.info.artifact_uri)
+        root = local_path(run.info.artifact_uri)
         if root is None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="refrun-ranks-")))
             root = _download_ranks(client, uri, run_id, tmp)
@@ -407,11 +407,6 @@ def _wait_until_complete(client: MlflowClient, uri: str, run: Run,
         curves = _read_artifact(client, uri, run_id, run.info.artifact_uri, metrics)
 
 
-def _local_artifact_dir(artifact_uri: str | None) -> Path | None:
-    """The run's artifact directory when it is on this machine's file system."""
-    return local_path(artifact_uri)
-
-
 def transient_read_error(exc: BaseException) -> bool:
     """True for a store error worth retrying: no answer (connection refused or reset,
     timeout), a server error (5xx) or throttling (429).  False for an answer about the
@@ -448,7 +443,7 @@ def retried(what: str, read: Callable[[], T], pauses: Sequence[float] | None = N
 def _read_artifact(client: MlflowClient, uri: str, run_id: str, artifact_uri: str | None,
                    metrics: Sequence[str] | None) -> pd.DataFrame | None:
     """The run's curves artifact, or None only when the store says there is none."""
-    local = _local_artifact_dir(artifact_uri)
+    local = local_path(artifact_uri)
     if local is not None:
         # Read in place: no copy of a multi-hundred-MB artifact, no download progress bar.
         path = local / schema.ARTIFACT_CURVES

@@ -43,6 +43,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from refrun import schema
+from refrun.settings import sqlite_direct
 
 KNOWN_REVISIONS = frozenset({
     "dc11669786a5",  # MLflow 3.17.2
@@ -136,8 +137,6 @@ class FileInfo:
 
 def enabled() -> bool:
     """False when ``$REFRUN_SQLITE_DIRECT`` is ``0`` (declared in :mod:`refrun.settings`)."""
-    from refrun.settings import sqlite_direct
-
     return sqlite_direct()
 
 
@@ -287,8 +286,11 @@ class DirectClient:
 
     def get_metric_history(self, run_id: str, key: str) -> list[Metric]:
         """Every point of ``key``, ordered as MLflow orders them (timestamp, step, value)."""
-        self.get_run(run_id)  # a missing run is an error, as in MLflow
         with self._db() as con:
+            if con.execute("SELECT 1 FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() \
+                    is None:  # a missing run is an error, as in MLflow
+                raise DirectStoreError(f"Run with id={run_id} not found",
+                                       "RESOURCE_DOES_NOT_EXIST")
             rows = con.execute(
                 "SELECT value, is_nan, timestamp, step FROM metrics WHERE run_uuid = ? AND "
                 "key = ? ORDER BY timestamp, step, value", (run_id, key)).fetchall()
