@@ -28,7 +28,10 @@ Per workload:
    criterion (and whether that criterion watches the metric or counter the defect was built
    to disturb: its intended reason), and the false-alarm rate over the held-out seeds with
    its exact (Clopper-Pearson) 95 % upper bound; then one summary line per workload and
-   the false-alarm rate over all workloads' held-out seeds together.
+   the false-alarm rate over all workloads' held-out seeds together.  A false alarm is a
+   held-out seed *rejected* (a criterion failed); one left ``incomplete`` (a criterion not
+   evaluable: step time on a machine that took CPU from the run, which asks for a re-run)
+   is counted beside it as "not judged", and both together as "not accepted".
 
 A defect's intended reason is written as the metric, counter or criterion kind it must
 disturb (prefixes, e.g. ``loss``, ``xfer/d2h``, ``paired``), never as a criterion id:
@@ -134,7 +137,14 @@ class Result:
 
     @property
     def false_alarms(self) -> int:
-        return sum(not o.accepted for o in self.held_out)
+        """Held-out seeds (identical code) rejected: a criterion failed."""
+        return sum(bool(o.failing) for o in self.held_out)
+
+    @property
+    def not_judged(self) -> int:
+        """Held-out seeds neither accepted nor rejected (verdict ``incomplete``: a criterion
+        not evaluable, e.g. step time on a machine that took CPU from the run)."""
+        return sum(not o.accepted and not o.failing for o in self.held_out)
 
     @property
     def ok(self) -> bool:
@@ -430,9 +440,12 @@ def table(r: Result, markdown: bool = False) -> str:
                      outcome, why, by))
     n, k = len(r.held_out), r.false_alarms
     fa = (f"false alarms: {k}/{n} held-out seeds rejected ({k / max(n, 1):.1%}; exact 95 % "
-          f"upper bound {upper_bound(k, n):.1%}); target <= {TARGET_FALSE_ALARM:.0%}")
+          f"upper bound {upper_bound(k, n):.1%}); target <= {TARGET_FALSE_ALARM:.0%}; "
+          f"not judged (incomplete): {r.not_judged}/{n}")
     alarms = [f"{o.variant.name}: " + ("; ".join(f"{cid} ({reason})" for cid, reason, _ in
-                                                 o.failing) or f"verdict {o.verdict}")
+                                                 o.failing) or
+                                       f"verdict {o.verdict} (not judged: "
+                                       f"{', '.join(o.not_evaluable) or '-'})")
               for o in r.held_out if not o.accepted]
     if r.calibration_error:
         alarms = [f"every held-out seed: refrun calibrate wrote no criteria "
@@ -455,18 +468,21 @@ def summary(results: list[Result], markdown: bool = False) -> str:
     false alarms with the 95 % upper bound, wall time, load) and the false-alarm rate over
     every workload's held-out seeds together."""
     head = ("workload", "benign accepted", "defects rejected for the intended reason",
-            "false alarms (held-out seeds)", "95 % upper bound", "wall", "load 1 min")
+            "false alarms (held-out seeds)", "95 % upper bound", "not judged", "wall",
+            "load 1 min")
     rows = []
     for r in results:
         ba, b, da, d = r.tally()
         n, k = len(r.held_out), r.false_alarms
         rows.append((r.workload.name, f"{ba}/{b}", f"{da}/{d}", f"{k}/{n}",
-                     f"{upper_bound(k, n):.1%}", f"{r.seconds:.0f} s",
+                     f"{upper_bound(k, n):.1%}", f"{r.not_judged}/{n}", f"{r.seconds:.0f} s",
                      f"{r.load[0]:.1f} -> {r.load[1]:.1f}"))
     n = sum(len(r.held_out) for r in results)
     k = sum(r.false_alarms for r in results)
+    u = sum(r.not_judged for r in results)
     total = (f"all workloads: {k}/{n} held-out seeds rejected ({k / max(n, 1):.1%}; exact 95 % "
-             f"upper bound {upper_bound(k, n):.1%}); target <= {TARGET_FALSE_ALARM:.0%}")
+             f"upper bound {upper_bound(k, n):.1%}); target <= {TARGET_FALSE_ALARM:.0%}; "
+             f"{u}/{n} not judged (incomplete), {k + u}/{n} not accepted")
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -136,7 +136,8 @@ def test_verify_names_points_switching_from_artifact_to_history(store, signed,
     client = MlflowClient(store.tracking_uri)
     evidence = json.loads(Path(client.download_artifacts(comp, "refrun/evidence.json"))
                           .read_text())
-    assert evidence["format_version"] == "4"  # 4: step_time results' contention (issue 21)
+    # 4: step_time results' contention; 5: its second rule's figures (issue 21)
+    assert evidence["format_version"] == "5"
     assert evidence["runs"][cand.run_id]["points_from"].startswith(
         "curves artifact refrun/curves.parquet")
     # Evidence recorded before points_from (format 1) is recomputed without it, so an

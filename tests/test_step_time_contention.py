@@ -7,7 +7,11 @@
   clearly busier than during the references is ``not_evaluable`` (verdict incomplete), with
   the contention figures in its reason and evidence; the same candidate without the
   figures fails as before; a candidate slow because of its *own* CPU work still fails;
-  ``refrun verify`` covers the figures.
+  ``refrun verify`` covers the figures;
+* so is one that got less CPU itself than every reference on a saturated machine while
+  others took more (two trainers sharing the cores, references beside a lighter
+  neighbour), though others took less than half a core more (evidence format 5; a
+  format-4 record is recomputed without the new figures).
 
 Real runs through refrun's session into a real sqlite store (in-process delivery); the
 contention figures are logged as values (deterministic) where the rule is the subject.
@@ -243,3 +247,58 @@ def test_a_busier_machine_makes_a_slow_step_not_evaluable_never_fail(
     recorded = next(x for x in a_busy.to_dict()["results"] if x["id"] == "speed")
     assert schema.EV_CONTENTION in recorded["evidence"]
     assert schema.EV_CONTENTION not in result_as_version(recorded, "3")["evidence"]
+
+
+def test_less_cpu_for_the_run_on_a_saturated_machine_is_not_evaluable_never_fail(
+        store, tmp_path: Path) -> None:
+    """The second rule: others took more (by less than the first rule's half core) AND the
+    run itself got less than every reference, on a saturated machine: a slow step is not
+    judged.  Each condition alone leaves it judged."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    # References beside a lighter neighbour: the run got 1.2-1.3 of 2 CPUs.
+    refs = [record(uri, spool, "reference", _metrics(s, 0.10, 0.7, run_cores=rc), seed=s)
+            for s, rc in ((0, 1.3), (1, 1.2))]
+    ref_ids = [r.run_id for r in refs]
+    crit = load_criteria(write_criteria(tmp_path, CRITERIA))
+
+    def judge(seed: int, step_s: float = 0.18, **kw: float):
+        cand = record(uri, spool, "candidate", _metrics(seed, step_s, **kw), seed=seed)
+        a, _ = assess_ids(crit, ref_ids, cand.run_id, uri)
+        return cand, a, a.result("speed")
+
+    # Two trainers sharing the two cores: 1.0 core each, others 1.0 (0.3 more, not 0.5).
+    cand, a, r = judge(20, others=1.0, run_cores=1.0)
+    assert r.outcome == "not_evaluable" and a.verdict == "incomplete", r.reason
+    cont = Contention.of_result(r.evidence)
+    assert cont is not None and cont.known and cont.took_cpu
+    assert cont.candidate_starved and not cont.candidate_busier
+    # The figures by hand: medians of what each run logged.
+    assert cont.candidate_run_cores == pytest.approx(float(np.median(cand.metrics[RUN])))
+    assert list(cont.reference_run_cores or ()) == pytest.approx([1.3, 1.2])
+    want_c = float(np.median(cand.metrics[OTHERS]))
+    want_r = max(float(np.median(x.metrics[OTHERS])) for x in refs)
+    assert (f"other processes used {want_c:.2f} of 2 CPUs during the candidate (machine "
+            f"100 % busy) vs at most {want_r:.2f} during the references, and the run "
+            "itself got 1.00 cores vs at least 1.20 during every reference: step time not "
+            "judged (it would fail") in r.reason, r.reason
+    assert r.evidence["ratio"] == pytest.approx(1.8, rel=0.02)
+    # Each condition missing leaves the step judged (fail):
+    for seed, kw in ((21, {"others": 1.0, "run_cores": 1.0, "cpu_pct": 80.0}),  # CPU idle
+                     (22, {"others": 0.72, "run_cores": 1.0}),  # others not busier
+                     (23, {"others": 1.0, "run_cores": 1.18})):  # the run not starved
+        _, a, r = judge(seed, **kw)
+        cont = Contention.of_result(r.evidence)
+        assert r.outcome == "fail" and a.verdict == "fail", (kw, r.reason)
+        assert cont is not None and cont.known and not cont.took_cpu, kw
+    # Within the limit with less CPU: a pass stands.
+    _, a, r = judge(24, step_s=0.11, others=1.0, run_cores=1.0)
+    assert r.outcome == "pass", r.reason
+    # Evidence format 5 carries the run's own figures; recomputed as format 4, without them.
+    d = next(x for x in a.to_dict()["results"] if x["id"] == "speed")
+    assert {"candidate_starved", "candidate_run_cores", "reference_run_cores",
+            "share_margin_cores"} <= set(d["evidence"][schema.EV_CONTENTION])
+    v4 = result_as_version(d, "4")["evidence"][schema.EV_CONTENTION]
+    assert "candidate_starved" not in v4 and "reference_run_cores" not in v4
+    assert v4["candidate_busier"] is False and v4["reference_cores"] == pytest.approx(
+        d["evidence"][schema.EV_CONTENTION]["reference_cores"])
+    assert schema.EV_CONTENTION not in result_as_version(d, "3")["evidence"]

@@ -35,11 +35,15 @@ from typing import Any, Literal
 from refrun import schema
 from refrun.acceptance.paired import PairJudgement
 
-VERSION = "4"
-# Result evidence keys each evidence format version added (none before 3).
+VERSION = "5"
+# Result evidence keys each evidence format version added (none before 3); a dotted key
+# names a key inside one (version 5: the second contention rule's figures).
 ADDED_IN: dict[str, tuple[str, ...]] = {
     "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
-    "4": (schema.EV_CONTENTION,)}
+    "4": (schema.EV_CONTENTION,),
+    "5": tuple(f"{schema.EV_CONTENTION}.{k}" for k in (
+        "share_margin_cores", "candidate_starved", "candidate_run_cores",
+        "reference_run_cores"))}
 
 Side = Literal["above", "below"]
 
@@ -186,16 +190,22 @@ class PairedEvidence:
 @dataclass(frozen=True)
 class Contention:
     """How busy *other* processes kept the machine (``sys/others_cpu_cores``: system busy
-    cores less the run's own process tree), as a ``step_time`` result records it.
+    cores less the run's own process tree) and how much CPU the run itself got
+    (``sys/run_cpu_cores``), as a ``step_time`` result records it.
 
-    ``known``: every run has the metric (else the rest is None and step time is judged as
-    without it).  ``candidate_cores``: the median over the candidate's samples;
+    ``known``: every run has the others' metric (else the rest is None and step time is
+    judged as without it).  ``candidate_cores``: the median over the candidate's samples;
     ``reference_cores``: each reference's median, in the references' order;
     ``candidate_cpu_pct``: the candidate's median system CPU busy share, %;
-    ``logical_cpus``: the candidate machine's; ``margin_cores`` and ``saturated_pct``: the
-    rule's settings; ``candidate_busier``: the rule held (others took at least
-    ``margin_cores`` more during the candidate than during any reference, on a machine at
-    least ``saturated_pct`` busy); ``missing``: the runs without the metric."""
+    ``logical_cpus``: the candidate machine's; ``margin_cores``, ``share_margin_cores`` and
+    ``saturated_pct``: the rules' settings; ``candidate_busier``: the first rule held
+    (others took at least ``margin_cores`` more during the candidate than during any
+    reference, on a machine at least ``saturated_pct`` busy); ``candidate_run_cores`` and
+    ``reference_run_cores``: medians of the runs' own CPU (None when a run lacks it);
+    ``candidate_starved``: the second rule held (on a machine at least ``saturated_pct``
+    busy, others took at least ``share_margin_cores`` more than during any reference and
+    the run itself got at least ``share_margin_cores`` less than any reference did);
+    ``missing``: the runs without the others' metric."""
 
     known: bool
     metric: str
@@ -207,15 +217,29 @@ class Contention:
     candidate_cpu_pct: float | None = None
     logical_cpus: float | None = None
     missing: tuple[str, ...] = ()
+    share_margin_cores: float | None = None
+    candidate_starved: bool = False
+    candidate_run_cores: float | None = None
+    reference_run_cores: tuple[float, ...] | None = None
 
     @property
     def reference_max(self) -> float | None:
         return max(self.reference_cores) if self.reference_cores else None
 
+    @property
+    def reference_run_min(self) -> float | None:
+        return min(self.reference_run_cores) if self.reference_run_cores else None
+
+    @property
+    def took_cpu(self) -> bool:
+        """Either rule held: the machine took CPU from the candidate that it did not take
+        from the references, so a step-time ratio cannot tell slower code from less CPU."""
+        return self.candidate_busier or self.candidate_starved
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["reference_cores"] = None if self.reference_cores is None \
-            else list(self.reference_cores)
+        for k in ("reference_cores", "reference_run_cores"):
+            d[k] = None if d[k] is None else list(d[k])
         d["missing"] = list(self.missing)
         return d
 
@@ -229,17 +253,23 @@ class Contention:
         def num(k: str) -> float | None:
             return float(d[k]) if _number(d.get(k)) else None
 
-        refs = d.get("reference_cores")
+        def nums(k: str) -> tuple[float, ...] | None:
+            v = d.get(k)
+            return tuple(float(x) for x in v if _number(x)) if isinstance(v, list) else None
+
         return cls(known=d["known"], metric=str(d.get("metric") or ""),
                    margin_cores=num("margin_cores") or 0.0,
                    saturated_pct=num("saturated_pct") or 0.0,
                    candidate_busier=d.get("candidate_busier") is True,
                    candidate_cores=num("candidate_cores"),
-                   reference_cores=tuple(float(x) for x in refs if _number(x))
-                   if isinstance(refs, list) else None,
+                   reference_cores=nums("reference_cores"),
                    candidate_cpu_pct=num("candidate_cpu_pct"),
                    logical_cpus=num("logical_cpus"),
-                   missing=tuple(str(x) for x in d.get("missing") or ()))
+                   missing=tuple(str(x) for x in d.get("missing") or ()),
+                   share_margin_cores=num("share_margin_cores"),
+                   candidate_starved=d.get("candidate_starved") is True,
+                   candidate_run_cores=num("candidate_run_cores"),
+                   reference_run_cores=nums("reference_run_cores"))
 
     @classmethod
     def of_result(cls, evidence: Any) -> Contention | None:
@@ -252,6 +282,10 @@ class Contention:
             return (f"contention not known ({', '.join(self.missing) or 'a run'} "
                     f"without {self.metric}): step time judged as recorded")
         of = f" of {self.logical_cpus:g} CPUs" if self.logical_cpus else " cores"
-        return (f"other processes used {self.candidate_cores:.2f}{of} during the candidate "
+        line = (f"other processes used {self.candidate_cores:.2f}{of} during the candidate "
                 f"(machine {self.candidate_cpu_pct:.0f} % busy) vs at most "
                 f"{self.reference_max:.2f} during the references")
+        if self.candidate_starved and not self.candidate_busier:
+            line += (f", and the run itself got {self.candidate_run_cores:.2f} cores vs at "
+                     f"least {self.reference_run_min:.2f} during every reference")
+        return line

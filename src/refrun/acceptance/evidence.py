@@ -26,13 +26,14 @@ from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
 FORMAT = schema.FORMAT_EVIDENCE
-FORMAT_VERSION = criterion_evidence.VERSION  # "4"
+FORMAT_VERSION = criterion_evidence.VERSION  # "5"
 # Version 2 added each run's ``points_from``; version 3 each per-step result's
 # ``first_divergence`` (where the candidate first left the criterion's band); version 4
-# each step_time result's ``contention`` (how busy other processes kept the machine).  Evidence
-# recorded in an older version is recomputed in that version, so an older sign-off still
-# verifies against unchanged data.
-FORMAT_VERSIONS = ("1", "2", "3", "4")
+# each step_time result's ``contention`` (how busy other processes kept the machine);
+# version 5 the contention's second rule (the CPU the run itself got).  Evidence recorded in
+# an older version is recomputed in that version, so an older sign-off still verifies
+# against unchanged data.
+FORMAT_VERSIONS = ("1", "2", "3", "4", "5")
 # Result evidence keys each version added (left out when recomputing an older version):
 # the typed shape's own record (refrun.acceptance.criterion_evidence).
 ADDED_RESULT_KEYS = criterion_evidence.ADDED_IN
@@ -146,10 +147,17 @@ def result_as_version(result: dict[str, Any], format_version: str) -> dict[str, 
 
 
 def _as_version(evidence: dict[str, Any], format_version: str) -> dict[str, Any]:
-    """A result's evidence without the keys added after ``format_version``."""
+    """A result's evidence without the keys added after ``format_version`` (a dotted key:
+    a key inside one)."""
     drop = {k for v, keys in ADDED_RESULT_KEYS.items() if int(v) > int(format_version)
             for k in keys}
-    return {k: v for k, v in evidence.items() if k not in drop} if drop else evidence
+    if not drop:
+        return evidence
+    out = {k: v for k, v in evidence.items() if k not in drop}
+    for outer, inner in (k.split(".", 1) for k in drop if "." in k):
+        if isinstance(out.get(outer), dict):
+            out[outer] = {k: v for k, v in out[outer].items() if k != inner}
+    return out
 
 
 def diff_evidence(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, str]]:

@@ -24,6 +24,14 @@ from refrun.util.thinning import sorted_unique
 # neighbour that runs half the time; 90 %: at most a tenth of the CPUs idle.
 CONTENTION_MARGIN_CORES = 0.5
 CONTENTION_SATURATED_PCT = 90.0
+# The second rule (same page): on a machine that saturated, others took more CPU during the
+# candidate than during any reference AND the run itself got less than any reference got,
+# each by at least CONTENTION_SHARE_MARGIN_CORES.  It needs no large margin because it does
+# not infer the run's loss from the others' gain but reads it (``sys/run_cpu_cores``);
+# 0.05 core is well above the sampling noise of a run's median (about 0.01 core): references
+# recorded beside a neighbour and a candidate beside a busier one (two trainers sharing two
+# cores, 1.0 core each against 1.2-1.4) are told apart, identical conditions are not.
+CONTENTION_SHARE_MARGIN_CORES = 0.05
 
 
 def run_median(run: RunData, metric: str, keep: str) -> float | None:
@@ -34,13 +42,16 @@ def run_median(run: RunData, metric: str, keep: str) -> float | None:
 
 
 def contention(candidate: RunData, references: list[RunData], keep: str) -> Contention:
-    """The contention figures of one judgement and whether the rule holds (see
-    :data:`CONTENTION_MARGIN_CORES`): medians of ``sys/others_cpu_cores`` per run (the
-    candidate's and each reference's), the candidate's median ``sys/cpu_pct`` and
-    logical CPU count.  Not known when a run lacks either figure."""
-    others = schema.M_SYS_OTHERS_CPU_CORES
+    """The contention figures of one judgement and whether either rule holds (see
+    :data:`CONTENTION_MARGIN_CORES` and :data:`CONTENTION_SHARE_MARGIN_CORES`): medians of
+    ``sys/others_cpu_cores`` and ``sys/run_cpu_cores`` per run (the candidate's and each
+    reference's), the candidate's median ``sys/cpu_pct`` and logical CPU count.  Not known
+    when a run lacks the others' figure or the candidate its busy share; the second rule
+    is not applied when a run lacks its own figure."""
+    others, own = schema.M_SYS_OTHERS_CPU_CORES, schema.M_SYS_RUN_CPU_CORES
     base = {"metric": others, "margin_cores": CONTENTION_MARGIN_CORES,
-            "saturated_pct": CONTENTION_SATURATED_PCT}
+            "saturated_pct": CONTENTION_SATURATED_PCT,
+            "share_margin_cores": CONTENTION_SHARE_MARGIN_CORES}
     cand = run_median(candidate, others, keep)
     busy = run_median(candidate, schema.M_SYS_CPU_PCT, keep)
     refs = [run_median(r, others, keep) for r in references]
@@ -50,22 +61,30 @@ def contention(candidate: RunData, references: list[RunData], keep: str) -> Cont
         return Contention(known=False, missing=tuple(missing), **base)
     ref_cores = tuple(float(v) for v in refs if v is not None)
     assert cand is not None and busy is not None
-    busier = (cand - max(ref_cores) >= CONTENTION_MARGIN_CORES
-              and busy >= CONTENTION_SATURATED_PCT)
+    saturated = busy >= CONTENTION_SATURATED_PCT
+    busier = saturated and cand - max(ref_cores) >= CONTENTION_MARGIN_CORES
+    cand_own = run_median(candidate, own, keep)
+    refs_own = [run_median(r, own, keep) for r in references]
+    ref_own = None if any(v is None for v in refs_own) else \
+        tuple(float(v) for v in refs_own if v is not None)
+    starved = (saturated and cand_own is not None and ref_own is not None
+               and cand - max(ref_cores) >= CONTENTION_SHARE_MARGIN_CORES
+               and min(ref_own) - cand_own >= CONTENTION_SHARE_MARGIN_CORES)
     return Contention(known=True, candidate_busier=busier, candidate_cores=cand,
                       reference_cores=ref_cores, candidate_cpu_pct=busy,
                       logical_cpus=run_median(candidate, schema.M_SYS_LOGICAL_CPUS, keep),
-                      **base)
+                      candidate_starved=starved, candidate_run_cores=cand_own,
+                      reference_run_cores=ref_own, **base)
 
 
 def _judged(c: StepTime, outcome: str, reason: str, ev: dict[str, object], cont: Contention
             ) -> CriterionResult:
-    """The step-time result with its contention evidence.  A fail on a machine clearly
-    busier than the references' is not judged (others' CPU only adds time: the ratio
-    cannot tell slower code from a busier machine); a pass there stands (the code was
-    within the limit even with the extra load)."""
+    """The step-time result with its contention evidence.  A fail on a machine that took
+    CPU from the candidate it did not take from the references (:attr:`Contention.took_cpu`)
+    is not judged (the ratio cannot tell slower code from less CPU); a pass there stands
+    (the code was within the limit even with less CPU)."""
     ev = {**ev, schema.EV_CONTENTION: cont.to_dict()}
-    if outcome == FAIL and cont.candidate_busier:
+    if outcome == FAIL and cont.took_cpu:
         return result(c, NOT_EVALUABLE, f"{cont.summary()}: step time not judged (it would "
                       f"fail: {reason}); re-run the candidate on a machine as idle as the "
                       "references'", ev)
