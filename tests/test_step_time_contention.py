@@ -11,7 +11,9 @@
 * so is one that got less CPU itself than every reference on a saturated machine while
   others took more (two trainers sharing the cores, references beside a lighter
   neighbour), though others took less than half a core more (evidence format 5; a
-  format-4 record is recomputed without the new figures).
+  format-4 record is recomputed without the new figures);
+* and so is one beside neighbours that kept a saturated machine busy (a tenth of its CPUs
+  and half a core) with the same shares as the references had.
 
 Real runs through refrun's session into a real sqlite store (in-process delivery); the
 contention figures are logged as values (deterministic) where the rule is the subject.
@@ -208,9 +210,9 @@ def test_a_busier_machine_makes_a_slow_step_not_evaluable_never_fail(
     assert r.outcome == "fail" and a.verdict == "fail", r.reason
     cont = Contention.of_result(r.evidence)
     assert cont is not None and not cont.known and cont.missing
-    # Slow because of its own CPU work (its process tree took both cores, others as
-    # during the references): still fails.
-    _, _, r = judge(_metrics(8, 0.25, 1.0, run_cores=2.0), 8)
+    # Slow because of its own CPU work (its process tree took nearly both cores, others
+    # hardly any): still fails.
+    _, _, r = judge(_metrics(8, 0.25, 0.1, run_cores=1.9), 8)
     assert r.outcome == "fail", r.reason
     cont = Contention.of_result(r.evidence)
     assert cont is not None and cont.known and not cont.candidate_busier
@@ -231,13 +233,13 @@ def test_a_busier_machine_makes_a_slow_step_not_evaluable_never_fail(
     assert main(["signoff", "--comparison", comp, "--decision", "reject", "--by", "Ada"]) == 0
     assert main(["verify", comp]) == 0, capsys.readouterr()
     capsys.readouterr()
-    # The candidate's others' CPU rewritten to the references' level: the step is judged
-    # (fail), and verify names the changed outcome and contention figures.
+    # The candidate's others' CPU rewritten to a tenth of a core (under every rule): the
+    # step is judged (fail), and verify names the changed outcome and contention figures.
     client = MlflowClient(uri)
     path = Path(client.download_artifacts(busy.run_id, schema.ARTIFACT_CURVES,
                                           str(tmp_path / "c")))
     df = read_curves(path)
-    df.loc[df["metric"] == OTHERS, "value"] = 1.0
+    df.loc[df["metric"] == OTHERS, "value"] = 0.1
     write_curves(df, tmp_path / "new" / "curves.parquet")
     client.log_artifact(busy.run_id, str(tmp_path / "new" / "curves.parquet"), "refrun")
     assert main(["verify", comp]) == 1
@@ -253,52 +255,92 @@ def test_less_cpu_for_the_run_on_a_saturated_machine_is_not_evaluable_never_fail
         store, tmp_path: Path) -> None:
     """The second rule: others took more (by less than the first rule's half core) AND the
     run itself got less than every reference, on a saturated machine: a slow step is not
-    judged.  Each condition alone leaves it judged."""
+    judged.  Each condition missing leaves it judged.  A 16-CPU machine, so that others
+    stay under the third rule's tenth of the machine."""
     uri, spool = store.tracking_uri, store.spool_dir
-    # References beside a lighter neighbour: the run got 1.2-1.3 of 2 CPUs.
-    refs = [record(uri, spool, "reference", _metrics(s, 0.10, 0.7, run_cores=rc), seed=s)
-            for s, rc in ((0, 1.3), (1, 1.2))]
+    refs = [record(uri, spool, "reference",
+                   _metrics(s, 0.10, 0.8, run_cores=rc, cpus=16.0), seed=s)
+            for s, rc in ((0, 15.2), (1, 15.1))]
     ref_ids = [r.run_id for r in refs]
     crit = load_criteria(write_criteria(tmp_path, CRITERIA))
 
     def judge(seed: int, step_s: float = 0.18, **kw: float):
-        cand = record(uri, spool, "candidate", _metrics(seed, step_s, **kw), seed=seed)
+        cand = record(uri, spool, "candidate", _metrics(seed, step_s, cpus=16.0, **kw),
+                      seed=seed)
         a, _ = assess_ids(crit, ref_ids, cand.run_id, uri)
         return cand, a, a.result("speed")
 
-    # Two trainers sharing the two cores: 1.0 core each, others 1.0 (0.3 more, not 0.5).
-    cand, a, r = judge(20, others=1.0, run_cores=1.0)
+    # Others 0.3 core busier (not 0.5), the run 0.2 core short of every reference.
+    cand, a, r = judge(20, others=1.1, run_cores=14.9)
     assert r.outcome == "not_evaluable" and a.verdict == "incomplete", r.reason
     cont = Contention.of_result(r.evidence)
     assert cont is not None and cont.known and cont.took_cpu
-    assert cont.candidate_starved and not cont.candidate_busier
+    assert cont.candidate_starved and not cont.candidate_busier and not cont.candidate_shared
     # The figures by hand: medians of what each run logged.
     assert cont.candidate_run_cores == pytest.approx(float(np.median(cand.metrics[RUN])))
-    assert list(cont.reference_run_cores or ()) == pytest.approx([1.3, 1.2])
+    assert list(cont.reference_run_cores or ()) == pytest.approx([15.2, 15.1])
     want_c = float(np.median(cand.metrics[OTHERS]))
     want_r = max(float(np.median(x.metrics[OTHERS])) for x in refs)
-    assert (f"other processes used {want_c:.2f} of 2 CPUs during the candidate (machine "
+    assert (f"other processes used {want_c:.2f} of 16 CPUs during the candidate (machine "
             f"100 % busy) vs at most {want_r:.2f} during the references, and the run "
-            "itself got 1.00 cores vs at least 1.20 during every reference: step time not "
-            "judged (it would fail") in r.reason, r.reason
+            "itself got 14.90 cores vs at least 15.10 during every reference: step time "
+            "not judged (it would fail") in r.reason, r.reason
     assert r.evidence["ratio"] == pytest.approx(1.8, rel=0.02)
     # Each condition missing leaves the step judged (fail):
-    for seed, kw in ((21, {"others": 1.0, "run_cores": 1.0, "cpu_pct": 80.0}),  # CPU idle
-                     (22, {"others": 0.72, "run_cores": 1.0}),  # others not busier
-                     (23, {"others": 1.0, "run_cores": 1.18})):  # the run not starved
+    for seed, kw in ((21, {"others": 1.1, "run_cores": 14.9, "cpu_pct": 80.0}),  # CPU idle
+                     (22, {"others": 0.82, "run_cores": 14.9}),  # others not busier
+                     (23, {"others": 1.1, "run_cores": 15.08})):  # the run not starved
         _, a, r = judge(seed, **kw)
         cont = Contention.of_result(r.evidence)
         assert r.outcome == "fail" and a.verdict == "fail", (kw, r.reason)
         assert cont is not None and cont.known and not cont.took_cpu, kw
     # Within the limit with less CPU: a pass stands.
-    _, a, r = judge(24, step_s=0.11, others=1.0, run_cores=1.0)
+    _, a, r = judge(24, step_s=0.11, others=1.1, run_cores=14.9)
     assert r.outcome == "pass", r.reason
-    # Evidence format 5 carries the run's own figures; recomputed as format 4, without them.
+    # Evidence format 5 carries the new figures; recomputed as format 4, without them.
     d = next(x for x in a.to_dict()["results"] if x["id"] == "speed")
-    assert {"candidate_starved", "candidate_run_cores", "reference_run_cores",
-            "share_margin_cores"} <= set(d["evidence"][schema.EV_CONTENTION])
+    new = {"candidate_starved", "candidate_run_cores", "reference_run_cores",
+           "share_margin_cores", "candidate_shared", "shared_fraction"}
+    assert new <= set(d["evidence"][schema.EV_CONTENTION])
     v4 = result_as_version(d, "4")["evidence"][schema.EV_CONTENTION]
-    assert "candidate_starved" not in v4 and "reference_run_cores" not in v4
+    assert not new & set(v4)
     assert v4["candidate_busier"] is False and v4["reference_cores"] == pytest.approx(
         d["evidence"][schema.EV_CONTENTION]["reference_cores"])
     assert schema.EV_CONTENTION not in result_as_version(d, "3")["evidence"]
+
+
+def test_neighbours_busy_on_a_saturated_machine_make_a_slow_step_not_evaluable(
+        store, tmp_path: Path) -> None:
+    """The third rule: other processes took at least a tenth of a saturated machine (and
+    half a core) during the candidate, with the same shares as during the references (the
+    fifteenth detection run's benign candidate at 1.6x): not judged.  Under a tenth of the
+    CPUs, or under half a core, or with CPUs idle: judged."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    refs = [record(uri, spool, "reference", _metrics(s, 0.10, o, run_cores=rc), seed=s)
+            for s, o, rc in ((0, 0.63, 1.35), (1, 0.87, 1.13))]
+    ref_ids = [r.run_id for r in refs]
+    crit = load_criteria(write_criteria(tmp_path, CRITERIA))
+
+    def judge(seed: int, **kw: float):
+        cand = record(uri, spool, "candidate", _metrics(seed, 0.16, **kw), seed=seed)
+        a, _ = assess_ids(crit, ref_ids, cand.run_id, uri)
+        return cand, a, a.result("speed")
+
+    cand, a, r = judge(30, others=0.84, run_cores=1.16)
+    assert r.outcome == "not_evaluable" and a.verdict == "incomplete", r.reason
+    cont = Contention.of_result(r.evidence)
+    assert cont is not None and cont.candidate_shared
+    assert not cont.candidate_busier and not cont.candidate_starved
+    want_c = float(np.median(cand.metrics[OTHERS]))
+    assert want_c >= 0.5 and want_c >= 0.1 * 2  # the rule, by hand
+    assert (f"other processes used {want_c:.2f} of 2 CPUs during the candidate (machine "
+            "100 % busy) vs at most") in r.reason
+    assert "neighbours that busy on a saturated machine slow a step in ways CPU shares " \
+        "do not show: step time not judged (it would fail" in r.reason, r.reason
+    for seed, kw in ((31, {"others": 0.4, "run_cores": 1.6}),  # under half a core
+                     (32, {"others": 0.84, "run_cores": 1.16, "cpu_pct": 85.0}),  # idle CPUs
+                     (33, {"others": 1.0, "run_cores": 14.4, "cpus": 16.0})):  # < a tenth
+        _, a, r = judge(seed, **kw)
+        cont = Contention.of_result(r.evidence)
+        assert r.outcome == "fail" and a.verdict == "fail", (kw, r.reason)
+        assert cont is not None and cont.known and not cont.took_cpu, kw

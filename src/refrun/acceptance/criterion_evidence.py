@@ -43,7 +43,7 @@ ADDED_IN: dict[str, tuple[str, ...]] = {
     "4": (schema.EV_CONTENTION,),
     "5": tuple(f"{schema.EV_CONTENTION}.{k}" for k in (
         "share_margin_cores", "candidate_starved", "candidate_run_cores",
-        "reference_run_cores"))}
+        "reference_run_cores", "shared_fraction", "candidate_shared"))}
 
 Side = Literal["above", "below"]
 
@@ -205,6 +205,8 @@ class Contention:
     ``candidate_starved``: the second rule held (on a machine at least ``saturated_pct``
     busy, others took at least ``share_margin_cores`` more than during any reference and
     the run itself got at least ``share_margin_cores`` less than any reference did);
+    ``candidate_shared``: the third rule held (on a machine at least ``saturated_pct``
+    busy, others took at least ``shared_fraction`` of its CPUs and ``margin_cores``);
     ``missing``: the runs without the others' metric."""
 
     known: bool
@@ -221,6 +223,8 @@ class Contention:
     candidate_starved: bool = False
     candidate_run_cores: float | None = None
     reference_run_cores: tuple[float, ...] | None = None
+    shared_fraction: float | None = None
+    candidate_shared: bool = False
 
     @property
     def reference_max(self) -> float | None:
@@ -232,9 +236,10 @@ class Contention:
 
     @property
     def took_cpu(self) -> bool:
-        """Either rule held: the machine took CPU from the candidate that it did not take
-        from the references, so a step-time ratio cannot tell slower code from less CPU."""
-        return self.candidate_busier or self.candidate_starved
+        """A rule held: the machine took CPU from the candidate that it did not take from
+        the references, or neighbours kept a saturated machine busy beside it, so a
+        step-time ratio cannot tell slower code from a busier machine."""
+        return self.candidate_busier or self.candidate_starved or self.candidate_shared
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -269,7 +274,9 @@ class Contention:
                    share_margin_cores=num("share_margin_cores"),
                    candidate_starved=d.get("candidate_starved") is True,
                    candidate_run_cores=num("candidate_run_cores"),
-                   reference_run_cores=nums("reference_run_cores"))
+                   reference_run_cores=nums("reference_run_cores"),
+                   shared_fraction=num("shared_fraction"),
+                   candidate_shared=d.get("candidate_shared") is True)
 
     @classmethod
     def of_result(cls, evidence: Any) -> Contention | None:
@@ -288,4 +295,7 @@ class Contention:
         if self.candidate_starved and not self.candidate_busier:
             line += (f", and the run itself got {self.candidate_run_cores:.2f} cores vs at "
                      f"least {self.reference_run_min:.2f} during every reference")
+        elif self.candidate_shared and not self.candidate_busier:
+            line += (": neighbours that busy on a saturated machine slow a step in ways CPU "
+                     "shares do not show")
         return line

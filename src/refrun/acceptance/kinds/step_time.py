@@ -34,6 +34,14 @@ CONTENTION_SATURATED_PCT = 90.0
 # against references beside a lighter neighbour, 1.1-1.5).  Either rule only turns a fail
 # into not_evaluable, never into a pass.
 CONTENTION_SHARE_MARGIN_CORES = 0.05
+# The third rule (same page): on a machine that saturated, other processes took at least a
+# tenth of its CPUs (and half a core) during the candidate.  Neighbours that busy slow a
+# step in ways no CPU share shows (a sibling hyperthread, memory bandwidth, caches):
+# identical code at equal shares (the run 1.16 cores, others 0.84 of 2, as during the
+# references) measured 1.2x beside one neighbour and 1.6x beside another (the fifteenth
+# detection run).  A tenth, as for "saturated": on a 64-core machine a few busy neighbours
+# leave the run's step alone.
+CONTENTION_SHARED_FRACTION = 0.1
 
 
 def run_median(run: RunData, metric: str, keep: str) -> float | None:
@@ -44,16 +52,18 @@ def run_median(run: RunData, metric: str, keep: str) -> float | None:
 
 
 def contention(candidate: RunData, references: list[RunData], keep: str) -> Contention:
-    """The contention figures of one judgement and whether either rule holds (see
-    :data:`CONTENTION_MARGIN_CORES` and :data:`CONTENTION_SHARE_MARGIN_CORES`): medians of
+    """The contention figures of one judgement and whether each rule holds (see
+    :data:`CONTENTION_MARGIN_CORES`, :data:`CONTENTION_SHARE_MARGIN_CORES` and
+    :data:`CONTENTION_SHARED_FRACTION`): medians of
     ``sys/others_cpu_cores`` and ``sys/run_cpu_cores`` per run (the candidate's and each
     reference's), the candidate's median ``sys/cpu_pct`` and logical CPU count.  Not known
     when a run lacks the others' figure or the candidate its busy share; the second rule
-    is not applied when a run lacks its own figure."""
+    is not applied when a run lacks its own figure, the third without the CPU count."""
     others, own = schema.M_SYS_OTHERS_CPU_CORES, schema.M_SYS_RUN_CPU_CORES
     base = {"metric": others, "margin_cores": CONTENTION_MARGIN_CORES,
             "saturated_pct": CONTENTION_SATURATED_PCT,
-            "share_margin_cores": CONTENTION_SHARE_MARGIN_CORES}
+            "share_margin_cores": CONTENTION_SHARE_MARGIN_CORES,
+            "shared_fraction": CONTENTION_SHARED_FRACTION}
     cand = run_median(candidate, others, keep)
     busy = run_median(candidate, schema.M_SYS_CPU_PCT, keep)
     refs = [run_median(r, others, keep) for r in references]
@@ -72,11 +82,13 @@ def contention(candidate: RunData, references: list[RunData], keep: str) -> Cont
     starved = (saturated and cand_own is not None and ref_own is not None
                and cand - max(ref_cores) >= CONTENTION_SHARE_MARGIN_CORES
                and min(ref_own) - cand_own >= CONTENTION_SHARE_MARGIN_CORES)
+    cpus = run_median(candidate, schema.M_SYS_LOGICAL_CPUS, keep)
+    shared = (saturated and cpus is not None
+              and cand >= max(CONTENTION_MARGIN_CORES, CONTENTION_SHARED_FRACTION * cpus))
     return Contention(known=True, candidate_busier=busier, candidate_cores=cand,
-                      reference_cores=ref_cores, candidate_cpu_pct=busy,
-                      logical_cpus=run_median(candidate, schema.M_SYS_LOGICAL_CPUS, keep),
+                      reference_cores=ref_cores, candidate_cpu_pct=busy, logical_cpus=cpus,
                       candidate_starved=starved, candidate_run_cores=cand_own,
-                      reference_run_cores=ref_own, **base)
+                      reference_run_cores=ref_own, candidate_shared=shared, **base)
 
 
 def _judged(c: StepTime, outcome: str, reason: str, ev: dict[str, object], cont: Contention
