@@ -18,12 +18,13 @@ import subprocess
 import sys
 import textwrap
 
-from refrun.recording.process import DELIVERY_NICE
+from refrun.recording.process import DELIVERY_NICE, LOG_FILE
 from tests.test_durability import wait_for
 
 TRAINER = textwrap.dedent("""
-    import sys, time
+    import faulthandler, signal, sys, time
     import refrun
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on a hang
     run = refrun.start_run(workload="w", role="candidate", tracking_uri=sys.argv[1],
                            spool_dir=sys.argv[2], snapshot_environment=False)
     print(run.spool.read_meta().delivery_pid, run.run_id, flush=True)
@@ -60,7 +61,21 @@ def test_delivery_process_yields_cpu_and_outlives_ctrl_c_and_hangup(tmp_path):
         assert trainer.stdout.readline().strip() == "ready"
         os.kill(pid, signal.SIGHUP)  # the terminal closed: ignored
         os.killpg(trainer.pid, signal.SIGINT)  # Ctrl-C: the foreground group only
-        _, err = trainer.communicate(timeout=120)
+        try:
+            _, err = trainer.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # say where it hangs (failed once in 10 suites)
+            os.kill(trainer.pid, signal.SIGUSR1)
+            try:
+                _, tail = trainer.communicate(timeout=5)
+            except subprocess.TimeoutExpired as e:
+                tail = e.stderr or ""
+            if isinstance(tail, bytes):
+                tail = tail.decode(errors="replace")
+            log = next((tmp_path / "spool").rglob(LOG_FILE), None)
+            raise AssertionError(
+                f"the trainer did not end within 120 s of Ctrl-C; its threads (stderr tail):"
+                f"\n{tail[-6000:]}\ndelivery.log: "
+                f"{log.read_text()[-2000:] if log else 'none'}") from None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(trainer.pid, signal.SIGKILL)
