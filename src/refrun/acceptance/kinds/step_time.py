@@ -31,7 +31,7 @@ CONTENTION_SATURATED_PCT = 90.0
 # 0.05 core: runs trained alike have medians within a few hundredths of each other (20
 # seeds trained alike: own 0.95-1.00, others 0.94-1.01), so both moving by 0.05 at once is
 # another condition, not the metrics' noise (two trainers sharing two cores, 1.0 core each,
-# against references beside a lighter neighbour, 1.1-1.5).  Either rule only turns a fail
+# against references beside a lighter neighbour, 1.1-1.5).  Each rule only turns a fail
 # into not_evaluable, never into a pass.
 CONTENTION_SHARE_MARGIN_CORES = 0.05
 # The third rule (same page): on a machine that saturated, other processes took at least a
