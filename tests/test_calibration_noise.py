@@ -191,6 +191,12 @@ def test_a_step_time_limit_too_wide_to_catch_a_2x_slower_step_is_said(
     quiet = calibrate_ids([*alike, _timed_run(uri, spool, "reference", 9)], uri,
                           CalibrationOptions(group_size=3))
     assert not [n for n in quiet.notes if n.startswith("step-time:")]
+    # The same references with a floor set above 2 by hand: the floor is what to change.
+    floored = calibrate_ids(quiet.run_ids, uri,
+                            CalibrationOptions(group_size=3, step_time_floor=2.5))
+    said = [n for n in floored.notes if n.startswith("step-time:")]
+    assert len(said) == 1 and "set by the floor" in said[0], floored.notes
+    assert said[0].endswith("lower --step-time-floor")
     path = tmp_path / "c.toml"
     assert main(["calibrate", "--reference", *alike, *slow, "--tracking-uri", uri,
                  "--keep-outliers", "-o", str(path)]) == 0

@@ -1284,12 +1284,13 @@ def step_time_note(runs: list[RunData], lim: StepTimeLimit, keep: str) -> str | 
               is not None]
     busy = (f"; other processes took up to {max(others):.2f} CPU cores (run median) while "
             "they ran") if others else ""
+    todo = ("lower --step-time-floor" if lim.source == "floor" else
+            "record the references where the candidates will run, with nothing else "
+            "running, and calibrate again")
     return (f"step-time: max_ratio {ratio:.3g} (set by the {lim.source}) lets a candidate "
             f"{STEP_TIME_SLOW:g}x slower per step pass: the references' steady step times "
             f"(fastest {STEP_TIME_LOW_QUANTILE:.0%}) differ by up to {spread:.2f}x between "
-            f"seeds{busy}; record the "
-            "references where the candidates will run, with nothing else running, and "
-            "calibrate again")
+            f"seeds{busy}; {todo}")
 
 
 def best_of_relations(runs: list[RunData], one_point: list[str], periodic: list[str],
