@@ -158,10 +158,26 @@ class Blocks:
         first, second = ("probe", "callback") if r % 2 == 0 else ("callback", "probe")
         return first if pos in (0, 3) else second
 
+    def crosses_epoch(self, r: int) -> bool:
+        """Round ``r`` holds an epoch's start (a step ``m * POOL_STEPS``, m >= 1, after its
+        first step and up to the next round's first step, whose set-up ends the round):
+        the trainer's per-epoch work (a new data iterator, Keras's end-of-epoch read of
+        the logs) lands in whichever half runs there.  With 100-step rounds after 20
+        warm-up steps every epoch start fell in the same position, a callback block:
+        that, not refrun, was the 3 % Keras "cost" and the A/A test's 1.03-1.05
+        (2026-12-03)."""
+        start = self.warmup + 4 * self.block * r
+        end = start + 4 * self.block
+        first = (start // POOL_STEPS + 1) * POOL_STEPS  # the first epoch start after `start`
+        return first <= end
+
     def ratios(self) -> list[tuple[float, ...]]:
-        """(wall, cpu, thread) ratio callback/probe of each complete round."""
+        """(wall, cpu, thread) ratio callback/probe of each complete round that holds no
+        epoch start (:meth:`crosses_epoch`)."""
         out = []
         for r in range(min(self.rounds, (len(self.marks) - 1) // 4)):
+            if self.crosses_epoch(r):
+                continue
             d = [tuple(b - a for a, b in zip(self.marks[4 * r + j], self.marks[4 * r + j + 1],
                                               strict=True)) for j in range(4)]
             cb_first = r % 2 == 1
