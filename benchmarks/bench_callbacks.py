@@ -33,8 +33,10 @@ starts), on wall time, process CPU time and the training thread's CPU time, and 
 prints their geometric mean with a 95 % t-interval over every round of ``--fits`` fits.
 ``--null`` runs the hand-driven probe in both halves (an A/A test whose truth is 1): the
 design's own bias and noise.  With ``--fits`` 3 or more it also prints the interval over
-fits (each fit's own ratio one observation, :func:`fits_ci`), and the 1.01 target is read
-on that one: fits of the same code differ by more than one fit's rounds say.
+fits (each fit's own ratio one observation, :func:`fits_ci`): fits of the same code differ
+by more than one fit's rounds say.  Every second fit sets the callback's half up first,
+and with 6 or more fits the 1.01 target is read over pairs of fits (:func:`pairs_ci`).
+Rounds that hold an epoch start are left out (:meth:`Blocks.crosses_epoch`).
 
 Usage: python benchmarks/bench_callbacks.py [--steps 400] [--warmup 20] [--repeats 5]
        [--only lightning|hf|keras] [--design fits|blocks|both] [--block 25]
@@ -164,8 +166,8 @@ class Blocks:
         the trainer's per-epoch work (a new data iterator, Keras's end-of-epoch read of
         the logs) lands in whichever half runs there.  With 100-step rounds after 20
         warm-up steps every epoch start fell in the same position, a callback block:
-        that, not refrun, was the 3 % Keras "cost" and the A/A test's 1.03-1.05
-        (2026-12-03)."""
+        about 1 point of Keras's 3 % "cost" and of its A/A test's 1.03-1.05 (2026-12-03;
+        the rest of that bias is not explained, docs/lightning.md)."""
         start = self.warmup + 4 * self.block * r
         end = start + 4 * self.block
         first = (start // POOL_STEPS + 1) * POOL_STEPS  # the first epoch start after `start`
@@ -212,9 +214,10 @@ def start_halves(store: Path, name: str, backend: str, variant: Variant,
                  blocks: Blocks | None) -> tuple[refrun.RunSession | None,
                                                  refrun.RunSession | None]:
     """``(run, run_b)``: the probe half's run and, in the blocks design, the callback
-    half's, started in the order ``blocks.swap`` says.  The half set up second was
-    measurably slower on JAX whatever code drove it (the Keras A/A test, 2026-12-03: 1.03
-    to 1.05 per fit), so the benchmark swaps the order every second fit and pairs them."""
+    half's, started in the order ``blocks.swap`` says.  The Keras A/A test (2026-12-03:
+    1.03-1.05 per fit with the same code in both halves) suggested the half set up second
+    is slower; swapping the order every second fit showed no such effect (1.032 in both
+    orders), and the pairs keep any that a change brings from biasing the ratio."""
     if blocks is None:
         return (start(store, name, backend) if variant != "plain" else None), None
     if blocks.swap:
