@@ -25,7 +25,7 @@ from refrun.acceptance.calibration.render import clean_float, render
 from refrun.acceptance.criteria import CriteriaSettings
 from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL, best_index, reports
 from refrun.acceptance.kinds.quantile import run_quantile
-from refrun.acceptance.kinds.step_time import steady_step_times
+from refrun.acceptance.kinds.step_time import run_median, steady_step_times
 from refrun.acceptance.statistics import (
     NEED_MAX_STEPS,
     ar1_mean_variance,
@@ -1256,13 +1256,6 @@ def _step_time(lim: StepTimeLimit, n: int) -> Derived:
                     f"detects: {det}"], n)
 
 
-def _median_of(run: RunData, metric: str, keep: str) -> float | None:
-    """Median of a run's finite values of ``metric``; None where it has none."""
-    r = rv.resolved(run, metric, keep)
-    v = rv.finite(r).values if r is not None else np.empty(0)
-    return float(np.median(v)) if len(v) else None
-
-
 def step_time_note(runs: list[RunData], lim: StepTimeLimit, keep: str) -> str | None:
     """One line when the calibrated step-time limit is too wide to catch a step
     ``STEP_TIME_SLOW`` times slower, saying what widened it: how far apart the references'
@@ -1280,7 +1273,7 @@ def step_time_note(runs: list[RunData], lim: StepTimeLimit, keep: str) -> str | 
     lows = [float(np.quantile(x, STEP_TIME_LOW_QUANTILE)) for r in runs
             if len(x := steady_step_times(r, schema.M_STEP_TIME, comp, keep, lim.start)[1])]
     spread = max(lows) / min(lows) if lows and min(lows) > 0 else float("nan")
-    others = [v for r in runs if (v := _median_of(r, schema.M_SYS_OTHERS_CPU_CORES, keep))
+    others = [v for r in runs if (v := run_median(r, schema.M_SYS_OTHERS_CPU_CORES, keep))
               is not None]
     busy = (f"; other processes took up to {max(others):.2f} CPU cores (run median) while "
             "they ran") if others else ""
