@@ -21,6 +21,8 @@ and probed steps run in alternating blocks of ``--steps`` steps in one process; 
 of each probed block to the mean of its two neighbouring plain blocks is one paired
 sample, and the table gives their mean with a 95 % t-interval (the "Done when" target is
 an upper end <= 1.01).  The probed loop records the same counters as the default run.
+``--null`` runs the second model's blocks without the probe: an A/A test of the design
+(two model instances of the same graph), whose truth is 1.
 Each block ends by waiting for the device, so every probed block starts on an idle device
 and the probe copies the previous block's logged values then; ``--continuous`` steps of
 one unbroken probed stretch (between two plain ones) give the probe's own work as a run
@@ -108,8 +110,10 @@ def bench_rnn(args: argparse.Namespace) -> None:
         hooks[k] = 0.0
     plain, probed = [run_steps(plain_m, plain_o, x, y, args.steps, 0)], []
     step = 5
+    # --null: the second model's blocks run without the probe (an A/A test whose truth is 1)
+    arm = None if args.null else probe
     for _ in range(args.rounds):
-        probed.append(run_steps(probed_m, probed_o, x, y, args.steps, step, probe))
+        probed.append(run_steps(probed_m, probed_o, x, y, args.steps, step, arm))
         step += args.steps
         plain.append(run_steps(plain_m, plain_o, x, y, args.steps, 0))
     n_probed = args.rounds * args.steps
@@ -137,7 +141,8 @@ def bench_rnn(args: argparse.Namespace) -> None:
         ("plain step (median of blocks)", f"{statistics.median(plain) * 1e3:.2f} ms"),
         ("probed step (median of blocks)", f"{statistics.median(probed) * 1e3:.2f} ms"),
         ("probed / plain, paired blocks: mean [95 % CI]", f"{m:.4f} [{lo:.4f}, {hi:.4f}]"),
-        ("paired blocks x steps", f"{n} x {args.steps}"),
+        ("paired blocks x steps", f"{n} x {args.steps}"
+         + (" (A/A: the probed model's blocks ran without the probe)" if args.null else "")),
         ("metric windows filled first", f"{args.fill} steps"),
         ("probe's own work on the training thread (thread CPU in probe.step entry/exit "
          "and probe.log), per step", f"{hook_us:.0f} us = {hook_us / plain_cpu:.2%} of the "
@@ -230,6 +235,9 @@ def main() -> None:
     ap.add_argument("--fill", type=int, default=1100,
                     help="rnn: plain steps run first so that torch_xla's metric sample "
                          "windows (1024) are full, as in a long run")
+    ap.add_argument("--null", action="store_true",
+                    help="rnn: A/A test, the second model's alternating blocks run without "
+                         "the probe, so the design's own bias and noise show")
     args = ap.parse_args()
     if args.model == "rnn":
         bench_rnn(args)
