@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -129,14 +130,25 @@ class Blocks:
 
     After ``warmup`` steps (which alternate the two, so both code paths are warm), the
     steps run in rounds of four blocks of ``block`` steps, ABBA: probe, callback,
-    callback, probe in even rounds and the mirror in odd ones, so a drift that is linear
-    over a round cancels within it.  Each round gives one paired ratio
+    callback, probe or the mirror, so a drift that is linear over a round cancels within
+    it.  Which of the two a round runs is drawn at random (seeded by ``seed``), not
+    alternated: with alternation the pattern repeats every two rounds, and anything of the
+    trainer or the runtime that recurs at a multiple of that period lands in the same half
+    every time.  On Keras/JAX it did: in A/A fits (the same probe in both halves) the first
+    block of every even round, always the probe's, ran 4-7 % faster than its round's mean,
+    with no such effect in odd rounds, and the A/A read 1.01-1.05 (2026-12-03; not the
+    probes' periodic re-description: it stayed with that turned off).  Each round gives
+    one paired ratio
     ``(callback blocks) / (probe blocks)`` on each clock (:data:`CLOCKS`): the whole step
     (everything the trainer does between two block starts), measured in one process, with
     the machine's slow drift common to both halves.  After the last round: the probe."""
 
-    def __init__(self, warmup: int, block: int, rounds: int, swap: bool = False) -> None:
+    def __init__(self, warmup: int, block: int, rounds: int, swap: bool = False,
+                 seed: int = 0) -> None:
         self.warmup, self.block, self.rounds = warmup, block, rounds
+        # Per round: does the callback run the round's first and last block?
+        rng = random.Random(seed)
+        self.cb_first = [rng.random() < 0.5 for _ in range(rounds)]
         # Which half is set up first (its run started, its probe built): the probe's when
         # False, the callback's when True (:func:`start_halves`, :func:`in_order`).
         self.swap = swap
@@ -157,7 +169,7 @@ class Blocks:
         if b >= 4 * self.rounds:
             return "probe"
         r, pos = divmod(b, 4)
-        first, second = ("probe", "callback") if r % 2 == 0 else ("callback", "probe")
+        first, second = ("callback", "probe") if self.cb_first[r] else ("probe", "callback")
         return first if pos in (0, 3) else second
 
     def crosses_epoch(self, r: int) -> bool:
@@ -165,7 +177,8 @@ class Blocks:
         first step and up to the next round's first step, whose set-up ends the round):
         the trainer's per-epoch work (a new data iterator, Keras's end-of-epoch read of
         the logs) lands in whichever half runs there.  With 100-step rounds after 20
-        warm-up steps every epoch start fell in the same position, a callback block:
+        warm-up steps and the alternating order used then, every epoch start fell in the
+        same position, a callback block:
         about 1 point of Keras's 3 % "cost" and of its A/A test's 1.03-1.05 (2026-12-03;
         the rest of that bias is not explained, docs/lightning.md)."""
         start = self.warmup + 4 * self.block * r
@@ -182,7 +195,7 @@ class Blocks:
                 continue
             d = [tuple(b - a for a, b in zip(self.marks[4 * r + j], self.marks[4 * r + j + 1],
                                               strict=True)) for j in range(4)]
-            cb_first = r % 2 == 1
+            cb_first = self.cb_first[r]
             cb = [d[j] for j in ((0, 3) if cb_first else (1, 2))]
             pr = [d[j] for j in ((1, 2) if cb_first else (0, 3))]
             out.append(tuple((cb[0][c] + cb[1][c]) / (pr[0][c] + pr[1][c]) for c in CLOCKS))
@@ -741,7 +754,7 @@ def interleave(fn: Callable[..., tuple[float, float]], block: int, rounds: int, 
         store = root / f"{fn.__name__}-blocks-{i}"
         store.mkdir()
         # Fits 1, 3, ... set the probe's half up first, 2, 4, ... the callback's.
-        blocks = Blocks(warmup, block, rounds if i else 2, swap=i > 0 and i % 2 == 0)
+        blocks = Blocks(warmup, block, rounds if i else 2, swap=i > 0 and i % 2 == 0, seed=i)
         fn("probe", blocks.total, warmup, store, blocks)
         if i:
             out.append(blocks.ratios())
