@@ -136,9 +136,9 @@ class Blocks:
     trainer or the runtime that recurs at a multiple of that period lands in the same half
     every time.  On Keras/JAX it did: in A/A fits (the same probe in both halves) the first
     block of every even round, always the probe's, ran 4-7 % faster than its round's mean,
-    with no such effect in odd rounds, and the A/A read 1.01-1.05 (2026-12-03; not the
-    probes' periodic re-description: it stayed with that turned off).  Each round gives
-    one paired ratio
+    with no such effect in odd rounds, and the A/A read 1.01-1.05 (2026-12-03; neither the
+    probes' periodic re-description nor Python's GC: it stayed with each turned off).
+    Each round gives one paired ratio
     ``(callback blocks) / (probe blocks)`` on each clock (:data:`CLOCKS`): the whole step
     (everything the trainer does between two block starts), measured in one process, with
     the machine's slow drift common to both halves.  After the last round: the probe."""
