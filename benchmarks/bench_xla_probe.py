@@ -16,13 +16,17 @@ Prints a table:
 
 ``--model rnn`` measures a realistic step instead: a GRU cell unrolled over a sequence
 (``--seq`` steps, batch 16, hidden 64, Adam), hundreds of small operations per graph,
-where tracing the next step overlaps the device's execution of the previous one.  Plain
-and probed steps run in alternating blocks of ``--steps`` steps in one process; the ratio
-of each probed block to the mean of its two neighbouring plain blocks is one paired
-sample, and the table gives their mean with a 95 % t-interval (the "Done when" target is
-an upper end <= 1.01).  The probed loop records the same counters as the default run.
-``--null`` runs the second model's blocks without the probe: an A/A test of the design
-(two model instances of the same graph), whose truth is 1.
+where tracing the next step overlaps the device's execution of the previous one.  Each
+round runs one block of ``--steps`` steps of every arm in one process, in an order drawn
+at random for each round (seeded): plain, probed, and with ``--burn US`` a positive
+control, a plain step that then spends US microseconds of thread CPU in a Python loop (a
+known cost, so the table shows whether the design resolves a cost of that size on this
+machine at this hour).  An arm's block over the same round's plain block is one paired
+sample; the table gives their mean with a 95 % t-interval (the "Done when" target is an
+upper end <= 1.01).  The probed loop records the same counters as the default run.
+``--null`` runs the probed arm's blocks without the probe: an A/A test of the design (two
+model instances of the same graph), whose truth is 1.  ``--dump F.json`` writes every
+block's seconds per step.
 Each block ends by waiting for the device, so every probed block starts on an idle device
 and the probe copies the previous block's logged values then; ``--continuous`` steps of
 one unbroken probed stretch (between two plain ones) give the probe's own work as a run
@@ -36,7 +40,9 @@ the windows are full; run with ``XLA_METRICS_SAMPLES=16`` to see the difference.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -75,13 +81,12 @@ def make_rnn(seq: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def paired_ratio(plain: list[float], probed: list[float]) -> tuple[float, float, float, int]:
-    """Mean of probed[i] / mean(plain[i], plain[i+1]) (blocks alternate plain, probed,
-    plain ...) and its 95 % t-interval: (mean, low, high, n)."""
+def round_ratio(arm: list[float], plain: list[float]) -> tuple[float, float, float, int]:
+    """Mean of arm[i] / plain[i] (blocks of the same round) and its 95 % t-interval:
+    (mean, low, high, n)."""
     from scipy import stats
 
-    r = [w / ((plain[i] + plain[i + 1]) / 2) for i, w in enumerate(probed)
-         if i + 1 < len(plain)]
+    r = [a / p for a, p in zip(arm, plain, strict=True)]
     n = len(r)
     m = statistics.fmean(r)
     half = stats.t.ppf(0.975, n - 1) * statistics.stdev(r) / n ** 0.5 if n > 1 else float("nan")
@@ -89,33 +94,50 @@ def paired_ratio(plain: list[float], probed: list[float]) -> tuple[float, float,
 
 
 def bench_rnn(args: argparse.Namespace) -> None:
-    """The realistic step: alternating plain / probed blocks, paired ratios with a CI."""
+    """The realistic step: plain / probed (/ positive-control) blocks in a random order
+    per round, paired ratios with a CI."""
     tmp = tempfile.mkdtemp(prefix="refrun-bench-xla-rnn-")
     x = torch.randn(16, args.seq, 32).to(DEV)
     y = torch.randn(16, 1).to(DEV)
-    plain_m, plain_o = make_rnn(args.seq)
-    probed_m, probed_o = make_rnn(args.seq)
+    arms = ["plain", "probed"] + (["burn"] if args.burn else [])
+    models = {arm: make_rnn(args.seq) for arm in arms}
+    plain_m, plain_o = models["plain"]
+    probed_m, probed_o = models["probed"]
     run = refrun.start_run("bench-xla", "candidate", hardware="cpu", backend="torch_xla",
                            tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                            spool_dir=f"{tmp}/spool", snapshot_environment=False)
     probe = refrun.xla.instrument(run, model=probed_m, optimizer=probed_o)
     hooks = time_hooks(probe)
     t0 = time.perf_counter()
-    run_steps(plain_m, plain_o, x, y, 5, 0)  # warm-up: compile both graphs
+    run_steps(plain_m, plain_o, x, y, 5, 0)  # warm-up: compile the graphs
     run_steps(probed_m, probed_o, x, y, 5, 0, probe)
+    if args.burn:
+        run_steps(*models["burn"], x, y, 5, 0, burn_us=args.burn)
     warm = time.perf_counter() - t0
     if args.fill:  # fill torch_xla's metric windows as a long run has them
         run_steps(plain_m, plain_o, x, y, args.fill, 0)
     for k in hooks:
         hooks[k] = 0.0
-    plain, probed = [run_steps(plain_m, plain_o, x, y, args.steps, 0)], []
+    # --null: the probed arm runs without the probe (an A/A test whose truth is 1)
+    arm_probe = None if args.null else probe
+    per_arm: dict[str, list[float]] = {arm: [] for arm in arms}
+    rng = random.Random(args.seed)
     step = 5
-    # --null: the second model's blocks run without the probe (an A/A test whose truth is 1)
-    arm = None if args.null else probe
     for _ in range(args.rounds):
-        probed.append(run_steps(probed_m, probed_o, x, y, args.steps, step, arm))
-        step += args.steps
-        plain.append(run_steps(plain_m, plain_o, x, y, args.steps, 0))
+        order = list(arms)
+        rng.shuffle(order)  # a fixed order can line up with a periodic effect of the machine
+        for arm in order:
+            m_, o_ = models[arm]
+            if arm == "probed":
+                per_arm[arm].append(run_steps(m_, o_, x, y, args.steps, step, arm_probe))
+                step += args.steps
+            else:
+                per_arm[arm].append(run_steps(m_, o_, x, y, args.steps, 0,
+                                             burn_us=args.burn if arm == "burn" else 0))
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump(per_arm, f)
+    plain, probed = per_arm["plain"], per_arm["probed"]
     n_probed = args.rounds * args.steps
     blocks = dict(hooks)
     # A continuous run as users have it: no pause between blocks, so the probe never finds
@@ -129,7 +151,7 @@ def bench_rnn(args: argparse.Namespace) -> None:
     cont = dict(hooks)
     probe.close()
     run.close()
-    m, lo, hi, n = paired_ratio(plain, probed)
+    m, lo, hi, n = round_ratio(probed, plain)
     recorded = sorted(k for k in probe.backend.counters())
     hook_us = sum(blocks.values()) / n_probed * 1e6
     plain_cpu = statistics.median(plain) * 1e6
@@ -137,12 +159,18 @@ def bench_rnn(args: argparse.Namespace) -> None:
     cont_plain_us = statistics.fmean(cont_plain) * 1e6
     rows = [
         ("step", f"GRU cell x {args.seq} time steps, batch 16, hidden 64, Adam"),
-        ("warm-up (compile both graphs)", f"{warm:.1f} s"),
+        ("warm-up (compile the graphs)", f"{warm:.1f} s"),
         ("plain step (median of blocks)", f"{statistics.median(plain) * 1e3:.2f} ms"),
         ("probed step (median of blocks)", f"{statistics.median(probed) * 1e3:.2f} ms"),
         ("probed / plain, paired blocks: mean [95 % CI]", f"{m:.4f} [{lo:.4f}, {hi:.4f}]"),
-        ("paired blocks x steps", f"{n} x {args.steps}"
+        ("paired blocks x steps", f"{n} x {args.steps}, order drawn per round (seed "
+         f"{args.seed})"
          + (" (A/A: the probed model's blocks ran without the probe)" if args.null else "")),
+        *([(f"positive control: plain + {args.burn:g} us of thread CPU a step / plain, "
+            "paired: mean [95 % CI]",
+            "{:.4f} [{:.4f}, {:.4f}]".format(*round_ratio(per_arm["burn"], plain)[:3])
+            + f" (the known cost alone: {1 + args.burn / plain_cpu:.4f})")]
+          if args.burn else []),
         ("metric windows filled first", f"{args.fill} steps"),
         ("probe's own work on the training thread (thread CPU in probe.step entry/exit "
          "and probe.log), per step", f"{hook_us:.0f} us = {hook_us / plain_cpu:.2%} of the "
@@ -190,8 +218,17 @@ def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=1e-3)
 
 
-def run_steps(model, opt, x, y, steps: int, start: int, probe=None) -> float:
-    """Seconds per step of ``steps`` steps (the loop waits for the device at the end)."""
+def burn(us: float) -> None:
+    """Spend ``us`` microseconds of this thread's CPU in Python (the positive control)."""
+    end = time.thread_time() + us * 1e-6
+    while time.thread_time() < end:
+        pass
+
+
+def run_steps(model, opt, x, y, steps: int, start: int, probe=None, burn_us: float = 0
+              ) -> float:
+    """Seconds per step of ``steps`` steps (the loop waits for the device at the end);
+    ``burn_us``: a plain step that then spends that much thread CPU (see :func:`burn`)."""
     t0 = time.perf_counter()
     for n in range(start, start + steps):
         if probe is None:
@@ -200,6 +237,8 @@ def run_steps(model, opt, x, y, steps: int, start: int, probe=None) -> float:
             opt.step()
             opt.zero_grad()
             torch_xla.sync()
+            if burn_us:
+                burn(burn_us)
         else:
             with probe.step(n):
                 loss = ((model(x) - y) ** 2).mean()
@@ -238,6 +277,11 @@ def main() -> None:
     ap.add_argument("--null", action="store_true",
                     help="rnn: A/A test, the second model's alternating blocks run without "
                          "the probe, so the design's own bias and noise show")
+    ap.add_argument("--burn", type=float, default=0.0, metavar="US",
+                    help="rnn: add a positive-control arm, a plain step plus US microseconds "
+                         "of thread CPU (e.g. the probe's own work)")
+    ap.add_argument("--seed", type=int, default=0, help="rnn: seed of the block order")
+    ap.add_argument("--dump", default=None, help="rnn: write every block's time here (JSON)")
     args = ap.parse_args()
     if args.model == "rnn":
         bench_rnn(args)

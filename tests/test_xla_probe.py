@@ -378,6 +378,42 @@ def test_every_logged_loss_equals_the_loop_value(store) -> None:
     assert recorded == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.parametrize("flush_s", [0.01, 3600.0])
+def test_values_are_copied_as_often_as_the_session_flushes(store, monkeypatch,
+                                                           flush_s: float) -> None:
+    # The probe asks the runtime for a readiness callback, and so copies logged values to
+    # the host, at most once per the session's flush interval (sooner reaches no reader):
+    # with 10 ms it asks at every 20 ms step, with an hour once for the whole run.  A
+    # constant interval (the 1 s default) would ask once in this 0.2 s run either way.
+    import time
+
+    requests = []
+    real = torch_xla._XLAC._on_ready_callback
+
+    def counted(tensor, callback):  # passes through to torch_xla, counting the requests
+        requests.append(1)
+        return real(tensor, callback)
+
+    monkeypatch.setattr(torch_xla._XLAC, "_on_ready_callback", counted)
+    model, _ = make(width=21)
+    rows = [8] * 8
+    run = refrun.start_run("xla-probe-test", "candidate", hardware="cpu",
+                           backend="torch_xla", tracking_uri=store.tracking_uri,
+                           spool_dir=store.spool_dir, snapshot_environment=False,
+                           flush_interval_s=flush_s)
+    with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
+        assert probe.backend.arm_interval_s == flush_s
+        # each step lasts 20 ms, longer than the short interval (the user's work)
+        train(model, rows, probe, extra=lambda n: time.sleep(0.02))
+        during = len(requests)
+    run.close()
+    if flush_s < 0.02:
+        assert during >= len(rows) - 1
+    else:
+        assert during == 1
+    assert len(history(store, run.run_id, schema.M_LOSS)) == len(rows)
+
+
 def test_a_logged_tensor_does_not_keep_its_autograd_graph_alive(store) -> None:
     # The probe holds a logged value until it copies it to the host (several steps later).
     # Holding the tensor itself kept its step's autograd graph, and everything the graph

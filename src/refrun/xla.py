@@ -63,8 +63,11 @@ def instrument(
     from refrun.probes.xla import XlaBackend
 
     check_torch_objects(model, optimizer)
+    # Values are copied to the host as often as the session's spool writes them: sooner
+    # reaches no reader, later delays every reader (see refrun.probes.xla.ARM_INTERVAL_S).
     backend = XlaBackend(model=model, optimizer=optimizer, device=device,
-                         declared_hardware=opts.declared(run), warmup_steps=opts.warmup_steps)
+                         declared_hardware=opts.declared(run), warmup_steps=opts.warmup_steps,
+                         arm_interval_s=run.config.options.flush_interval_s)
     own = [lambda: TpuMonitor.create(backend.device)] if tpu_monitor else []
     all_monitors = resolve_monitors(opts.monitors, own)
     warn_if_not_a_job(run, _process_count(torch), "the XLA runtime's process count")

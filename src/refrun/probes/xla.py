@@ -99,10 +99,13 @@ EXACT_EVERY = 64
 TRANSFER_MAX_WAITING = 2048
 TRANSFER_MAX_AGE_S = 30.0
 # How often a readiness callback is asked for (on the newest logged value), and so how often
-# ready values are copied: a callback costs ~0.1-0.25 ms and a copy ~0.5 ms on a step of
-# many operations, however few values it holds.  Values handed to the session sooner than
-# the spool writes them (every ``flush_interval_s``, 1 s by default) reach no reader sooner;
-# at 0.25 s the two were ~40 us of a 21 ms GRU step (bench_xla_probe.py --model rnn).
+# ready values are copied, unless the session says otherwise: a callback costs ~0.1-0.25 ms
+# and a copy ~0.5 ms on a step of many operations, however few values it holds.  Values
+# handed to the session sooner than the spool writes them (every ``flush_interval_s``)
+# reach no reader sooner, so ``refrun.xla.instrument`` sets the backend's interval to the
+# session's flush interval; this default (the flush interval's default) is for a backend
+# built by hand.  At 0.25 s the two were ~40 us of a 21 ms GRU step
+# (bench_xla_probe.py --model rnn).
 ARM_INTERVAL_S = 1.0
 _MARK_STEP = "MarkStep"
 
@@ -426,6 +429,7 @@ class XlaBackend(BackendBase):
     device: Any = None
     declared_hardware: str | None = None
     warmup_steps: int = 5
+    arm_interval_s: float = ARM_INTERVAL_S  # see ARM_INTERVAL_S
     name: str = "torch_xla"
     _xla: Any = field(default=None, repr=False)
     _counters: XlaCounters = field(init=False, repr=False)
@@ -517,7 +521,7 @@ class XlaBackend(BackendBase):
             self._ready_since = now
         newest = self._waiting[-1]
         if newest.event is None and now >= self._next_arm:
-            self._next_arm = now + ARM_INTERVAL_S
+            self._next_arm = now + self.arm_interval_s
             self._arm(newest)
         # A sync materialises every live tensor and executions complete in order: the
         # newest value's buffer complete means every waiting value's is, and the device
