@@ -267,3 +267,109 @@ def test_default_bound_on_a_closed_port_as_a_user_runs_it() -> None:
     # Interpreter and MLflow import included (up to ~10 s on a busy 2-core machine); the
     # store part itself is bounded in-process above.
     assert seconds < 60
+
+
+def test_a_store_whose_opening_never_ends_does_not_hold_a_closing_trainer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An opening that never ends (here: the sqlite store's creation lock, held by another
+    # process that hangs) held start_run for ever (it waits for the lock), and close() too
+    # (the delivery process reports progress while it opens the store).  Now the lock is
+    # waited for at most $REFRUN_STORE_OPEN_TIMEOUT_S, the delivery's start-up counts as
+    # progress as long, close() gives up $REFRUN_CLOSE_TIMEOUT_S later, and the delivery
+    # process finishes the run once the store opens.
+    import mlflow
+
+    import refrun
+
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("REFRUN_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.setenv("REFRUN_START_WAIT_S", "1")
+    monkeypatch.setenv("REFRUN_CLOSE_TIMEOUT_S", "1")
+    monkeypatch.setenv("REFRUN_STORE_OPEN_TIMEOUT_S", "2")
+    holder = subprocess.Popen(  # another process holding the creation lock, hung
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], "
+         "os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True)"
+         "; sys.stdin.read()", f"{db}.refrun-init.lock"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    trainer: dict[str, object] = {}
+
+    def train() -> None:  # start, one point, close: what the trainer's thread does
+        run = refrun.start_run("w", "candidate", tracking_uri=f"sqlite:///{db}",
+                               snapshot_environment=False)
+        trainer["process"] = run._process
+        run.log(0, loss=0.5)
+        trainer["closed"] = run.close()
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        t = threading.Thread(target=train, daemon=True)
+        t.start()
+        t.join(timeout=120)  # before the bounds, start_run waited as long as the lock was held
+        assert not t.is_alive(), "the trainer is held by a store that never opens"
+        assert trainer["closed"] is False  # not delivered yet: it goes on in the background
+        proc = trainer["process"]
+        assert isinstance(proc, subprocess.Popen) and proc.poll() is None
+    finally:
+        holder.communicate("")  # the lock is released: the store opens
+    assert proc.wait(timeout=300) == 0
+    found = mlflow.MlflowClient(f"sqlite:///{db}").search_runs(
+        [mlflow.MlflowClient(f"sqlite:///{db}").get_experiment_by_name("w").experiment_id])
+    assert len(found) == 1 and found[0].info.status == "FINISHED"
+    assert found[0].data.metrics["loss"] == 0.5
+
+
+def test_a_database_server_that_is_down_silent_or_without_driver_is_refused_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # MLflow tries a database store ten times with ~100 s of sleeps between, and libpq
+    # waits for ever on a server that accepts and never answers: `refrun runs` on a silent
+    # PostgreSQL never ended.  One connection attempt, bounded, one line, exit 2.
+    env = {"REFRUN_STORE_TIMEOUT_S": "3"}  # one connection waits 2 s
+    unset = ("PGCONNECT_TIMEOUT",)
+    down = f"postgresql+psycopg2://postgres@127.0.0.1:{closed_port()}/mlflow"
+    no_driver = f"postgresql+pg8000://postgres@127.0.0.1:{closed_port()}/mlflow"
+    accepted: list[float] = []
+    with silent_server(accepted) as port:
+        silent = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"
+        results = {uri: cli("runs", "--workload", "w", "--tracking-uri", uri, env=env,
+                            unset=unset) for uri in (down, silent, no_driver)}
+    for uri, why in ((down, "unreachable (connection refused)"),
+                     (silent, "no answer (timed out)"),
+                     (no_driver, "its database driver is not installed (pg8000)")):
+        code, err, seconds = results[uri]
+        assert code == 2, err
+        assert err.strip() == f"refrun runs: error: tracking store {uri}: {why}"
+        assert seconds < 60  # the interpreter and imports included; the store's part: 2 s
+    assert accepted  # the silent server was reached
+
+
+def test_a_trainer_on_a_silent_database_server_trains_offline(tmp_path: Path) -> None:
+    # start_run opened the store in the trainer's thread: on a PostgreSQL server that
+    # accepts and never answers, it never returned, and the training never started.
+    env = {k: v for k, v in os.environ.items() if k != "PGCONNECT_TIMEOUT"}
+    env.update(REFRUN_STORE_TIMEOUT_S="3", REFRUN_START_WAIT_S="1",
+               REFRUN_CLOSE_TIMEOUT_S="1", REFRUN_SPOOL_DIR=str(tmp_path / "spool"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                           env.get("PYTHONPATH", "")]))
+    script = ("import sys, refrun\n"
+              "run = refrun.start_run('w', 'candidate', tracking_uri=sys.argv[1],"
+              " snapshot_environment=False)\n"
+              "run.log(0, loss=0.5)\n"
+              "print(run.close(), run.run_id, run._process.pid, flush=True)\n")
+    accepted: list[float] = []
+    pid = None
+    with silent_server(accepted) as port:
+        uri = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"
+        try:
+            out = subprocess.run([sys.executable, "-c", script, uri], capture_output=True,
+                                 text=True, env=env, cwd=tmp_path, timeout=120)
+            assert out.returncode == 0, out.stderr
+            ok, run_id, pid_text = out.stdout.split()
+            pid = int(pid_text)
+        finally:
+            if pid is not None:  # it would retry the silent store for 10 minutes
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+    assert (ok, run_id) == ("False", "None")  # trained offline, not delivered
+    assert "no answer (timed out)" in out.stderr  # the start-up warning says why
+    spooled = [p for p in (tmp_path / "spool").rglob("*") if p.is_file()]
+    assert spooled  # the point is safe in the spool for `refrun sync`

@@ -9,6 +9,13 @@ variable                            default    meaning
 ``REFRUN_CLOSE_TIMEOUT_S``          ``5``      seconds ``close()`` waits for delivery that
                                                makes no progress before leaving it to the
                                                delivery process in the background
+``REFRUN_STORE_OPEN_TIMEOUT_S``     ``120``    the longest opening a store may take: the
+                                               wait for a sqlite store's creation lock
+                                               (held while another process creates the
+                                               store), and how long the delivery process's
+                                               start-up (MLflow import, store opening) counts
+                                               as progress for a closing trainer, which
+                                               then waits ``REFRUN_CLOSE_TIMEOUT_S`` more
 ``REFRUN_START_WAIT_S``             ``3``      seconds ``start_run`` waits for the store to
                                                create the run before training goes on
 ``REFRUN_DELIVERY_FINAL_TIMEOUT_S`` ``600``    seconds a delivery process whose trainer is
@@ -53,6 +60,10 @@ class Settings:
     keep_spool: bool
     close_timeout_s: float
     """Seconds without delivery progress after which ``close()`` stops waiting."""
+    store_open_timeout_s: float
+    """Longest wait for a sqlite store's creation lock; also how long the delivery
+    process's start-up (MLflow import, store opening) counts as delivery progress for a
+    closing session."""
     start_wait_s: float
     """Seconds ``start_run`` waits for the MLflow run to be created."""
     final_timeout_s: float
@@ -90,6 +101,7 @@ def settings() -> Settings:
         delivery=delivery,  # type: ignore[arg-type]  # checked against DELIVERIES above
         keep_spool=os.environ.get("REFRUN_KEEP_SPOOL", "") not in ("", "0"),
         close_timeout_s=_float("REFRUN_CLOSE_TIMEOUT_S", 5.0),
+        store_open_timeout_s=_float("REFRUN_STORE_OPEN_TIMEOUT_S", 120.0),
         start_wait_s=_float("REFRUN_START_WAIT_S", 3.0),
         final_timeout_s=_float("REFRUN_DELIVERY_FINAL_TIMEOUT_S", 600.0),
         store_timeout_s=_float("REFRUN_STORE_TIMEOUT_S", DEFAULT_STORE_TIMEOUT_S),

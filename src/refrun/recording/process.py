@@ -41,7 +41,7 @@ from typing import TextIO
 from refrun.recording import delivery
 from refrun.recording.spool import Spool, SpoolMeta, unlock
 from refrun.settings import settings
-from refrun.store.client import bound_http_requests
+from refrun.store.client import bound_store_waits
 from refrun.store.client import client as store_client
 
 LOG_FILE = "delivery.log"
@@ -167,14 +167,23 @@ def _drain(spool: Spool) -> None:
         _heartbeat(spool, True, None, time.time())
 
 
-def _warm_up(spool: Spool) -> None:
+def _warm_up(spool: Spool, open_timeout_s: float) -> None:
     """Import MLflow and open the store (local work, seconds on a busy machine) with a
-    heartbeat meanwhile, so a closing session does not mistake it for a silent store."""
+    heartbeat meanwhile, so a closing session does not mistake it for a silent store; for
+    at most ``open_timeout_s``: an opening that never ends (the sqlite store's creation
+    lock held by a process that hangs, a database server that accepts and never answers)
+    is not progress, and must not hold a closing trainer for ever."""
     done = threading.Event()
     changed = time.time()
 
     def beat() -> None:
+        deadline = time.monotonic() + open_timeout_s
         while not done.wait(0.5):
+            if time.monotonic() > deadline:
+                _say(f"the store has not opened in {open_timeout_s:g} s "
+                     "($REFRUN_STORE_OPEN_TIMEOUT_S); still trying, but a closing session "
+                     "no longer waits for it")
+                return
             _heartbeat(spool, True, None, changed)
 
     t = threading.Thread(target=beat, daemon=True)
@@ -190,13 +199,13 @@ def _warm_up(spool: Spool) -> None:
 
 def run(spool: Spool, interval_s: float) -> int:
     s = settings()
-    bound_http_requests(s)
+    bound_store_waits(s)
     # Under a file-size limit (ulimit -f) a write past it raises SIGXFSZ, which kills by
     # default; ignored, the write fails with EFBIG and is handled like a full disk.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     sys.stdout, sys.stderr = _NeverRaises(sys.stdout), _NeverRaises(sys.stderr)
     _heartbeat(spool, True, None, time.time())
-    _warm_up(spool)
+    _warm_up(spool, s.store_open_timeout_s)
     closed, ending = _live(spool, interval_s)
     if not closed:  # the trainer died: when, for the estimate of its unspooled points
         died_ms = time.time_ns() // 1_000_000

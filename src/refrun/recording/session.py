@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any
 
 from refrun import identity, schema
+from refrun.errors import RefrunStoreError
 from refrun.identity import RunIdentity
 from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
 from refrun.recording import delivery, process
@@ -53,7 +54,7 @@ from refrun.recording.spool import RunStatus, Spool, SpoolMeta, disk_full, unloc
 from refrun.recording.writer import SpoolWriter
 from refrun.settings import settings
 from refrun.store import limits, mlflow_ui
-from refrun.store.client import bound_http_requests
+from refrun.store.client import bound_store_waits
 from refrun.store.client import client as store_client
 from refrun.store.uri import local_store
 
@@ -428,8 +429,11 @@ class RunSession:
             self.warn_once("offline-start", f"tracking store {uri} did not answer within "
                            f"{wait:g} s; recording to {self.spool.path}")
         elif failure:
+            exc = failure[0]  # a store error is one line that says why; others, their type
+            why = str(exc).removeprefix(f"tracking store {uri}: ") \
+                if isinstance(exc, RefrunStoreError) else type(exc).__name__
             self.warn_once("offline-start", f"tracking store {uri} unreachable at start "
-                           f"({type(failure[0]).__name__}); recording to {self.spool.path}")
+                           f"({why}); recording to {self.spool.path}")
 
     def __enter__(self) -> RunSession:
         return self
@@ -617,7 +621,7 @@ def start_run(
     identity_, options_ = from_keywords(workload, role, options, keywords)
     config = RunConfig(identity=identity_, options=options_, params=dict(params or {}),
                        tags=dict(tags or {}), run_name=run_name)
-    bound_http_requests(settings())
+    bound_store_waits(settings())
     spool = Spool.create(config.options.spool_root, _spool_meta(config))
     session = RunSession(config, spool, spool.try_lock(SESSION_LOCK))
     for what, items in (("tag", session._valid(config.tags, "tag key")),

@@ -9,6 +9,10 @@ writer shares.
   ``$REFRUN_STORE_TIMEOUT_S`` (default 15 s, so 10 s).  MLflow's defaults (7 retries with
   exponential back-off, 120 s per request) held a command for about four minutes on a
   closed port.
+* **bounded database connections**: the same timeout for a PostgreSQL store's connection
+  (``PGCONNECT_TIMEOUT``, unless set); libpq's default waits for ever on a server that
+  accepts and never answers.  A sqlite store's creation lock is waited for at most
+  ``$REFRUN_STORE_OPEN_TIMEOUT_S`` (120 s).
 * **a reader never creates a store** (``create=False``, the default): a sqlite file is
   checked before MLflow opens it (:func:`refrun.store.health.check_sqlite`: missing,
   empty, not SQLite, truncated, locked, not an MLflow store), and a server must answer
@@ -35,6 +39,7 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -55,12 +60,17 @@ _lock = threading.Lock()
 _last_uri: list[str] = []  # the store this process used last (for error messages)
 
 
-def bound_http_requests(s: Settings | None = None) -> None:
-    """Bound MLflow's HTTP client before it is first used in this process (values the user
-    set in MLflow's own variables win).  See the module docstring."""
+def bound_store_waits(s: Settings | None = None) -> None:
+    """Bound MLflow's HTTP client before it is first used in this process, and a database
+    store's connection (values the user set in MLflow's or libpq's own variables win).  See
+    the module docstring."""
     s = s or settings()
+    timeout = str(int(max(1, s.http_timeout_s)))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(max(1, s.http_timeout_s))))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", timeout)
+    # libpq (psycopg2, MLflow's PostgreSQL driver) reads it at each connection; without it
+    # a server that accepts and never answers held start_run and every command for ever.
+    os.environ.setdefault("PGCONNECT_TIMEOUT", timeout)
 
 
 def client(uri: str | None = None, *, create: bool = False, direct: bool = False
@@ -82,7 +92,7 @@ def client(uri: str | None = None, *, create: bool = False, direct: bool = False
     resolved = resolve_tracking_uri(uri)
     _last_uri[:] = [resolved]
     s = settings()
-    bound_http_requests(s)
+    bound_store_waits(s)
     with _lock:
         made = _clients.get((resolved, direct)) or _open(resolved, create, s, direct)
         _clients[(resolved, direct)] = made
@@ -96,6 +106,8 @@ def _open(uri: str, create: bool, s: Settings, direct: bool = False
           ) -> MlflowClient | direct_store.DirectClient:
     path = sqlite_path(uri)
     if path is None:
+        if health.is_database(uri):
+            health.check_database(uri)
         return _guarded(uri, lambda: _new_client(uri))
 
     def made() -> MlflowClient | direct_store.DirectClient:
@@ -113,11 +125,33 @@ def _open(uri: str, create: bool, s: Settings, direct: bool = False
         return made()
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644) if create else os.open(lock, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if create else fcntl.LOCK_SH)
+        _flock(fd, fcntl.LOCK_EX if create else fcntl.LOCK_SH, lock, uri,
+               s.store_open_timeout_s)
         health.check_sqlite(path, uri, create=create, timeout_s=s.http_timeout_s)
         return made()
     finally:
         os.close(fd)
+
+
+def _flock(fd: int, mode: int, lock: Path, uri: str, timeout_s: float) -> None:
+    """Take ``lock`` (``mode``: shared or exclusive), waiting at most ``timeout_s``: the
+    process creating the store holds it for seconds, but one that hangs while holding it
+    would otherwise hold every writer and reader of the store, a starting trainer too.
+    Raises :class:`RefrunStoreError` naming the lock."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.01
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise RefrunStoreError(
+                    f"tracking store {uri}: {lock} held by another process for "
+                    f"{timeout_s:g} s ($REFRUN_STORE_OPEN_TIMEOUT_S): a store being "
+                    "created, or a process that hangs creating it") from None
+            time.sleep(pause)  # a lock has no wake-up to wait on; back off to 0.2 s
+            pause = min(pause * 2, 0.2)
 
 
 def _new_client(uri: str) -> MlflowClient:

@@ -13,8 +13,10 @@ file or a locked database surface as a SQLAlchemy traceback of some 80 lines.
 * a read of ``alembic_version`` (MLflow's schema version table) under a busy timeout:
   locked by another process, corrupt (``malformed``), or not an MLflow store.
 
-:func:`cause` turns an error raised later by MLflow, SQLAlchemy or ``requests`` into the
-short reason a user can act on (connection refused, no answer, locked, ...).
+:func:`check_database` opens one connection to a database server store first (MLflow
+retries for ~100 s).  :func:`cause` turns an error raised later by MLflow, SQLAlchemy or
+``requests`` into the short reason a user can act on (connection refused, no answer,
+locked, ...).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from refrun.errors import RefrunStoreError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _LIBRARIES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3")
+_DATABASES = ("postgresql", "mysql", "mssql")  # MLflow's database stores other than sqlite
 _DIRECT = "refrun.store.direct"  # refrun's own sqlite access speaks for the store too
 _CAUSES = (  # substring of an error's text (any in its chain) -> what the user is told
     ("connection refused", "unreachable (connection refused)"),
@@ -37,6 +40,7 @@ _CAUSES = (  # substring of an error's text (any in its chain) -> what the user 
     ("read timed out", "no answer (read timed out)"),
     ("connect timeout", "no answer (connect timed out)"),
     ("timed out", "no answer (timed out)"),
+    ("timeout expired", "no answer (timed out)"),  # libpq's connect_timeout
     ("database is locked", "locked by another process"),
     ("file is not a database", "not an SQLite database (corrupt)"),
     ("malformed", "corrupt (database disk image is malformed)"),
@@ -74,6 +78,32 @@ def check_sqlite(path: Path, uri: str, *, create: bool, timeout_s: float) -> boo
                      "declares)")
     _read_schema_version(path, timeout_s, refuse)
     return True
+
+
+def is_database(uri: str) -> bool:
+    """Whether ``uri`` names a database server store (``postgresql[+driver]://`` ...)."""
+    return uri.split(":", 1)[0].split("+", 1)[0].lower() in _DATABASES
+
+
+def check_database(uri: str) -> None:
+    """Raise :class:`RefrunStoreError` (one line naming ``uri``) unless one connection to
+    the database server of ``uri`` opens.  MLflow tries ten times, sleeping 0.1 s doubling
+    in between, before it reports one: about 100 s on a server that is down, and with
+    libpq's default no end on one that accepts and never answers.  One attempt here,
+    bounded by the connection timeout :func:`refrun.store.client.bound_store_waits`
+    sets."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    try:
+        engine = sqlalchemy.create_engine(uri, poolclass=NullPool)
+        with engine.connect():
+            pass
+    except ModuleNotFoundError as exc:
+        raise RefrunStoreError(f"tracking store {uri}: its database driver is not "
+                               f"installed ({exc.name})") from exc
+    except Exception as exc:
+        raise RefrunStoreError(f"tracking store {uri}: {cause(exc)}") from exc
 
 
 def declared_size(header: bytes) -> int | None:
