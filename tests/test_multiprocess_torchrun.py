@@ -107,9 +107,11 @@ def job4(tmp_path_factory) -> Job:
     tmp = tmp_path_factory.mktemp("job4")
     proc = torchrun(tmp, 4, "--hang-rank", str(KILLED_RANK))
     try:
-        wait_for(lambda: (tmp / "losses.json").exists()
+        # Ranks 0-2 closed their runs (each rank writes its losses after its run closed):
+        # rank 3's SIGKILL makes torchrun terminate every rank still running.
+        wait_for(lambda: all((tmp / f"losses.json.rank{k}").exists() for k in (0, 1, 2))
                  and (tmp / f"losses.json.rank{KILLED_RANK}.hanging").exists(),
-                 "rank 0 done, rank 3 hanging")
+                 "ranks 0-2 done, rank 3 hanging")
         spool = spool_of(tmp / "spool", KILLED_RANK)
         wait_for(lambda: loss_lines(spool) == STEPS and schema.TAG_WARMUP_STEPS in json.loads(
             (spool / "meta.json").read_text())["tags"], "rank 3's points and probe tags spooled")

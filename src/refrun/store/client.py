@@ -150,8 +150,8 @@ def _flock(fd: int, mode: int, lock: Path, uri: str, timeout_s: float) -> None:
                     f"tracking store {uri}: {lock} held by another process for "
                     f"{timeout_s:g} s ($REFRUN_STORE_OPEN_TIMEOUT_S): a store being "
                     "created, or a process that hangs creating it") from None
-            time.sleep(pause)  # a lock has no wake-up to wait on; back off to 0.2 s
-            pause = min(pause * 2, 0.2)
+            time.sleep(pause)  # a lock has no wake-up to wait on; back off to 50 ms
+            pause = min(pause * 2, 0.05)
 
 
 def _new_client(uri: str) -> MlflowClient:
