@@ -48,7 +48,7 @@ from refrun.errors import RefrunStoreError
 from refrun.settings import Settings, settings
 from refrun.store import direct as direct_store
 from refrun.store import health
-from refrun.store.uri import resolve_tracking_uri, sqlite_path
+from refrun.store.uri import database_server, resolve_tracking_uri, sqlite_path
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -106,7 +106,7 @@ def _open(uri: str, create: bool, s: Settings, direct: bool = False
           ) -> MlflowClient | direct_store.DirectClient:
     path = sqlite_path(uri)
     if path is None:
-        if health.is_database(uri):
+        if database_server(uri):
             health.check_database(uri)
         return _guarded(uri, lambda: _new_client(uri))
 

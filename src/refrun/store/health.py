@@ -30,7 +30,6 @@ from refrun.errors import RefrunStoreError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _LIBRARIES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3")
-_DATABASES = ("postgresql", "mysql", "mssql")  # MLflow's database stores other than sqlite
 _DIRECT = "refrun.store.direct"  # refrun's own sqlite access speaks for the store too
 _CAUSES = (  # substring of an error's text (any in its chain) -> what the user is told
     ("connection refused", "unreachable (connection refused)"),
@@ -78,11 +77,6 @@ def check_sqlite(path: Path, uri: str, *, create: bool, timeout_s: float) -> boo
                      "declares)")
     _read_schema_version(path, timeout_s, refuse)
     return True
-
-
-def is_database(uri: str) -> bool:
-    """Whether ``uri`` names a database server store (``postgresql[+driver]://`` ...)."""
-    return uri.split(":", 1)[0].split("+", 1)[0].lower() in _DATABASES
 
 
 def check_database(uri: str) -> None:

@@ -42,6 +42,12 @@ def local_store(uri: str) -> bool:
     return uri.startswith("sqlite:")
 
 
+def database_server(uri: str) -> bool:
+    """True for a store on a database server (``postgresql[+driver]://``, ``mysql``,
+    ``mssql``: MLflow's database stores other than sqlite)."""
+    return uri.split(":", 1)[0].split("+", 1)[0].lower() in ("postgresql", "mysql", "mssql")
+
+
 def existing_store_uri(uri: str | None) -> str:
     """:func:`resolve_tracking_uri` for readers: a sqlite store that does not exist is an
     error instead of being created empty (the full checks are in
