@@ -18,6 +18,7 @@ import pytest
 
 import refrun
 from refrun import schema
+from tests.test_durability import wait_for
 
 
 def _warnings_doc(client, run_id: str, tmp: Path) -> dict:
@@ -72,8 +73,6 @@ def test_a_param_logged_again_keeps_its_first_value(store, delivered_first: bool
     with refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05,
                           params={"lr": 0.1}) as run:
         if delivered_first:
-            from tests.test_durability import wait_for
-
             wait_for(lambda: "lr" in store.client().get_run(run.run_id).data.params,
                      "the first value in the store")
         run.log_params({"lr": 0.1, "wd": 0.0})  # same value again: nothing to say
@@ -85,6 +84,16 @@ def test_a_param_logged_again_keeps_its_first_value(store, delivered_first: bool
     assert schema.TAG_SKIPPED not in r.data.tags
     assert any("param 'lr' already logged as '0.1', the new value '0.2' is refused"
                in w["message"] for w in run.warnings)
+
+
+def _exited(pid: int) -> bool:
+    """True once ``pid`` has exited (gone, or a zombie: its descriptors and locks are
+    released); the process is not this test's child, so it cannot be waited for."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 LOST_TRAINER = textwrap.dedent("""
@@ -129,6 +138,12 @@ def test_points_lost_to_a_hard_kill_are_estimated_by_sync(store, tmp_path: Path)
             os.kill(pid, signal.SIGKILL)
         rest = proc.stdout.read().split()
         proc.wait(timeout=60)
+    # SIGKILL is asynchronous: a process inside a disk write (sqlite's fsync on a busy CI
+    # disk) exits only when the write returns, and until then it holds the spool's
+    # delivery lock, so ``sync`` rightly calls the spool live.  The node is gone only when
+    # its processes are.
+    wait_for(lambda: _exited(delivery_pid), f"the killed delivery process {delivery_pid} "
+             "to exit", timeout=120)
     printed = int(rest[-1]) if rest else printed
     out = subprocess.run([sys.executable, "-m", "refrun", "sync"], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=300)

@@ -265,7 +265,12 @@ def _yield_to_training() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     _yield_to_training()
-    # argv[2], the inherited delivery-lock descriptor, stays open for the process's life.
+    # argv[2], the inherited delivery-lock descriptor, stays open for the process's life,
+    # and only in this process: a child it started (anything MLflow runs) would otherwise
+    # hold the lock after this process died, and ``refrun sync`` would call the spool live.
+    if len(args) > 2:
+        with contextlib.suppress(OSError, ValueError):
+            os.set_inheritable(int(args[2]), False)
     return run(Spool(Path(args[0])), float(args[1]))
 
 
