@@ -12,6 +12,7 @@ on a closed port.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import sqlite3
@@ -327,14 +328,23 @@ def test_a_database_server_that_is_down_silent_or_without_driver_is_refused_at_o
     unset = ("PGCONNECT_TIMEOUT",)
     down = f"postgresql+psycopg2://postgres@127.0.0.1:{closed_port()}/mlflow"
     no_driver = f"postgresql+pg8000://postgres@127.0.0.1:{closed_port()}/mlflow"
+    # No driver named: SQLAlchemy 2.1's default is psycopg 3 (this venv has psycopg2 only).
+    default_driver = f"postgresql://postgres@127.0.0.1:{closed_port()}/mlflow"
+    default_why = ("its database driver is not installed (psycopg: pip install "
+                   "'psycopg[binary]', or name an installed driver in the URI: "
+                   "postgresql+psycopg2://)"
+                   if importlib.util.find_spec("psycopg") is None
+                   else "unreachable (connection refused)")
     accepted: list[float] = []
     with silent_server(accepted) as port:
         silent = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"
         results = {uri: cli("runs", "--workload", "w", "--tracking-uri", uri, env=env,
-                            unset=unset) for uri in (down, silent, no_driver)}
+                            unset=unset) for uri in (down, silent, no_driver, default_driver)}
     for uri, why in ((down, "unreachable (connection refused)"),
                      (silent, "no answer (timed out)"),
-                     (no_driver, "its database driver is not installed (pg8000)")):
+                     (no_driver, "its database driver is not installed (pg8000: pip install "
+                                 "'pg8000')"),
+                     (default_driver, default_why)):
         code, err, seconds = results[uri]
         assert code == 2, err
         assert err.strip() == f"refrun runs: error: tracking store {uri}: {why}"
@@ -344,7 +354,8 @@ def test_a_database_server_that_is_down_silent_or_without_driver_is_refused_at_o
 
 def test_a_trainer_on_a_silent_database_server_trains_offline(tmp_path: Path) -> None:
     # start_run opened the store in the trainer's thread: on a PostgreSQL server that
-    # accepts and never answers, it never returned, and the training never started.
+    # accepts and never answers, it never returned, and the training never started; then
+    # it returned after the bounded connection attempt, beyond start_wait_s.
     env = {k: v for k, v in os.environ.items() if k != "PGCONNECT_TIMEOUT"}
     env.update(REFRUN_STORE_TIMEOUT_S="3", REFRUN_START_WAIT_S="1",
                REFRUN_CLOSE_TIMEOUT_S="1", REFRUN_SPOOL_DIR=str(tmp_path / "spool"),
@@ -370,6 +381,8 @@ def test_a_trainer_on_a_silent_database_server_trains_offline(tmp_path: Path) ->
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
     assert (ok, run_id) == ("False", "None")  # trained offline, not delivered
-    assert "no answer (timed out)" in out.stderr  # the start-up warning says why
+    # start_run waited its start_wait_s (1 s), not the connection attempt's bound (2 s):
+    # opening a database server's store is a connection, made off the training thread.
+    assert "did not answer within 1 s" in out.stderr, out.stderr
     spooled = [p for p in (tmp_path / "spool").rglob("*") if p.is_file()]
     assert spooled  # the point is safe in the spool for `refrun sync`

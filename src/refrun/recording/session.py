@@ -56,7 +56,7 @@ from refrun.settings import settings
 from refrun.store import limits, mlflow_ui
 from refrun.store.client import bound_store_waits
 from refrun.store.client import client as store_client
-from refrun.store.uri import local_store
+from refrun.store.uri import database_server, local_store
 
 log = logging.getLogger("refrun")
 
@@ -416,7 +416,12 @@ class RunSession:
 
         uri = self.config.options.tracking_uri
         try:  # local work only (import MLflow; create a new sqlite store once)
-            store_client(uri, create=True)
+            if database_server(uri):
+                # Opening a database server's store is a connection (MLflow's client
+                # connects when it is built): the thread below does it, within the wait.
+                import mlflow.tracking  # noqa: F401
+            else:
+                store_client(uri, create=True)
         except Exception as exc:
             failure.append(exc)
         t = threading.Thread(target=create, name="refrun-create-run", daemon=True)

@@ -95,9 +95,28 @@ def check_database(uri: str) -> None:
             pass
     except ModuleNotFoundError as exc:
         raise RefrunStoreError(f"tracking store {uri}: its database driver is not "
-                               f"installed ({exc.name})") from exc
+                               f"installed ({missing_driver(uri, exc.name or '')})") from exc
     except Exception as exc:
         raise RefrunStoreError(f"tracking store {uri}: {cause(exc)}") from exc
+
+
+# The pip package of each database driver SQLAlchemy may ask for (module -> package).
+DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary",
+                   "pg8000": "pg8000", "pymysql": "pymysql", "MySQLdb": "mysqlclient",
+                   "pyodbc": "pyodbc"}
+
+
+def missing_driver(uri: str, module: str) -> str:
+    """What to install for a driver module SQLAlchemy could not import.  A URI that names
+    no driver (``postgresql://``) gets SQLAlchemy's default, psycopg 3 since SQLAlchemy
+    2.1, where MLflow's own documentation and older installs meant psycopg2: the line
+    says how to name the other."""
+    package = DRIVER_PACKAGES.get(module)
+    text = module if package is None else f"{module}: pip install '{package}'"
+    scheme = uri.split(":", 1)[0]
+    if "+" not in scheme and scheme.lower() == "postgresql":
+        text += ", or name an installed driver in the URI: postgresql+psycopg2://"
+    return text
 
 
 def declared_size(header: bytes) -> int | None:
