@@ -414,6 +414,37 @@ def test_values_are_copied_as_often_as_the_session_flushes(store, monkeypatch,
     assert len(history(store, run.run_id, schema.M_LOSS)) == len(rows)
 
 
+@pytest.mark.parametrize("flush_s", [0.01, 3600.0])
+def test_step_counters_reach_the_session_a_flush_interval_at_a_time(store,
+                                                                    flush_s: float) -> None:
+    # The block path: a step's exit keeps the step time and the raw counters, and the
+    # probe hands the kept steps to the session once per flush interval (each step's
+    # counters as deltas, exactly as before).  With 10 ms they reach the session during
+    # the run; with an hour, at close -- and every step is there either way.
+    import time
+
+    model, _ = make(width=23)
+    rows = [8] * 8
+    run = refrun.start_run("xla-probe-test", "candidate", hardware="cpu",
+                           backend="torch_xla", tracking_uri=store.tracking_uri,
+                           spool_dir=store.spool_dir, snapshot_environment=False,
+                           flush_interval_s=flush_s)
+    with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
+        own, _ = train(model, rows, probe, extra=lambda n: time.sleep(0.02))
+        during = {k: run.step_stats()[k].count if k in run.step_stats() else 0
+                  for k in (schema.M_COMPILE_GRAPHS, schema.M_STEP_TIME)}
+    run.close()
+    if flush_s < 0.02:
+        assert min(during.values()) >= len(rows) - 1, during
+    else:
+        assert during == {schema.M_COMPILE_GRAPHS: 0, schema.M_STEP_TIME: 0}
+    assert per_step(store, run.run_id, schema.M_COMPILE_GRAPHS, 8) == [o["uncached"]
+                                                                       for o in own]
+    assert per_step(store, run.run_id, schema.M_COMPILE_CACHE_HITS, 8) == [o["cached"]
+                                                                           for o in own]
+    assert len(history(store, run.run_id, schema.M_STEP_TIME)) == len(rows)
+
+
 def test_a_logged_tensor_does_not_keep_its_autograd_graph_alive(store) -> None:
     # The probe holds a logged value until it copies it to the host (several steps later).
     # Holding the tensor itself kept its step's autograd graph, and everything the graph

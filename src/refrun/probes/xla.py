@@ -310,6 +310,13 @@ class XlaCounters:
         the first such read after a step's ``sync`` costs ~1 ms of CPU on PJRT CPU) keep
         the values of their last read, and the fallback op names are listed again only
         when :meth:`fallback` sees a reason to."""
+        row, fb = self.read_row(timed)
+        return dict(zip(ROW_NAMES, row, strict=True)), fb
+
+    def read_row(self, timed: bool = True) -> tuple[tuple[float, ...], dict[str, int]]:
+        """:meth:`read` as a tuple in :data:`ROW_NAMES` order: what a step's exit keeps
+        (no dict is built on the training thread; the probe turns rows into deltas a
+        block of steps at a time)."""
         uncached = self._counter("UncachedCompile")
         compile_ns = self._compile_ns(uncached)
         if timed or self._timed is None:
@@ -318,15 +325,15 @@ class XlaCounters:
         exec_n, exec_ns, h2d = self._timed
         executions = self._x._xla_counter_value("ExecuteComputation")
         fb = self.fallback(relist=timed)
-        return {
-            schema.M_COMPILE_GRAPHS: float(uncached),
-            schema.M_COMPILE_CACHE_HITS: float(self._counter("CachedCompile")),
-            schema.M_COMPILE_TIME: compile_ns / 1e9,
-            schema.M_EXECUTIONS: float(executions if executions is not None else exec_n),
-            schema.M_EXECUTE_TIME: exec_ns / 1e9,
-            schema.M_XFER_H2D: float(h2d),
-            schema.M_FALLBACK_OPS: float(sum(fb.values())),
-        }, fb
+        return (float(uncached), float(self._counter("CachedCompile")), compile_ns / 1e9,
+                float(executions if executions is not None else exec_n), exec_ns / 1e9,
+                float(h2d), float(sum(fb.values())) if fb else 0.0), fb
+
+
+# The order of XlaCounters.read_row's values; XlaBackend's rows add the transfer counts.
+ROW_NAMES = (schema.M_COMPILE_GRAPHS, schema.M_COMPILE_CACHE_HITS, schema.M_COMPILE_TIME,
+             schema.M_EXECUTIONS, schema.M_EXECUTE_TIME, schema.M_XFER_H2D,
+             schema.M_FALLBACK_OPS)
 
 
 def may_have_copied(before: tuple[int, int, int], after: tuple[int, int, int]) -> bool:
@@ -438,8 +445,10 @@ class XlaBackend(BackendBase):
     _waiting: list[_XlaValue] = field(default_factory=list, repr=False)  # in log order
     _next_arm: float = 0.0  # monotonic time of the next readiness callback request
     _ready_since: float | None = None  # monotonic time a waiting value was first ready
-    _records: list[StepRecord] = field(default_factory=list, repr=False)
-    _prev: dict[str, float] | None = field(default=None, repr=False)
+    # (step, cumulative counter_row, fallback ops first counted then) of each ended step
+    _rows: list[tuple[int, tuple[float, ...], dict[str, int] | None]] = field(
+        default_factory=list, repr=False)
+    _first_row: tuple[float, ...] | None = field(default=None, repr=False)
     _prev_fb: dict[str, int] = field(default_factory=dict, repr=False)
     _ended_step: int | None = None
     _logged_devices: dict[str, int] = field(default_factory=dict, repr=False)
@@ -582,24 +591,46 @@ class XlaBackend(BackendBase):
         self._waiting = [h for h in self._waiting if id(h) not in done]
 
     # --- counters -------------------------------------------------------------------
-    def counters(self) -> Mapping[str, float]:
-        """Cumulative counters (schema names).  Called by the probe at start and after each
-        step; the backend also keeps the per-step deltas for its end-of-run summary."""
-        now, fb = self._counters.read(timed=self._transfers.checked)
-        now[schema.M_XFER_D2H] = float(self._transfers.d2h)  # inside steps only
-        now[schema.M_HOST_SYNCS] = float(self._transfers.syncs)
-        if self._prev is not None and self._ended_step is not None:
-            deltas = {k: v - self._prev.get(k, 0.0) for k, v in now.items()}
-            ops = {k: n - self._prev_fb.get(k, 0) for k, n in fb.items()
-                   if n > self._prev_fb.get(k, 0)}
-            self._records.append(StepRecord(self._ended_step, deltas, ops))
-            for op in ops:
-                self.warn(f"xla-fallback:{op}", f"CPU fallback op {op} first executed "
-                                   f"at step {self._ended_step} (no XLA lowering or a "
-                                   "data-dependent shape)", self._ended_step)
+    counter_names = (*ROW_NAMES, schema.M_XFER_D2H, schema.M_HOST_SYNCS)
+
+    def counter_row(self) -> tuple[float, ...]:
+        """Cumulative counters in :attr:`counter_names` order, at start and after each
+        step (the probe's block path: a tuple, no dict).  The backend keeps the rows of
+        ended steps for its end-of-run summary and warns at once about a fallback op seen
+        for the first time."""
+        row, fb = self._counters.read_row(timed=self._transfers.checked)
+        row = (*row, float(self._transfers.d2h), float(self._transfers.syncs))
+        if self._ended_step is not None:
+            ops = None
+            if fb != self._prev_fb:
+                ops = {k: n - self._prev_fb.get(k, 0) for k, n in fb.items()
+                       if n > self._prev_fb.get(k, 0)}
+                for op in ops:
+                    self.warn(f"xla-fallback:{op}", f"CPU fallback op {op} first executed "
+                              f"at step {self._ended_step} (no XLA lowering or a "
+                              "data-dependent shape)", self._ended_step)
+                self._prev_fb = fb
+            self._rows.append((self._ended_step, row, ops))
             self._ended_step = None
-        self._prev, self._prev_fb = now, fb
-        return now
+        elif not self._rows:
+            self._first_row, self._prev_fb = row, fb
+        return row
+
+    def counters(self) -> Mapping[str, float]:
+        """:meth:`counter_row` by name (the :class:`~refrun.probes.base.Backend` form)."""
+        return dict(zip(self.counter_names, self.counter_row(), strict=True))
+
+    @property
+    def _records(self) -> list[StepRecord]:
+        """Per-step deltas of the rows kept so far (for the end-of-run summary)."""
+        out: list[StepRecord] = []
+        prev = self._first_row
+        names = self.counter_names
+        for step, row, ops in self._rows:
+            deltas = {k: b - a for k, a, b in zip(names, prev or row, row, strict=True)}
+            out.append(StepRecord(step, deltas, ops or {}))
+            prev = row
+        return out
 
     # --- device truth -----------------------------------------------------------------
     def describe(self) -> Mapping[str, Any]:

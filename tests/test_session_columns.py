@@ -1,0 +1,74 @@
+"""``RunSession.log_columns``: a block of steps accepted at once has exactly the outcome of
+``log_metrics`` called step by step -- the same points (values, steps, time stamps) in the
+store, the same per-metric counts, refusals and warnings -- whether the block takes the
+column-wise fast path or not.  A real sqlite store; the session's own delivery."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import refrun
+
+T0 = 1_700_000_000_000  # explicit time stamps, so the two runs' points can be compared
+
+
+def _record(store, blocks, by_columns: bool):
+    run = refrun.start_run(workload="cols", role="candidate", flush_interval_s=0.05,
+                           snapshot_environment=False)
+    for steps, columns in blocks:
+        stamps = [T0 + 10 * s if isinstance(s, int) else T0 for s in steps]
+        if by_columns:
+            run.log_columns(steps, columns, stamps)
+        else:
+            for i, (step, ts) in enumerate(zip(steps, stamps, strict=True)):
+                run.log_metrics(step, {k: c[i] for k, c in columns.items()}, ts)
+    stats = {k: (v.first, v.last, v.count, v.repeated, v.backwards, v.nonfinite)
+             for k, v in run.step_stats().items()}
+    refused, warned = run.points_refused, sorted(w["message"] for w in run.warnings)
+    assert run.close()
+    client = store.client()
+    points = {}
+    for key in stats:
+        hist = client.get_metric_history(run.run_id, key)
+        points[key] = sorted((m.step, m.timestamp, m.value if not math.isnan(m.value)
+                              else "nan") for m in hist)
+    return stats, refused, warned, points
+
+
+CASES = {
+    # the fast path: increasing int steps, float values, new names, then more of them
+    "floats": [([0, 1, 2], {"a": [0.5, 0.25, 0.125], "b": [1.0, 2.0, 3.0]}),
+               ([5, 9], {"a": [0.1, 0.2], "b": [4.0, 5.0], "c": [7.0, 8.0]})],
+    # non-finite values are recorded as is and counted once per name
+    "nonfinite": [([0, 1, 2], {"a": [1.0, math.inf, math.nan]})],
+    # a block that starts at a step already logged: repeated and backwards steps
+    "repeat": [([0, 1, 2], {"a": [1.0, 2.0, 3.0]}), ([2, 1, 3], {"a": [4.0, 5.0, 6.0]})],
+    # ints, a bool, a string and a too-large int: accepted, refused and counted as log_metrics does
+    "types": [([0, 1, 2, 3], {"a": [1, True, "x", 10**400], "b": [1.0, 2.0, 3.0, 4.0]})],
+    # a name MLflow refuses, beside a good one
+    "bad-name": [([0, 1], {"ok": [1.0, 2.0], "bad name!": [3.0, 4.0]})],
+    # steps that are not ints or out of range
+    "bad-steps": [([0, -1, 1.5, 2], {"a": [1.0, 2.0, 3.0, 4.0]})],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_block_has_exactly_the_outcome_of_logging_step_by_step(store, case: str) -> None:
+    by_steps = _record(store, CASES[case], by_columns=False)
+    by_columns = _record(store, CASES[case], by_columns=True)
+    assert by_columns == by_steps
+    _, _, _, points = by_columns
+    assert points and all(points.values())  # something was recorded, so compared
+
+
+def test_a_column_of_another_length_is_refused_by_name(store) -> None:
+    run = refrun.start_run(workload="cols", role="candidate", snapshot_environment=False)
+    run.log_columns([0, 1, 2], {"a": [1.0, 2.0, 3.0], "short": [1.0, 2.0]})
+    assert run.points_refused == 2
+    assert any("metric 'short': 2 values for 3 steps" in w["message"] for w in run.warnings)
+    assert run.close()
+    client = store.client()
+    assert [m.value for m in client.get_metric_history(run.run_id, "a")] == [1.0, 2.0, 3.0]
+    assert client.get_metric_history(run.run_id, "short") == []
