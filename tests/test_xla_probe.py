@@ -445,6 +445,33 @@ def test_step_counters_reach_the_session_a_flush_interval_at_a_time(store,
     assert len(history(store, run.run_id, schema.M_STEP_TIME)) == len(rows)
 
 
+def test_a_step_whose_counters_cannot_be_read_has_none_never_zeros(store) -> None:
+    # A failed read must not become a recorded 0 ("nothing compiled") for its step: the
+    # step has no counter points, and its counts land in the next step's delta.
+    model, _ = make(width=25)
+    rows = [8, 8, 9, 10, 11, 8]  # new shapes compile at steps 2-4
+    run = start(store)
+    with refrun.xla.instrument(run, model=model, warmup_steps=2) as probe:
+        real, calls = probe.backend.counter_row, []
+
+        def failing_once():  # the read after step 3 fails (fault injection)
+            calls.append(1)
+            if len(calls) == 4:
+                raise RuntimeError("counter read failed")
+            return real()
+
+        probe._counter_row = failing_once
+        own, _ = train(model, rows, probe)
+    run.close()
+    got = {m.step: m.value
+           for m in store.client().get_metric_history(run.run_id, schema.M_COMPILE_GRAPHS)}
+    assert 3 not in got
+    expected = [o["uncached"] for o in own]
+    assert [got[s] for s in (0, 1, 2, 5)] == [expected[s] for s in (0, 1, 2, 5)]
+    assert got[4] == expected[3] + expected[4] == 2
+    assert any("counter read failed" in w["message"] for w in run.warnings)
+
+
 def test_a_logged_tensor_does_not_keep_its_autograd_graph_alive(store) -> None:
     # The probe holds a logged value until it copies it to the host (several steps later).
     # Holding the tensor itself kept its step's autograd graph, and everything the graph

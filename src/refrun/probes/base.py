@@ -206,8 +206,8 @@ class Probe:
     # The block path (a backend with counter_row): each ended step's (step, time stamp,
     # step time, cumulative counters), handed to the session a block at a time.
     _counter_row: Any = field(default=None, repr=False)
-    _rows: list[tuple[int, int, float, tuple[float, ...]]] = field(default_factory=list,
-                                                                   repr=False)
+    _rows: list[tuple[int, int, float | None, tuple[float, ...] | None]] = field(
+        default_factory=list, repr=False)
     _rows_last: tuple[float, ...] = field(default=(), repr=False)
     _rows_due: float = 0.0
     _rows_every_s: float = 1.0
@@ -281,32 +281,27 @@ class Probe:
             self._record_progress(n)
         if batch:
             self._flush_batch(n)
-        if self._backend_warned():
-            self._record_backend_warnings()
+        self._record_backend_warnings()
         self._steps_done += 1
         if self.recheck_every > 0 and self._steps_done % self.recheck_every == 0:
             self._describe()
-
-    def _backend_warned(self) -> bool:
-        """Whether the backend may have warnings to take (a BackendBase queues them in a
-        list the probe can look at; any other backend is asked every step)."""
-        queued = getattr(self.backend, "_warnings", None)
-        return queued is None or bool(queued)
 
     def _keep_row(self, n: int, step_time: float | None) -> None:
         """The block path's step exit: the step time (when already seconds) and the
         backend's raw cumulative counters are kept as one tuple; :meth:`_flush_rows` turns
         a block of them into per-step deltas in one session call, once per flush
-        interval.  (Dicts, deltas and the session's per-point checks at every exit cost
-        ~70 us of a PyTorch/XLA step's host time, while the runtime executes the previous
-        step on the same cores.)"""
+        interval.  (Building dicts and deltas and the session's per-point checks at every
+        exit cost ~30-40 us of a PyTorch/XLA step's host time, while the runtime executes
+        the previous step on the same cores: docs/xla.md.)"""
         try:
-            row = tuple(self._counter_row())
+            row: tuple[float, ...] | None = tuple(self._counter_row())
         except Exception as exc:
             self._warn_exc(exc)
-            row = ()
-        if len(row) != len(self._rows_last):  # no counters this step (or none at start)
-            row = self._rows_last
+            row = None
+        if row is not None and len(row) != len(self._rows_last):
+            if not self._rows_last:  # no reading at start: this one is the baseline
+                self._rows_last = row
+            row = None  # the step has no deltas
         self._rows.append((n, _now_ms(), step_time, row))
         if step_time is not None:
             self._step_times.append(step_time)
@@ -314,31 +309,32 @@ class Probe:
             self._flush_rows()
 
     def _flush_rows(self) -> None:
-        """Hand the kept rows to the session: the step times and each counter's delta
-        from the previous row, as columns (:meth:`RunSession.log_columns`)."""
+        """Hand the kept rows to the session: the step times, and each counter's delta
+        from the previous reading, as columns (:meth:`RunSession.log_columns`).  A step
+        whose counters could not be read has none (its counts land in the next step's
+        delta, as a delta computed then would have them); never a zero in their place."""
         rows = self._rows
         if not rows:
             return
         self._rows = []
         self._rows_due = time.monotonic() + self._rows_every_s
-        steps = [r[0] for r in rows]
-        stamps = [r[1] for r in rows]
-        columns: dict[str, list[float]] = {}
-        if self._rows_last:
-            cums = [self._rows_last, *(r[3] for r in rows)]
-            self._rows_last = cums[-1]
-            for j, name in enumerate(self.backend.counter_names):  # type: ignore[attr-defined]
-                column = [c[j] for c in cums]
-                columns[name] = [b - a for a, b in itertools.pairwise(column)]
+        counted = [r for r in rows if r[3] is not None]
         timed = [r for r in rows if r[2] is not None]
-        if len(timed) == len(rows):
-            columns[schema.M_STEP_TIME] = [r[2] for r in rows]  # type: ignore[misc]
-        elif timed:
-            self.run.log_columns([r[0] for r in timed],
-                                 {schema.M_STEP_TIME: [r[2] for r in timed]},
-                                 [r[1] for r in timed])
-        if columns:
-            self.run.log_columns(steps, columns, stamps)
+        counts: dict[str, list[float]] = {}
+        if counted:
+            cums = [self._rows_last, *(r[3] for r in counted)]
+            self._rows_last = cums[-1]  # type: ignore[assignment]
+            for j, name in enumerate(self.backend.counter_names):  # type: ignore[attr-defined]
+                column = [c[j] for c in cums]  # type: ignore[index]
+                counts[name] = [b - a for a, b in itertools.pairwise(column)]
+        times = {schema.M_STEP_TIME: [r[2] for r in timed]} if timed else {}
+        if len(counted) == len(timed) == len(rows):  # the usual case: one call
+            self.run.log_columns([r[0] for r in rows], {**times, **counts},
+                                 [r[1] for r in rows])
+            return
+        for group, columns in ((timed, times), (counted, counts)):
+            if columns:
+                self.run.log_columns([r[0] for r in group], columns, [r[1] for r in group])
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Record metrics for ``step`` (default: the current step).  Device values are
