@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,10 +37,11 @@ DEV = torch_xla.device()
 IN = 6
 
 
-def start(store, hardware: str = "cpu") -> refrun.RunSession:
+def start(store, hardware: str = "cpu", **options: Any) -> refrun.RunSession:
     return refrun.start_run("xla-probe-test", "candidate", hardware=hardware,
                             backend="torch_xla", tracking_uri=store.tracking_uri,
-                            spool_dir=store.spool_dir, snapshot_environment=False)
+                            spool_dir=store.spool_dir, snapshot_environment=False,
+                            **options)
 
 
 def make(width: int, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -397,10 +399,7 @@ def test_values_are_copied_as_often_as_the_session_flushes(store, monkeypatch,
     monkeypatch.setattr(torch_xla._XLAC, "_on_ready_callback", counted)
     model, _ = make(width=21)
     rows = [8] * 8
-    run = refrun.start_run("xla-probe-test", "candidate", hardware="cpu",
-                           backend="torch_xla", tracking_uri=store.tracking_uri,
-                           spool_dir=store.spool_dir, snapshot_environment=False,
-                           flush_interval_s=flush_s)
+    run = start(store, flush_interval_s=flush_s)
     with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
         assert probe.backend.arm_interval_s == flush_s
         # each step lasts 20 ms, longer than the short interval (the user's work)
@@ -425,10 +424,7 @@ def test_step_counters_reach_the_session_a_flush_interval_at_a_time(store,
 
     model, _ = make(width=23)
     rows = [8] * 8
-    run = refrun.start_run("xla-probe-test", "candidate", hardware="cpu",
-                           backend="torch_xla", tracking_uri=store.tracking_uri,
-                           spool_dir=store.spool_dir, snapshot_environment=False,
-                           flush_interval_s=flush_s)
+    run = start(store, flush_interval_s=flush_s)
     with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
         own, _ = train(model, rows, probe, extra=lambda n: time.sleep(0.02))
         during = {k: run.step_stats()[k].count if k in run.step_stats() else 0
