@@ -188,7 +188,8 @@ def markov_workload(held_out: int, first: int | None = None) -> Workload:
     """The GRU classifier added for issue 21: nothing in refrun was tuned on it."""
     p = markov.plan(held_out, first)
     return Workload("markov-gru", p.references, p.candidates, p.held_out,
-                    {v.name: v.expect for v in markov.DEFECTS}, evidence=list(markov.EVIDENCE))
+                    {v.name: v.expect for v in markov.DEFECTS},
+                    gradcheck="pipelines.markov.gradcheck", evidence=list(markov.EVIDENCE))
 
 
 WORKLOADS = {"digits": digits_workload, "charlm": charlm_workload, "markov": markov_workload}
@@ -319,10 +320,12 @@ def record_gradchecks(w: Workload, ids: dict[str, str], uri: str, *, quick: bool
     done = {r.data.tags.get(schema.TAG_GRADCHECK_CANDIDATE) for r in client.search_runs(
         [exp.experiment_id], f"tags.`{schema.TAG_ROLE}` = 'gradcheck'", max_results=5000)}
     todo = [v for v in [*w.candidates, *w.held_out] if v.name in ids and ids[v.name] not in done]
-    for backend in sorted({v.backend for v in todo}):
-        group = [v for v in todo if v.backend == backend]
+    # One process per backend and device count: JAX's host device count is fixed when
+    # JAX starts, and a check that runs the port's own step needs the candidate's.
+    for backend, devices in sorted({(v.backend, max(v.devices, 1)) for v in todo}):
+        group = [v for v in todo if (v.backend, max(v.devices, 1)) == (backend, devices)]
         argvs = [["--backend", v.backend, "--seed", str(v.seed), "--candidate", ids[v.name],
-                  "--tracking-uri", uri, "--spool-dir", spool_dir,
+                  "--devices", str(devices), "--tracking-uri", uri, "--spool-dir", spool_dir,
                   *[a for d in v.defects for a in ("--defect", d)],
                   *(["--quick"] if quick else [])] for v in group]
         env = group[0].environment()
@@ -333,7 +336,8 @@ def record_gradchecks(w: Workload, ids: dict[str, str], uri: str, *, quick: bool
         if proc.returncode != 0:
             raise RuntimeError(f"gradient checks ({backend}) failed (exit {proc.returncode}):\n"
                                f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-        print(f"< {len(group)} {backend} gradient checks: {time.perf_counter() - t0:.0f} s",
+        print(f"< {len(group)} {backend} x{devices} gradient checks: "
+              f"{time.perf_counter() - t0:.0f} s",
               flush=True)
 
 

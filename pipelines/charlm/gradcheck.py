@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", required=True, choices=tuple(PORT_DEFECTS))
     ap.add_argument("--seed", type=int, required=True, help="the candidate's seed (weights)")
+    ap.add_argument("--devices", type=int, default=1,
+                    help="the candidate's device count (accepted; this check runs on one "
+                         "device: a step defect is the seed bands' or the pair's business)")
     ap.add_argument("--defect", action="append", default=[],
                     help="the candidate's defects (as trained)")
     ap.add_argument("--candidate", required=True, help="the candidate's run id")
