@@ -25,13 +25,13 @@ copy.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from pipelines import gradcheck_cli
 from pipelines.charlm.cli import PORT_DEFECTS
 from pipelines.charlm.config import Config, load_config
 from pipelines.charlm.data import (
@@ -160,28 +160,14 @@ def record(backend: str, cfg: Config, seed: int, defects: Sequence[str], candida
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", required=True, choices=tuple(PORT_DEFECTS))
-    ap.add_argument("--seed", type=int, required=True, help="the candidate's seed (weights)")
-    ap.add_argument("--devices", type=int, default=1,
-                    help="the candidate's device count (accepted; this check runs on one "
-                         "device: a step defect is the seed bands' or the pair's business)")
-    ap.add_argument("--defect", action="append", default=[],
-                    help="the candidate's defects (as trained)")
-    ap.add_argument("--candidate", required=True, help="the candidate's run id")
-    ap.add_argument("--quick", action="store_true", help="the [quick] configuration")
-    ap.add_argument("--tracking-uri", default=None)
-    ap.add_argument("--spool-dir", default=None)
-    ns = ap.parse_args(argv)
-    bad = [d for d in ns.defect if d not in PORT_DEFECTS[ns.backend]]
-    if bad:
-        ap.error(f"--defect {', '.join(bad)}: not a defect of {ns.backend}")
+    ns = gradcheck_cli.parse(argv, __doc__.splitlines()[0], PORT_DEFECTS,
+                             "the candidate's device count (accepted; this check runs on one "
+                             "device: a step defect is the seed bands' or the pair's business)",
+                             several_devices=None)
     cfg = load_config(quick=ns.quick)
     rid, ok = record(ns.backend, cfg, ns.seed, ns.defect, ns.candidate, ns.tracking_uri,
                      ns.spool_dir)
-    print(f"[gradcheck] run {rid} for candidate {ns.candidate}: "
-          f"{'passed' if ok else 'FAILED'}", flush=True)
-    return 0
+    return gradcheck_cli.report(ns.candidate, rid, ok)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ rounding.  The port code is the port's own (``train_jax.make_train_step``, ``for
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from pipelines import gradcheck_cli
 from pipelines.markov.cli import PORT_DEFECTS
 from pipelines.markov.config import Config, load_config
 from pipelines.markov.data import batch_indices, load
@@ -176,29 +176,13 @@ def record(backend: str, cfg: Config, seed: int, defects: Sequence[str], candida
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", required=True, choices=tuple(PORT_DEFECTS))
-    ap.add_argument("--seed", type=int, required=True, help="the candidate's seed (weights)")
-    ap.add_argument("--devices", type=int, default=1,
-                    help="the candidate's device count (the update runs on as many)")
-    ap.add_argument("--defect", action="append", default=[],
-                    help="the candidate's defects (as trained)")
-    ap.add_argument("--candidate", required=True, help="the candidate's run id")
-    ap.add_argument("--quick", action="store_true", help="the [quick] configuration")
-    ap.add_argument("--tracking-uri", default=None)
-    ap.add_argument("--spool-dir", default=None, help="accepted and unused (a complete run)")
-    ns = ap.parse_args(argv)
-    bad = [d for d in ns.defect if d not in PORT_DEFECTS[ns.backend]]
-    if bad:
-        ap.error(f"--defect {', '.join(bad)}: not a defect of {ns.backend}")
-    if ns.devices < 1 or (ns.devices > 1 and ns.backend != "jax"):
-        ap.error(f"--devices {ns.devices}: only the JAX port runs on several devices")
+    ns = gradcheck_cli.parse(argv, __doc__.splitlines()[0], PORT_DEFECTS,
+                             "the candidate's device count (the update runs on as many)",
+                             several_devices=("jax",))
     cfg = load_config(quick=ns.quick)
     rid, ok = record(ns.backend, cfg, ns.seed, ns.defect, ns.candidate, ns.tracking_uri,
                      ns.devices)
-    print(f"[gradcheck] run {rid} for candidate {ns.candidate}: "
-          f"{'passed' if ok else 'FAILED'}", flush=True)
-    return 0
+    return gradcheck_cli.report(ns.candidate, rid, ok)
 
 
 if __name__ == "__main__":
