@@ -334,7 +334,8 @@ def record_gradchecks(w: Workload, ids: dict[str, str], uri: str, *, quick: bool
         proc = subprocess.run([sys.executable, "-c", _GRADCHECK, w.gradcheck, json.dumps(argvs)],
                               env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"gradient checks ({backend}) failed (exit {proc.returncode}):\n"
+            raise RuntimeError(f"gradient checks ({backend} x{devices}) failed "
+                               f"(exit {proc.returncode}):\n"
                                f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
         print(f"< {len(group)} {backend} x{devices} gradient checks: "
               f"{time.perf_counter() - t0:.0f} s",

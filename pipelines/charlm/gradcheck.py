@@ -162,8 +162,7 @@ def record(backend: str, cfg: Config, seed: int, defects: Sequence[str], candida
 def main(argv: list[str] | None = None) -> int:
     ns = gradcheck_cli.parse(argv, __doc__.splitlines()[0], PORT_DEFECTS,
                              "the candidate's device count (accepted; this check runs on one "
-                             "device: a step defect is the seed bands' or the pair's business)",
-                             several_devices=None)
+                             "device: a step defect is the seed bands' or the pair's business)")
     cfg = load_config(quick=ns.quick)
     rid, ok = record(ns.backend, cfg, ns.seed, ns.defect, ns.candidate, ns.tracking_uri,
                      ns.spool_dir)

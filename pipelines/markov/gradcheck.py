@@ -22,7 +22,7 @@ clipping and the averaging across devices, so gradients clipped on each device b
 averaging differ from the reference whenever a device's local gradient norm exceeds the
 clip in those steps (seed bands cannot see that at this workload's scale: docs/acceptance.md,
 "Why markov's per-device clip is still accepted").  A benign port agrees to float32
-rounding.  The port code is the port's own (``train_jax.make_train_step``, ``forward``;
+rounding.  The port code is the port's own (``train_jax.make_loss`` and ``make_train_step``;
 ``train_torch``'s model, ``loss_of`` and ``adam_update``), never a copy.
 """
 
@@ -99,22 +99,16 @@ def jax_side(cfg: Config, seed: int, defects: frozenset[str], batches: Batches,
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from pipelines.markov.train_jax import cross_entropy, forward, make_train_step
+    from pipelines.markov.train_jax import make_loss, make_train_step
     from pipelines.markov.train_torch import schedule
 
     if len(jax.devices()) < devices:
         raise SystemExit(f"--devices {devices}: JAX sees {len(jax.devices())} device(s); on the "
                          f"CPU set XLA_FLAGS=--xla_force_host_platform_device_count={devices}")
     weights = init_params(cfg.symbols, cfg.embed, cfg.hidden, cfg.classes, seed)
-    swap, bf16 = "gate_swap" in defects, "bf16_matmul" in defects
-    reduction = "sum" if "sum_loss" in defects else "mean"
-
-    def loss_fn(p, x, y):
-        return cross_entropy(forward(p, x, swap, bf16), y, reduction)
-
     x0, y0 = batches[0]
-    loss, grads = jax.value_and_grad(loss_fn)({k: jnp.asarray(w) for k, w in weights.items()},
-                                              jnp.asarray(x0), jnp.asarray(y0))
+    loss, grads = jax.value_and_grad(make_loss(defects))(
+        {k: jnp.asarray(w) for k, w in weights.items()}, jnp.asarray(x0), jnp.asarray(y0))
     mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
     replicated = NamedSharding(mesh, P())
     params = jax.device_put({k: jnp.asarray(w) for k, w in weights.items()}, replicated)

@@ -92,18 +92,25 @@ def group_norms(grads: Params) -> dict[str, jax.Array]:
     return {k: jnp.sqrt(s) for k, s in sq.items()}
 
 
+def make_loss(defects: frozenset[str]):
+    """``(params, x, y) -> loss`` of one device's shard, with the model defects."""
+    swap, bf16 = "gate_swap" in defects, "bf16_matmul" in defects
+    reduction = "sum" if "sum_loss" in defects else "mean"
+
+    def loss_fn(params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
+        return cross_entropy(forward(params, x, swap, bf16), y, reduction)
+    return loss_fn
+
+
 def make_train_step(mesh: Mesh, cfg: Config, defects: frozenset[str]):
     """The jitted data-parallel step
     ``(params, m, v, x, y, sched) -> (params, m, v, loss, group norms)``."""
     per_device = "clip_per_device" in defects
     summed = "sum_loss" in defects
-    swap, bf16 = "gate_swap" in defects, "bf16_matmul" in defects
     mean = partial(jax.lax.pmean, axis_name="data")
     # A summed loss is summed across devices (so the defect means the same on 1 or N).
     reduce = partial(jax.lax.psum, axis_name="data") if summed else mean
-
-    def loss_fn(params, x, y):
-        return cross_entropy(forward(params, x, swap, bf16), y, "sum" if summed else "mean")
+    loss_fn = make_loss(defects)
 
     def per_device_step(params, m, v, x, y, sched):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
