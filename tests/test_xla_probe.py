@@ -380,6 +380,73 @@ def test_every_logged_loss_equals_the_loop_value(store) -> None:
     assert recorded == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+def test_values_of_several_names_reach_the_session_as_logged(store) -> None:
+    # Ready values go to the session in as few calls as keep their order: a run of steps
+    # that log the same names as columns, steps whose names differ one call each.  Here
+    # the loss is logged every step, a second value every third step and a third (a host
+    # number) at step 4 only; every recorded history must be the loop's own values.
+    model, _ = make(width=27, seed=5)
+    rows = [8] * 9
+    run = start(store)
+    expected: dict[str, dict[int, float]] = {"loss": {}, "scaled": {}, "lr": {}}
+    with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        kept = []
+        for n, r in enumerate(rows):
+            x, y = batch(n, r)
+            with probe.step(n):
+                loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                scaled = loss.detach() * 3.0
+                torch_xla.sync()
+                values = {"loss": loss}
+                if n % 3 == 0:
+                    values["scaled"] = scaled
+                if n == 4:
+                    values["lr"] = 0.05
+                probe.log(**values)
+                kept.append((n, values))
+    run.close()
+    for n, values in kept:  # the test's own reads, after training
+        for name, v in values.items():
+            expected[name][n] = float(v.detach().cpu()) if isinstance(v, torch.Tensor) else v
+    for name, want in expected.items():
+        got = {m.step: m.value for m in store.client().get_metric_history(run.run_id, name)}
+        assert got == want, name
+
+
+def test_values_piled_up_are_copied_only_as_far_as_a_sync_materialised_them() -> None:
+    # When values pile up (TRANSFER_MAX_WAITING or TRANSFER_MAX_AGE_S), only those a sync
+    # has materialised are copied: a sync materialises every live tensor, so they are the
+    # values logged before the last sync, a prefix found by bisection.  The test knows
+    # which tensors it synced.
+    from refrun.probes.xla import XlaBackend
+
+    backend = XlaBackend(device=DEV, warmup_steps=0)
+    try:
+        w = torch.arange(1.0, 4.0, device=DEV)
+        for synced, pending in ((23, 14), (1, 0), (0, 3), (5, 1)):
+            made = [(w * (i + 1)).sum() for i in range(synced)]
+            torch_xla.sync()
+            made += [(w * -(i + 1)).sum() for i in range(pending)]  # still IR nodes
+            handles = [backend.fetch(t) for t in made]
+            assert backend._materialised() == synced
+            backend._transfer(backend._waiting[:synced])
+            assert [h.value for h in handles[:synced]] == \
+                [float(6 * (i + 1)) for i in range(synced)]
+            assert all(h.value is None for h in handles[synced:])
+            assert backend._waiting == handles[synced:]
+            torch_xla.sync()  # the pending ones are materialised now: all are copied
+            assert backend._materialised() == pending
+            backend._transfer(list(backend._waiting))
+            assert [h.value for h in handles[synced:]] == \
+                [float(-6 * (i + 1)) for i in range(pending)]
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize("flush_s", [0.01, 3600.0])
 def test_values_are_copied_as_often_as_the_session_flushes(store, monkeypatch,
                                                            flush_s: float) -> None:

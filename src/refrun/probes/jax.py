@@ -805,12 +805,12 @@ class JaxProbe(Probe):
         self._guard(lambda: backend.observe(**trees))
         self._describe()  # changed tags; a placement warning also becomes a run warning
 
-    def _emit(self, n: int, name: str, value: float) -> None:
+    def _take(self, n: int, name: str, value: Any) -> bool:
         if isinstance(value, LostValue):
             self.run.warn_once(f"jax-lost:{name}", f"{name} at step {n} could not be read "
                                "(its buffer was deleted or donated before it was ready)", n)
-            return
-        super()._emit(n, name, value)
+            return False
+        return super()._take(n, name, value)
 
 
 def flatten_pytree(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -107,7 +107,6 @@ TRANSFER_MAX_AGE_S = 30.0
 # built by hand.  At 0.25 s the two were ~40 us of a 21 ms GRU step
 # (bench_xla_probe.py --model rnn).
 ARM_INTERVAL_S = 1.0
-_MARK_STEP = "MarkStep"
 
 
 @dataclass(slots=True)
@@ -116,7 +115,6 @@ class _XlaValue:
 
     tensor: torch.Tensor
     version: int
-    marks: int  # MarkStep count when logged (a sync since then materialised it)
     event: threading.Event | None = None  # readiness callback (only on some values)
     value: float | None = None
 
@@ -261,10 +259,6 @@ class XlaCounters:
     def _metric(self, name: str) -> tuple[int, float]:
         d = self._x._xla_metric_data(name)
         return (int(d[0]), float(d[1])) if d is not None else (0, 0.0)
-
-    def marks(self) -> int:
-        """Number of ``sync``/``mark_step`` calls so far."""
-        return self._counter(_MARK_STEP)
 
     def d2h(self) -> int:
         return self._metric("TransferFromDeviceTime")[0]
@@ -451,7 +445,7 @@ class XlaBackend(BackendBase):
     _first_row: tuple[float, ...] | None = field(default=None, repr=False)
     _prev_fb: dict[str, int] = field(default_factory=dict, repr=False)
     _ended_step: int | None = None
-    _logged_devices: dict[str, int] = field(default_factory=dict, repr=False)
+    _logged_devices: dict[torch.device, int] = field(default_factory=dict, repr=False)
     _inplace_warned: bool = False
     _closed: bool = False
 
@@ -493,18 +487,20 @@ class XlaBackend(BackendBase):
             if value.numel() != 1:
                 raise ValueError(f"logged tensor has shape {tuple(value.shape)}; log "
                                  "one-element tensors (reduce it in the step, e.g. .mean())")
-            dev = str(value.device)
+            # One device object per call, counted as is (named in describe()): each
+            # tensor accessor costs ~1 us on the training thread while the runtime runs
+            # the step just synced on the same cores (docs/xla.md).
+            dev = value.device
             self._logged_devices[dev] = self._logged_devices.get(dev, 0) + 1
-            if value.device.type != "xla":
+            if dev.type != "xla":
                 # A host tensor: reading it after the step is a memory load, not a sync.
-                return _XlaValue(value.detach(), value._version, -1, None,
-                                 host_float(value))
+                return _XlaValue(value.detach(), value._version, None, host_float(value))
             # Kept detached: holding the logged tensor itself kept its step's autograd
             # graph alive until the copy, and freeing it there cost the probe's call
             # ~0.28 ms a value on a GRU step (18 us detached) -- work a plain loop does
             # when it drops the tensor.  A detached alias adds no graph output, no
             # compilation, and shares the version counter the in-place check reads.
-            h = _XlaValue(value.detach(), value._version, self._counters.marks())
+            h = _XlaValue(value.detach(), value._version)
             self._waiting.append(h)
             return h
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -540,8 +536,7 @@ class XlaBackend(BackendBase):
             self._transfer(list(self._waiting))
         elif len(self._waiting) >= TRANSFER_MAX_WAITING or \
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
-            marks = self._counters.marks()  # values a sync has materialised since logged
-            self._transfer([h for h in self._waiting if h.marks < marks])
+            self._transfer(self._waiting[:self._materialised()])
         else:
             return None
         self._ready_since = None
@@ -557,6 +552,24 @@ class XlaBackend(BackendBase):
                 pending.event.wait(timeout=60)
             self._transfer([h for h in self._waiting if h.value is None])
         return float("nan") if pending.value is None else pending.value
+
+    def _materialised(self) -> int:
+        """How many waiting values (a prefix, in log order) a sync has materialised.  A
+        sync materialises every live tensor, so the values logged before the last sync are
+        exactly the first ones; a value still an IR node refuses a readiness callback
+        (:meth:`_arm`), so the prefix is found by bisection in ~log2(n) calls -- only when
+        values have piled up, never per logged value."""
+        waiting, lo, hi = self._waiting, 0, len(self._waiting)
+        while lo < hi:  # invariant: waiting[:lo] materialised, waiting[hi:] not
+            mid = (lo + hi) // 2
+            h = waiting[mid]
+            if h.event is None:
+                self._arm(h)
+            if h.event is not None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def _arm(self, h: _XlaValue) -> None:
         """Ask the runtime to set ``h.event`` once ``h``'s buffer is complete; a value
@@ -657,7 +670,7 @@ class XlaBackend(BackendBase):
         params = count_devices(self.model.parameters()) if self.model is not None else {}
         opt_state = count_devices(optimizer_state_tensors(self.optimizer))
         return {"params": params, "optimizer_state": opt_state,
-                "logged": dict(self._logged_devices),
+                "logged": {str(d): n for d, n in self._logged_devices.items()},
                 "declared_hardware": self.declared_hardware}
 
     # --- end ----------------------------------------------------------------------
