@@ -417,11 +417,12 @@ def test_values_of_several_names_reach_the_session_as_logged(store) -> None:
         assert got == want, name
 
 
-def test_values_piled_up_are_copied_only_as_far_as_a_sync_materialised_them() -> None:
-    # When values pile up (TRANSFER_MAX_WAITING or TRANSFER_MAX_AGE_S), only those a sync
-    # has materialised are copied: a sync materialises every live tensor, so they are the
-    # values logged before the last sync, a prefix found by bisection.  The test knows
-    # which tensors it synced.
+def test_values_piled_up_are_copied_up_to_the_first_one_not_materialised() -> None:
+    # When values pile up (TRANSFER_MAX_WAITING or TRANSFER_MAX_AGE_S), only those that
+    # hold device data are copied, from the first in log order up to the first still an IR
+    # node (copying that one would run a graph).  The test knows which tensors it synced;
+    # the last case logs a value an earlier sync materialised after a pending one, and it
+    # waits for the pending one.
     from refrun.probes.xla import XlaBackend
 
     backend = XlaBackend(device=DEV, warmup_steps=0)
@@ -443,6 +444,15 @@ def test_values_piled_up_are_copied_only_as_far_as_a_sync_materialised_them() ->
             backend._transfer(list(backend._waiting))
             assert [h.value for h in handles[synced:]] == \
                 [float(-6 * (i + 1)) for i in range(pending)]
+        early = (w * 2.5).sum()
+        torch_xla.sync()  # device data from here on
+        pending = (w * 7).sum()
+        handles = [backend.fetch(pending), backend.fetch(early)]
+        assert backend._materialised() == 0
+        torch_xla.sync()
+        assert backend._materialised() == 2
+        backend._transfer(list(backend._waiting))
+        assert [h.value for h in handles] == [42.0, 15.0]
     finally:
         backend.close()
 

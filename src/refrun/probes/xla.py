@@ -554,22 +554,19 @@ class XlaBackend(BackendBase):
         return float("nan") if pending.value is None else pending.value
 
     def _materialised(self) -> int:
-        """How many waiting values (a prefix, in log order) a sync has materialised.  A
-        sync materialises every live tensor, so the values logged before the last sync are
-        exactly the first ones; a value still an IR node refuses a readiness callback
-        (:meth:`_arm`), so the prefix is found by bisection in ~log2(n) calls -- only when
-        values have piled up, never per logged value."""
-        waiting, lo, hi = self._waiting, 0, len(self._waiting)
-        while lo < hi:  # invariant: waiting[:lo] materialised, waiting[hi:] not
-            mid = (lo + hi) // 2
-            h = waiting[mid]
+        """How many waiting values, from the first in log order, hold device data (a sync
+        materialised them, or they were device data when logged).  A value still an IR
+        node refuses a readiness callback (:meth:`_arm`); copying one would run a graph,
+        so the count stops at the first.  Only when values have piled up, never per logged
+        value (a readiness request costs a few microseconds)."""
+        n = 0
+        for h in self._waiting:
             if h.event is None:
                 self._arm(h)
-            if h.event is not None:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+                if h.event is None:
+                    break
+            n += 1
+        return n
 
     def _arm(self, h: _XlaValue) -> None:
         """Ask the runtime to set ``h.event`` once ``h``'s buffer is complete; a value
