@@ -449,6 +449,16 @@ def test_values_piled_up_are_copied_up_to_the_first_one_not_materialised() -> No
         pending = (w * 7).sum()
         handles = [backend.fetch(pending), backend.fetch(early)]
         assert backend._materialised() == 0
+        # The newest value is complete, so the device looks idle: still nothing is copied
+        # and no graph runs before the pending value's sync.
+        torch_xla._XLAC._xla_wait_device_ops([])  # every execution so far is counted
+        executions = met.counter_value("ExecuteComputation") or 0
+        assert backend.ready(handles[1]) is None  # asks for the readiness callback
+        assert handles[1].event is not None and handles[1].event.wait(10)
+        assert backend.ready(handles[0]) is None
+        assert [h.value for h in handles] == [None, None]
+        torch_xla._XLAC._xla_wait_device_ops([])
+        assert (met.counter_value("ExecuteComputation") or 0) == executions
         torch_xla.sync()
         assert backend._materialised() == 2
         backend._transfer(list(backend._waiting))

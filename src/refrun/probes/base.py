@@ -421,9 +421,9 @@ class Probe:
         """Hand ready values to the session in log order, in as few calls as keep that
         order: consecutive values of one step as one point set, and a run of steps that
         all log the same names as columns in one :meth:`RunSession.log_columns` call
-        (which has ``log_metrics``' outcome step by step).  A backend that copies values
-        in batches (PyTorch/XLA: once a flush interval) made this one session call per
-        value, ~15 us each on the training thread (docs/xla.md)."""
+        (which has ``log_metrics``' outcome step by step).  Handing them over one call per
+        value cost ~15 us each on the training thread when a backend copies values in
+        batches (PyTorch/XLA: once a flush interval; docs/xla.md)."""
         steps: list[int] = []
         rows: list[dict[str, float]] = []
         for n, name, value in ready:

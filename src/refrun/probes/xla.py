@@ -40,7 +40,7 @@ the backend keeps a reference to the tensor (no new op, so the traced graph is u
 once a ``sync`` has materialised it, it asks the runtime for a readiness callback
 (``_XLAC._on_ready_callback``), and only when the device buffer is complete are all ready
 values copied to the host in one batched ``_xla_get_cpu_tensors`` call, at a step entry
-before the step's counting starts, when the device is idle (or after 256 values / 5 s, see
+before the step's counting starts, when the device is idle (or after 2048 values / 30 s, see
 :meth:`XlaBackend.ready`).  That copy is a device-to-host transfer of finished buffers;
 made outside the step it is never counted (one made inside a step, which the probe never
 does today, would be bracketed by counter reads and subtracted) so ``xfer/d2h`` shows only
@@ -528,13 +528,11 @@ class XlaBackend(BackendBase):
         if newest.event is None and now >= self._next_arm:
             self._next_arm = now + self.arm_interval_s
             self._arm(newest)
-        # A sync materialises every live tensor and executions complete in order: the
-        # newest value's buffer complete means every waiting value's is, and the device
-        # is idle.
+        # Executions complete in order: the newest value's buffer complete means the device
+        # is idle and every materialised value's buffer is complete.  Idle or not, only
+        # materialised values are copied (a pending one would run a graph).
         idle = newest.event is not None and newest.event.is_set()
-        if idle:
-            self._transfer(list(self._waiting))
-        elif len(self._waiting) >= TRANSFER_MAX_WAITING or \
+        if idle or len(self._waiting) >= TRANSFER_MAX_WAITING or \
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
             self._transfer(self._waiting[:self._materialised()])
         else:
@@ -555,18 +553,17 @@ class XlaBackend(BackendBase):
 
     def _materialised(self) -> int:
         """How many waiting values, from the first in log order, hold device data (a sync
-        materialised them, or they were device data when logged).  A value still an IR
-        node refuses a readiness callback (:meth:`_arm`); copying one would run a graph,
-        so the count stops at the first.  Only when values have piled up, never per logged
-        value (a readiness request costs a few microseconds)."""
-        n = 0
-        for h in self._waiting:
-            if h.event is None:
-                self._arm(h)
-                if h.event is None:
-                    break
-            n += 1
-        return n
+        materialised them, or they were device data when logged): one
+        ``_check_tensor_need_materialization`` call for all of them.  Copying a value still
+        an IR node would run a graph outside any step (a compilation and an execution the
+        run never asked for), so the count stops at the first; it waits for the next
+        sync.  Values are not materialised in log order when a value computed earlier is
+        logged after one still pending."""
+        waiting = self._waiting
+        if not waiting:
+            return 0
+        need = self._xla._XLAC._check_tensor_need_materialization([h.tensor for h in waiting])
+        return next((i for i, pending in enumerate(need) if pending), len(need))
 
     def _arm(self, h: _XlaValue) -> None:
         """Ask the runtime to set ``h.event`` once ``h``'s buffer is complete; a value
