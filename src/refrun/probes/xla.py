@@ -251,6 +251,7 @@ class XlaCounters:
         self._timed: tuple[int, float, int] | None = None  # ExecuteTime n, ns; h2d
         self._aten: list[str] = []  # fallback counter names as last listed
         self._to_cpu_listed = -1  # xla::_to_cpu when they were listed
+        self._to_cpu_now: int | None = None  # xla::_to_cpu as the last sentinels() read it
 
     def _counter(self, name: str) -> int:
         v = self._x._xla_counter_value(name)
@@ -273,21 +274,32 @@ class XlaCounters:
         ``xla::_to_cpu`` moved since the last listing: the CPU fallback copies an op's
         inputs to the host through ``_to_cpu``, so a new fallback op moves it."""
         x = self._x
-        to_cpu = self._counter(TO_CPU)
+        # The sentinels of the step just ended read it a moment ago (nothing ran between):
+        # each counter read costs several us on the training thread while the runtime
+        # executes the step just synced, so the exit reads it once.
+        to_cpu = self._to_cpu_now
+        self._to_cpu_now = None
+        if to_cpu is None:
+            to_cpu = self._counter(TO_CPU)
+        if not relist and to_cpu == self._to_cpu_listed and not self._aten:
+            return {}
         if relist or to_cpu != self._to_cpu_listed:
             self._aten = [n for n in x._xla_counter_names()
                           if n.startswith("aten::") and n != HOST_SYNC_OP]
             self._to_cpu_listed = to_cpu
         return {n: int(x._xla_counter_value(n) or 0) for n in self._aten}
 
-    def sentinels(self) -> tuple[tuple[int, int, int], int]:
+    def sentinels(self, at_exit: bool = False) -> tuple[tuple[int, int, int], int]:
         """((``xla::_to_copy``, ``xla::_copy_from``, ``xla::_to_cpu`` + host syncs + direct
         copies), host syncs): four counter reads, no metric copy.  A device-to-host copy
         made through torch or ``_xla_get_cpu_tensors`` moves them as :func:`may_have_copied`
         tells."""
-        c = self._counter
-        syncs = c(HOST_SYNC_OP)
-        return (c(TO_COPY), c(COPY_FROM), c(TO_CPU) + syncs + DIRECT_COPIES.calls), syncs
+        c = self._x._xla_counter_value  # direct: no Python frame per read (see fallback)
+        syncs = c(HOST_SYNC_OP) or 0
+        to_cpu = c(TO_CPU) or 0
+        self._to_cpu_now = to_cpu if at_exit else None  # for the exit's counter row
+        return ((c(TO_COPY) or 0, c(COPY_FROM) or 0, to_cpu + syncs + DIRECT_COPIES.calls),
+                syncs)
 
     def _compile_ns(self, uncached: int) -> float:
         """``CompileTime``'s accumulator, read only when a compilation happened since the
@@ -311,15 +323,18 @@ class XlaCounters:
         """:meth:`read` as a tuple in :data:`ROW_NAMES` order: what a step's exit keeps
         (no dict is built on the training thread; the probe turns rows into deltas a
         block of steps at a time)."""
-        uncached = self._counter("UncachedCompile")
-        compile_ns = self._compile_ns(uncached)
+        c = self._x._xla_counter_value
+        uncached = c("UncachedCompile") or 0
+        compile_ns = self._compiles[1] if uncached == self._compiles[0] else \
+            self._compile_ns(uncached)
         if timed or self._timed is None:
             exec_n, exec_ns = self._metric("ExecuteTime")
             self._timed = (exec_n, exec_ns, self._metric("TransferToDeviceTime")[0])
         exec_n, exec_ns, h2d = self._timed
-        executions = self._x._xla_counter_value("ExecuteComputation")
+        executions = c("ExecuteComputation")
+        cached = c("CachedCompile") or 0
         fb = self.fallback(relist=timed)
-        return (float(uncached), float(self._counter("CachedCompile")), compile_ns / 1e9,
+        return (float(uncached), float(cached), compile_ns / 1e9,
                 float(executions if executions is not None else exec_n), exec_ns / 1e9,
                 float(h2d), float(sum(fb.values())) if fb else 0.0), fb
 
@@ -408,7 +423,7 @@ class TransferCount:
             return
         sent0, syncs0, base, check = self._open
         self.checked = check
-        sent, syncs = self.counters.sentinels()
+        sent, syncs = self.counters.sentinels(at_exit=True)
         self._open = None
         self.syncs += syncs - syncs0
         moved = may_have_copied(sent0, sent)
