@@ -356,6 +356,53 @@ def test_a_fallback_op_first_run_after_warm_up_is_recorded_without_relisting(sto
     assert json.loads(tags["refrun.fallback.ops"]) == {"aten::histc": 1}
 
 
+# --- end-of-run summary ------------------------------------------------------------------
+def test_the_summary_of_a_run_whose_rows_were_folded_every_few_steps(store) -> None:
+    """The backend adds its kept counter rows to the summary's sums every ``fold_rows``
+    steps (SummaryTally), so a long run holds a bounded number of rows.  With folds every
+    3 steps, the summary must still equal the one computed from torch_xla's own counts of
+    each step: recompilations at two steady steps (new batch shapes), a CPU fallback op,
+    and the user's host sync at every step."""
+    model, _ = make(width=33)
+    rows = [8, 8, 8, 8, 5, 8, 8, 8, 9, 8, 8]
+    kept: list[int] = []
+    probe_ref: list = []
+
+    def steps_with(n: int) -> None:
+        kept.append(len(probe_ref[0].backend._rows))
+        if n == 6:
+            torch.nonzero(torch.tensor([0.0, 1.0, 0.0, 3.0], device=DEV) > 0)
+
+    run = start(store)
+    with refrun.xla.instrument(run, model=model, warmup_steps=2) as probe:
+        probe.backend.fold_rows = 3
+        probe_ref.append(probe)
+        own, _ = train(model, rows, probe, item=True, extra=steps_with)
+    run.close()
+    assert max(kept) < 3  # never more rows kept than the fold size
+    s = artifact(store, run.run_id, schema.ARTIFACT_XLA_SUMMARY)
+    steady = own[2:]
+    expected_compile_steps = [n for n, o in enumerate(own) if n >= 2 and o["uncached"]]
+    # the test's premise: recompilations at steady steps (new batch shapes at 4 and 8; the
+    # fallback op's graph at 6 too when no earlier test compiled it)
+    assert {4, 8} <= set(expected_compile_steps)
+    assert s["steps"] == len(rows)
+    assert s["compiles_total"] == sum(o["uncached"] for o in own)
+    assert s["compiles_after_warmup"] == sum(o["uncached"] for o in steady)
+    assert s["compile_steps_after_warmup"] == expected_compile_steps
+    assert s["d2h_per_step"] == pytest.approx(sum(o["d2h"] for o in steady) / len(steady))
+    assert s["host_syncs_per_step"] == pytest.approx(
+        sum(o["syncs"] for o in steady) / len(steady))
+    assert s["host_syncs_per_step"] >= 1  # the user's .item() at every step
+    assert s["exec_count_per_step"] == pytest.approx(
+        sum(o["exec"] for o in steady) / len(steady))
+    assert s["fallback_ops"] == {"aten::nonzero": sum(o["nonzero"] for o in own)} \
+        == {"aten::nonzero": 1}
+    ops = artifact(store, run.run_id, schema.ARTIFACT_FALLBACK_OPS)
+    assert ops["ops"] == {"aten::nonzero": {"count": 1, "first_step": 6}}
+    assert ops["steps"] == {"6": {"aten::nonzero": 1}}
+
+
 # --- logged values ----------------------------------------------------------------------
 def test_every_logged_loss_equals_the_loop_value(store) -> None:
     model, cpu = make(width=19, seed=3)
@@ -656,6 +703,39 @@ def test_summarize_counts_after_warmup() -> None:
     assert s.fallback_ops == {"aten::nonzero": 3, "aten::unique2": 1}
     assert s.fallback_first_step == {"aten::nonzero": 2, "aten::unique2": 3}
     assert summarize(recs, warmup_steps=10).d2h_per_step == pytest.approx(1.0)  # all steps
+
+
+@pytest.mark.parametrize("warmup", [0, 3, 10, 60])
+@pytest.mark.parametrize("fold", [1, 3, 7, 50])
+def test_summary_from_cumulative_rows_in_blocks(warmup: int, fold: int) -> None:
+    """SummaryTally.add_rows (the backend's fold: sums as differences of cumulative rows)
+    gives the summary of the per-step differences, however the rows are split into
+    blocks and wherever warm-up ends (inside a block, at its edge, after the run)."""
+    import random
+
+    from refrun.probes.xla import ROW_NAMES, SummaryTally
+
+    names = (*ROW_NAMES, schema.M_XFER_D2H, schema.M_HOST_SYNCS)
+    rng = random.Random(warmup * 100 + fold)
+    cum, rows = [5.0] * len(names), []
+    base = tuple(cum)
+    for step in range(10, 60):
+        cum = [c + rng.choice([0, 0, 1, 2]) for c in cum]
+        rows.append((step, tuple(cum), {"aten::x": 1} if rng.random() < 0.2 else None))
+    tally, last = SummaryTally(warmup), base
+    for i in range(0, len(rows), fold):
+        block = rows[i:i + fold]
+        tally.add_rows(names, last, block)
+        last = block[-1][1]
+    got = tally.summary()
+    prevs = [base] + [r[1] for r in rows[:-1]]
+    recs = [StepRecord(step, {k: b - a for k, a, b in zip(names, p, row, strict=True)},
+                       ops or {}) for (step, row, ops), p in zip(rows, prevs, strict=True)]
+    assert got == summarize(recs, warmup)
+    g = names.index(schema.M_COMPILE_GRAPHS)
+    assert got.compile_steps_after_warmup == [
+        step for i, (step, row, _) in enumerate(rows) if i >= warmup and row[g] > prevs[i][g]]
+    assert got.compiles_total == rows[-1][1][g] - base[g]
 
 
 def test_bad_arguments_raise_input_errors(store) -> None:

@@ -68,7 +68,7 @@ import numbers
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,10 @@ TRANSFER_MAX_AGE_S = 30.0
 # built by hand.  At 0.25 s the two were ~40 us of a 21 ms GRU step
 # (bench_xla_probe.py --model rnn).
 ARM_INTERVAL_S = 1.0
+# Ended steps' counter rows kept before they are added to the end-of-run summary's sums
+# (SummaryTally): bounds the backend's memory on long runs at the cost of one fold on the
+# training thread in this many steps.
+FOLD_ROWS = 4096
 
 
 @dataclass(slots=True)
@@ -163,38 +167,99 @@ class XlaSummary:
         }
 
 
+@dataclass
+class SummaryTally:
+    """:class:`XlaSummary`'s sums, kept as steps are added: what a run's summary needs
+    without holding a record per step (a million-step run held ~150 MB of rows).
+
+    "After warm-up" is every step after the first ``warmup_steps`` added ones; per-step
+    means are over those steps, or over all steps when the run is shorter than the
+    warm-up.  Fallback ops are kept by step only for the steps that ran one."""
+
+    warmup_steps: int
+    steps: int = 0
+    total: dict[str, float] = field(default_factory=dict)  # over every step
+    after: dict[str, float] = field(default_factory=dict)  # over steps after warm-up
+    compile_steps_after: list[int] = field(default_factory=list)
+    ops: dict[str, int] = field(default_factory=dict)
+    first: dict[str, int] = field(default_factory=dict)
+    fallback_steps: dict[int, dict[str, int]] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)  # every per-step counter seen
+
+    def add(self, records: Iterable[StepRecord]) -> None:
+        for r in records:
+            steady = self.steps >= self.warmup_steps
+            self.steps += 1
+            for key, v in r.deltas.items():
+                self.total[key] = self.total.get(key, 0.0) + v
+                if steady:
+                    self.after[key] = self.after.get(key, 0.0) + v
+            self.names.update(r.deltas)
+            if steady and r.deltas.get(schema.M_COMPILE_GRAPHS, 0) > 0:
+                self.compile_steps_after.append(r.step)
+            if r.fallback:
+                self.fallback_steps[r.step] = dict(r.fallback)
+                for name, n in r.fallback.items():
+                    self.ops[name] = self.ops.get(name, 0) + n
+                    self.first.setdefault(name, r.step)
+
+    def add_rows(self, names: Sequence[str], base: Sequence[float],
+                 rows: Sequence[tuple[int, Sequence[float], dict[str, int] | None]]) -> None:
+        """:meth:`add` for cumulative counter rows (``names`` order) that follow the
+        reading ``base``: sums are differences of two rows, so only the compile column and
+        the fallback ops are looked at step by step (a fold of 4,096 rows cost ~11 ms of
+        the training thread through per-step records)."""
+        if not rows:
+            return
+        w, before = self.warmup_steps, self.steps
+        compile_at = names.index(schema.M_COMPILE_GRAPHS)
+        prev = base[compile_at]
+        for i, (step, row, ops) in enumerate(rows):
+            if before + i >= w and row[compile_at] > prev:
+                self.compile_steps_after.append(step)
+            prev = row[compile_at]
+            if ops:
+                self.fallback_steps[step] = dict(ops)
+                for name, n in ops.items():
+                    self.ops[name] = self.ops.get(name, 0) + n
+                    self.first.setdefault(name, step)
+        last = rows[-1][1]
+        # the cumulative reading at the end of warm-up, when it falls in or before this block
+        start = base if before >= w else rows[w - before - 1][1] if before + len(rows) > w \
+            else None
+        for k, name in enumerate(names):
+            self.total[name] = self.total.get(name, 0.0) + (last[k] - base[k])
+            if start is not None:
+                self.after[name] = self.after.get(name, 0.0) + (last[k] - start[k])
+        self.names.update(names)
+        self.steps += len(rows)
+
+    def summary(self) -> XlaSummary:
+        n_after = self.steps - min(self.steps, self.warmup_steps)
+        steady, n = (self.after, n_after) if n_after else (self.total, self.steps)
+
+        def mean(key: str) -> float:
+            return steady.get(key, 0.0) / n if n else 0.0
+
+        return XlaSummary(
+            steps=self.steps, warmup_steps=self.warmup_steps,
+            compiles_total=int(self.total.get(schema.M_COMPILE_GRAPHS, 0.0)),
+            compiles_after_warmup=int(self.after.get(schema.M_COMPILE_GRAPHS, 0.0)),
+            compile_steps_after_warmup=list(self.compile_steps_after),
+            d2h_per_step=mean(schema.M_XFER_D2H), h2d_per_step=mean(schema.M_XFER_H2D),
+            host_syncs_per_step=mean(schema.M_HOST_SYNCS),
+            fallback_ops_total=sum(self.ops.values()), fallback_ops=dict(self.ops),
+            fallback_first_step=dict(self.first),
+            compile_time_s=self.total.get(schema.M_COMPILE_TIME, 0.0),
+            exec_count_per_step=mean(schema.M_EXECUTIONS),
+        )
+
+
 def summarize(records: Iterable[StepRecord], warmup_steps: int) -> XlaSummary:
-    """Summary over recorded steps.  "After warm-up" is every step after the first
-    ``warmup_steps`` recorded ones; per-step means are over those steps (all steps when the
-    run is shorter than the warm-up)."""
-    recs = list(records)
-    after = recs[warmup_steps:]
-    steady = after or recs
-
-    def total(rs: list[StepRecord], key: str) -> float:
-        return sum(r.deltas.get(key, 0.0) for r in rs)
-
-    def mean(key: str) -> float:
-        return total(steady, key) / len(steady) if steady else 0.0
-
-    ops: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for r in recs:
-        for name, n in r.fallback.items():
-            ops[name] = ops.get(name, 0) + n
-            first.setdefault(name, r.step)
-    return XlaSummary(
-        steps=len(recs), warmup_steps=warmup_steps,
-        compiles_total=int(total(recs, schema.M_COMPILE_GRAPHS)),
-        compiles_after_warmup=int(total(after, schema.M_COMPILE_GRAPHS)),
-        compile_steps_after_warmup=[r.step for r in after
-                                    if r.deltas.get(schema.M_COMPILE_GRAPHS, 0) > 0],
-        d2h_per_step=mean(schema.M_XFER_D2H), h2d_per_step=mean(schema.M_XFER_H2D),
-        host_syncs_per_step=mean(schema.M_HOST_SYNCS),
-        fallback_ops_total=sum(ops.values()), fallback_ops=ops, fallback_first_step=first,
-        compile_time_s=total(recs, schema.M_COMPILE_TIME),
-        exec_count_per_step=mean(schema.M_EXECUTIONS),
-    )
+    """Summary over recorded steps (see :class:`SummaryTally`)."""
+    tally = SummaryTally(warmup_steps)
+    tally.add(records)
+    return tally.summary()
 
 
 class _DirectCopies:
@@ -446,6 +511,7 @@ class XlaBackend(BackendBase):
     declared_hardware: str | None = None
     warmup_steps: int = 5
     arm_interval_s: float = ARM_INTERVAL_S  # see ARM_INTERVAL_S
+    fold_rows: int = FOLD_ROWS  # see FOLD_ROWS
     name: str = "torch_xla"
     _xla: Any = field(default=None, repr=False)
     _counters: XlaCounters = field(init=False, repr=False)
@@ -458,6 +524,7 @@ class XlaBackend(BackendBase):
     _rows: list[tuple[int, tuple[float, ...], dict[str, int] | None]] = field(
         default_factory=list, repr=False)
     _first_row: tuple[float, ...] | None = field(default=None, repr=False)
+    _tally: SummaryTally = field(init=False, repr=False)  # rows folded so far
     _prev_fb: dict[str, int] = field(default_factory=dict, repr=False)
     _ended_step: int | None = None
     _logged_devices: dict[torch.device, int] = field(default_factory=dict, repr=False)
@@ -470,6 +537,7 @@ class XlaBackend(BackendBase):
         BackendBase.__init__(self)
         self._xla = torch_xla
         self._counters = XlaCounters(torch_xla._XLAC)
+        self._tally = SummaryTally(self.warmup_steps)
         self._transfers = TransferCount(self._counters, self.warmup_steps)
         DIRECT_COPIES.install(torch_xla._XLAC)
         if self.device is None:
@@ -634,7 +702,9 @@ class XlaBackend(BackendBase):
                 self._prev_fb = fb
             self._rows.append((self._ended_step, row, ops))
             self._ended_step = None
-        elif not self._rows:
+            if len(self._rows) >= self.fold_rows:
+                self._fold()
+        elif not self._rows and not self._tally.steps:  # before the first step: the base
             self._first_row, self._prev_fb = row, fb
         return row
 
@@ -642,17 +712,15 @@ class XlaBackend(BackendBase):
         """:meth:`counter_row` by name (the :class:`~refrun.probes.base.Backend` form)."""
         return dict(zip(self.counter_names, self.counter_row(), strict=True))
 
-    @property
-    def _records(self) -> list[StepRecord]:
-        """Per-step deltas of the rows kept so far (for the end-of-run summary)."""
-        out: list[StepRecord] = []
-        prev = self._first_row
-        names = self.counter_names
-        for step, row, ops in self._rows:
-            deltas = {k: b - a for k, a, b in zip(names, prev or row, row, strict=True)}
-            out.append(StepRecord(step, deltas, ops or {}))
-            prev = row
-        return out
+    def _fold(self) -> None:
+        """Add the kept rows' per-step deltas to the summary's sums and drop them, keeping
+        the last as the next delta's base: memory stays bounded by ``fold_rows`` rows."""
+        rows = self._rows
+        if not rows:
+            return
+        self._tally.add_rows(self.counter_names, self._first_row or rows[0][1], rows)
+        self._first_row = rows[-1][1]
+        self._rows = []
 
     # --- device truth -----------------------------------------------------------------
     def describe(self) -> Mapping[str, Any]:
@@ -684,7 +752,8 @@ class XlaBackend(BackendBase):
 
     # --- end ----------------------------------------------------------------------
     def summary(self) -> XlaSummary:
-        return summarize(self._records, self.warmup_steps)
+        self._fold()
+        return self._tally.summary()
 
     def summary_tags(self) -> Mapping[str, Any]:
         """``refrun.summary.*`` and ``refrun.fallback.ops`` (recorded by the probe at close)."""
@@ -696,13 +765,13 @@ class XlaBackend(BackendBase):
         return {
             schema.ARTIFACT_XLA_SUMMARY: {
                 **dict(vars(s).items()),
-                "names": {"tags": sorted(s.tags()), "per_step_metrics": sorted(
-                    {k for r in self._records for k in r.deltas})},
+                "names": {"tags": sorted(s.tags()),
+                          "per_step_metrics": sorted(self._tally.names)},
             },
             schema.ARTIFACT_FALLBACK_OPS: {
                 "ops": {op: {"count": n, "first_step": s.fallback_first_step[op]}
                         for op, n in sorted(s.fallback_ops.items())},
-                "steps": {str(r.step): r.fallback for r in self._records if r.fallback},
+                "steps": {str(step): ops for step, ops in self._tally.fallback_steps.items()},
             },
         }
 
