@@ -686,8 +686,8 @@ class XlaBackend(BackendBase):
     def counter_row(self) -> tuple[float, ...]:
         """Cumulative counters in :attr:`counter_names` order, at start and after each
         step (the probe's block path: a tuple, no dict).  The backend keeps the rows of
-        ended steps for its end-of-run summary and warns at once about a fallback op seen
-        for the first time."""
+        ended steps for its end-of-run summary, folding them into its sums every
+        ``fold_rows`` steps, and warns at once about a fallback op seen for the first time."""
         row, fb = self._counters.read_row(timed=self._transfers.checked)
         row = (*row, float(self._transfers.d2h), float(self._transfers.syncs))
         if self._ended_step is not None:
