@@ -302,7 +302,7 @@ class Probe:
             if not self._rows_last:  # no reading at start: this one is the baseline
                 self._rows_last = row
             row = None  # the step has no deltas
-        self._rows.append((n, time.time_ns() // 1_000_000, step_time, row))
+        self._rows.append((n, _now_ms(), step_time, row))
         if step_time is not None:
             self._step_times.append(step_time)
         if len(self._rows) >= MAX_BLOCK_ROWS or time.monotonic() >= self._rows_due:

@@ -198,10 +198,7 @@ class SummaryTally:
             if steady and r.deltas.get(schema.M_COMPILE_GRAPHS, 0) > 0:
                 self.compile_steps_after.append(r.step)
             if r.fallback:
-                self.fallback_steps[r.step] = dict(r.fallback)
-                for name, n in r.fallback.items():
-                    self.ops[name] = self.ops.get(name, 0) + n
-                    self.first.setdefault(name, r.step)
+                self._add_fallback(r.step, r.fallback)
 
     def add_rows(self, names: Sequence[str], base: Sequence[float],
                  rows: Sequence[tuple[int, Sequence[float], dict[str, int] | None]]) -> None:
@@ -219,10 +216,7 @@ class SummaryTally:
                 self.compile_steps_after.append(step)
             prev = row[compile_at]
             if ops:
-                self.fallback_steps[step] = dict(ops)
-                for name, n in ops.items():
-                    self.ops[name] = self.ops.get(name, 0) + n
-                    self.first.setdefault(name, step)
+                self._add_fallback(step, ops)
         last = rows[-1][1]
         # the cumulative reading at the end of warm-up, when it falls in or before this block
         start = base if before >= w else rows[w - before - 1][1] if before + len(rows) > w \
@@ -233,6 +227,12 @@ class SummaryTally:
                 self.after[name] = self.after.get(name, 0.0) + (last[k] - start[k])
         self.names.update(names)
         self.steps += len(rows)
+
+    def _add_fallback(self, step: int, ops: Mapping[str, int]) -> None:
+        self.fallback_steps[step] = dict(ops)
+        for name, n in ops.items():
+            self.ops[name] = self.ops.get(name, 0) + n
+            self.first.setdefault(name, step)
 
     def summary(self) -> XlaSummary:
         n_after = self.steps - min(self.steps, self.warmup_steps)
@@ -390,8 +390,7 @@ class XlaCounters:
         block of steps at a time)."""
         c = self._x._xla_counter_value
         uncached = c("UncachedCompile") or 0
-        compile_ns = self._compiles[1] if uncached == self._compiles[0] else \
-            self._compile_ns(uncached)
+        compile_ns = self._compile_ns(uncached)
         if timed or self._timed is None:
             exec_n, exec_ns = self._metric("ExecuteTime")
             self._timed = (exec_n, exec_ns, self._metric("TransferToDeviceTime")[0])
@@ -523,7 +522,9 @@ class XlaBackend(BackendBase):
     # (step, cumulative counter_row, fallback ops first counted then) of each ended step
     _rows: list[tuple[int, tuple[float, ...], dict[str, int] | None]] = field(
         default_factory=list, repr=False)
-    _first_row: tuple[float, ...] | None = field(default=None, repr=False)
+    # the cumulative row the next kept row's deltas start from (the start, then the last
+    # folded row)
+    _base_row: tuple[float, ...] | None = field(default=None, repr=False)
     _tally: SummaryTally = field(init=False, repr=False)  # rows folded so far
     _prev_fb: dict[str, int] = field(default_factory=dict, repr=False)
     _ended_step: int | None = None
@@ -705,7 +706,7 @@ class XlaBackend(BackendBase):
             if len(self._rows) >= self.fold_rows:
                 self._fold()
         elif not self._rows and not self._tally.steps:  # before the first step: the base
-            self._first_row, self._prev_fb = row, fb
+            self._base_row, self._prev_fb = row, fb
         return row
 
     def counters(self) -> Mapping[str, float]:
@@ -718,8 +719,8 @@ class XlaBackend(BackendBase):
         rows = self._rows
         if not rows:
             return
-        self._tally.add_rows(self.counter_names, self._first_row or rows[0][1], rows)
-        self._first_row = rows[-1][1]
+        self._tally.add_rows(self.counter_names, self._base_row or rows[0][1], rows)
+        self._base_row = rows[-1][1]
         self._rows = []
 
     # --- device truth -----------------------------------------------------------------
