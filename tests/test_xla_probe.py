@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,10 @@ def per_step(store, run_id: str, metric: str, steps: int) -> list[float]:
 
 
 def artifact(store, run_id: str, name: str) -> dict:
-    return json.loads(Path(store.client().download_artifacts(run_id, name)).read_text())
+    # into the test's directory: without one, MLflow downloads into a new temporary
+    # directory that nobody removes
+    dest = tempfile.mkdtemp(dir=store.tmp)
+    return json.loads(Path(store.client().download_artifacts(run_id, name, dest)).read_text())
 
 
 # --- compilations ---------------------------------------------------------------------
