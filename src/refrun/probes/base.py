@@ -292,7 +292,7 @@ class Probe:
         a block of them into per-step deltas in one session call, once per flush
         interval.  (Building dicts and deltas and the session's per-point checks at every
         exit cost ~30-40 us of a PyTorch/XLA step's host time, while the runtime executes
-        the previous step on the same cores: docs/xla.md.)"""
+        the previous step on the same cores: docs/research/xla-probe-cost.md.)"""
         try:
             row: tuple[float, ...] | None = tuple(self._counter_row())
         except Exception as exc:
@@ -423,7 +423,7 @@ class Probe:
         all log the same names as columns in one :meth:`RunSession.log_columns` call
         (which has ``log_metrics``' outcome step by step).  Handing them over one call per
         value cost ~15 us each on the training thread when a backend copies values in
-        batches (PyTorch/XLA: once a flush interval; docs/xla.md)."""
+        batches (PyTorch/XLA: once a flush interval; docs/research/xla-probe-cost.md)."""
         steps: list[int] = []
         rows: list[dict[str, float]] = []
         for n, name, value in ready:

@@ -573,7 +573,7 @@ class XlaBackend(BackendBase):
                                  "one-element tensors (reduce it in the step, e.g. .mean())")
             # One device object per call, counted as is (named in describe()): each
             # tensor accessor costs ~1 us on the training thread while the runtime runs
-            # the step just synced on the same cores (docs/xla.md).
+            # the step just synced on the same cores (docs/research/xla-probe-cost.md).
             dev = value.device
             self._logged_devices[dev] = self._logged_devices.get(dev, 0) + 1
             if dev.type != "xla":
