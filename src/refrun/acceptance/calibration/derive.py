@@ -876,8 +876,9 @@ def calibrate(references: Sequence[RunData],
 
     ``known_good``: known-good same-seed pair evidence (runs tagged
     ``refrun.pair.known_good``, :func:`refrun.acceptance.paired.known_good_ids`); those whose
-    pair is one of ``references`` give a ``paired`` criterion on the loss
-    (:func:`refrun.acceptance.paired.derive_band`); otherwise ``notes`` says why none.
+    pair is one of ``references`` give ``paired`` criteria on the loss and on each
+    periodically evaluated metric (:func:`_paired_criteria`,
+    :func:`refrun.acceptance.paired.derive_band`); otherwise ``notes`` says why none.
 
     Returns a :class:`Calibrated` (``.text()`` is the TOML file, ``.power()`` the
     smallest detectable shifts).  Raises :class:`RefrunInputError` for fewer than 3 runs,
@@ -1020,14 +1021,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     if opts.require_gradcheck:
         out.append(_gradcheck())
     if "paired" not in opts.exclude_kinds:
-        band, why = pairs.derive_band(known_good, pair_references or runs, schema.M_LOSS,
-                                      keep) \
-            if schema.M_LOSS in metrics else (None, f"no paired criterion: the references "
-                                               f"share no finite {schema.M_LOSS!r}")
-        if band is not None:
-            out.append(_paired(band))
-        if why:
-            notes.append(why if band is None else f"paired: {why}")
+        out += _paired_criteria(known_good, pair_references or runs, metrics, per_step,
+                                keep, notes)
     out = _unique_ids([d for d in out if d.table["kind"] not in opts.exclude_kinds])
     if not any(d.table["level"] == "L3" for d in out):
         raise RefrunInputError(
@@ -1040,6 +1035,31 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
                       .replace("+00:00", "Z"), notes)
+
+
+def _paired_criteria(known_good: Sequence[RunData], references: Sequence[RunData],
+                     metrics: Sequence[str], per_step: Sequence[str], keep: str,
+                     notes: list[str]) -> list[Derived]:
+    """``paired`` criteria from the known-good same-seed evidence: one on the training loss
+    and one on every periodically evaluated metric (``eval/...`` logged at several steps),
+    each with the band of its own known-good divergence.  A port whose evaluation alone
+    differs from its seed's (evaluated in lower precision, with dropout on, on stale
+    weights) trains exactly as its seed did, so only an evaluation metric's pair can see
+    it when the effect is inside the seeds' spread.  Why a metric gets none goes to
+    ``notes``: once for the loss, and for an evaluation metric only when known-good
+    evidence exists (without any, the loss's note says so for all)."""
+    out: list[Derived] = []
+    if schema.M_LOSS not in metrics:
+        notes.append(f"no paired criterion: the references share no finite {schema.M_LOSS!r}")
+    names = [schema.M_LOSS] if schema.M_LOSS in metrics else []
+    for m in names + [m for m in per_step if m.startswith(schema.EVAL_PREFIX)]:
+        band, why = pairs.derive_band(known_good, references, m, keep)
+        if band is not None:
+            out.append(_paired(band))
+        if why and (m == schema.M_LOSS or known_good):
+            prefix = "" if m == schema.M_LOSS else f"{m}: "
+            notes.append(prefix + why if band is None else f"paired: {prefix}{why}")
+    return out
 
 
 def _paired(b: pairs.PairedBand) -> Derived:

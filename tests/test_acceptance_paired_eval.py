@@ -1,0 +1,211 @@
+"""Same-seed paired comparison of an evaluation metric, on a tiny real torch model (CPU).
+
+A port whose *evaluation* alone differs from its seed's trains exactly as that seed did, so
+no training-loss criterion can see it, and when its effect on the evaluation metric is
+inside the seeds' spread no seed band can either.  Here: 5 reference seeds of a 16-64-4
+tanh MLP (200 SGD steps, validation loss every 20 steps), a known-good rerun of seed 0
+with its input features permuted (the same sums in another order, in training and in
+evaluation), a benign port of seed 4 (first layer accumulated in float64), and a port of
+seed 2 that trains in float32 like its seed but evaluates with bfloat16 matmuls.
+`refrun calibrate` writes a ``paired`` criterion on ``eval/val_loss`` beside the loss's;
+it alone rejects the bfloat16 evaluation.  Expected numbers are recomputed with numpy from
+the logged values, independently of refrun.acceptance.paired."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import refrun
+from refrun import schema
+from refrun.acceptance.assess import assess_ids
+from refrun.acceptance.calibration import CalibrationOptions, calibrate_ids, write_file
+from refrun.acceptance.criteria import load_criteria
+from refrun.acceptance.paired import STRUCTURAL_MAX_RATIO
+from refrun.pairing import pair_tags
+from tests.conftest import migrated_sqlite
+
+STEPS, D, H, K, B, EVERY = 200, 16, 64, 4, 32, 20
+EVAL_STEPS = np.arange(EVERY - 1, STEPS, EVERY)  # 19, 39, ..., 199
+W_TRUE = torch.randn(D, K, generator=torch.Generator().manual_seed(99))
+EVAL_X = torch.randn(1024, D, generator=torch.Generator().manual_seed(98))
+EVAL_Y = (EVAL_X @ W_TRUE + torch.randn(1024, K, generator=torch.Generator().manual_seed(97))
+          ).argmax(1)
+
+
+def train(seed: int, mode: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+    """(per-step training losses, validation losses at EVAL_STEPS).  ``mode``: ``fp32`` the
+    reference, ``perm`` input features permuted everywhere, ``f64`` first layer accumulated
+    in float64 everywhere, ``eval-bf16`` the reference's training with every evaluation
+    matmul in bfloat16."""
+    g = torch.Generator().manual_seed(seed)
+    w1 = (torch.randn(H, D, generator=g) / D ** 0.5).requires_grad_()
+    b1 = torch.zeros(H, requires_grad=True)
+    w2 = (torch.randn(K, H, generator=g) / H ** 0.5).requires_grad_()
+    b2 = torch.zeros(K, requires_grad=True)
+    opt = torch.optim.SGD([w1, b1, w2, b2], lr=0.2, momentum=0.9)
+    order = torch.Generator().manual_seed(seed + 100)
+    xs = torch.randn(STEPS, B, D, generator=order)
+    ys = (xs @ W_TRUE + torch.randn(STEPS, B, K, generator=order)).argmax(2)
+    perm = torch.from_numpy(np.random.default_rng(seed + 7).permutation(D))
+
+    def forward(x: torch.Tensor, evaluating: bool) -> torch.Tensor:
+        if mode == "perm":
+            h = x[:, perm] @ w1[:, perm].T + b1
+        elif mode == "f64":
+            h = (x.double() @ w1.double().T).float() + b1
+        elif mode == "eval-bf16" and evaluating:
+            h = (x.bfloat16() @ w1.bfloat16().T).float() + b1
+        else:
+            h = x @ w1.T + b1
+        if mode == "eval-bf16" and evaluating:
+            return (torch.tanh(h).bfloat16() @ w2.bfloat16().T).float() + b2
+        return torch.tanh(h) @ w2.T + b2
+
+    losses, evals = np.empty(STEPS), []
+    for s in range(STEPS):
+        loss = torch.nn.functional.cross_entropy(forward(xs[s], False), ys[s])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses[s] = loss.item()
+        if s in EVAL_STEPS:
+            with torch.no_grad():
+                evals.append(torch.nn.functional.cross_entropy(forward(EVAL_X, True),
+                                                               EVAL_Y).item())
+    return losses, np.array(evals)
+
+
+@dataclass
+class World:
+    uri: str = ""
+    tmp: Path = Path()
+    refs: dict[int, str] = field(default_factory=dict)  # seed -> run id
+    runs: dict[str, str] = field(default_factory=dict)  # name -> run id
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    path: Path = Path()
+
+
+def _record(w: World, name: str, role: str, seed: int, curves: tuple[np.ndarray, np.ndarray],
+            tags: dict[str, str] | None = None, eval_every: int = 1) -> str:
+    """Record ``curves``; ``eval_every`` k logs every k-th evaluation only (another
+    evaluation cadence)."""
+    losses, evals = curves
+    with refrun.start_run("paired-eval-mlp", role, backend="torch", hardware="cpu",
+                          seed=seed, planned_steps=STEPS, tracking_uri=w.uri,
+                          spool_dir=w.tmp / "spool", tags=tags or {},
+                          snapshot_environment=False, delivery="thread") as run:
+        for s, v in enumerate(losses):
+            run.log(s, loss=float(v))
+        for s, v in list(zip(EVAL_STEPS, evals, strict=True))[eval_every - 1::eval_every]:
+            run.log_eval(int(s), val_loss=float(v))
+    assert run.run_id is not None
+    w.curves[name] = curves
+    return run.run_id
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    tmp = tmp_path_factory.mktemp("paired-eval")
+    w = World(uri=migrated_sqlite(tmp / "mlflow.db", tmp_path_factory), tmp=tmp)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for s in range(5):
+            w.refs[s] = _record(w, f"seed{s}", "reference", s, train(s))
+        w.runs["known_good"] = _record(
+            w, "known_good", "candidate", 0, train(0, "perm"),
+            pair_tags(0, known_good="reference code, input features permuted: the same "
+                                    "first-layer sums in another order"))
+        w.runs["benign"] = _record(w, "benign", "candidate", 4, train(4, "f64"), pair_tags(4))
+        w.runs["eval_bf16"] = _record(w, "eval_bf16", "candidate", 2, train(2, "eval-bf16"),
+                                      pair_tags(2))
+        w.runs["benign_cadence"] = _record(w, "benign_cadence", "candidate", 4,
+                                           w.curves["benign"], pair_tags(4), eval_every=2)
+    finally:
+        torch.set_num_threads(threads)
+    w.path = tmp / "criteria.toml"
+    write_file(calibrate_ids([w.refs[s] for s in range(5)], w.uri,
+                             CalibrationOptions(group_size=4)), str(w.path))
+    return w
+
+
+def _assess(w: World, name: str):
+    refs = [w.refs[s] for s in range(4)]  # seed 4 (the benign port's) is found in the store
+    return assess_ids(load_criteria(w.path), refs, w.runs[name], w.uri)
+
+
+def _eval_div(w: World, a: str, b: str) -> np.ndarray:
+    """Running max of |a - b| over the evaluations (numpy, independent of refrun)."""
+    return np.maximum.accumulate(np.abs(w.curves[a][1] - w.curves[b][1]))
+
+
+def test_calibrate_writes_a_paired_criterion_for_the_evaluation_metric(world: World) -> None:
+    doc = tomllib.loads(world.path.read_text())
+    paired = {c["metric"]: c for c in doc["criteria"] if c["kind"] == "paired"}
+    assert set(paired) == {"loss", "eval/val_loss"}
+    p = paired["eval/val_loss"]
+    assert p["id"] == "val_loss-paired" and p["level"] == "L1"
+    assert p["max_ratio"] == pytest.approx(STRUCTURAL_MAX_RATIO, rel=1e-5)
+    # Its band is the known-good rerun's own divergence on the evaluations (knots at
+    # evaluation steps, 4 significant digits), not the training loss's.
+    e = _eval_div(world, "known_good", "seed0")
+    expect = np.maximum(e, e[e > 0].min())
+    idx = np.searchsorted(EVAL_STEPS, p["band_steps"])
+    assert np.all(EVAL_STEPS[idx] == p["band_steps"])
+    np.testing.assert_allclose(p["band_values"], expect[idx], rtol=1e-3)
+    assert p["band_values"] != paired["loss"]["band_values"][:len(p["band_values"])]
+
+
+def test_only_the_evaluation_pair_sees_a_port_that_evaluates_in_bfloat16(
+        world: World) -> None:
+    a, _ = _assess(world, "eval_bf16")
+    # It trains exactly as its seed: the loss pair has not diverged at all ...
+    np.testing.assert_array_equal(world.curves["eval_bf16"][0], world.curves["seed2"][0])
+    assert a.result("loss-paired").outcome == "pass"
+    # ... and every seed band accepts its evaluations (the effect is inside the spread).
+    bands = [r for r in a.results if r.kind in ("envelope", "closeness", "equivalence")]
+    assert {r.metric for r in bands} >= {"loss", "eval/val_loss"}
+    assert all(r.outcome == "pass" for r in bands), \
+        [(r.id, r.reason) for r in bands if r.outcome != "pass"]
+    # The evaluation pair rejects it where numpy says it first leaves the band.
+    p = a.result("val_loss-paired")
+    assert p.outcome == "fail" and a.verdict == "fail"
+    assert p.evidence["pair_run"] == world.refs[2]
+    crit = load_criteria(world.path).criterion(p.id)
+    div = _eval_div(world, "eval_bf16", "seed2")
+    band = np.array(crit.band_values)[np.searchsorted(crit.band_steps, EVAL_STEPS,
+                                                      side="right") - 1] * crit.max_ratio
+    first = int(EVAL_STEPS[np.argmax(div > band)])
+    assert np.any(div > band)
+    assert p.evidence[schema.EV_FIRST_DIVERGENCE_STEP] == first
+    assert f"first diverges at step {first}" in p.reason
+
+
+def test_the_benign_port_passes_both_pairs(world: World) -> None:
+    a, _ = _assess(world, "benign")
+    for cid in ("loss-paired", "val_loss-paired"):
+        r = a.result(cid)
+        assert r.outcome == "pass", (cid, r.reason)
+        assert r.evidence["pair_run"] == world.refs[4]
+    assert a.result("val_loss-paired").evidence["divergence_at_last"] == pytest.approx(
+        _eval_div(world, "benign", "seed4")[-1])
+    assert a.verdict == "pass", a.table()
+
+
+def test_a_port_evaluating_half_as_often_is_judged_at_the_shared_steps(world: World) -> None:
+    """Another evaluation cadence (every 40 steps against 20): the evaluation pair compares
+    the steps both evaluated, and the benign port still passes."""
+    a, _ = _assess(world, "benign_cadence")
+    p = a.result("val_loss-paired")
+    assert p.outcome == "pass", p.reason
+    shared = EVAL_STEPS[1::2]
+    assert p.evidence["steps_compared"] == len(shared)
+    full = np.abs(world.curves["benign"][1] - world.curves["seed4"][1])
+    assert p.evidence["divergence_at_last"] == pytest.approx(full[1::2].max())
+    assert a.verdict == "pass", a.table()
