@@ -10,10 +10,13 @@ from the logged losses, independently of refrun.acceptance.paired."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tomllib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -43,13 +46,23 @@ EVAL_Y = (EVAL_X @ W_TRUE + torch.randn(1024, K, generator=torch.Generator().man
           ).argmax(1)
 
 
-def train(seed: int, mode: str = "fp32") -> np.ndarray:
-    """Per-step training losses, then the final evaluation loss, of a 2-layer tanh MLP on
-    fresh noisy batches (the data order is the seed's own stream; labels 1 std of noise
-    from a linear teacher, so the loss stays noisy and seeds differ at every step).
-    ``mode``: ``fp32`` the reference, ``perm`` input features permuted (the same sums
-    in another order), ``f64`` first layer accumulated in float64, ``bf16`` every matmul
-    in bfloat16."""
+@dataclass
+class Mlp:
+    """Seed ``seed``'s 2-layer tanh MLP, its optimizer and its batches: fresh noisy batches
+    in the seed's own data order, labels 1 std of noise from a linear teacher (so the loss
+    stays noisy and seeds differ at every step), and the seed's input permutation."""
+
+    w1: torch.Tensor
+    b1: torch.Tensor
+    w2: torch.Tensor
+    b2: torch.Tensor
+    opt: torch.optim.Optimizer
+    xs: torch.Tensor
+    ys: torch.Tensor
+    perm: torch.Tensor
+
+
+def mlp(seed: int) -> Mlp:
     g = torch.Generator().manual_seed(seed)
     w1 = (torch.randn(H, D, generator=g) / D ** 0.5).requires_grad_()
     b1 = torch.zeros(H, requires_grad=True)
@@ -60,6 +73,16 @@ def train(seed: int, mode: str = "fp32") -> np.ndarray:
     xs = torch.randn(STEPS, B, D, generator=order)
     ys = (xs @ W_TRUE + torch.randn(STEPS, B, K, generator=order)).argmax(2)
     perm = torch.from_numpy(np.random.default_rng(seed + 7).permutation(D))
+    return Mlp(w1, b1, w2, b2, opt, xs, ys, perm)
+
+
+def train(seed: int, mode: str = "fp32") -> np.ndarray:
+    """Per-step training losses, then the final evaluation loss, of :func:`mlp` (seed).
+    ``mode``: ``fp32`` the reference, ``perm`` input features permuted (the same sums
+    in another order), ``f64`` first layer accumulated in float64, ``bf16`` every matmul
+    in bfloat16."""
+    m = mlp(seed)
+    w1, b1, w2, b2, opt, xs, ys, perm = m.w1, m.b1, m.w2, m.b2, m.opt, m.xs, m.ys, m.perm
 
     def layer1(x: torch.Tensor) -> torch.Tensor:
         if mode == "perm":
@@ -112,28 +135,41 @@ def _record(w: World, name: str, role: str, seed: int, losses: np.ndarray,
     return run.run_id
 
 
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """torch on one thread (its matmuls' summation order fixed) for the block."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def record_pairs(w: Any, record: Callable[..., str], train: Callable[..., Any]) -> None:
+    """Record, with ``record(w, name, role, seed, curves, tags)``, the five reference seeds,
+    the known-good evidence (the reference code of seed 0, summation order changed) and the
+    benign port of seed 4 (first layer in float64), ``train(seed, mode)`` giving curves."""
+    for s in range(5):
+        w.refs[s] = record(w, f"seed{s}", "reference", s, train(s))
+    w.runs["known_good"] = record(
+        w, "known_good", "candidate", 0, train(0, "perm"),
+        pair_tags(0, known_good="reference code, input features permuted: the same "
+                                "first-layer sums in another order"))
+    w.runs["benign"] = record(w, "benign", "candidate", 4, train(4, "f64"), pair_tags(4))
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     tmp = tmp_path_factory.mktemp("paired")
     w = World(uri=migrated_sqlite(tmp / "mlflow.db", tmp_path_factory), tmp=tmp)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for s in range(5):
-            w.refs[s] = _record(w, f"seed{s}", "reference", s, train(s))
-        # Known-good evidence: the reference code of seed 0, summation order changed.
-        w.runs["known_good"] = _record(
-            w, "known_good", "candidate", 0, train(0, "perm"),
-            pair_tags(0, known_good="reference code, input features permuted: the same "
-                                    "first-layer sums in another order"))
-        w.runs["benign"] = _record(w, "benign", "candidate", 4, train(4, "f64"), pair_tags(4))
+    with single_thread():
+        record_pairs(w, _record, train)
         w.runs["bf16"] = _record(w, "bf16", "candidate", 2, train(2, "bf16"), pair_tags(2))
         # Curves of runs above: what matters here is what they declare.
         w.runs["unpaired"] = _record(w, "unpaired", "candidate", 7, w.losses["seed3"])
         w.runs["lost_pair"] = _record(w, "lost_pair", "candidate", 42, w.losses["benign"],
                                       pair_tags(42))
-    finally:
-        torch.set_num_threads(threads)
     w.path = tmp / "criteria.toml"
     write_file(calibrate_ids([w.refs[s] for s in range(5)], w.uri,
                              CalibrationOptions(group_size=4)), str(w.path))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,30 +28,28 @@ from refrun.acceptance.criteria import load_criteria
 from refrun.acceptance.paired import STRUCTURAL_MAX_RATIO
 from refrun.pairing import pair_tags
 from tests.conftest import migrated_sqlite
+from tests.test_acceptance_paired import (
+    EVAL_X,
+    EVAL_Y,
+    STEPS,
+    mlp,
+    record_pairs,
+    single_thread,
+)
+from tests.test_acceptance_paired import World as PairedWorld
 
-STEPS, D, H, K, B, EVERY = 200, 16, 64, 4, 32, 20
+EVERY = 20
 EVAL_STEPS = np.arange(EVERY - 1, STEPS, EVERY)  # 19, 39, ..., 199
-W_TRUE = torch.randn(D, K, generator=torch.Generator().manual_seed(99))
-EVAL_X = torch.randn(1024, D, generator=torch.Generator().manual_seed(98))
-EVAL_Y = (EVAL_X @ W_TRUE + torch.randn(1024, K, generator=torch.Generator().manual_seed(97))
-          ).argmax(1)
 
 
 def train(seed: int, mode: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
-    """(per-step training losses, validation losses at EVAL_STEPS).  ``mode``: ``fp32`` the
+    """(per-step training losses, validation losses at EVAL_STEPS) of
+    :func:`tests.test_acceptance_paired.mlp` (seed).  ``mode``: ``fp32`` the
     reference, ``perm`` input features permuted everywhere, ``f64`` first layer accumulated
     in float64 everywhere, ``eval-bf16`` the reference's training with every evaluation
     matmul in bfloat16."""
-    g = torch.Generator().manual_seed(seed)
-    w1 = (torch.randn(H, D, generator=g) / D ** 0.5).requires_grad_()
-    b1 = torch.zeros(H, requires_grad=True)
-    w2 = (torch.randn(K, H, generator=g) / H ** 0.5).requires_grad_()
-    b2 = torch.zeros(K, requires_grad=True)
-    opt = torch.optim.SGD([w1, b1, w2, b2], lr=0.2, momentum=0.9)
-    order = torch.Generator().manual_seed(seed + 100)
-    xs = torch.randn(STEPS, B, D, generator=order)
-    ys = (xs @ W_TRUE + torch.randn(STEPS, B, K, generator=order)).argmax(2)
-    perm = torch.from_numpy(np.random.default_rng(seed + 7).permutation(D))
+    m = mlp(seed)
+    w1, b1, w2, b2, opt, xs, ys, perm = m.w1, m.b1, m.w2, m.b2, m.opt, m.xs, m.ys, m.perm
 
     def forward(x: torch.Tensor, evaluating: bool) -> torch.Tensor:
         if mode == "perm":
@@ -82,13 +79,10 @@ def train(seed: int, mode: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass
-class World:
-    uri: str = ""
-    tmp: Path = Path()
-    refs: dict[int, str] = field(default_factory=dict)  # seed -> run id
-    runs: dict[str, str] = field(default_factory=dict)  # name -> run id
+class World(PairedWorld):
+    """The paired test's store, with each run's (training losses, evaluations)."""
+
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    path: Path = Path()
 
 
 def _record(w: World, name: str, role: str, seed: int, curves: tuple[np.ndarray, np.ndarray],
@@ -113,22 +107,12 @@ def _record(w: World, name: str, role: str, seed: int, curves: tuple[np.ndarray,
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     tmp = tmp_path_factory.mktemp("paired-eval")
     w = World(uri=migrated_sqlite(tmp / "mlflow.db", tmp_path_factory), tmp=tmp)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for s in range(5):
-            w.refs[s] = _record(w, f"seed{s}", "reference", s, train(s))
-        w.runs["known_good"] = _record(
-            w, "known_good", "candidate", 0, train(0, "perm"),
-            pair_tags(0, known_good="reference code, input features permuted: the same "
-                                    "first-layer sums in another order"))
-        w.runs["benign"] = _record(w, "benign", "candidate", 4, train(4, "f64"), pair_tags(4))
+    with single_thread():
+        record_pairs(w, _record, train)
         w.runs["eval_bf16"] = _record(w, "eval_bf16", "candidate", 2, train(2, "eval-bf16"),
                                       pair_tags(2))
         w.runs["benign_cadence"] = _record(w, "benign_cadence", "candidate", 4,
                                            w.curves["benign"], pair_tags(4), eval_every=2)
-    finally:
-        torch.set_num_threads(threads)
     w.path = tmp / "criteria.toml"
     write_file(calibrate_ids([w.refs[s] for s in range(5)], w.uri,
                              CalibrationOptions(group_size=4)), str(w.path))
