@@ -1050,7 +1050,8 @@ def _paired_criteria(known_good: Sequence[RunData], references: Sequence[RunData
     evidence exists (without any, the loss's note says so for all)."""
     out: list[Derived] = []
     if schema.M_LOSS not in metrics:
-        notes.append(f"no paired criterion: the references share no finite {schema.M_LOSS!r}")
+        notes.append(f"{schema.M_LOSS}: no paired criterion: the references share no finite "
+                     f"{schema.M_LOSS!r}")
     names = [schema.M_LOSS] if schema.M_LOSS in metrics else []
     for m in names + [m for m in per_step if m.startswith(schema.EVAL_PREFIX)]:
         band, why = pairs.derive_band(known_good, references, m, keep)
