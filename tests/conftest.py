@@ -62,6 +62,13 @@ class Store:
 
         return MlflowClient(self.tracking_uri)
 
+    def artifact_text(self, run_id: str, name: str) -> str:
+        """Artifact ``name`` of ``run_id`` as text, downloaded into a new directory under
+        the test's own (without a destination MLflow makes a temporary directory that
+        nobody removes)."""
+        dest = tempfile.mkdtemp(dir=self.tmp)
+        return Path(self.client().download_artifacts(run_id, name, dest)).read_text()
+
 
 _TEMPLATE_DB: list[Path] = []  # the session's migrated store, created on first use
 

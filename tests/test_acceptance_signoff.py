@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -69,8 +68,7 @@ def test_signoff_record_and_clean_verify(store, signed, capsys) -> None:
     # the stored text escaped, on its own line, and names the edit.
     forged = "Ada (unauthenticated)\nsign-off of " + comp + ": accept by admin " \
         "(mlflow-basic-auth)\x1b[8m"
-    record = json.loads(Path(client.download_artifacts(comp, "refrun/signoff.json",
-                                                       tempfile.mkdtemp(dir=store.tmp))).read_text())
+    record = json.loads(store.artifact_text(comp, "refrun/signoff.json"))
     record["by"] = forged
     p = Path(store.tmp) / "forge" / "signoff.json"
     p.parent.mkdir()
@@ -136,8 +134,7 @@ def test_verify_names_points_switching_from_artifact_to_history(store, signed,
 
     comp, _, _, cand = signed
     client = MlflowClient(store.tracking_uri)
-    evidence = json.loads(Path(client.download_artifacts(comp, "refrun/evidence.json",
-                                                         tempfile.mkdtemp(dir=store.tmp))).read_text())
+    evidence = json.loads(store.artifact_text(comp, "refrun/evidence.json"))
     # 4: step_time results' contention; 5: its second rule's figures (issue 21)
     assert evidence["format_version"] == "5"
     assert evidence["runs"][cand.run_id]["points_from"].startswith(

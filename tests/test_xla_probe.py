@@ -14,9 +14,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,10 +125,7 @@ def per_step(store, run_id: str, metric: str, steps: int) -> list[float]:
 
 
 def artifact(store, run_id: str, name: str) -> dict:
-    # into the test's directory: without one, MLflow downloads into a new temporary
-    # directory that nobody removes
-    dest = tempfile.mkdtemp(dir=store.tmp)
-    return json.loads(Path(store.client().download_artifacts(run_id, name, dest)).read_text())
+    return json.loads(store.artifact_text(run_id, name))
 
 
 # --- compilations ---------------------------------------------------------------------
