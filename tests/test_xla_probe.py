@@ -30,7 +30,7 @@ import refrun.xla  # noqa: E402
 from refrun import schema  # noqa: E402
 from refrun.errors import RefrunInputError  # noqa: E402
 from refrun.probes.tpu_monitor import TpuMonitor  # noqa: E402
-from refrun.probes.xla import StepRecord, summarize  # noqa: E402
+from refrun.probes.xla import ROW_NAMES, SummaryTally, XlaSummary  # noqa: E402
 
 DEV = torch_xla.device()
 IN = 6
@@ -691,17 +691,68 @@ def test_tpu_monitor_is_off_cleanly_on_pjrt_cpu(store) -> None:
 
 
 # --- pure parts and bad input --------------------------------------------------------------
-def test_summarize_counts_after_warmup() -> None:
-    recs = [StepRecord(s, {schema.M_COMPILE_GRAPHS: g, schema.M_XFER_D2H: d}, fb)
-            for s, g, d, fb in [(0, 2, 0, {}), (1, 0, 1, {}), (2, 1, 3, {"aten::nonzero": 2}),
-                                (3, 0, 0, {"aten::nonzero": 1, "aten::unique2": 1})]]
-    s = summarize(recs, warmup_steps=1)
-    assert (s.compiles_total, s.compiles_after_warmup) == (3, 1)
+SUMMARY_NAMES = (*ROW_NAMES, schema.M_XFER_D2H, schema.M_HOST_SYNCS)
+
+
+def cumulative(base: float, deltas: list[dict[str, float]]) -> list[tuple[float, ...]]:
+    """The backend's cumulative counter rows (SUMMARY_NAMES order) after steps whose
+    per-step deltas are ``deltas``, starting from ``base`` in every column."""
+    cum, rows = dict.fromkeys(SUMMARY_NAMES, base), []
+    for d in deltas:
+        cum = {k: v + d.get(k, 0.0) for k, v in cum.items()}
+        rows.append(tuple(cum[k] for k in SUMMARY_NAMES))
+    return rows
+
+
+def test_summary_counts_after_warmup() -> None:
+    deltas = [{schema.M_COMPILE_GRAPHS: g, schema.M_XFER_D2H: d} for g, d in
+              [(2, 0), (0, 1), (1, 3), (0, 0)]]
+    ops = [None, None, {"aten::nonzero": 2}, {"aten::nonzero": 1, "aten::unique2": 1}]
+
+    def summary(warmup: int) -> XlaSummary:
+        tally = SummaryTally(warmup)
+        rows = list(zip(range(4), cumulative(0.0, deltas), ops, strict=True))
+        tally.add_rows(SUMMARY_NAMES, (0.0,) * len(SUMMARY_NAMES), rows)
+        return tally.summary()
+
+    s = summary(warmup=1)
+    assert (s.steps, s.compiles_total, s.compiles_after_warmup) == (4, 3, 1)
     assert s.compile_steps_after_warmup == [2]
     assert s.d2h_per_step == pytest.approx(4 / 3)
     assert s.fallback_ops == {"aten::nonzero": 3, "aten::unique2": 1}
     assert s.fallback_first_step == {"aten::nonzero": 2, "aten::unique2": 3}
-    assert summarize(recs, warmup_steps=10).d2h_per_step == pytest.approx(1.0)  # all steps
+    assert summary(warmup=10).d2h_per_step == pytest.approx(1.0)  # all steps
+
+
+def expected_summary(steps: list[int], deltas: list[dict[str, float]],
+                     ops: list[dict[str, int] | None], warmup: int) -> XlaSummary:
+    """The summary of per-step deltas, computed step by step (the definition the
+    backend's sums of cumulative rows must agree with)."""
+    steady = list(range(warmup, len(steps))) or list(range(len(steps)))
+
+    def mean(key: str) -> float:
+        return sum(deltas[i].get(key, 0.0) for i in steady) / len(steady)
+
+    def total(key: str, start: int = 0) -> float:
+        return sum(d.get(key, 0.0) for d in deltas[start:])
+
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for step, o in zip(steps, ops, strict=True):
+        for name, n in (o or {}).items():
+            counts[name] = counts.get(name, 0) + n
+            first.setdefault(name, step)
+    return XlaSummary(
+        steps=len(steps), warmup_steps=warmup,
+        compiles_total=int(total(schema.M_COMPILE_GRAPHS)),
+        compiles_after_warmup=int(total(schema.M_COMPILE_GRAPHS, warmup)),
+        compile_steps_after_warmup=[steps[i] for i in range(warmup, len(steps))
+                                    if deltas[i][schema.M_COMPILE_GRAPHS] > 0],
+        d2h_per_step=mean(schema.M_XFER_D2H), h2d_per_step=mean(schema.M_XFER_H2D),
+        host_syncs_per_step=mean(schema.M_HOST_SYNCS),
+        fallback_ops_total=sum(counts.values()), fallback_ops=counts,
+        fallback_first_step=first, compile_time_s=total(schema.M_COMPILE_TIME),
+        exec_count_per_step=mean(schema.M_EXECUTIONS))
 
 
 @pytest.mark.parametrize("warmup", [0, 3, 10, 60])
@@ -712,29 +763,20 @@ def test_summary_from_cumulative_rows_in_blocks(warmup: int, fold: int) -> None:
     blocks and wherever warm-up ends (inside a block, at its edge, after the run)."""
     import random
 
-    from refrun.probes.xla import ROW_NAMES, SummaryTally
-
-    names = (*ROW_NAMES, schema.M_XFER_D2H, schema.M_HOST_SYNCS)
     rng = random.Random(warmup * 100 + fold)
-    cum, rows = [5.0] * len(names), []
-    base = tuple(cum)
-    for step in range(10, 60):
-        cum = [c + rng.choice([0, 0, 1, 2]) for c in cum]
-        rows.append((step, tuple(cum), {"aten::x": 1} if rng.random() < 0.2 else None))
+    steps = list(range(10, 60))
+    deltas = [{k: float(rng.choice([0, 0, 1, 2])) for k in SUMMARY_NAMES} for _ in steps]
+    ops = [{"aten::x": 1} if rng.random() < 0.2 else None for _ in steps]
+    base = (5.0,) * len(SUMMARY_NAMES)
+    rows = list(zip(steps, cumulative(5.0, deltas), ops, strict=True))
     tally, last = SummaryTally(warmup), base
     for i in range(0, len(rows), fold):
         block = rows[i:i + fold]
-        tally.add_rows(names, last, block)
+        tally.add_rows(SUMMARY_NAMES, last, block)
         last = block[-1][1]
     got = tally.summary()
-    prevs = [base] + [r[1] for r in rows[:-1]]
-    recs = [StepRecord(step, {k: b - a for k, a, b in zip(names, p, row, strict=True)},
-                       ops or {}) for (step, row, ops), p in zip(rows, prevs, strict=True)]
-    assert got == summarize(recs, warmup)
-    g = names.index(schema.M_COMPILE_GRAPHS)
-    assert got.compile_steps_after_warmup == [
-        step for i, (step, row, _) in enumerate(rows) if i >= warmup and row[g] > prevs[i][g]]
-    assert got.compiles_total == rows[-1][1][g] - base[g]
+    want = expected_summary(steps, deltas, ops, warmup)
+    assert got == want  # every count is an integer: the sums are exact
 
 
 def test_bad_arguments_raise_input_errors(store) -> None:

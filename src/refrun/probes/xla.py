@@ -68,7 +68,7 @@ import numbers
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,15 +121,6 @@ class _XlaValue:
     version: int
     event: threading.Event | None = None  # readiness callback (only on some values)
     value: float | None = None
-
-
-@dataclass
-class StepRecord:
-    """Counter deltas of one recorded step (schema names) plus fallback ops by name."""
-
-    step: int
-    deltas: dict[str, float]
-    fallback: dict[str, int]
 
 
 @dataclass
@@ -186,26 +177,12 @@ class SummaryTally:
     fallback_steps: dict[int, dict[str, int]] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)  # every per-step counter seen
 
-    def add(self, records: Iterable[StepRecord]) -> None:
-        for r in records:
-            steady = self.steps >= self.warmup_steps
-            self.steps += 1
-            for key, v in r.deltas.items():
-                self.total[key] = self.total.get(key, 0.0) + v
-                if steady:
-                    self.after[key] = self.after.get(key, 0.0) + v
-            self.names.update(r.deltas)
-            if steady and r.deltas.get(schema.M_COMPILE_GRAPHS, 0) > 0:
-                self.compile_steps_after.append(r.step)
-            if r.fallback:
-                self._add_fallback(r.step, r.fallback)
-
     def add_rows(self, names: Sequence[str], base: Sequence[float],
                  rows: Sequence[tuple[int, Sequence[float], dict[str, int] | None]]) -> None:
-        """:meth:`add` for cumulative counter rows (``names`` order) that follow the
-        reading ``base``: sums are differences of two rows, so only the compile column and
-        the fallback ops are looked at step by step (a fold of 4,096 rows cost ~11 ms of
-        the training thread through per-step records)."""
+        """Add the steps whose cumulative counter rows (``names`` order) follow the reading
+        ``base``: sums are differences of two rows, so only the compile column and the
+        fallback ops are looked at step by step (a fold of 4,096 rows cost ~11 ms of the
+        training thread through per-step records)."""
         if not rows:
             return
         w, before = self.warmup_steps, self.steps
@@ -253,13 +230,6 @@ class SummaryTally:
             compile_time_s=self.total.get(schema.M_COMPILE_TIME, 0.0),
             exec_count_per_step=mean(schema.M_EXECUTIONS),
         )
-
-
-def summarize(records: Iterable[StepRecord], warmup_steps: int) -> XlaSummary:
-    """Summary over recorded steps (see :class:`SummaryTally`)."""
-    tally = SummaryTally(warmup_steps)
-    tally.add(records)
-    return tally.summary()
 
 
 class _DirectCopies:
