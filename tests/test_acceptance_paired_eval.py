@@ -86,18 +86,20 @@ class World(PairedWorld):
 
 
 def _record(w: World, name: str, role: str, seed: int, curves: tuple[np.ndarray, np.ndarray],
-            tags: dict[str, str] | None = None, eval_every: int = 1) -> str:
+            tags: dict[str, str] | None = None, eval_every: int = 1,
+            shift: tuple[int, int] = (0, 0)) -> str:
     """Record ``curves``; ``eval_every`` k logs every k-th evaluation only (another
-    evaluation cadence)."""
+    evaluation cadence); ``shift`` (loss, evaluation) adds a constant to the step numbers
+    (another way of numbering the same steps)."""
     losses, evals = curves
     with refrun.start_run("paired-eval-mlp", role, backend="torch", hardware="cpu",
                           seed=seed, planned_steps=STEPS, tracking_uri=w.uri,
                           spool_dir=w.tmp / "spool", tags=tags or {},
                           snapshot_environment=False, delivery="thread") as run:
         for s, v in enumerate(losses):
-            run.log(s, loss=float(v))
+            run.log(s + shift[0], loss=float(v))
         for s, v in list(zip(EVAL_STEPS, evals, strict=True))[eval_every - 1::eval_every]:
-            run.log_eval(int(s), val_loss=float(v))
+            run.log_eval(int(s) + shift[1], val_loss=float(v))
     assert run.run_id is not None
     w.curves[name] = curves
     return run.run_id
@@ -113,6 +115,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
                                       pair_tags(2))
         w.runs["benign_cadence"] = _record(w, "benign_cadence", "candidate", 4,
                                            w.curves["benign"], pair_tags(4), eval_every=2)
+        # The benign port's values, numbered by steps completed (1, 2, ...) instead of the
+        # index of the step just ended: evaluations only, then every step.
+        for name, shift in (("eval_counted", (0, 1)), ("all_counted", (1, 1))):
+            w.runs[name] = _record(w, name, "candidate", 4, w.curves["benign"],
+                                   pair_tags(4), shift=shift)
+        # Known-good evidence numbered that way measures steps of training, not rounding.
+        w.runs["known_good_counted"] = _record(
+            w, "known_good_counted", "candidate", 1, train(1, "perm"),
+            pair_tags(1, known_good="input features permuted, steps numbered from 1"),
+            shift=(1, 1))
     w.path = tmp / "criteria.toml"
     write_file(calibrate_ids([w.refs[s] for s in range(5)], w.uri,
                              CalibrationOptions(group_size=4)), str(w.path))
@@ -193,3 +205,34 @@ def test_a_port_evaluating_half_as_often_is_judged_at_the_shared_steps(world: Wo
     full = np.abs(world.curves["benign"][1] - world.curves["seed4"][1])
     assert p.evidence["divergence_at_last"] == pytest.approx(full[1::2].max())
     assert a.verdict == "pass", a.table()
+
+
+def test_runs_numbering_the_same_steps_differently_are_never_paired(world: World) -> None:
+    """The benign port's own values, logged at step numbers one higher (steps completed
+    against the reference's index of the step just ended).  Compared at equal step numbers
+    a pair would measure one step of training: the loss pair failed such a port at its
+    first step before ``step_shift``.  Now each pair is not evaluable and says why (the
+    verdict is incomplete, never a pass or a fail), and known-good evidence numbered so is
+    left out of calibration."""
+    for name, shifted in (("eval_counted", {"val_loss-paired"}),
+                          ("all_counted", {"loss-paired", "val_loss-paired"})):
+        a, _ = _assess(world, name)
+        for cid in ("loss-paired", "val_loss-paired"):
+            r = a.result(cid)
+            if cid in shifted:
+                assert r.outcome == "not_evaluable", (name, cid, r.reason)
+                assert "shifted by +1" in r.reason and "number steps differently" in r.reason
+            else:
+                assert r.outcome == "pass", (name, cid, r.reason)
+        assert a.verdict == "incomplete", a.table()
+        # The seed bands on the loss still judge it (one step's shift is inside them).
+        assert a.result("loss-envelope").outcome == "pass"
+    # The envelope on the evaluations has no common step and names the shift.
+    a, _ = _assess(world, "eval_counted")
+    r = a.result("val_loss-envelope")
+    assert r.outcome == "not_evaluable" and "shifted by +1 (20..200 against 19..199" in r.reason
+    # Calibration left the shifted known-good run out, with the reason, and its band is the
+    # unshifted known-good pair's alone (test_calibrate_writes_a_paired_criterion...).
+    text = world.path.read_text()
+    assert f"{world.runs['known_good_counted']}: 'loss' of run" in text
+    assert "shifted by +1 (1..200 against 0..199, 200 each)" in text

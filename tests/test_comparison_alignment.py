@@ -4,6 +4,7 @@ pair (permuted order, restarts repeating steps, gaps, other cadences, non-finite
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refrun.comparison import CompareOptions, RunData, compare, resolve_series
-from refrun.comparison.alignment import interpolate_onto
+from refrun.comparison.alignment import interpolate_onto, step_shift
+from refrun.errors import RefrunInputError
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -123,6 +125,42 @@ def test_different_cadence_common_steps_and_interpolation(pair, k, slope, icpt) 
                      run(inside, lin[:len(inside)], "c"))
     for key in ("mean_abs_diff", "bias", "max_abs_diff"):
         assert dataclasses.asdict(interp.measures)[key] == pytest.approx(ideal[key], abs=1e-9)
+
+
+@SETTINGS
+@given(clean_pair(), st.integers(-1000, 1000))
+def test_steps_numbered_differently_are_named_and_still_compared_at_equal_numbers(
+        pair, d) -> None:
+    """A candidate logging the reference's schedule with every step number moved by ``d``
+    (steps completed against the index of the step just ended: d = 1) gets ``step_shift``
+    d and a note, and is compared at the step numbers both hold, as before."""
+    steps, r, c = pair
+    common = np.intersect1d(steps, steps + d)  # numpy's own join, not refrun's
+    named = f"shifted by {d:+d}"
+    if not len(common):  # the only metric has no common step: the error says why
+        with pytest.raises(RefrunInputError, match=f"0 common.*{re.escape(named)}"):
+            compare(run(steps, r, "r"), run(steps + d, c, "c"))
+        return
+    got = compare(run(steps, r, "r"), run(steps + d, c, "c"))
+    a = got.metrics["loss"].alignment
+    assert a.step_shift == (d if d else None)
+    assert any(named in n for n in a.notes) == (d != 0)
+    assert a.aligned_steps == len(common)
+    ri, ci = np.searchsorted(steps, common), np.searchsorted(steps + d, common)
+    assert dataclasses.asdict(got.metrics["loss"].measures) == measures(
+        run(common, r[ri], "r"), run(common, c[ci], "c"))
+
+
+def test_a_shift_is_only_called_so_for_the_same_schedule() -> None:
+    steps = np.arange(19, 200, 20)
+    assert step_shift(steps, steps + 1) == 1
+    assert step_shift(steps, steps - 19) == -19
+    assert step_shift(steps, steps) is None
+    assert step_shift(steps, steps[1:] + 1) is None  # fewer evaluations: another schedule
+    assert step_shift(steps[:1], steps[:1] + 1) is None  # one lone point each
+    other = steps + 1
+    other[-1] += 1  # the last evaluation one step later again
+    assert step_shift(steps, other) is None
 
 
 @SETTINGS

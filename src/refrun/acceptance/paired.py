@@ -12,8 +12,10 @@ measures and judges.
     D(t) = max_{s <= t} |c(s) - r(s)|
 
 over the steps both logged with a finite reference value (a non-finite candidate value
-where the reference is finite counts as infinite).  The running maximum makes ``D``
-monotone: a signed difference crossing zero is not a re-convergence.
+where the reference is finite counts as infinite).  Two runs that log the same schedule
+numbered differently (every step of one is the other's plus a constant, ``step_shift``)
+have no such divergence: equal step numbers are other points of training.  The running
+maximum makes ``D`` monotone: a signed difference crossing zero is not a re-convergence.
 
 **Why a band that is a function of step.** Training is chaotic: two trajectories that
 start ``delta_0`` apart separate roughly as ``delta_0 exp(lambda t)`` (the largest Lyapunov
@@ -63,6 +65,7 @@ import numpy as np
 
 from refrun import schema
 from refrun.comparison import RunData, resolve_series
+from refrun.comparison.alignment import shift_note, step_shift
 from refrun.errors import RefrunInputError
 from refrun.pairing import declares_pair, is_known_good
 
@@ -217,13 +220,35 @@ def metric_series(run: RunData, metric: str, keep: str = "last"
     return np.asarray(r.steps, dtype=np.int64), np.asarray(r.values, dtype=float)
 
 
+@dataclass(frozen=True)
+class PairDivergence:
+    """:func:`divergence_curve` of a metric between a run and its pair, or why there is
+    none (``curve`` None, ``problem`` a sentence)."""
+
+    curve: Divergence | None
+    problem: str = ""
+
+
 def pair_divergence(reference: RunData, candidate: RunData, metric: str, keep: str = "last"
-                    ) -> Divergence | None:
-    """:func:`divergence_curve` of ``metric`` between two runs (None: one lacks it)."""
+                    ) -> PairDivergence:
+    """:func:`divergence_curve` of ``metric`` between two runs, unless one lacks the
+    metric, they share no step of it, or the candidate numbers the same steps differently
+    (:func:`~refrun.comparison.alignment.step_shift`: its step ``s`` is the reference's
+    ``s - d``, so a divergence at equal step numbers would measure ``d`` steps of
+    training, not the port)."""
     r, c = metric_series(reference, metric, keep), metric_series(candidate, metric, keep)
     if r is None or c is None:
-        return None
-    return divergence_curve(r[0], r[1], c[0], c[1])
+        who = reference.run_id if r is None else candidate.run_id
+        return PairDivergence(None, f"metric {metric!r} not recorded in run {who}")
+    shift = step_shift(r[0], c[0])
+    if shift is not None:
+        return PairDivergence(None, f"{metric!r} of run {candidate.run_id} against its pair "
+                              f"{reference.run_id}: {shift_note(shift, r[0], c[0])}")
+    div = divergence_curve(r[0], r[1], c[0], c[1])
+    if not len(div.steps):
+        return PairDivergence(None, f"no common step of {metric!r} between run "
+                              f"{candidate.run_id} and its pair {reference.run_id}")
+    return PairDivergence(div)
 
 
 # --- which reference run is the candidate's pair ---------------------------------------------
@@ -390,10 +415,11 @@ def derive_band(known_good: Sequence[RunData], references: Sequence[RunData], me
                                     "calibration references")
             left.append(f"{kg.run_id}: {why}")
             continue
-        div = pair_divergence(found.run, kg, metric, keep)
-        if div is None or not len(div.steps):
-            left.append(f"{kg.run_id}: no common {metric!r} step with {found.run.run_id}")
+        pd = pair_divergence(found.run, kg, metric, keep)
+        if pd.curve is None:
+            left.append(f"{kg.run_id}: {pd.problem}")
             continue
+        div = pd.curve
         if not np.any(div.running > 0):
             left.append(f"{kg.run_id}: identical to {found.run.run_id} at every step (its "
                         "declared perturbation changed nothing, so it measures no divergence)")

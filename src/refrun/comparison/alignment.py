@@ -11,6 +11,10 @@ Rules (documented in docs/comparison.md):
 * **Different cadence**: compared on the common steps; optionally one side is linearly
   interpolated onto the other's steps inside its own step range (never extrapolated).
 * **NaN/±Inf**: counted per run and excluded from the measures, never replaced by a number.
+* **Steps numbered differently** (:func:`step_shift`): two runs whose steps are the same
+  schedule shifted by a constant (one labelling a step by the steps completed, 1, 2, ...,
+  the other by the index of the step just ended, 0, 1, ...) are still compared at equal
+  step numbers; a note says so, and a same-seed pair refuses to compare them.
 * **Axis** (``step``, ``samples``, ``tokens``): with ``samples`` or ``tokens`` each run's
   steps are first mapped to the samples (tokens) it had seen at the end of that step
   (:func:`axis_map`, :func:`to_axis`), so a candidate with twice the global batch lines up
@@ -85,6 +89,7 @@ class AlignmentReport:
     notes: list[str] = field(default_factory=list)
     axis: str = "step"  # what aligned_steps/first_/last_aligned_step count
     axis_mapping: list[AxisMapping] = field(default_factory=list)  # one per run
+    step_shift: int | None = None  # the candidate's steps are the references' + this
 
 
 @dataclass(frozen=True)
@@ -294,6 +299,31 @@ def interpolate_onto(xp: np.ndarray, fp: np.ndarray, x: np.ndarray) -> np.ndarra
     return np.where(exact0, y0, np.where(exact1, y1, y))
 
 
+def step_shift(reference: np.ndarray, candidate: np.ndarray) -> int | None:
+    """The constant ``d != 0`` with ``candidate[i] == reference[i] + d`` for every ``i``,
+    when both hold the same number (at least 2) of sorted steps; else None.
+
+    Such runs logged the same schedule and number its steps differently: a step labelled
+    ``s`` in one is ``s - d`` in the other (e.g. ``d = 1``: steps completed against the
+    index of the step just ended).  Equal step numbers are then not the same point of
+    training.  Two lone points, or schedules of different lengths, are not called
+    shifted: nothing but the numbers could tell a shift from another schedule."""
+    a, b = np.asarray(reference), np.asarray(candidate)
+    if len(a) < 2 or len(a) != len(b):
+        return None
+    d = b - a
+    return int(d[0]) if d[0] != 0 and np.all(d == d[0]) else None
+
+
+def shift_note(shift: int, reference: np.ndarray, candidate: np.ndarray) -> str:
+    """One sentence on a :func:`step_shift` (``reference``/``candidate``: their steps)."""
+    return (f"the candidate's steps are the reference's shifted by {shift:+d} "
+            f"({candidate[0]}..{candidate[-1]} against {reference[0]}..{reference[-1]}, "
+            f"{len(candidate)} each): the runs number steps differently (e.g. steps "
+            "completed against the index of the step just ended), so equal step numbers "
+            "are not the same point of training; log both runs' steps the same way")
+
+
 def _take(series: Series, steps: np.ndarray) -> np.ndarray:
     """Values at ``steps`` (a subset of the series' steps)."""
     if len(steps) == len(series.steps):  # a subset of equal length is the same steps
@@ -364,6 +394,7 @@ def align(reference: Series | list[Series], candidate: Series,
                         "its own step range (no extrapolation)")
     ok = np.isfinite(cand_vals) & np.isfinite(ref_vals).all(axis=0)
     steps = common[ok]
+    shift = step_shift(ref_steps, candidate.steps)
     ref_cad = [r.report.cadence for r in refs]
     cadence_differs = any(c != candidate.report.cadence for c in ref_cad)
     report = AlignmentReport(
@@ -381,15 +412,19 @@ def align(reference: Series | list[Series], candidate: Series,
         reference=refs[0].report if len(refs) == 1 else [r.report for r in refs],
         candidate=candidate.report,
         group_incomplete_steps=group_incomplete,
+        step_shift=shift,
         notes=_notes(refs, candidate, keep, interpolated, cadence_differs, len(common),
-                     int(len(common) - len(steps)), group_incomplete),
+                     int(len(common) - len(steps)), group_incomplete, ref_steps, shift),
     )
     return Aligned(steps, ref_vals[:, ok], cand_vals[ok], report)
 
 
 def _notes(refs: list[Series], cand: Series, keep: str, interpolated: str | None,
-           cadence_differs: bool, common: int, excluded: int, group_incomplete: int) -> list[str]:
+           cadence_differs: bool, common: int, excluded: int, group_incomplete: int,
+           ref_steps: np.ndarray, shift: int | None) -> list[str]:
     notes: list[str] = []
+    if shift is not None:
+        notes.append(shift_note(shift, ref_steps, cand.steps))
     named = [(f"reference[{i}]" if len(refs) > 1 else "reference", r.report)
              for i, r in enumerate(refs)] + [("candidate", cand.report)]
     for name, r in named:

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from refrun.comparison.alignment import (
     align,
     axis_map,
     mapping_report,
+    shift_note,
     to_axis,
 )
 from refrun.comparison.divergence import (
@@ -383,10 +385,15 @@ def _compare_metric(name: str, refs: list[RunData], cand: RunData, opts: Compare
     if rep.aligned_steps == 0:
         r0 = ref_series[0].report
         c0 = cand_series.report
+        # the steps every reference has, as align compared them
+        ref_steps = reduce(np.intersect1d, [r.steps for r in ref_series])
+        shifted = [] if rep.step_shift is None else [
+            shift_note(rep.step_shift, ref_steps, cand_series.steps)]
         return None, (f"no common steps with finite values (reference steps "
                       f"{r0.first_step}..{r0.last_step}, candidate steps "
                       f"{c0.first_step}..{c0.last_step}, {rep.common_steps} common, "
-                      f"{rep.excluded_nonfinite} of them non-finite)")
+                      f"{rep.excluded_nonfinite} of them non-finite)"
+                      + "".join(f": {n}" for n in shifted))
     kind = opts.kind(name)
     ref_curve = aligned.reference_mean
     d_rd = diffs(ref_curve, aligned.candidate, opts.eps)

@@ -49,8 +49,10 @@ def paired(c: Paired, ctx: Context) -> CriterionResult:
     Outcomes: *not_applicable* when the candidate declares no pair (it is not a port of
     one seed: the criterion's precondition does not hold; the reason and an assessment
     warning say so in one line); *not_evaluable* when it declares one that cannot be
-    found (missing, ambiguous) or that lacks the metric (a gap in the evidence, never a
-    pass); otherwise *pass* / *fail*, the evidence naming where the pair first diverged."""
+    found (missing, ambiguous), that lacks the metric, or whose steps of it the candidate
+    numbers differently (a constant shift: equal step numbers are then other points of
+    training; a gap in the evidence, never a pass); otherwise *pass* / *fail*, the evidence
+    naming where the pair first diverged."""
     lookup = ctx.pair if ctx.pair is not None else pairs.pair_among(ctx.candidate, ctx.references)
     shape = PairedEvidence(pair=lookup.to_dict(), max_ratio=c.max_ratio,
                            band_first_step=c.band_steps[0], band_last_step=c.band_steps[-1])
@@ -64,13 +66,10 @@ def paired(c: Paired, ctx: Context) -> CriterionResult:
         why = lookup.problem or "the pair was not looked up in a store"
         return result(c, NOT_EVALUABLE, f"{pairs.NO_PAIR} found for candidate "
                       f"{ctx.candidate.run_id} ({lookup.declared}): {why}", ev)
-    div = pairs.pair_divergence(lookup.run, ctx.candidate, c.metric, ctx.keep)
-    if div is None or not len(div.steps):
-        who = lookup.run.run_id if c.metric not in lookup.run.metric_names else \
-            ctx.candidate.run_id
-        return result(c, NOT_EVALUABLE, f"no common step of {c.metric!r} between the "
-                      f"candidate and its pair {lookup.run.run_id}" if div is not None else
-                      f"metric {c.metric!r} not recorded in run {who}", ev)
+    pd = pairs.pair_divergence(lookup.run, ctx.candidate, c.metric, ctx.keep)
+    if pd.curve is None:
+        return result(c, NOT_EVALUABLE, pd.problem, ev)
+    div = pd.curve
     j = pairs.judge(div, c.band_steps, c.band_values, c.max_ratio)
     ev = dataclasses.replace(shape, pair_run=lookup.run.run_id, pair_seed=lookup.run.seed,
                              judgement=j).to_dict()
