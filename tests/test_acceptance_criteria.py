@@ -82,6 +82,9 @@ BAD = [
     # [calibration] backend is an identity name like every other backend key.
     ('abs_tol = 0.1\n', 'abs_tol = 0.1\n\n[calibration]\nbackend = "torch,pytorch-xla-ish"\n',
      15, "calibration.backend: 'pytorch-xla-ish' is not a known backend"),
+    # [calibration.power] holds sentences: a number there is a typo, never a silent default.
+    ('abs_tol = 0.1\n', 'abs_tol = 0.1\n\n[calibration.power]\nloss = 0.5\n',
+     15, "calibration.power.loss: expected a string, got a number 0.5"),
     ('metric = "loss"', 'metric = "loss"\nover = "eval_points"', 12,
      "criteria[0].over (id 'loss'): 'eval_points' needs an evaluation metric"),
 ]

@@ -141,6 +141,48 @@ def test_a_worse_final_evaluation_fails_at_l3(world: World, tmp_path: Path) -> N
     assert rc == 1 and {"val_accuracy-final", "val_accuracy-equivalence"} <= failed
 
 
+def _power_block(out: str) -> dict[str, str]:
+    """The power lines `refrun accept` printed: {criterion id: sentence}."""
+    lines = out.splitlines()
+    head = [i for i, ln in enumerate(lines) if ln.startswith("power: ")]
+    if not head:
+        return {}
+    block = []
+    for ln in lines[head[0] + 1:]:
+        if not ln.startswith("  "):
+            break
+        block.append(ln.strip().split(": ", 1))
+    return dict(block)
+
+
+def test_accept_prints_what_each_passing_criterion_could_not_see(
+        world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pass says no criterion saw a difference, not that there was none: `refrun accept`
+    prints, for each passing criterion, the smallest difference it detects, from the
+    file's `[calibration.power]`, which holds calibrate's sentence for every criterion."""
+    doc = tomllib.loads(world.path.read_text(encoding="utf-8"))
+    power = doc["calibration"]["power"]
+    assert set(power) == {c["id"] for c in doc["criteria"]}
+    eq = next(c for c in doc["criteria"] if c["id"] == "val_accuracy-equivalence")
+    assert power[eq["id"]].startswith(  # the number is the criterion's own provenance
+        f"a final value shifted by more than about {eq['calibration']['detectable_shift']:.3g}")
+    capsys.readouterr()
+    rc, a = _accept(world, "worse", tmp_path)
+    printed = _power_block(capsys.readouterr().out)
+    # every passing criterion calibrate wrote (the built-in L0 checks have no power line)
+    passed = [r["id"] for r in a["results"] if r["outcome"] == "pass" and r["id"] in power]
+    failed = {r["id"] for r in a["results"] if r["outcome"] == "fail"}
+    assert rc == 1 and failed and list(printed) == passed  # the failing ones not listed
+    assert {cid: power[cid] for cid in passed} == printed
+    # A file without power lines (hand-written, or calibrated before them) prints none.
+    text = world.path.read_text(encoding="utf-8")
+    start = text.index("[calibration.power]")
+    bare = tmp_path / "bare.toml"
+    bare.write_text(text[:start] + text[text.index("[settings]"):], encoding="utf-8")
+    _accept(world, "seed", tmp_path, bare)
+    assert _power_block(capsys.readouterr().out) == {}
+
+
 def test_goal_is_written_as_a_claim_and_judged(world: World, tmp_path: Path) -> None:
     p = tmp_path / "goal.toml"
     assert main(["calibrate", "--reference", *world.refs, "--tracking-uri", world.uri,

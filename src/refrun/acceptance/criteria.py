@@ -108,6 +108,9 @@ class Calibration:
                               "seeds (see the file's comments)", [])
     outliers_excluded: bool = key("whether the outliers were left out of the thresholds "
                                   "(they are not in runs then)", False)
+    power: dict[str, str] = key("by criterion id, the smallest difference it detects with "  # noqa: RUF009
+                                "these seeds (refrun calibrate's sentence; printed beside a "
+                                "verdict, never used by a check)", {})
 
 
 # --- criteria: the kinds (refrun.acceptance.kinds, each model beside its check) ---------
@@ -237,7 +240,7 @@ def calibration_digest(criteria: CriteriaFile) -> str | None:
         return None
     cal = dataclasses.asdict(criteria.calibration)
     # Keys added later count only when set, so the digest of an older file is unchanged.
-    for k, default in (("outliers", []), ("outliers_excluded", False)):
+    for k, default in (("outliers", []), ("outliers_excluded", False), ("power", {})):
         if cal.get(k) == default:
             cal.pop(k, None)
     doc = {"calibration": cal,
@@ -429,6 +432,13 @@ class _Validator:
             if meta.get("min_items") and len(val) < meta["min_items"]:
                 self.fail(kp, f"needs at least {meta['min_items']} item(s)", ident)
             return [self.name(x, meta, (*kp, j), ident) for j, x in enumerate(val)]
+        if origin is dict and typing.get_args(inner)[1] is str:
+            if not isinstance(val, dict):
+                self.fail(kp, f"expected a table of strings, got {_tname(val)}", ident)
+            for k, x in val.items():
+                if not isinstance(x, str):
+                    self.fail((*kp, k), f"expected a string, got {_show(x)}", ident)
+            return dict(val)
         if origin is dict:
             if not isinstance(val, dict):
                 self.fail(kp, f"expected a table of numbers, got {_tname(val)}", ident)

@@ -42,9 +42,12 @@ def _value_schema(tp: Any, meta: Any) -> dict[str, Any]:
         if meta.get("min_items"):
             out["minItems"] = meta["min_items"]
     elif origin is dict:
-        num: dict[str, Any] = {"type": "number"}
-        _bounds(num, meta)
-        out = {"type": "object", "additionalProperties": num}
+        if typing.get_args(inner)[1] is str:
+            out = {"type": "object", "additionalProperties": {"type": "string"}}
+        else:
+            num: dict[str, Any] = {"type": "number"}
+            _bounds(num, meta)
+            out = {"type": "object", "additionalProperties": num}
     elif dataclasses.is_dataclass(inner):
         out = _object_schema(inner)  # type: ignore[arg-type]
     else:

@@ -112,6 +112,8 @@ def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
         cont = Contention.of_result(r.evidence)
         if cont is not None:
             print(f"{r.id}: {cont.summary()}")
+    for line in power_lines(crit, assessment):
+        print(line)
     if assessment.calibration_sha256:
         print(f"calibration sha256 {assessment.calibration_sha256}")
     if args.json is not None:
@@ -121,6 +123,22 @@ def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
         print(f"recorded on comparison run {run_id} "
               f"(evidence sha256 {assessment.evidence_sha256})")
     return assessment.exit_code
+
+
+def power_lines(crit: Any, a: Assessment) -> list[str]:
+    """What the passes could not see: for each passing criterion, the smallest difference
+    it detects with the calibration's seeds (``[calibration.power]``, written by ``refrun
+    calibrate``).  A pass says no criterion saw a difference, not that there was none; with
+    few seeds a band can be many seed standard deviations wide.  Nothing for a file
+    without power lines (hand-written, or calibrated before they were recorded)."""
+    cal = crit.calibration
+    power = cal.power if cal is not None else {}
+    passed = [r.id for r in a.results if r.outcome == "pass" and r.id in power]
+    if not passed:
+        return []
+    return [f"power: the smallest difference each passing criterion detects ({cal.n} "
+            "reference seeds at calibration; a smaller one passes it):"] + [
+        f"  {cid}: {power[cid]}" for cid in passed]
 
 
 def candidate_line(a: Assessment, comparison_run_id: str | None) -> str:

@@ -95,6 +95,9 @@ def render(c: Calibrated) -> str:
     if c.outliers:
         lines.append(f"outliers = {_toml([x.run_id for x in c.outliers])}")
         lines.append(f"outliers_excluded = {_toml(any(x.excluded for x in c.outliers))}")
+    # The header's power lines as data: `refrun accept` prints them beside a verdict.
+    lines += ["", "[calibration.power]"]
+    lines += [f"{_toml(d.id)} = {_toml(d.detectable)}" for d in c.criteria]
     lines.append("")
     settings = {k: v for k, v in asdict(o.settings).items()
                 if v != getattr(CriteriaSettings(), k)}
