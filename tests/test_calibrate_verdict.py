@@ -183,6 +183,25 @@ def test_accept_prints_what_each_passing_criterion_could_not_see(
     assert _power_block(capsys.readouterr().out) == {}
 
 
+def test_accept_warns_when_given_another_number_of_references_than_calibrated(
+        world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The file was calibrated for groups of 4 (5 seeds, each held out against the other
+    4); its false-alarm rate and power hold for 4 references, so 5 or 3 get a warning."""
+    g = tomllib.loads(world.path.read_text(encoding="utf-8"))["calibration"]["group_size"]
+    assert g == 4
+    for n in (4, 5, 3):
+        capsys.readouterr()
+        rc = main(["accept", "--criteria", str(world.path), "--reference", *world.refs[:n],
+                   "--candidate", world.cand["seed"], "--tracking-uri", world.uri,
+                   "--no-record"])
+        warned = [ln for ln in capsys.readouterr().out.splitlines()
+                  if ln.startswith(f"WARNING: {n} references given;")]
+        assert rc in (0, 1)
+        assert warned == ([] if n == g else [
+            f"WARNING: {n} references given; {world.path} was calibrated for groups of 4 "
+            "(its false-alarm rate and power lines hold for 4: pass 4 of them)"])
+
+
 def test_goal_is_written_as_a_claim_and_judged(world: World, tmp_path: Path) -> None:
     p = tmp_path / "goal.toml"
     assert main(["calibrate", "--reference", *world.refs, "--tracking-uri", world.uri,

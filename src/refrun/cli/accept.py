@@ -73,8 +73,11 @@ def run(args: argparse.Namespace) -> int:
     # candidate's points are in memory at a time.
     done = list(assess_many(crit, args.reference, args.candidate, uri,
                             args.allow_cross_workload, pair_id=args.pair))
+    note = group_note(crit, len(args.reference))
     if len(done) == 1:
-        return _one(args, crit, uri, done[0])
+        return _one(args, crit, uri, done[0], note)
+    if note:
+        print(f"WARNING: {note}")
     return _sweep(args, crit, uri, done)
 
 
@@ -88,12 +91,15 @@ def _record(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> st
                              run_names=item.run_names)
 
 
-def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
+def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed,
+         note: str | None = None) -> int:
     """One candidate: the full table, intervals, calibration digest."""
     from refrun.acceptance.criterion_evidence import Contention, Interval, PairedEvidence
 
     assessment = item.assessment
     print(assessment.table())
+    if note:
+        print(f"WARNING: {note}")
     for r in assessment.results:  # paired criteria: the pair and where it first diverged
         pe = PairedEvidence.from_dict(r.evidence) if r.kind == "paired" else None
         if pe is not None and pe.pair_run:
@@ -123,6 +129,19 @@ def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed) -> int:
         print(f"recorded on comparison run {run_id} "
               f"(evidence sha256 {assessment.evidence_sha256})")
     return assessment.exit_code
+
+
+def group_note(crit: Any, n_references: int) -> str | None:
+    """A sentence when the criteria were calibrated for groups of another number of
+    references than given: calibrate measured each threshold's false alarms with that
+    many (more references widen a range and steady a std, so fewer false alarms and less
+    power; fewer, the opposite)."""
+    cal = crit.calibration
+    g = cal.group_size if cal is not None else 0
+    if not g or n_references == g:
+        return None
+    return (f"{n_references} references given; {crit.path} was calibrated for groups of {g} "
+            f"(its false-alarm rate and power lines hold for {g}: pass {g} of them)")
 
 
 def power_lines(crit: Any, a: Assessment) -> list[str]:
