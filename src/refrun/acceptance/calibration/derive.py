@@ -331,6 +331,7 @@ class EnvelopeK:
     k_model: float  # the need model's k (:func:`model_k`)
     points: int  # steps common to every reference (the fraction's calibrated_points)
     effects: SeedEffects  # the seed level and scale the model's k was drawn with
+    abs_tol: float = 0.0  # slack for steps where a group agreed exactly (agreeing_gap)
 
 
 def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
@@ -365,16 +366,21 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
       ``tests/test_calibration_envelope.py`` measures both false-alarm rates on null
       data.
     """
-    def need(i: int, grp: tuple[int, ...]) -> float:
-        steps, mat, x = _common([series[j] for j in grp], series[i])
-        if len(steps) == 0:
+    def need(i: int, grp: tuple[int, ...], abs_tol: float) -> float:
+        dev, std = _deviations(series, i, grp)
+        if len(dev) == 0:
             return math.nan
-        mean, std = mat.mean(0), mat.std(0, ddof=1)
+        # as the check applies abs_tol: |x - mean| <= k std + abs_tol
+        dev = np.maximum(dev - abs_tol, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.where(std > 0, np.abs(x - mean) / std, np.where(x == mean, 0.0, np.inf))
+            z = np.where(std > 0, dev / std, np.where(dev == 0, 0.0, np.inf))
         return _quantile_need(z, opts.min_fraction)
 
-    needs = _worst_by_seed(len(series), opts, g, need)
+    abs_tol = 0.0
+    needs = _worst_by_seed(len(series), opts, g, lambda i, grp: need(i, grp, 0.0))
+    if np.any(np.isinf(needs)):
+        abs_tol = agreeing_gap(series, opts, g)
+        needs = _worst_by_seed(len(series), opts, g, lambda i, grp: need(i, grp, abs_tol))
     if not np.all(np.isfinite(needs)):
         return None
     worst = float(needs.max())
@@ -385,7 +391,36 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     k = max(worst, min(k_model, prediction_z(g, per_step)))
     std = np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, common)]
                                       for s in series]), 0, ddof=1))
-    return EnvelopeK(k, worst, float(std), needs, k_model, len(common), effects)
+    return EnvelopeK(k, worst, float(std), needs, k_model, len(common), effects, abs_tol)
+
+
+def _deviations(series: list[_Series], i: int, grp: tuple[int, ...]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(|x - mean|, std)`` of held-out seed ``i`` against the group ``grp`` (mean and
+    std, ddof=1) at the steps they all have."""
+    _, mat, x = _common([series[j] for j in grp], series[i])
+    return np.abs(x - mat.mean(0)), mat.std(0, ddof=1)
+
+
+def agreeing_gap(series: list[_Series], opts: CalibrationOptions, g: int) -> float:
+    """The slack a std envelope needs where its group of seeds agreed exactly: the largest
+    ``|x - mean|`` of a held-out seed at a step where its group's std is 0, and at least
+    the metric's resolution (:func:`resolution_of`).
+
+    A quantised metric (an accuracy over n examples moves in steps of 1/n) often has every
+    seed of a small group at the same value, most of all where it saturates; the group's
+    std of 0 there is the quantisation, not a spread of 0, and a seed one example away
+    would need an infinite ``k``.  With the slack the band is ``mean +- (k std +
+    abs_tol)``, so such steps are judged by the slack and the others by ``k``; the
+    fraction rule still tolerates a few steps outside."""
+    gap = 0.0
+    for i in range(len(series)):
+        for grp in groups_for(len(series), i, g, opts.max_groups):
+            dev, std = _deviations(series, i, grp)
+            tied = dev[std == 0]
+            if len(tied):
+                gap = max(gap, float(tied.max()))
+    return max(gap, resolution_of(series))
 
 
 def _standardised_deviations(series: list[_Series]) -> np.ndarray:
@@ -1102,15 +1137,18 @@ def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int
               ) -> Derived:
     worst, std, k_model, points = env.worst, env.std, env.k_model, env.points
     k = _round_up(env.k)
-    shift = k * std
+    tol = _round_up(env.abs_tol) if env.abs_tol > 0 else 0.0
+    shift = k * std + tol
     level = "L1"
-    det = (f"a shift of about {shift:.3g} ({k:.3g} x the median seed std {std:.3g}) on more "
-           f"than {1 - opts.min_fraction:.0%} of the steps")
+    slack = f" plus {tol:.3g}, the largest gap from seeds that agreed exactly" if tol else ""
+    det = (f"a shift of about {shift:.3g} ({k:.3g} x the median seed std {std:.3g}{slack}) "
+           f"on more than {1 - opts.min_fraction:.0%} of the steps")
     table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": level, "metric": m,
-             "band": "std", "k": k, "min_fraction": opts.min_fraction,
-             "calibrated_points": points,
-             "description": f"{m} inside mean +- k std of the reference group at "
-                            f">= {opts.min_fraction:.0%} of the steps (calibrated)",
+             "band": "std", "k": k, **({"abs_tol": tol} if tol else {}),
+             "min_fraction": opts.min_fraction, "calibrated_points": points,
+             "description": f"{m} inside mean +- {'(k std + abs_tol)' if tol else 'k std'} "
+                            f"of the reference group at >= {opts.min_fraction:.0%} of the "
+                            "steps (calibrated)",
              "calibration": {"worst": clean_float(worst), "margin": clean_float(k - worst),
                              "seeds": n, "group_size": g, "model_k": clean_float(k_model),
                              "seed_level": clean_float(round(env.effects.level, 4)),
