@@ -269,6 +269,11 @@ def test_a_metric_and_its_eval_namesake_get_distinct_criteria(tmp_path: Path,
     assert len(ids) == len(set(ids)), ids
     by_metric = {(c.get("metric"), c["kind"]) for c in crits}
     assert ("loss", "envelope") in by_metric and ("eval/loss", "envelope") in by_metric
+    # No id of an eval/loss criterion reads as one on the training loss, whether or not
+    # the training loss has a criterion of that kind (eval-loss-final has no loss-final).
+    evals = [c["id"] for c in crits if c.get("metric") == "eval/loss"]
+    assert {"eval-loss-envelope", "eval-loss-final"} <= set(evals), evals
+    assert all(i.startswith("eval-loss-") for i in evals), evals
     from refrun.acceptance.criteria import load_criteria
     assert {c.id for c in load_criteria(out).criteria} == set(ids)  # the loader takes it
 

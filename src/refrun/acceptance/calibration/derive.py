@@ -297,16 +297,21 @@ def _slug(metric: str) -> str:
 
 
 def _unique_ids(out: list[Derived]) -> list[Derived]:
-    """Criterion ids made unique: ``_slug`` drops the ``eval/`` prefix for readable ids, so
-    a workload logging both ``loss`` and ``eval/loss`` would get two ``loss-envelope``
-    criteria (a file the loader refuses).  Where ids collide, the criteria of ``eval/``
-    metrics keep the prefix in their id (``eval-loss-envelope``); others are unchanged."""
+    """Criterion ids made unique and unambiguous: ``_slug`` drops the ``eval/`` prefix for
+    readable ids, so a workload logging both ``loss`` and ``eval/loss`` would get two
+    ``loss-envelope`` criteria (a file the loader refuses), and an ``eval/loss`` criterion
+    without a training-loss namesake (``loss-final``) would read as one on the training
+    loss.  So every criterion of an ``eval/`` metric whose short name is another metric of
+    the file, or whose id collides, keeps the prefix (``eval-loss-envelope``,
+    ``eval-loss-final``); others are unchanged."""
     seen: dict[str, int] = {}
     for d in out:
         seen[d.id] = seen.get(d.id, 0) + 1
+    metrics = {d.table.get("metric") for d in out}
     for d in out:
         m = d.table.get("metric")
-        if seen[d.id] > 1 and isinstance(m, str) and m.startswith(schema.EVAL_PREFIX):
+        if isinstance(m, str) and m.startswith(schema.EVAL_PREFIX) and (
+                seen[d.id] > 1 or _slug(m) in metrics):
             short = _slug(m)
             d.table["id"] = d.id.replace(short, m.replace("/", "-"), 1)
     return out
