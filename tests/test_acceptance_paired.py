@@ -159,27 +159,41 @@ def record_pairs(w: Any, record: Callable[..., str], train: Callable[..., Any]) 
     w.runs["benign"] = record(w, "benign", "candidate", 4, train(4, "f64"), pair_tags(4))
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    tmp = tmp_path_factory.mktemp("paired")
-    w = World(uri=migrated_sqlite(tmp / "mlflow.db", tmp_path_factory), tmp=tmp)
+def make_world(w: Any, record: Callable[..., str], train: Callable[..., Any],
+               extra: Callable[[Any], None]) -> Any:
+    """``w`` (a :class:`World` with ``uri`` and ``tmp`` set) filled: :func:`record_pairs`,
+    then the runs ``extra(w)`` records, all on one thread, then the criteria `refrun
+    calibrate` writes from the five reference seeds (groups of 4) in ``w.path``."""
     with single_thread():
-        record_pairs(w, _record, train)
-        w.runs["bf16"] = _record(w, "bf16", "candidate", 2, train(2, "bf16"), pair_tags(2))
-        # Curves of runs above: what matters here is what they declare.
-        w.runs["unpaired"] = _record(w, "unpaired", "candidate", 7, w.losses["seed3"])
-        w.runs["lost_pair"] = _record(w, "lost_pair", "candidate", 42, w.losses["benign"],
-                                      pair_tags(42))
-    w.path = tmp / "criteria.toml"
+        record_pairs(w, record, train)
+        extra(w)
+    w.path = w.tmp / "criteria.toml"
     write_file(calibrate_ids([w.refs[s] for s in range(5)], w.uri,
                              CalibrationOptions(group_size=4)), str(w.path))
     return w
 
 
-def _assess(w: World, name: str, **kw):
-    crit = load_criteria(w.path)
-    refs = [w.refs[s] for s in range(4)]  # seed 4 (the benign port's) is not among them
-    return assess_ids(crit, refs, w.runs[name], w.uri, **kw)
+def assess_run(w: Any, name: str, **kw: Any):
+    """Assess run ``name`` with ``w``'s criteria against reference seeds 0-3 (seed 4, the
+    benign port's, is not among them: its pair is found in the store)."""
+    refs = [w.refs[s] for s in range(4)]
+    return assess_ids(load_criteria(w.path), refs, w.runs[name], w.uri, **kw)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    tmp = tmp_path_factory.mktemp("paired")
+
+    def extra(w: World) -> None:
+        w.runs["bf16"] = _record(w, "bf16", "candidate", 2, train(2, "bf16"), pair_tags(2))
+        # Curves of runs above: what matters here is what they declare.
+        w.runs["unpaired"] = _record(w, "unpaired", "candidate", 7, w.losses["seed3"])
+        w.runs["lost_pair"] = _record(w, "lost_pair", "candidate", 42, w.losses["benign"],
+                                      pair_tags(42))
+
+    return make_world(World(uri=migrated_sqlite(tmp / "mlflow.db", tmp_path_factory),
+                            tmp=tmp), _record, train, extra)
+
 
 
 def _running_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -209,7 +223,7 @@ def test_calibrate_writes_the_band_from_the_known_good_rerun(world: World) -> No
 
 def test_seed_bands_accept_the_bf16_port_and_the_paired_criterion_rejects_it(
         world: World) -> None:
-    a, _ = _assess(world, "bf16")
+    a, _ = assess_run(world, "bf16")
     by_kind: dict[str, list] = {}
     for r in a.results:
         by_kind.setdefault(r.kind, []).append(r)
@@ -242,7 +256,7 @@ def test_seed_bands_accept_the_bf16_port_and_the_paired_criterion_rejects_it(
 
 
 def test_the_benign_port_passes_with_its_pair_from_the_store(world: World) -> None:
-    a, evidence = _assess(world, "benign")
+    a, evidence = assess_run(world, "benign")
     p = a.result("loss-paired")
     assert p.outcome == "pass", p.reason
     assert a.verdict == "pass", a.table()
@@ -257,12 +271,12 @@ def test_the_benign_port_passes_with_its_pair_from_the_store(world: World) -> No
 
 
 def test_no_pair_is_said_plainly_and_a_lost_pair_is_not_a_pass(world: World) -> None:
-    a, _ = _assess(world, "unpaired")
+    a, _ = assess_run(world, "unpaired")
     p = a.result("loss-paired")
     assert p.outcome == "not_applicable"
     assert p.reason.startswith("no same-seed pair: candidate") and "\n" not in p.reason
     assert any("loss-paired" in x and "no same-seed pair" in x for x in a.warnings)
-    b, _ = _assess(world, "lost_pair")
+    b, _ = assess_run(world, "lost_pair")
     q = b.result("loss-paired")
     assert q.outcome == "not_evaluable" and b.verdict == "incomplete"
     assert "seed 42" in q.reason and "no finished reference run" in q.reason

@@ -22,8 +22,6 @@ import torch
 
 import refrun
 from refrun import schema
-from refrun.acceptance.assess import assess_ids
-from refrun.acceptance.calibration import CalibrationOptions, calibrate_ids, write_file
 from refrun.acceptance.criteria import load_criteria
 from refrun.acceptance.paired import STRUCTURAL_MAX_RATIO
 from refrun.pairing import pair_tags
@@ -32,9 +30,9 @@ from tests.test_acceptance_paired import (
     EVAL_X,
     EVAL_Y,
     STEPS,
+    assess_run,
+    make_world,
     mlp,
-    record_pairs,
-    single_thread,
 )
 from tests.test_acceptance_paired import World as PairedWorld
 
@@ -108,9 +106,8 @@ def _record(w: World, name: str, role: str, seed: int, curves: tuple[np.ndarray,
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     tmp = tmp_path_factory.mktemp("paired-eval")
-    w = World(uri=migrated_sqlite(tmp / "mlflow.db", tmp_path_factory), tmp=tmp)
-    with single_thread():
-        record_pairs(w, _record, train)
+
+    def extra(w: World) -> None:
         w.runs["eval_bf16"] = _record(w, "eval_bf16", "candidate", 2, train(2, "eval-bf16"),
                                       pair_tags(2))
         w.runs["benign_cadence"] = _record(w, "benign_cadence", "candidate", 4,
@@ -125,15 +122,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             w, "known_good_counted", "candidate", 1, train(1, "perm"),
             pair_tags(1, known_good="input features permuted, steps numbered from 1"),
             shift=(1, 1))
-    w.path = tmp / "criteria.toml"
-    write_file(calibrate_ids([w.refs[s] for s in range(5)], w.uri,
-                             CalibrationOptions(group_size=4)), str(w.path))
-    return w
 
+    return make_world(World(uri=migrated_sqlite(tmp / "mlflow.db", tmp_path_factory),
+                            tmp=tmp), _record, train, extra)
 
-def _assess(w: World, name: str):
-    refs = [w.refs[s] for s in range(4)]  # seed 4 (the benign port's) is found in the store
-    return assess_ids(load_criteria(w.path), refs, w.runs[name], w.uri)
 
 
 def _eval_div(w: World, a: str, b: str) -> np.ndarray:
@@ -160,7 +152,7 @@ def test_calibrate_writes_a_paired_criterion_for_the_evaluation_metric(world: Wo
 
 def test_only_the_evaluation_pair_sees_a_port_that_evaluates_in_bfloat16(
         world: World) -> None:
-    a, _ = _assess(world, "eval_bf16")
+    a, _ = assess_run(world, "eval_bf16")
     # It trains exactly as its seed: the loss pair has not diverged at all ...
     np.testing.assert_array_equal(world.curves["eval_bf16"][0], world.curves["seed2"][0])
     assert a.result("loss-paired").outcome == "pass"
@@ -184,7 +176,7 @@ def test_only_the_evaluation_pair_sees_a_port_that_evaluates_in_bfloat16(
 
 
 def test_the_benign_port_passes_both_pairs(world: World) -> None:
-    a, _ = _assess(world, "benign")
+    a, _ = assess_run(world, "benign")
     for cid in ("loss-paired", "val_loss-paired"):
         r = a.result(cid)
         assert r.outcome == "pass", (cid, r.reason)
@@ -197,7 +189,7 @@ def test_the_benign_port_passes_both_pairs(world: World) -> None:
 def test_a_port_evaluating_half_as_often_is_judged_at_the_shared_steps(world: World) -> None:
     """Another evaluation cadence (every 40 steps against 20): the evaluation pair compares
     the steps both evaluated, and the benign port still passes."""
-    a, _ = _assess(world, "benign_cadence")
+    a, _ = assess_run(world, "benign_cadence")
     p = a.result("val_loss-paired")
     assert p.outcome == "pass", p.reason
     shared = EVAL_STEPS[1::2]
@@ -216,7 +208,7 @@ def test_runs_numbering_the_same_steps_differently_are_never_paired(world: World
     left out of calibration."""
     for name, shifted in (("eval_counted", {"val_loss-paired"}),
                           ("all_counted", {"loss-paired", "val_loss-paired"})):
-        a, _ = _assess(world, name)
+        a, _ = assess_run(world, name)
         for cid in ("loss-paired", "val_loss-paired"):
             r = a.result(cid)
             if cid in shifted:
@@ -228,7 +220,7 @@ def test_runs_numbering_the_same_steps_differently_are_never_paired(world: World
         # The seed bands on the loss still judge it (one step's shift is inside them).
         assert a.result("loss-envelope").outcome == "pass"
     # The envelope on the evaluations has no common step and names the shift.
-    a, _ = _assess(world, "eval_counted")
+    a, _ = assess_run(world, "eval_counted")
     r = a.result("val_loss-envelope")
     assert r.outcome == "not_evaluable" and "shifted by +1 (20..200 against 19..199" in r.reason
     # Calibration left the shifted known-good run out, with the reason, and its band is the
