@@ -150,9 +150,11 @@ def power_lines(crit: Any, a: Assessment) -> list[str]:
     calibrate``).  A pass says no criterion saw a difference, not that there was none; with
     few seeds a band can be many seed standard deviations wide.  Nothing for a file
     without power lines (hand-written, or calibrated before they were recorded)."""
+    from refrun.acceptance.results import PASS
+
     cal = crit.calibration
     power = cal.power if cal is not None else {}
-    passed = [r.id for r in a.results if r.outcome == "pass" and r.id in power]
+    passed = [r.id for r in a.results if r.outcome == PASS and r.id in power]
     if not passed:
         return []
     return [f"power: the smallest difference each passing criterion detects ({cal.n} "
