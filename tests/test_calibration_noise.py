@@ -205,7 +205,7 @@ def test_a_step_time_limit_too_wide_to_catch_a_2x_slower_step_is_said(
     assert len(lines) == 1, out
     st = load_criteria(path).criterion("step-time")
     assert st.max_ratio >= 2.0
-    assert f"max_ratio {st.max_ratio:.3g}" in lines[0]
+    assert f"max_ratio {st.max_ratio:g}" in lines[0]
     assert "lets a candidate 2x slower per step pass" in lines[0]
     # By hand: each run's 5 % quantile of its steady step times (from the warm-up end the
     # file states), max over min.
@@ -281,3 +281,21 @@ def test_envelope_fraction_accounts_for_the_points_the_candidate_logged(
         assert r.evidence["n_steps"] == 20 and r.evidence["steps_inside"] == inside
         assert r.evidence["min_fraction"] == pytest.approx(need, rel=1e-12)
         assert r.outcome == outcome, r.reason
+
+
+def test_a_calibrated_limit_is_the_float_of_its_rounded_up_decimal() -> None:
+    """Calibrate rounds each limit up to 4 significant digits; the value it keeps must be
+    the float the file's decimal reads back as, or a limit printed from it rounds
+    differently from the same limit read from the file (CI saw "max_ratio 24.7" said and
+    24.65 written).  Expected values by the decimal module's ceiling at 4 digits."""
+    from decimal import ROUND_CEILING, Context
+
+    from refrun.acceptance.calibration.derive import _round_up
+
+    ceiling = Context(prec=4, rounding=ROUND_CEILING)
+    rng = np.random.default_rng(0)
+    for x in [24.6412, 0.0123456, 3.3333, 1.0031, 1234.5, 98765.4,
+              *10 ** rng.uniform(-9, 5, 2000)]:
+        got = _round_up(float(x))
+        assert got == float(ceiling.create_decimal(float(x))), x
+        assert got == float(f"{got:.4g}") and f"{got:.3g}" == f"{float(repr(got)):.3g}"

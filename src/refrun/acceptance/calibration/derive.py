@@ -318,10 +318,14 @@ def _unique_ids(out: list[Derived]) -> list[Derived]:
 
 
 def _round_up(x: float, sig: int = 4) -> float:
+    """x rounded up to ``sig`` significant digits, as the float nearest that decimal: the
+    product alone can land one ulp above it (2465 * 0.01 == 24.650000000000002), and a
+    limit printed from it would then round differently from the same limit read back from
+    the file (``24.7`` against ``24.6``)."""
     if x <= 0 or not math.isfinite(x):
         return x
     e = math.floor(math.log10(x)) - sig + 1
-    return math.ceil(x / 10 ** e - 1e-9) * 10 ** e if e < 0 else float(
+    return round(math.ceil(x / 10 ** e - 1e-9) * 10 ** e, -e) if e < 0 else float(
         math.ceil(x / 10 ** e) * 10 ** e)
 
 
@@ -1344,7 +1348,7 @@ def step_time_note(runs: list[RunData], lim: StepTimeLimit, keep: str) -> str | 
     todo = ("lower --step-time-floor" if lim.source == "floor" else
             "record the references where the candidates will run, with nothing else "
             "running, and calibrate again")
-    return (f"step-time: max_ratio {ratio:.3g} (set by the {lim.source}) lets a candidate "
+    return (f"step-time: max_ratio {ratio:g} (set by the {lim.source}) lets a candidate "
             f"{STEP_TIME_SLOW:g}x slower per step pass: the references' steady step times "
             f"(fastest {STEP_TIME_LOW_QUANTILE:.0%}) differ by up to {spread:.2f}x between "
             f"seeds{busy}; {todo}")
