@@ -45,11 +45,13 @@ def test_lightning_callback_records_loss_eval_time_progress(store, monkeypatch) 
             self.fc = torch.nn.Linear(4, 1)
             self.train_losses: list[float] = []
             self.val_losses: list[float] = []
+            self.rates: list[float] = []  # the rate each step's update uses
 
         def training_step(self, batch, batch_idx):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.fc(x), y)
             self.train_losses.append(float(loss.detach()))
+            self.rates.append(self.optimizers().param_groups[0]["lr"])
             return loss
 
         def validation_step(self, batch, batch_idx):
@@ -58,8 +60,11 @@ def test_lightning_callback_records_loss_eval_time_progress(store, monkeypatch) 
             self.val_losses.append(float(loss))
             self.log("val_loss", loss)
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+        def configure_optimizers(self):  # a warmup stepped by Lightning after each batch
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": warmup,
+                                                       "interval": "step"}}
 
     torch.manual_seed(0)
     x = torch.randn(32, 4)
@@ -80,6 +85,10 @@ def test_lightning_callback_records_loss_eval_time_progress(store, monkeypatch) 
     assert steps == 8  # 4 batches x 2 epochs
     assert [v for _, v in history(store, rid, "loss")] == pytest.approx(model.train_losses)
     assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(steps))
+    # the learning rate each step's update used (the warmup, then 0.1)
+    assert model.rates == pytest.approx([0.1 * min(1.0, (n + 1) / 4) for n in range(steps)])
+    assert history(store, rid, schema.M_LR) == [(n, pytest.approx(r))
+                                                for n, r in enumerate(model.rates)]
     assert history(store, rid, schema.M_PROGRESS_SAMPLES) == [(n, 8.0 * (n + 1))
                                                               for n in range(steps)]
     # validation after each epoch, at the epoch's last step
@@ -121,6 +130,10 @@ def test_hf_trainer_callback_tiny_gpt2_from_config(store, tmp_path) -> None:
     assert history(store, rid, "eval/loss") == [(s, pytest.approx(v)) for s, v in evals]
     assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(6))
     assert history(store, rid, schema.M_PROGRESS_SAMPLES)[-1] == (5, 24.0)  # 6 x 4
+    # The Trainer's default schedule, linear decay over 6 updates without warmup: update n
+    # (step n here) uses 1e-3 (6 - n) / 6.
+    assert history(store, rid, schema.M_LR) == [(n, pytest.approx(1e-3 * (6 - n) / 6))
+                                                for n in range(6)]
     assert store.client().get_run(rid).data.tags[schema.TAG_EXEC_HARDWARE] == "cpu"
 
 

@@ -102,6 +102,15 @@ CURVE_COLUMNS = ("metric", "step", "value", "timestamp_ms", "seq")
 # === 5. metric names shared by every framework probe, and the tags probes write ==========
 M_LOSS = "loss"
 EVAL_PREFIX = "eval/"
+# The learning rate of a torch optimizer's parameter group 0, and of group i >= 1 as
+# M_LR + "/pg" + i, read after every step by the PyTorch and PyTorch/XLA probes (so by
+# the Lightning and Hugging Face callbacks): refrun.probes.optim.
+OPT_PREFIX = "opt/"
+M_LR = "opt/lr"
+# The backends whose probes record opt/*: calibrate scopes every criterion on an opt/
+# metric to them, so a candidate of another framework (JAX keeps the rate inside the
+# optimizer's state, where no probe reads it) is not_applicable there, never incomplete.
+OPT_BACKENDS = ("torch", "torch_xla")
 M_STEP_TIME = "perf/step_time_s"  # seconds, device-true where the backend allows
 M_COMPILE_GRAPHS = "compile/graphs"  # new graphs compiled during the step
 M_COMPILE_RECOMPILES = "compile/recompiles"  # of which recompilations of a known function

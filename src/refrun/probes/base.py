@@ -22,6 +22,11 @@ interface below; the probe itself only
   once per flush interval the probe turns the kept rows into deltas and hands them to the
   session in one :meth:`~refrun.recording.session.RunSession.log_columns` call -- the
   same points, at a fraction of the per-step work (PyTorch/XLA: see docs/xla.md),
+* records the learning rate of every parameter group of the backend's torch optimizer
+  (a backend with an ``optimizer`` attribute: PyTorch, PyTorch/XLA) for every step, read
+  at the step's entry -- the rate its update uses, wherever the loop steps its scheduler
+  -- from ``param_groups`` (:mod:`refrun.probes.optim`: Python numbers, never a device
+  read),
 * starts a non-blocking fetch for every device value given to :meth:`Probe.log` and
   hands it to the session once the backend says it is ready, with its own step number,
 * runs :class:`Monitor` samplers on a background thread, logged against the training
@@ -53,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from refrun import schema
+from refrun.probes.optim import LearningRates
 
 if TYPE_CHECKING:
     from refrun import RunSession
@@ -204,13 +210,20 @@ class Probe:
     # with a set lookup, not an ABC isinstance check per value).
     _scalar_types: set[type] = field(default_factory=lambda: {float, int}, repr=False)
     # The block path (a backend with counter_row): each ended step's (step, time stamp,
-    # step time, cumulative counters), handed to the session a block at a time.
+    # step time, cumulative counters, learning rates), handed to the session a block at
+    # a time.
     _counter_row: Any = field(default=None, repr=False)
-    _rows: list[tuple[int, int, float | None, tuple[float, ...] | None]] = field(
+    _rows: list[tuple[int, int, float | None, tuple[float, ...] | None,
+                      tuple[tuple[str, ...], tuple[float, ...]] | None]] = field(
         default_factory=list, repr=False)
     _rows_last: tuple[float, ...] = field(default=(), repr=False)
     _rows_due: float = 0.0
     _rows_every_s: float = 1.0
+    # The learning rates of the backend's torch optimizer (refrun.probes.optim), read at
+    # every step exit; None without one, or once a rate could not be read without a sync.
+    _lrs: LearningRates | None = field(default=None, repr=False)
+    _step_lrs: tuple[tuple[str, ...], tuple[float, ...]] | None = field(default=None,
+                                                                       repr=False)
 
     def __post_init__(self) -> None:
         # Closed by the run at the latest, so pending values are never lost when the user
@@ -218,6 +231,9 @@ class Probe:
         self.run.add_close_hook(self.close)
         self._progress_defaults()
         self._describe()
+        opt = getattr(self.backend, "optimizer", None)
+        if isinstance(getattr(opt, "param_groups", None), list):
+            self._lrs = LearningRates(opt)
         row = getattr(self.backend, "counter_row", None)
         if row is not None and getattr(self.backend, "counter_names", None):
             self._counter_row = row
@@ -246,6 +262,8 @@ class Probe:
         if self._pending or self._batch:
             self._drain()
         self._step = n
+        if self._lrs is not None:  # the rate this step's update uses: read before it
+            self._step_lrs = self._read_lrs()
         try:
             return self.backend.begin_step(n)
         except Exception as exc:  # a probe must never break the loop
@@ -277,6 +295,10 @@ class Probe:
                 else:
                     self._pending.append((n, schema.M_STEP_TIME, pending_time))
             self._record_counters(n)
+            if (lrs := self._step_lrs) is not None:
+                self._step_lrs = None
+                for name, rate in zip(*lrs, strict=True):
+                    batch.setdefault(name, rate)  # a rate the user logged is kept
         if self._progress_override or self.global_batch is not None:
             self._record_progress(n)
         if batch:
@@ -302,7 +324,8 @@ class Probe:
             if not self._rows_last:  # no reading at start: this one is the baseline
                 self._rows_last = row
             row = None  # the step has no deltas
-        self._rows.append((n, _now_ms(), step_time, row))
+        lrs, self._step_lrs = self._step_lrs, None
+        self._rows.append((n, _now_ms(), step_time, row, lrs))
         if step_time is not None:
             self._step_times.append(step_time)
         if len(self._rows) >= MAX_BLOCK_ROWS or time.monotonic() >= self._rows_due:
@@ -328,13 +351,41 @@ class Probe:
                 column = [c[j] for c in cums]  # type: ignore[index]
                 counts[name] = [b - a for a, b in itertools.pairwise(column)]
         times = {schema.M_STEP_TIME: [r[2] for r in timed]} if timed else {}
-        if len(counted) == len(timed) == len(rows):  # the usual case: one call
-            self.run.log_columns([r[0] for r in rows], {**times, **counts},
+        # Rates by their names tuple (one object while the number of groups is the same).
+        by_names: dict[tuple[str, ...], list[Any]] = {}
+        for r in rows:
+            if r[4] is not None:
+                by_names.setdefault(r[4][0], []).append(r)
+        rated = next(iter(by_names.values())) if len(by_names) == 1 else []
+        if len(counted) == len(timed) == len(rows) and len(rated) in (0, len(rows)):
+            # the usual case: one call
+            self.run.log_columns([r[0] for r in rows],
+                                 {**times, **counts, **_rate_columns(rated)},
                                  [r[1] for r in rows])
             return
-        for group, columns in ((timed, times), (counted, counts)):
+        groups = [(timed, times), (counted, counts),
+                  *((g, _rate_columns(g)) for g in by_names.values())]
+        for group, columns in groups:
             if columns:
                 self.run.log_columns([r[0] for r in group], columns, [r[1] for r in group])
+
+    def _read_lrs(self) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
+        """The optimizer's learning rates now; on a rate that cannot be read without a
+        sync (or any error), a warning once and no more reads."""
+        lrs = self._lrs
+        if lrs is None:
+            return None
+        try:
+            got = lrs.read()
+        except Exception as exc:  # a probe must never break the loop
+            self._lrs = None
+            self._warn_exc(exc)
+            return None
+        if got is None:
+            self._lrs = None
+            self.run.warn_once("probe-lr-not-read", lrs.why_not or "learning rate not read",
+                               self._step)
+        return got
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Record metrics for ``step`` (default: the current step).  Device values are
@@ -659,6 +710,14 @@ class _StepScope:
     def __exit__(self, *exc: object) -> None:
         if not self._nested:
             self._probe._exit_step(self._n, self._token)
+
+
+def _rate_columns(rows: list[Any]) -> dict[str, list[float]]:
+    """The learning-rate columns of kept rows that share one names tuple."""
+    if not rows:
+        return {}
+    names = rows[0][4][0]
+    return {name: [r[4][1][j] for r in rows] for j, name in enumerate(names)}
 
 
 def _now_ms() -> int:

@@ -1007,7 +1007,11 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
         if env is None:
             skipped[m] = "a held-out seed differs from a zero-spread group (no finite k)"
         else:
-            out.append(_envelope(m, env, opts, len(runs), g))
+            # An evaluation is a measurement even where every seed scored the same (a
+            # saturated accuracy): it keeps the noise allowance.
+            exact = float(np.max(np.abs(series[0].values))) if identical(series) \
+                and not m.startswith(schema.EVAL_PREFIX) else None
+            out.append(_envelope(m, env, opts, len(runs), g, exact))
         if has_final_window(m):
             out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
                                      len(runs), window_noise(series, opts, cov)))
@@ -1068,6 +1072,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
         out += _paired_criteria(known_good, pair_references or runs, metrics, per_step,
                                 keep, notes)
     out = _unique_ids([d for d in out if d.table["kind"] not in opts.exclude_kinds])
+    out = [_scoped(d) for d in out]
     if not any(d.table["level"] == "L3" for d in out):
         raise RefrunInputError(
             "calibrate: no L3 (project goal) criterion can be derived from these "
@@ -1142,22 +1147,59 @@ def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
             f"{margin:.4g} (tolerance limit)")
 
 
-def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int
-              ) -> Derived:
+# The slack of an envelope on a metric every reference logged identically (a schedule),
+# relative to its largest |value|: float32 rounding is ~6e-8, a schedule that matters
+# differs by far more than 1e-6.
+EXACT_REL_TOL = 1e-6
+
+
+def identical(series: list[_Series]) -> bool:
+    """Whether every reference logged the same values at the same steps: the metric is a
+    function of the configuration, not a measurement of the run (a learning-rate
+    schedule), so no step of a candidate may differ from it."""
+    first = series[0]
+    return len(series) >= 2 and len(first.steps) > 0 and all(
+        np.array_equal(s.steps, first.steps) and np.array_equal(s.values, first.values)
+        for s in series[1:])
+
+
+def _scoped(d: Derived) -> Derived:
+    """A criterion on an ``opt/`` metric applies to the backends whose probes record it
+    (:data:`refrun.schema.OPT_BACKENDS`): a candidate of another framework is
+    not_applicable there, with the scope in its reason, instead of missing the metric."""
+    if str(d.table.get("metric", "")).startswith(schema.OPT_PREFIX) \
+            and "backends" not in d.table:
+        d.table["backends"] = list(schema.OPT_BACKENDS)
+    return d
+
+
+def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,
+              exact: float | None = None) -> Derived:
+    """A std envelope.  ``exact``: the references are :func:`identical` and this is their
+    largest |value|; then every step must be inside (the allowance of ``1 - min_fraction``
+    of the steps is for run-to-run noise, which such a metric does not have, and would let
+    a schedule that differs only early, a warmup left out, pass), to within
+    ``EXACT_REL_TOL`` of that value (rounding: a rate computed in float32 on a device)."""
     worst, std, k_model, points = env.worst, env.std, env.k_model, env.points
     k = _round_up(env.k)
-    tol = _round_up(env.abs_tol) if env.abs_tol > 0 else 0.0
+    tol = max(env.abs_tol, EXACT_REL_TOL * exact if exact else 0.0)
+    tol = _round_up(tol) if tol > 0 else 0.0
     shift = k * std + tol
     level = "L1"
+    frac = 1.0 if exact is not None else opts.min_fraction
     slack = f" plus {tol:.3g}, the largest gap from seeds that agreed exactly" if tol else ""
-    det = (f"a shift of about {shift:.3g} ({k:.3g} x the median seed std {std:.3g}{slack}) "
-           f"on more than {1 - opts.min_fraction:.0%} of the steps")
+    det = (f"a value off the references' own at any step by more than {tol:.3g} "
+           f"({EXACT_REL_TOL:g} of its largest value)" if exact is not None else
+           f"a shift of about {shift:.3g} ({k:.3g} x the median seed std {std:.3g}{slack}) "
+           f"on more than {1 - frac:.0%} of the steps")
     table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": level, "metric": m,
              "band": "std", "k": k, **({"abs_tol": tol} if tol else {}),
-             "min_fraction": opts.min_fraction, "calibrated_points": points,
+             "min_fraction": frac, "calibrated_points": points,
              "description": f"{m} inside mean +- {'(k std + abs_tol)' if tol else 'k std'} "
-                            f"of the reference group at >= {opts.min_fraction:.0%} of the "
-                            "steps (calibrated)",
+                            f"of the reference group at >= {frac:.0%} of the steps "
+                            + ("(every reference logged the same values at every step: a "
+                               "schedule, not a measurement)" if exact is not None
+                               else "(calibrated)"),
              "calibration": {"worst": clean_float(worst), "margin": clean_float(k - worst),
                              "seeds": n, "group_size": g, "model_k": clean_float(k_model),
                              "seed_level": clean_float(round(env.effects.level, 4)),
