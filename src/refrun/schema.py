@@ -103,8 +103,9 @@ CURVE_COLUMNS = ("metric", "step", "value", "timestamp_ms", "seq")
 M_LOSS = "loss"
 EVAL_PREFIX = "eval/"
 # The learning rate of a torch optimizer's parameter group 0, and of group i >= 1 as
-# M_LR + "/pg" + i, read after every step by the PyTorch and PyTorch/XLA probes (so by
-# the Lightning and Hugging Face callbacks): refrun.probes.optim.
+# M_LR + "/pg" + i, read at every step's entry (the rate its update uses) by the PyTorch
+# and PyTorch/XLA probes, so by the Lightning and Hugging Face callbacks:
+# refrun.probes.optim.
 OPT_PREFIX = "opt/"
 M_LR = "opt/lr"
 # The backends whose probes record opt/*: calibrate scopes every criterion on an opt/

@@ -220,7 +220,8 @@ class Probe:
     _rows_due: float = 0.0
     _rows_every_s: float = 1.0
     # The learning rates of the backend's torch optimizer (refrun.probes.optim), read at
-    # every step exit; None without one, or once a rate could not be read without a sync.
+    # every step's entry and kept for its exit; None without an optimizer, or once a rate
+    # could not be read without a sync.
     _lrs: LearningRates | None = field(default=None, repr=False)
     _step_lrs: tuple[tuple[str, ...], tuple[float, ...]] | None = field(default=None,
                                                                        repr=False)

@@ -1,4 +1,4 @@
-"""The learning rate of each parameter group of a torch optimizer, read after every step.
+"""The learning rate of each parameter group of a torch optimizer, read at every step.
 
 A schedule that is not the reference's (a warmup left out, a scheduler stepped once an
 epoch instead of once a step, a rate rescaled for another chip count) changes the
