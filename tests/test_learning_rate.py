@@ -252,3 +252,41 @@ def test_a_removed_warmup_fails_and_another_framework_is_not_applicable(
     if name == "jax":  # the scope is the reason, and the verdict is not held by it
         assert "torch" in res.reason and "torch_xla" in res.reason, res.reason
         assert a.verdict != "incomplete", a.verdict
+
+
+def test_a_group_added_mid_run_is_recorded_from_its_first_step(store) -> None:
+    """PyTorch/XLA keeps a block of steps before handing them to the session: a parameter
+    group added inside a block (``add_param_group``) gives that block rows with two name
+    sets, and every row's rates must still reach the run (group 0 at every step, group 1
+    from the step after it was added)."""
+    if torch_xla is None:
+        pytest.skip("torch_xla is not installed")
+    import refrun.xla
+
+    dev = XLA_DEVICE
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).to(dev)
+    extra = torch.nn.Parameter(torch.zeros(1, device=dev))
+    opt = torch.optim.SGD(model.parameters(), lr=BASE)
+    x = torch.randn(8, 4).to(dev)
+    run = refrun.start_run("lr-test", "candidate", backend="torch_xla", hardware="cpu",
+                           seed=0, tracking_uri=store.tracking_uri,
+                           spool_dir=store.spool_dir, snapshot_environment=False,
+                           flush_interval_s=30.0)  # one block for the whole run
+    with refrun.xla.instrument(run, model=model, optimizer=opt) as probe:
+        for n in range(6):
+            with probe.step(n):
+                loss = (model(x) ** 2).mean() + extra.sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                torch_xla.sync()
+                probe.log(loss=loss)
+            if n == 2:
+                opt.add_param_group({"params": [extra], "lr": BASE_PG1})
+    run.close()
+    client = store.client()
+    assert history(client, run.run_id, schema.M_LR) == [(n, pytest.approx(BASE))
+                                                        for n in range(6)]
+    assert history(client, run.run_id, f"{schema.M_LR}/pg1") == [
+        (n, pytest.approx(BASE_PG1)) for n in range(3, 6)]

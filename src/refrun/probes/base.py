@@ -264,7 +264,7 @@ class Probe:
             self._drain()
         self._step = n
         if self._lrs is not None:  # the rate this step's update uses: read before it
-            self._step_lrs = self._read_lrs()
+            self._step_lrs = self._read_lrs(self._lrs)
         try:
             return self.backend.begin_step(n)
         except Exception as exc:  # a probe must never break the loop
@@ -357,8 +357,9 @@ class Probe:
         for r in rows:
             if r[4] is not None:
                 by_names.setdefault(r[4][0], []).append(r)
-        rated = next(iter(by_names.values())) if len(by_names) == 1 else []
-        if len(counted) == len(timed) == len(rows) and len(rated) in (0, len(rows)):
+        rated = next(iter(by_names.values()), []) if len(by_names) <= 1 else None
+        if len(counted) == len(timed) == len(rows) and rated is not None \
+                and len(rated) in (0, len(rows)):
             # the usual case: one call
             self.run.log_columns([r[0] for r in rows],
                                  {**times, **counts, **_rate_columns(rated)},
@@ -370,12 +371,9 @@ class Probe:
             if columns:
                 self.run.log_columns([r[0] for r in group], columns, [r[1] for r in group])
 
-    def _read_lrs(self) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
+    def _read_lrs(self, lrs: LearningRates) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
         """The optimizer's learning rates now; on a rate that cannot be read without a
         sync (or any error), a warning once and no more reads."""
-        lrs = self._lrs
-        if lrs is None:
-            return None
         try:
             got = lrs.read()
         except Exception as exc:  # a probe must never break the loop

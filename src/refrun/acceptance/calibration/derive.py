@@ -1182,7 +1182,7 @@ def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,
     ``EXACT_REL_TOL`` of that value (rounding: a rate computed in float32 on a device)."""
     worst, std, k_model, points = env.worst, env.std, env.k_model, env.points
     k = _round_up(env.k)
-    tol = max(env.abs_tol, EXACT_REL_TOL * exact if exact else 0.0)
+    tol = max(env.abs_tol, (EXACT_REL_TOL * exact) if exact else 0.0)
     tol = _round_up(tol) if tol > 0 else 0.0
     shift = k * std + tol
     level = "L1"
