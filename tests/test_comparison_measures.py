@@ -95,6 +95,29 @@ def test_reference_group_envelope_and_seed_units() -> None:
     assert again.alignment.group_incomplete_steps == 1 and again.alignment.aligned_steps == 49
 
 
+def test_references_that_agree_exactly_have_no_spread() -> None:
+    """Three references logging the same learning rate have zero spread and that rate as
+    their mean, not float64 rounding of them (numpy's mean of three 0.05 is
+    0.05000000000000001, their sample std ~8.5e-18): a candidate logging the same rate
+    stands nowhere, and one logging another rate is off seeds that never vary."""
+    steps = np.arange(20)
+    lr = np.full(20, 0.05)
+    refs_matrix = np.vstack([lr] * 3)
+    assert refs_matrix.std(0, ddof=1)[0] > 0 and refs_matrix.mean(0)[0] != 0.05  # the case
+    loss = [np.exp(-steps / 10) + RNG.normal(0, 0.01, 20) for _ in range(3)]
+    refs = [run(f"s{i}", opt__lr=(steps, lr), loss=(steps, loss[i])) for i in range(3)]
+    same = compare(refs, run("c", opt__lr=(steps, lr), loss=(steps, loss[0]))).metrics
+    f = same["opt/lr"].frame
+    assert (f["ref_std"] == 0).all() and (f["reference"] == 0.05).all()
+    assert (f["diff"] == 0).all() and f["z"].isna().all()
+    g = same["opt/lr"].group
+    assert g.zero_spread_steps == 20 and g.mean_abs_z is None
+    assert same["loss"].group.zero_spread_steps == 0  # seeds that vary keep their spread
+    other = compare(refs, run("c", opt__lr=(steps, lr * 2), loss=(steps, loss[0]))).metrics
+    assert (other["opt/lr"].frame["diff"] == 0.05).all()
+    assert other["opt/lr"].group.steps_outside == 20
+
+
 def test_json_is_strict_and_documented_keys(tmp_path) -> None:
     steps = np.arange(10)
     ref = run("r", loss=(steps, np.linspace(1, 0, 10)), extra=(steps, np.ones(10)))

@@ -1,13 +1,22 @@
 """mlruns.example cannot go stale: the committed store's content description (run names,
 descriptions, acceptance tags, tag/param/metric names, report structure; see
-pipelines/example_store.py) must be what the *current* code produces from the store's
-training runs.  A copy of the store is re-assessed and reported by the current pipeline
-code (no training) and described again; any difference fails, naming the entries.
+pipelines/example_store.py) must be what the *current* code produces.
+
+* From the store's training runs: a copy of the store is re-assessed and reported by the
+  current pipeline code (no training) and described again; any difference fails, naming
+  the entries.
+* From scratch: the generator trains and assesses the reduced plan anew into a scratch
+  directory; what the training records (every run's metric, tag and param names, its
+  curves) and each candidate's acceptance must be the committed store's.  This is what
+  catches a probe that records a new metric, which re-assessing old training runs cannot.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +99,50 @@ def test_a_code_change_after_generation_is_caught(tmp_path: Path,
     assert any(d.startswith("comparison_runs.xla-host-sync.name: ") and "renamed: " in d
                for d in diff), diff
     assert ex.digest(before) != ex.digest(after)
+
+
+def _regenerable(description: dict) -> dict:
+    """The parts of a description that a store trained anew on another machine must
+    reproduce: the generator's inputs, everything about the training runs (names only,
+    no values), and each candidate's acceptance and report structure.  Left out: the
+    comparison runs' descriptions and the report's ranking, which quote measured values
+    (another CPU's float kernels can move the last digits); the re-assessment test above
+    checks those exactly on the committed training runs."""
+    out = {k: description[k] for k in ("generator", "training_runs")}
+    out["comparison_runs"] = {
+        v: {**{k: c[k] for k in ("name", "acceptance", "tags", "params", "metrics")},
+            "report": {k: c["report"][k] for k in ("headings", "table_headers")}
+            if c["report"] else None}
+        for v, c in description["comparison_runs"].items()}
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_store_made_now_records_what_the_committed_one_does(tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_example_store.py"),
+                           "--out", str(out), "--no-notebook", "--jobs", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=840)
+    assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-4000:]
+    committed = json.loads((STORE / ex.DESCRIPTION).read_text(encoding="utf-8"))
+    now = json.loads((out / ex.DESCRIPTION).read_text(encoding="utf-8"))
+    diff = ex.differences(_regenerable(committed), _regenerable(now))
+    assert not diff, ("mlruns.example is stale: the current code records other runs; "
+                      "regenerate it with `.venv/bin/python scripts/make_example_store.py`:"
+                      "\n  " + "\n  ".join(diff[:20]))
+    # What a store made before a probe recorded a metric looks like: one reference's curves
+    # without the learning rate.  Its description names exactly that run's curves.
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    ids = ex.training_ids(out)
+    rid = ids["reference-seed0"]
+    (curves,) = out.glob(f"artifacts/*/{rid}/artifacts/refrun/curves.parquet")
+    table = pq.read_table(curves)
+    assert "opt/lr" in table["metric"].to_pylist()  # the probe records it
+    pq.write_table(table.filter(pc.not_equal(table["metric"], "opt/lr")), curves)
+    old = _regenerable(ex.describe(out, ids, ex.comparison_ids(out, ids)))
+    stale = ex.differences(old, _regenerable(now))
+    assert stale == ["training_runs.reference-seed0.curves: only in the committed store "
+                     "[], only in the current code's ['opt/lr']"], stale

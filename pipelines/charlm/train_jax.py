@@ -43,6 +43,7 @@ from pipelines.charlm.data import (
 )
 from pipelines.charlm.model import LN_EPS, group_of, init_params
 from pipelines.charlm.train_torch import MASKED, schedule
+from pipelines.jax_cpu import one_step_in_flight
 
 Params = dict[str, jax.Array]
 
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt_dir = tempfile.TemporaryDirectory(prefix="charlm-ckpt-")
     ckpt = Path(ckpt_dir.name) / "checkpoint.npz"
 
+    serial = one_step_in_flight(devices)
     with cli.start_run(args, hardware=devices[0].platform, corpus_sha256=corpus.sha256) as run:
         probe = refrun.jax.instrument(run, params=params, step_fns=[train_step], mesh=mesh)
         for step in args.step_order():
@@ -220,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # a NaN guard: a host read of the loss in every step
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss, grad_norm=norms)
+            if serial:  # several CPU devices: see pipelines.jax_cpu
+                jax.block_until_ready(params)
             if step in eval_steps:
                 keep_eval = _or_ones(eval_keep(args.defects, "val", step, eval_shape,
                                                cfg.dropout), no_drop)

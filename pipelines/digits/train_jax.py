@@ -30,6 +30,7 @@ import refrun.jax
 from pipelines.digits import cli
 from pipelines.digits.data import batch_indices, load
 from pipelines.digits.model import init_params, layer_names
+from pipelines.jax_cpu import one_step_in_flight
 
 Params = dict[str, jax.Array]
 
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     best_loss, best_params = float("inf"), params
 
     hardware = devices[0].platform
+    serial = one_step_in_flight(devices)
     with cli.start_run(args, hardware=hardware) as run:
         probe = refrun.jax.instrument(run, params=params, step_fns=[train_step], mesh=mesh)
         for step in range(cfg.steps):
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # a NaN guard: a host read of the loss in every step
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     probe.log(loss=loss, grad_norm=norms)
+            if serial:  # several CPU devices: see pipelines.jax_cpu
+                jax.block_until_ready(params)
             if step in eval_steps:
                 val_loss, val_acc = evaluate(stale or params, data.val.x, data.val.y, names, bf16)
                 probe.log_eval(step, val_loss=val_loss, val_accuracy=val_acc)

@@ -111,7 +111,12 @@ DEFECTS = [
             expect=("val_loss-envelope", "final_val_loss-envelope", "test_accuracy-envelope"),
             mirrors="CoFi: a stale parameter copy (§IV-A RQ2)"),
     Variant("jax-no-best-reload", "jax", 0, defects=("no_best_reload",),
-            expect=("final_val_loss-envelope",),
+            # The criterion calibrate writes for this failure (best_of: the reported
+            # evaluation is the best one).  Until 2026-12-05 the committed criteria
+            # predated it and this named final_val_loss-envelope; the criteria calibrated
+            # now put the final values' limits at the seeds' range plus a tolerance, which
+            # this run's final loss (0.283, best 0.237) stays inside.
+            expect=("final_val_loss-is-min-of-val_loss",),
             mirrors="MELoRA: best checkpoint not reloaded (§IV-A RQ2)"),
     Variant("xla-shape-storm", "torch_xla", 0, defects=("shape_storm",),
             expect=("compilations-after-warmup",),

@@ -32,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import refrun.jax
+from pipelines.jax_cpu import one_step_in_flight
 from pipelines.markov import cli
 from pipelines.markov.config import Config
 from pipelines.markov.data import batch_indices, load
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt_dir = tempfile.TemporaryDirectory(prefix="markov-ckpt-")
     ckpt = Path(ckpt_dir.name) / "checkpoint.npz"
 
+    serial = one_step_in_flight(devices)
     with cli.start_run(args, hardware=devices[0].platform) as run:
         probe = refrun.jax.instrument(run, params=params, step_fns=[train_step], mesh=mesh)
         for step in args.step_order():
@@ -182,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # a NaN guard: a host read of the loss in every step
                 if args.logs(step):
                     probe.log(loss=loss, grad_norm=norms)
+            if serial:  # several CPU devices: see pipelines.jax_cpu
+                jax.block_until_ready(params)
             if step in eval_steps:
                 val_loss, val_acc = evaluate(params, x_val, y_val)
                 probe.log_eval(step, val_loss=val_loss, val_accuracy=val_acc)

@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from refrun.comparison.group import group_mean
 from refrun.util.thinning import sorted_unique
 
 Keep = Literal["last", "first"]
@@ -197,7 +198,7 @@ class Aligned:
         """The reference curve: the run itself, or the per-step mean of a group."""
         if self.reference.shape[0] == 1:
             return self.reference[0]
-        return self.reference.mean(axis=0)
+        return group_mean(self.reference)
 
 
 def _ranges(steps: np.ndarray, mask: np.ndarray) -> list[list[int]]:

@@ -46,10 +46,26 @@ class GroupEnvelope:
 
 
 def group_stats(matrix: np.ndarray) -> GroupStats:
-    """Per-step min, max, mean and sample std (ddof=1) over the rows of ``matrix``."""
+    """Per-step min, max, mean and sample std (ddof=1) over the rows of ``matrix``.
+
+    Where every row holds the same value the mean is that value and the std exactly 0:
+    float64 arithmetic would make them ``0.05000000000000001`` and ~8.5e-18 for three
+    references logging a learning rate of 0.05, and a candidate logging the same 0.05
+    would then stand ~0.8 seed standard deviations away."""
     m = np.asarray(matrix, dtype=np.float64)
+    lo, hi = m.min(axis=0), m.max(axis=0)
     std = m.std(axis=0, ddof=1) if m.shape[0] > 1 else np.full(m.shape[1], np.nan)
-    return GroupStats(m.min(axis=0), m.max(axis=0), m.mean(axis=0), std)
+    if m.shape[0] > 1:
+        std = np.where(lo == hi, 0.0, std)
+    return GroupStats(lo, hi, group_mean(m), std)
+
+
+def group_mean(matrix: np.ndarray) -> np.ndarray:
+    """Per-step mean over the rows of ``matrix``; where every row holds the same value,
+    that value (the float64 mean of identical values can be off in the last bit)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    lo = m.min(axis=0)
+    return np.where(lo == m.max(axis=0), lo, m.mean(axis=0))
 
 
 def z_scores(cand: np.ndarray, stats: GroupStats) -> np.ndarray:
