@@ -6,9 +6,10 @@
 Trains 8 PyTorch reference seeds of the digits MLP (``--quick``: 400 steps, else 600) into
 a scratch store, runs ``refrun calibrate`` on them with the options below, and writes the
 file with the block of hand-made choices on top (~1 min on 2 cores).  Nothing below that
-block is edited by hand: ``tests/test_criteria_fresh.py`` makes both files anew and fails
-when the committed ones differ from what the current ``refrun calibrate`` writes, so a
-change of calibrate reaches the main job's criteria (``make demo``) the day it is made.
+block is edited by hand: ``tests/test_criteria_fresh.py`` makes the ``--quick`` file anew
+and fails when the committed one differs from what the current ``refrun calibrate``
+writes (naming both commands), so a change of calibrate reaches the main job's criteria
+(``make demo``) the day it is made.
 """
 
 from __future__ import annotations
