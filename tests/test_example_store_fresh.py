@@ -14,6 +14,7 @@ pipelines/example_store.py) must be what the *current* code produces.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -101,14 +102,22 @@ def test_a_code_change_after_generation_is_caught(tmp_path: Path,
     assert ex.digest(before) != ex.digest(after)
 
 
+_DEVICE = re.compile(r"Device: [^\n]*?\.(?=\s|$)")
+
+
 def _regenerable(description: dict) -> dict:
     """The parts of a description that a store trained anew on another machine must
     reproduce: the generator's inputs, everything about the training runs (names only,
-    no values), and each candidate's acceptance and report structure.  Left out: the
+    no values; the machine their description names replaced), and each candidate's
+    acceptance and report structure.  Left out: the
     comparison runs' descriptions and the report's ranking, which quote measured values
     (another CPU's float kernels can move the last digits); the re-assessment test above
     checks those exactly on the committed training runs."""
-    out = {k: description[k] for k in ("generator", "training_runs")}
+    out = {"generator": description["generator"],
+           # the run description names the machine's CPUs ("Device: cpu: x86_64 x2.")
+           "training_runs": {v: {**t, "description": _DEVICE.sub("Device: <machine>.",
+                                                                 t["description"])}
+                             for v, t in description["training_runs"].items()}}
     out["comparison_runs"] = {
         v: {**{k: c[k] for k in ("name", "acceptance", "tags", "params", "metrics")},
             "report": {k: c["report"][k] for k in ("headings", "table_headers")}
