@@ -33,7 +33,7 @@ HEADER = """\
 # block was edited by hand.  To regenerate (~1 minute on 2 CPU cores):
 #   .venv/bin/python scripts/make_criteria.py{flag}
 # (trains seeds {seeds} of pipelines.digits.train_torch{flag} into a scratch store, then
-#   refrun calibrate --reference <their run ids, in seed order> {args})
+#   refrun calibrate --reference <their run ids> {args})
 # Choices made by hand, and why:
 #   --group-size 3       the demo accepts every candidate against 3 reference seeds.
 #   --exclude step_time  here one CPU stands in for the GPU and the TPU and the pipeline
@@ -139,8 +139,6 @@ def make(quick: bool, out: Path, jobs: int = 2) -> None:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             ids += pool.map(lambda s: train(s, quick, uri), SEEDS[1:])
         written = Path(tmp) / "criteria.toml"
-        # The runs in seed order: calibrate samples its held-out groups by the runs'
-        # order, which by start time would be a race between seeds trained side by side.
         cal = subprocess.run([sys.executable, "-m", "refrun", "calibrate", "--reference",
                               *ids, "--tracking-uri", uri, *CALIBRATE_ARGS,
                               "-o", str(written)], cwd=ROOT, capture_output=True, text=True)

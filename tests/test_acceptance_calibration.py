@@ -94,7 +94,8 @@ def test_calibrated_file_loads_validates_and_states_its_provenance(world: World)
     shipped = json.loads(shipped_schema_path().read_text(encoding="utf-8"))
     jsonschema.validate(tomllib.loads(text), shipped)
     cal = crit.calibration
-    assert cal is not None and cal.runs == world.ref_ids and cal.n == 5
+    # in run-id order: the file depends on which runs, not on the order given
+    assert cal is not None and cal.runs == sorted(world.ref_ids) and cal.n == 5
     assert cal.group_size == 3 and cal.backend == "torch" and cal.refrun_version
     ids = {c.id for c in crit.criteria}
     assert {"loss-envelope", "loss-final-window", "grad_norm-fc1.weight-envelope",
@@ -200,7 +201,7 @@ def test_shifted_and_slower_candidates_are_rejected_by_the_right_criterion(
 def test_calibration_digest_changes_with_the_calibration(world: World) -> None:
     text = world.path.read_text()
     crit = load_criteria(world.path)
-    edited = parse_criteria(text.replace(f'runs = ["{world.ref_ids[0]}"',
+    edited = parse_criteria(text.replace(f'runs = ["{min(world.ref_ids)}"',
                                          f'runs = ["{"0" * 32}"', 1))
     assert calibration_digest(crit) != calibration_digest(edited)
     assert len(calibration_digest(crit) or "") == 64
@@ -220,6 +221,11 @@ def test_calibrate_bad_input_is_one_line_exit_2(world: World, tmp_path: Path,
     assert main(["calibrate", "--reference", *world.ref_ids, "--group-size", "5",
                  "--tracking-uri", world.uri]) == 2
     assert "--group-size" in capsys.readouterr().err
+    for extra in ([], ["--check", str(world.path)]):  # calibrate and its check alike
+        assert main(["calibrate", "--reference", *world.ref_ids, "--max-groups", "0",
+                     "--tracking-uri", world.uri, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--max-groups: 0 must be >= 1" in err and len(err.splitlines()) == 1
 
 
 def test_calibrate_help_is_enough_to_start(capsys: pytest.CaptureFixture[str]) -> None:

@@ -322,3 +322,49 @@ def test_a_quantised_final_evaluation_tolerates_the_next_seed(tmp_path: Path,
               "--tracking-uri", uri, "--json", str(js), "--no-record"])
         res = {r["id"]: r for r in json.loads(js.read_text(encoding="utf-8"))["results"]}
         assert res["acc-final"]["outcome"] == want, res["acc-final"]
+
+
+def _without_date(text: str) -> str:
+    return "\n".join(line for line in text.splitlines()
+                     if not line.startswith(("date = ", "# Criteria of workload")))
+
+
+def test_the_same_references_in_any_order_give_the_same_file(
+        world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Calibrate derives from the runs it is given, not from the order they are given in.
+    Groups of 2 from the 4 others of each held-out seed are 6; with ``--max-groups 3`` a
+    sample of them is judged, which was drawn by position in the order given, so the
+    same five runs typed in another order got other thresholds.  They are taken in run-id
+    order now, so every order writes the same file (and the same runs list)."""
+    files = []
+    for k, order in enumerate((world.refs, world.refs[::-1], world.refs[2:] + world.refs[:2])):
+        out = tmp_path / f"order{k}.toml"
+        assert main(["calibrate", "--reference", *order, "--tracking-uri", world.uri,
+                     "--group-size", "2", "--max-groups", "3", "-o", str(out)]) == 0
+        files.append(_without_date(out.read_text(encoding="utf-8")))
+    assert files[0] == files[1] == files[2]
+    doc = tomllib.loads(files[0])
+    assert doc["calibration"]["runs"] == sorted(world.refs)
+    # The check judges the same held-out groups in every order too (a sample of 2 of 6).
+    capsys.readouterr()
+    checks = []
+    for order in (world.refs, world.refs[::-1]):
+        rc = main(["calibrate", "--check", str(tmp_path / "order0.toml"), "--reference",
+                   *order, "--tracking-uri", world.uri, "--max-groups", "2"])
+        checks.append((rc, capsys.readouterr().out))
+    assert checks[0] == checks[1]
+    assert "10 held-out trials (5 seeds, groups of 2)" in checks[0][1]  # 5 x a sample of 2
+
+
+def test_eight_seeds_in_groups_of_three_are_judged_in_every_group() -> None:
+    """By default every held-out group is judged while there are at most MAX_GROUPS per
+    seed: 8 seeds in groups of 3 have C(7, 3) = 35, none left to a sample."""
+    from itertools import combinations
+
+    from refrun.acceptance.calibration.derive import CalibrationOptions, groups_for
+
+    n = CalibrationOptions().max_groups
+    for held_out in range(8):
+        others = [i for i in range(8) if i != held_out]
+        assert groups_for(8, held_out, 3, n) == list(combinations(others, 3))
+    assert len(groups_for(12, 0, 3, n)) == n  # C(11, 3) = 165: a sample of n

@@ -103,6 +103,10 @@ def test_a_code_change_after_generation_is_caught(tmp_path: Path,
 
 
 _DEVICE = re.compile(r"Device: [^\n]*?\.(?=\s|$)")
+# System metrics sampled per accelerator of the machine (sys/gpu0_util_pct on a machine
+# with an NVIDIA GPU, sys/tpu0_* on a TPU host): a store made there names them, one made
+# on a CPU-only machine does not.
+_ACCELERATOR_SAMPLES = re.compile(r"^sys/(gpu|tpu)\d+_")
 
 
 def _regenerable(description: dict) -> dict:
@@ -116,7 +120,9 @@ def _regenerable(description: dict) -> dict:
     out = {"generator": description["generator"],
            # the run description names the machine's CPUs ("Device: cpu: x86_64 x2.")
            "training_runs": {v: {**t, "description": _DEVICE.sub("Device: <machine>.",
-                                                                 t["description"])}
+                                                                 t["description"]),
+                                 "curves": [c for c in t["curves"]
+                                            if not _ACCELERATOR_SAMPLES.match(c)]}
                              for v, t in description["training_runs"].items()}}
     out["comparison_runs"] = {
         v: {**{k: c[k] for k in ("name", "acceptance", "tags", "params", "metrics")},

@@ -63,8 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-fraction", type=float, default=0.9, metavar="F",
                    help="fraction of steps a per-step envelope requires inside "
                         "(k is calibrated for it; default 0.9)")
-    p.add_argument("--max-groups", type=int, default=20, metavar="K",
-                   help="groups per held-out seed (default 20; --check: 5)")
+    p.add_argument("--max-groups", type=int, default=None, metavar="K",
+                   help="held-out groups per seed: every combination up to K, else a "
+                        "fixed sample of K (default 100; --check: 5)")
     p.add_argument("--metric", nargs="+", action="extend", default=None, metavar="M",
                    help="calibrate only these metrics (default: every shared metric)")
     p.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="KIND",
@@ -123,16 +124,18 @@ def run(args: argparse.Namespace) -> int:
                                f"({', '.join(CRITERION_KINDS)})")
     if args.warmup_steps is not None and args.warmup_steps < 0:
         raise RefrunInputError(f"--warmup-steps: {args.warmup_steps} must be >= 0")
+    if args.max_groups is not None and args.max_groups < 1:
+        raise RefrunInputError(f"--max-groups: {args.max_groups} must be >= 1")
     runs = [load_run(i, tracking_uri=uri, progress=False) for i in ids]
     if crit is not None:
         report = check_file(crit, runs, args.group_size,
-                            max_groups=args.max_groups if args.max_groups != 20 else 5)
+                            max_groups=5 if args.max_groups is None else args.max_groups)
         print(report.text())
         return 0 if report.ok else 1
     opts = CalibrationOptions(
         false_alarm_rate=args.false_alarm_rate, confidence=args.confidence,
         group_size=args.group_size, min_fraction=args.min_fraction,
-        max_groups=args.max_groups,
+        **({} if args.max_groups is None else {"max_groups": args.max_groups}),
         metrics=tuple(args.metric) if args.metric else None,
         exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
         goals=goals, keep_outliers=args.keep_outliers,

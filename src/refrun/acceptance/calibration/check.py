@@ -8,7 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from refrun.acceptance import checks
-from refrun.acceptance.calibration.derive import CalibrationOptions, check_runs, groups_for
+from refrun.acceptance.calibration.derive import (
+    CalibrationOptions,
+    canonical_order,
+    check_runs,
+    groups_for,
+)
 from refrun.acceptance.comparing import run_comparison
 from refrun.acceptance.criteria import CriteriaFile
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
@@ -67,7 +72,7 @@ def check_file(crit: CriteriaFile, references: Sequence[RunData], group_size: in
     """Judge every criterion of ``crit`` with the real checks on each reference seed held
     out against groups of the others (group size: the file's ``[calibration]
     group_size``, else N - 1); lists every criterion that rejects a held-out seed."""
-    runs = list(references)
+    runs = canonical_order(references)  # the held-out groups calibrate judged
     g = group_size or (crit.calibration.group_size if crit.calibration and
                        crit.calibration.group_size else len(runs) - 1)
     check_runs(runs, CalibrationOptions(group_size=min(g, len(runs) - 1)))

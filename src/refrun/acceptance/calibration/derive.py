@@ -137,6 +137,12 @@ def parse_goal(text: str) -> Goal:
     return Goal(m.group("metric"), m.group("op") == ">=", value)
 
 
+# Every held-out group is judged up to this many per seed: each costs ~3 ms, and a sample
+# makes thresholds depend on which groups it drew (a 20-group sample of 8 seeds' 35 gave
+# one criterion an abs_tol of 0.01 in one run order and none in another).
+MAX_GROUPS = 100
+
+
 @dataclass(frozen=True, kw_only=True)
 class CalibrationOptions:
     """How ``refrun calibrate`` derives thresholds."""
@@ -148,7 +154,9 @@ class CalibrationOptions:
     # Tails of the model that floors a per-step envelope's k (Student t degrees of freedom
     # of each seed's per-step deviations; None: normal): see envelope_k.
     envelope_tail_df: float | None = 3.0
-    max_groups: int = 20  # groups per held-out seed (a deterministic sample)
+    # Groups per held-out seed: every combination up to this many (8 seeds in groups of 3
+    # have 35; 10 in groups of 3, 84), else a fixed sample (see groups_for).
+    max_groups: int = MAX_GROUPS
     min_steps: int = 3  # fewer common points: a one-point metric
     metrics: tuple[str, ...] | None = None  # only these metrics (default: all shared)
     exclude_kinds: tuple[str, ...] = ()  # leave out criteria of these kinds
@@ -222,9 +230,18 @@ class Calibrated:
 
 
 # --- trials ------------------------------------------------------------------------------
+def canonical_order(runs: Sequence[RunData]) -> list[RunData]:
+    """``runs`` in run-id order: what calibration and its check derive from, so that the
+    same runs given in another order (``--reference`` as typed, ``--workload`` by start
+    time, seeds trained side by side) give the same file."""
+    return sorted(runs, key=lambda r: r.run_id)
+
+
 def groups_for(n: int, held_out: int, size: int, max_groups: int) -> list[tuple[int, ...]]:
     """Groups of ``size`` run indices without ``held_out``: all combinations when there are
-    at most ``max_groups``, else a deterministic sample (numpy seed 0)."""
+    at most ``max_groups``, else a fixed sample (numpy seed ``held_out``).  Indices are
+    positions in the run-id order :func:`calibrate` puts the references in, so a sample
+    depends on which runs are given, never on the order they are given in."""
     others = [i for i in range(n) if i != held_out]
     combos = list(itertools.combinations(others, size))
     if len(combos) <= max_groups:
@@ -930,8 +947,13 @@ def calibrate(references: Sequence[RunData],
     among the others (:func:`outliers`) is named in the file and left out of every
     threshold (unless ``keep_outliers``, or fewer than 3 seeds or the group size would
     remain), instead of silently widening every threshold around it.
+
+    The file depends on which runs are given, not on their order: they are taken in run-id
+    order (held-out groups, and the sample of them :func:`groups_for` draws when there are
+    more than ``max_groups``, are positions in that order).
     """
     opts = options or CalibrationOptions()
+    references, known_good = canonical_order(references), canonical_order(known_good)
     runs = list(references)
     check_runs(runs, opts)
     found = outliers(runs, opts)
