@@ -368,3 +368,55 @@ def test_eight_seeds_in_groups_of_three_are_judged_in_every_group() -> None:
         others = [i for i in range(8) if i != held_out]
         assert groups_for(8, held_out, 3, n) == list(combinations(others, 3))
     assert len(groups_for(12, 0, 3, n)) == n  # C(11, 3) = 165: a sample of n
+
+
+def test_criteria_too_wide_to_see_their_metric_move_are_named(
+        world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With 3 reference seeds some thresholds are wider than the metric itself: calibrate
+    names each criterion whose detectable shift is at least its metric's own size (the
+    larger of how far the seeds' mean moves and its mean magnitude), in one note printed
+    and written in the file.  Which ones is computed here from the curves themselves."""
+    out = tmp_path / "three.toml"
+    capsys.readouterr()
+    assert main(["calibrate", "--reference", *world.refs[:3], "--tracking-uri", world.uri,
+                 "-o", str(out)]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines()
+               if ln.startswith("note: ") and "cannot see a difference" in ln]
+    doc = tomllib.loads(out.read_text(encoding="utf-8"))
+    expected = set()
+    for c in doc["criteria"]:
+        shift = c.get("calibration", {}).get("detectable_shift")
+        if c["kind"] not in ("envelope", "equivalence", "quantile") or shift is None:
+            continue
+        m = c["metric"]
+        steps = np.arange(STEPS) if not m.startswith("eval/") else \
+            np.array([i for i in range(STEPS) if i % 10 == 9 or i == STEPS - 1])
+        mean = np.mean([_curves(s)[m][steps] for s in range(3)], axis=0)
+        size = max(np.ptp(mean), np.mean(np.abs(mean)))
+        if shift >= size * (1 + 1e-9):
+            expected.add(c["id"])
+        elif shift >= size * (1 - 1e-9):
+            pytest.skip(f"{c['id']}: shift {shift} at its metric's size {size}: a tie")
+    assert expected, "3 seeds of this workload give no criterion this wide: test is vacuous"
+    assert len(printed) == 1, printed
+    named = {part.split(" (detects")[0] for part in
+             printed[0].split("so their pass says little: ")[1].split(". With")[0].split("; ")}
+    assert named == expected
+    assert f"{len(expected)} criteria cannot see" in printed[0]
+    assert "With 3 reference seeds" in printed[0]
+    # written in the file as well, and absent where no criterion is that wide
+    assert "cannot see a difference as large as their metric" in out.read_text(encoding="utf-8")
+
+
+def test_a_metric_s_size_is_its_movement_or_its_magnitude_whichever_is_larger() -> None:
+    """The yardstick of the note above: a falling loss is as large as its fall, a metric
+    hovering at one level as large as that level."""
+    from refrun.acceptance.calibration.derive import _Series, scale_of
+
+    steps = np.arange(50)
+    falling = [_Series(steps, 2.3 * np.exp(-steps / 10) + 0.2 + d) for d in (0.0, 0.02)]
+    mean = 2.3 * np.exp(-steps / 10) + 0.21
+    assert scale_of(falling) == pytest.approx(mean.max() - mean.min())
+    level = [_Series(steps, 0.5 + 0.01 * np.sin(steps + d)) for d in (0.0, 1.0)]
+    assert scale_of(level) == pytest.approx(0.5, abs=0.01)
+    assert scale_of([_Series(np.array([7]), np.array([-0.3]))] * 3) == pytest.approx(0.3)

@@ -1103,6 +1103,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
             "project's goal with --goal METRIC>=VALUE (or METRIC<=VALUE), e.g. --goal "
             f"{schema.M_LOSS}<=0.5; nothing written")
     notes += [NO_CONVERGENCE] if finals else []
+    notes += [n] if (n := weak_note(out, runs, keep)) else []
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
                       .replace("+00:00", "Z"), notes)
@@ -1173,6 +1174,46 @@ def _held_out_line(worst: float, margin: float, n: int, what: str) -> str:
 # relative to its largest |value|: float32 rounding is ~6e-8, a schedule that matters
 # differs by far more than 1e-6.
 EXACT_REL_TOL = 1e-6
+
+
+# Criteria whose smallest detectable difference is an absolute shift of their metric.
+ABSOLUTE_SHIFT_KINDS = ("envelope", "equivalence", "quantile")
+
+
+def scale_of(series: list[_Series]) -> float:
+    """A metric's own size in a reference run: the larger of how far the references' mean
+    moves at the steps they share (a loss falling from 2.3 to 0.2: 2.1) and its mean
+    magnitude there (a gradient norm hovering at 0.5: 0.5); for one value per run, its
+    |mean|.  The yardstick of :func:`weak_note`."""
+    steps = _all_common(series)
+    mean = np.mean([s.values[np.searchsorted(s.steps, steps)] for s in series], axis=0)
+    if not len(mean):
+        return 0.0
+    return max(float(np.ptp(mean)), float(np.mean(np.abs(mean))))
+
+
+def weak_note(criteria: Sequence[Derived], runs: list[RunData], keep: str) -> str | None:
+    """A note naming every criterion whose detectable shift is at least its metric's own
+    size (:func:`scale_of`): it would pass a candidate whose metric is off by all of it
+    (with 3 seeds the digits workload's accuracy envelope detected only a shift of 1.21),
+    so its pass says little; more reference seeds narrow it.  None when every criterion
+    detects less than that."""
+    weak = []
+    for d in criteria:
+        cal, m = d.table.get("calibration"), d.table.get("metric")
+        if d.table["kind"] not in ABSOLUTE_SHIFT_KINDS or not isinstance(cal, dict) \
+                or not isinstance(m, str) or "detectable_shift" not in cal:
+            continue
+        scale = scale_of([_series(r, m, keep) for r in runs])
+        shift = float(cal["detectable_shift"])
+        if scale > 0 and shift >= scale:
+            weak.append(f"{d.id} (detects {shift:.3g}, {m} of size {scale:.3g})")
+    if not weak:
+        return None
+    return (f"{len(weak)} criteria cannot see a difference as large as their metric itself "
+            "(the larger of its mean |value| and how far it moves in a reference run), so "
+            f"their pass says little: {'; '.join(weak)}. With {len(runs)} reference seeds "
+            "the thresholds are this wide; more seeds narrow them")
 
 
 def identical(series: list[_Series]) -> bool:
