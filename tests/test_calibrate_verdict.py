@@ -375,7 +375,8 @@ def test_criteria_too_wide_to_see_their_metric_move_are_named(
     """With 3 reference seeds some thresholds are wider than the metric itself: calibrate
     names each criterion whose detectable shift is at least its metric's own size (the
     larger of how far the seeds' mean moves and its mean magnitude), in one note printed
-    and written in the file.  Which ones is computed here from the curves themselves."""
+    and written in the file, and in that criterion's power sentence, which `refrun accept`
+    prints beside a pass.  Which ones is computed here from the curves themselves."""
     out = tmp_path / "three.toml"
     capsys.readouterr()
     assert main(["calibrate", "--reference", *world.refs[:3], "--tracking-uri", world.uri,
@@ -404,8 +405,19 @@ def test_criteria_too_wide_to_see_their_metric_move_are_named(
     assert named == expected
     assert f"{len(expected)} criteria cannot see" in printed[0]
     assert "With 3 reference seeds" in printed[0]
-    # written in the file as well, and absent where no criterion is that wide
     assert "cannot see a difference as large as their metric" in out.read_text(encoding="utf-8")
+    # Each one's power sentence says so, which `refrun accept` prints beside a pass.
+    power = doc["calibration"]["power"]
+    wide = {cid for cid, sentence in power.items() if "; too wide to see " in sentence}
+    assert wide == expected
+    capsys.readouterr()
+    main(["accept", "--criteria", str(out), "--reference", *world.refs[:2], "--candidate",
+          world.cand["seed"], "--tracking-uri", world.uri, "--no-record"])
+    printed_power = _power_block(capsys.readouterr().out)
+    assert printed_power and all(power[cid] == line for cid, line in printed_power.items())
+    assert expected & set(printed_power)  # a wide criterion passed: the user is told so
+    assert {cid for cid, line in printed_power.items() if "too wide to see" in line} == \
+        expected & set(printed_power)
 
 
 def test_a_metric_s_size_is_its_movement_or_its_magnitude_whichever_is_larger() -> None:

@@ -1103,7 +1103,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
             "project's goal with --goal METRIC>=VALUE (or METRIC<=VALUE), e.g. --goal "
             f"{schema.M_LOSS}<=0.5; nothing written")
     notes += [NO_CONVERGENCE] if finals else []
-    notes += [n] if (n := weak_note(out, runs, keep)) else []
+    out, wide = mark_too_wide(out, runs, keep)
+    notes += [wide] if wide else []
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
                       .replace("+00:00", "Z"), notes)
@@ -1184,7 +1185,7 @@ def scale_of(series: list[_Series]) -> float:
     """A metric's own size in a reference run: the larger of how far the references' mean
     moves at the steps they share (a loss falling from 2.3 to 0.2: 2.1) and its mean
     magnitude there (a gradient norm hovering at 0.5: 0.5); for one value per run, its
-    |mean|.  The yardstick of :func:`weak_note`."""
+    |mean|.  The yardstick of :func:`mark_too_wide`."""
     steps = _all_common(series)
     mean = np.mean([s.values[np.searchsorted(s.steps, steps)] for s in series], axis=0)
     if not len(mean):
@@ -1192,28 +1193,36 @@ def scale_of(series: list[_Series]) -> float:
     return max(float(np.ptp(mean)), float(np.mean(np.abs(mean))))
 
 
-def weak_note(criteria: Sequence[Derived], runs: list[RunData], keep: str) -> str | None:
-    """A note naming every criterion whose detectable shift is at least its metric's own
-    size (:func:`scale_of`): it would pass a candidate whose metric is off by all of it
+def mark_too_wide(criteria: Sequence[Derived], runs: list[RunData], keep: str
+                  ) -> tuple[list[Derived], str | None]:
+    """``(criteria, note)``: every criterion whose detectable shift is at least its metric's
+    own size (:func:`scale_of`) would pass a candidate whose metric is off by all of it
     (with 3 seeds the digits workload's accuracy envelope detected only a shift of 1.21),
-    so its pass says little; more reference seeds narrow it.  None when every criterion
-    detects less than that."""
-    weak = []
+    so its pass says little.  Its power sentence says so (``refrun accept`` prints it
+    beside a pass) and one note names them all (None when there are none).  No threshold
+    changes: more reference seeds are what narrows them."""
+    out, weak = [], []
     for d in criteria:
         cal, m = d.table.get("calibration"), d.table.get("metric")
         if d.table["kind"] not in ABSOLUTE_SHIFT_KINDS or not isinstance(cal, dict) \
                 or not isinstance(m, str) or "detectable_shift" not in cal:
+            out.append(d)
             continue
         scale = scale_of([_series(r, m, keep) for r in runs])
         shift = float(cal["detectable_shift"])
-        if scale > 0 and shift >= scale:
-            weak.append(f"{d.id} (detects {shift:.3g}, {m} of size {scale:.3g})")
+        if not (scale > 0 and shift >= scale):
+            out.append(d)
+            continue
+        weak.append(f"{d.id} (detects {shift:.3g}, {m} of size {scale:.3g})")
+        wider = f"; too wide to see {m} itself (of size {scale:.3g} in the reference runs)"
+        out.append(dataclasses.replace(d, detectable=d.detectable + wider,
+                                       comment=[*d.comment, wider[2:]]))
     if not weak:
-        return None
-    return (f"{len(weak)} criteria cannot see a difference as large as their metric itself "
-            "(the larger of its mean |value| and how far it moves in a reference run), so "
-            f"their pass says little: {'; '.join(weak)}. With {len(runs)} reference seeds "
-            "the thresholds are this wide; more seeds narrow them")
+        return out, None
+    return out, (f"{len(weak)} criteria cannot see a difference as large as their metric "
+                 "itself (the larger of its mean |value| and how far it moves in a reference "
+                 f"run), so their pass says little: {'; '.join(weak)}. With {len(runs)} "
+                 "reference seeds the thresholds are this wide; more seeds narrow them")
 
 
 def identical(series: list[_Series]) -> bool:
