@@ -432,3 +432,6 @@ def test_a_metric_s_size_is_its_movement_or_its_magnitude_whichever_is_larger() 
     level = [_Series(steps, 0.5 + 0.01 * np.sin(steps + d)) for d in (0.0, 1.0)]
     assert scale_of(level) == pytest.approx(0.5, abs=0.01)
     assert scale_of([_Series(np.array([7]), np.array([-0.3]))] * 3) == pytest.approx(0.3)
+    # one value per run, logged at each run's own last step
+    ends = [_Series(np.array([n]), np.array([v])) for n, v in ((7, -0.3), (9, -0.5))]
+    assert scale_of(ends) == pytest.approx(0.4)

@@ -1187,9 +1187,9 @@ def scale_of(series: list[_Series]) -> float:
     magnitude there (a gradient norm hovering at 0.5: 0.5); for one value per run, its
     |mean|.  The yardstick of :func:`mark_too_wide`."""
     steps = _all_common(series)
+    if not len(steps):  # one value per run, each logged at its own (last) step
+        return abs(float(np.mean([s.values[-1] for s in series])))
     mean = np.mean([s.values[np.searchsorted(s.steps, steps)] for s in series], axis=0)
-    if not len(mean):
-        return 0.0
     return max(float(np.ptp(mean)), float(np.mean(np.abs(mean))))
 
 
