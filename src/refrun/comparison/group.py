@@ -57,15 +57,19 @@ def group_stats(matrix: np.ndarray) -> GroupStats:
     std = m.std(axis=0, ddof=1) if m.shape[0] > 1 else np.full(m.shape[1], np.nan)
     if m.shape[0] > 1:
         std = np.where(lo == hi, 0.0, std)
-    return GroupStats(lo, hi, group_mean(m), std)
+    return GroupStats(lo, hi, _mean(m, lo, hi), std)
 
 
 def group_mean(matrix: np.ndarray) -> np.ndarray:
     """Per-step mean over the rows of ``matrix``; where every row holds the same value,
     that value (the float64 mean of identical values can be off in the last bit)."""
     m = np.asarray(matrix, dtype=np.float64)
-    lo = m.min(axis=0)
-    return np.where(lo == m.max(axis=0), lo, m.mean(axis=0))
+    return _mean(m, m.min(axis=0), m.max(axis=0))
+
+
+def _mean(m: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """:func:`group_mean` given the per-step min and max (which :func:`group_stats` has)."""
+    return np.where(lo == hi, lo, m.mean(axis=0))
 
 
 def z_scores(cand: np.ndarray, stats: GroupStats) -> np.ndarray:

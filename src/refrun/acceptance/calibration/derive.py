@@ -1202,14 +1202,16 @@ def mark_too_wide(criteria: Sequence[Derived], runs: list[RunData], keep: str
     beside a pass) and one note names them all (None when there are none).  No threshold
     changes: more reference seeds are what narrows them."""
     out, weak = [], []
+    scales: dict[str, float] = {}  # by metric: several criteria judge one metric
     for d in criteria:
         cal, m = d.table.get("calibration"), d.table.get("metric")
         if d.table["kind"] not in ABSOLUTE_SHIFT_KINDS or not isinstance(cal, dict) \
                 or not isinstance(m, str) or "detectable_shift" not in cal:
             out.append(d)
             continue
-        scale = scale_of([_series(r, m, keep) for r in runs])
-        shift = float(cal["detectable_shift"])
+        if m not in scales:
+            scales[m] = scale_of([_series(r, m, keep) for r in runs])
+        scale, shift = scales[m], float(cal["detectable_shift"])
         if not (scale > 0 and shift >= scale):
             out.append(d)
             continue
