@@ -28,9 +28,9 @@ upper end <= 1.01).  The probed loop records the same counters as the default ru
 model instances of the same graph), whose truth is 1.  ``--dump F.json`` writes every
 block's seconds per step.
 Each block ends by waiting for the device, so every probed block starts on an idle device
-and the probe copies the previous block's logged values then; ``--continuous`` steps of
-one unbroken probed stretch (between two plain ones) give the probe's own work as a run
-without pauses has it.
+and the probe hands the previous block's logged values to its copier thread then;
+``--continuous`` steps of one unbroken probed stretch (between two plain ones) give the
+probe's own work as a run without pauses has it.
 
 torch_xla keeps the last ``XLA_METRICS_SAMPLES`` (default 1024) samples of every metric and
 ``metric_data`` copies them all, so the counter read costs ~0.1 ms per timed metric once

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,12 +63,66 @@ def batch(n: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.sin(x.sum(1, keepdim=True))
 
 
+class ProbeCopies:
+    """The test's own count of ``_xla_get_cpu_tensors`` calls made off the test's thread:
+    the probe's copier thread, which copies logged values at any moment (each call one
+    sample of torch_xla's ``TransferFromDeviceTime``).  The user's copies in these tests
+    all run on the test's thread."""
+
+    def __init__(self) -> None:
+        self.started = self.made = self.finished = 0
+        self.cv = threading.Condition()
+        # when set: each copier call, once its copy is made, signals `copied` and does not
+        # return before `release` is set (a copy in flight for as long as a test wants)
+        self.gate: tuple[threading.Event, threading.Event] | None = None
+
+    def wrap(self, f: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                return f(*args, **kwargs)
+            with self.cv:
+                self.started += 1
+            try:
+                out = f(*args, **kwargs)
+            finally:
+                with self.cv:
+                    self.made += 1  # its sample is in torch_xla's count
+                    self.cv.notify_all()
+            if self.gate is not None:
+                copied, release = self.gate
+                copied.set()
+                release.wait(timeout=30)
+            self.finished += 1
+            return out
+        return counted
+
+    def user_d2h(self) -> int:
+        """torch_xla's copy count less the copier's copies, read while none is being made."""
+        while True:
+            done = self.made
+            d2h = met.metric_data("TransferFromDeviceTime")
+            if self.started == done:
+                return (d2h[0] if d2h else 0) - done
+            with self.cv:
+                self.cv.wait_for(lambda: self.started == self.made, timeout=10)
+
+
+PROBE_COPIES = ProbeCopies()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _count_probe_copies():
+    real = torch_xla._XLAC._xla_get_cpu_tensors
+    torch_xla._XLAC._xla_get_cpu_tensors = PROBE_COPIES.wrap(real)
+    yield
+    torch_xla._XLAC._xla_get_cpu_tensors = real
+
+
 def raw() -> dict[str, int]:
-    """torch_xla's own cumulative counts, read by the test."""
-    d2h = met.metric_data("TransferFromDeviceTime")
+    """torch_xla's own cumulative counts, read by the test (copies: the user's only)."""
     return {"uncached": met.counter_value("UncachedCompile") or 0,
             "cached": met.counter_value("CachedCompile") or 0,
-            "d2h": d2h[0] if d2h else 0,
+            "d2h": PROBE_COPIES.user_d2h(),
             "syncs": met.counter_value("aten::_local_scalar_dense") or 0,
             "nonzero": met.counter_value("aten::nonzero") or 0,
             "exec": met.counter_value("ExecuteComputation") or 0}
@@ -262,10 +319,10 @@ def test_steady_steps_count_every_copy_but_read_the_exact_count_only_after_one(
     copy = {**D2H_FORMS, "xm.save": lambda t: xm.save({"w": t}, str(tmp_path / "w.pt"))}
     run = start(store)
     with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
-        counters = probe.backend._counters
+        transfers = probe.backend._transfers
         reads = []
-        exact = counters.d2h
-        counters.d2h = lambda: reads.append(1) or exact()  # type: ignore[method-assign]
+        exact = transfers.user_copies
+        transfers.user_copies = lambda: reads.append(1) or exact()  # type: ignore[method-assign]
         own = copy_forms(probe, model, forms, copy)
     run.close()
     copies = [0 if f == "none" else 1 for f in forms]
@@ -274,6 +331,104 @@ def test_steady_steps_count_every_copy_but_read_the_exact_count_only_after_one(
     # Step 0 (warm-up) reads at entry and exit; a steady step reads once, at exit, and
     # only when it copied; no read at all for the steps that copy nothing.
     assert len(reads) == 2 + sum(copies[1:])
+
+
+def test_the_probe_s_own_copy_in_flight_during_an_exact_read_is_not_the_user_s(
+        store) -> None:
+    """The probe copies logged values on a thread of its own, at any moment, and each copy
+    is one sample of torch_xla's exact count.  Here the copier's copy is made and held in
+    flight (it has not returned) while the step's exit reads the exact count after the
+    user's ``.cpu()``: the read holds both samples, and the probe must count one."""
+    model, _ = make(width=33)
+    w = model[0].weight.detach()
+    copied, release = threading.Event(), threading.Event()
+    run = start(store)
+    met_in_flight = []
+    with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
+        backend = probe.backend
+        exact = backend._counters.d2h
+
+        def read_then_release() -> int:  # the copy returns right after this read
+            n = exact()
+            met_in_flight.append(backend._copier.started != backend._copier.finished)
+            release.set()
+            return n
+
+        def copy_in_flight_then_user_copy(n: int) -> None:
+            if n == 3:
+                held = (w * 2.0).sum()
+                torch_xla.sync()  # `held` (and any loss still waiting) holds device data
+                probe.log(held=held)
+                PROBE_COPIES.gate = (copied, release)
+                backend._send(backend._materialised())
+                assert copied.wait(30)  # the probe's copy is made, and held
+                backend._counters.d2h = read_then_release  # type: ignore[method-assign]
+                w.cpu()  # the user's copy
+
+        try:
+            own, _ = train(model, [8] * 6, probe, extra=copy_in_flight_then_user_copy)
+        finally:
+            PROBE_COPIES.gate = None
+            release.set()
+    run.close()
+    assert [o["d2h"] for o in own] == [0, 0, 0, 1, 0, 0]  # the test's own count
+    assert met_in_flight[0] is True  # the first exact read did meet the copy in flight
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, 6) == [0, 0, 0, 1, 0, 0]
+    assert len(history(store, run.run_id, schema.M_LOSS)) == 6
+
+
+def test_a_probe_copy_that_never_returns_stalls_no_step_for_longer_than_one_wait(
+        store, monkeypatch) -> None:
+    """A copier whose copy never returns (a device that stops answering) is waited for
+    once, ``COPY_WAIT_S``, by the first exact read that meets it; later reads and the
+    probe's close do not wait, and the user's copies are still counted."""
+    from refrun.probes import xla as px
+
+    monkeypatch.setattr(px, "COPY_WAIT_S", 0.5)
+    model, _ = make(width=35)
+    w = model[0].weight.detach()
+    copied, release = threading.Event(), threading.Event()
+    waits = []
+    run = start(store)
+    try:
+        with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
+            backend = probe.backend
+            real_wait = backend._copier.wait_idle
+
+            def timed_wait(timeout: float = 0.5) -> bool:
+                t0 = time.monotonic()
+                try:
+                    return real_wait(timeout)
+                finally:
+                    waits.append(time.monotonic() - t0)
+
+            backend._copier.wait_idle = timed_wait  # type: ignore[method-assign]
+
+            def stuck_copy_then_user_copies(n: int) -> None:
+                if n == 2:
+                    held = (w * 2.0).sum()
+                    torch_xla.sync()
+                    probe.log(held=held)
+                    PROBE_COPIES.gate = (copied, release)  # the copy never returns
+                    backend._send(backend._materialised())
+                    assert copied.wait(30)
+                if n >= 2:
+                    w.cpu()
+
+            own, _ = train(model, [8] * 6, probe, extra=stuck_copy_then_user_copies)
+            assert backend._copier.stuck
+    finally:
+        PROBE_COPIES.gate = None
+        release.set()
+    run.close()
+    assert [o["d2h"] for o in own] == [0, 0, 1, 1, 1, 1]  # the test's own count
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, 6) == [0, 0, 1, 1, 1, 1]
+    assert len([t for t in waits if t >= 0.5]) == 1, waits  # one wait of COPY_WAIT_S
+    assert all(t < 0.4 for t in waits if t < 0.5), waits  # and none after it
+    losses = history(store, run.run_id, schema.M_LOSS)
+    assert all(math.isfinite(v) for v in losses)  # a value not copied is absent, never NaN
+    assert len(losses) < 6
+    assert any("not copied to the host within 0.5 s" in w["message"] for w in run.warnings)
 
 
 def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exactly(
@@ -480,14 +635,16 @@ def test_values_piled_up_are_copied_up_to_the_first_one_not_materialised() -> No
             made += [(w * -(i + 1)).sum() for i in range(pending)]  # still IR nodes
             handles = [backend.fetch(t) for t in made]
             assert backend._materialised() == synced
-            backend._transfer(backend._waiting[:synced])
+            backend._send(synced)
+            backend._copier.flush()
             assert [h.value for h in handles[:synced]] == \
                 [float(6 * (i + 1)) for i in range(synced)]
             assert all(h.value is None for h in handles[synced:])
             assert backend._waiting == handles[synced:]
             torch_xla.sync()  # the pending ones are materialised now: all are copied
             assert backend._materialised() == pending
-            backend._transfer(list(backend._waiting))
+            backend._send(len(backend._waiting))
+            backend._copier.flush()
             assert [h.value for h in handles[synced:]] == \
                 [float(-6 * (i + 1)) for i in range(pending)]
         early = (w * 2.5).sum()
@@ -507,7 +664,8 @@ def test_values_piled_up_are_copied_up_to_the_first_one_not_materialised() -> No
         assert (met.counter_value("ExecuteComputation") or 0) == executions
         torch_xla.sync()
         assert backend._materialised() == 2
-        backend._transfer(list(backend._waiting))
+        backend._send(len(backend._waiting))
+        backend._copier.flush()
         assert [h.value for h in handles] == [42.0, 15.0]
     finally:
         backend.close()
@@ -520,7 +678,6 @@ def test_values_are_copied_as_often_as_the_session_flushes(store, monkeypatch,
     # the host, at most once per the session's flush interval (sooner reaches no reader):
     # with 10 ms it asks at every 20 ms step, with an hour once for the whole run.  A
     # constant interval (the 1 s default) would ask once in this 0.2 s run either way.
-    import time
 
     requests = []
     real = torch_xla._XLAC._on_ready_callback
@@ -553,7 +710,6 @@ def test_step_counters_reach_the_session_a_flush_interval_at_a_time(store,
     # probe hands the kept steps to the session once per flush interval (each step's
     # counters as deltas, exactly as before).  With 10 ms they reach the session during
     # the run; with an hour, at close -- and every step is there either way.
-    import time
 
     model, _ = make(width=23)
     rows = [8] * 8
@@ -625,6 +781,38 @@ def test_a_logged_tensor_does_not_keep_its_autograd_graph_alive(store) -> None:
         assert ref() is None, "the probe kept the logged loss's graph alive"
     run.close()
     assert history(store, run.run_id, schema.M_LOSS)  # ... and the value was recorded
+
+
+def test_a_loss_updated_in_place_after_log_is_never_recorded_with_its_new_value(
+        store) -> None:
+    # The probe keeps a loss as the value it had at probe.log (the functional wrapper's
+    # inner tensor).  Updating the loss in place afterwards either leaves that value, which
+    # is then recorded, or donates its buffer to the update: the value is then missing,
+    # with a warning that says why.  Never the updated value.
+    w = torch.ones(3, device=DEV, requires_grad=True)
+    at_log = {}
+    run = start(store)
+    with refrun.xla.instrument(run, model=None) as probe:
+        for n in range(4):
+            with probe.step(n):
+                loss = (w * (n + 1)).sum()
+                loss.backward()
+                torch_xla.sync()
+                probe.log(loss=loss)
+                at_log[n] = float(loss.detach().cpu())  # the test's own read
+                with torch.no_grad():
+                    loss.mul_(10)
+                torch_xla.sync()
+    run.close()
+    got = {m.step: m.value for m in store.client().get_metric_history(run.run_id, "loss")}
+    assert at_log == {n: 3.0 * (n + 1) for n in range(4)}
+    assert all(got[n] == at_log[n] for n in got), got
+    # the test's own read is the step's one copy; the probe's copies, failed ones included
+    # (each is one sample of torch_xla's count), are not the user's
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, 4) == [1, 1, 1, 1]
+    if len(got) < len(at_log):
+        assert any("is not recorded" in w["message"] and "in place" in w["message"]
+                   for w in run.warnings), run.warnings
 
 
 def test_log_accepts_numbers_rejects_vectors_without_breaking_the_loop(store) -> None:

@@ -36,14 +36,14 @@ execution counts and times are recorded by the runtime when an asynchronous exec
 finishes, so they can land in the following step.
 
 **Values** given to ``probe.log`` never cause a graph, a transfer or a wait inside the step:
-the backend keeps a reference to the tensor (no new op, so the traced graph is unchanged);
-once a ``sync`` has materialised it, it asks the runtime for a readiness callback
-(``_XLAC._on_ready_callback``), and only when the device buffer is complete are all ready
-values copied to the host in one batched ``_xla_get_cpu_tensors`` call, at a step entry
-before the step's counting starts, when the device is idle (or after 2048 values / 30 s, see
-:meth:`XlaBackend.ready`).  That copy is a device-to-host transfer of finished buffers;
-made outside the step it is never counted (one made inside a step, which the probe never
-does today, would be bracketed by counter reads and subtracted) so ``xfer/d2h`` shows only
+the backend keeps a reference to the value (no new op, so the traced graph is unchanged;
+see :func:`_held`); once a ``sync`` has materialised it, it asks the runtime for a readiness
+callback (``_XLAC._on_ready_callback``), and only when the device buffer is complete -- the
+device idle, or after 2048 values / 30 s, see :meth:`XlaBackend.ready` -- are the ready
+values handed to the backend's copier thread (:class:`_Copier`), which copies them to the
+host in one batched ``_xla_get_cpu_tensors`` call.  That copy is a device-to-host transfer
+of finished buffers, made at any moment, steps included; each is one sample of torch_xla's
+exact count, which :meth:`TransferCount.user_copies` subtracts, so ``xfer/d2h`` shows only
 the user's transfers.
 
 **Device truth**: the XLA device prints as ``xla:0`` whatever it is, so the tags record
@@ -68,7 +68,8 @@ import numbers
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +112,11 @@ ARM_INTERVAL_S = 1.0
 # (SummaryTally): bounds the backend's memory on long runs at the cost of one fold on the
 # training thread in this many steps.
 FOLD_ROWS = 4096
+# The longest the training thread waits for the copier thread's copy in flight (an exact
+# copy count read while it runs; see TransferCount.user_copies), and close for each value:
+# one batched copy of finished buffers takes milliseconds, so a wait this long means the
+# device does not answer, and from then on nobody waits for the copier.
+COPY_WAIT_S = 10.0
 
 
 @dataclass(slots=True)
@@ -120,7 +126,114 @@ class _XlaValue:
     tensor: torch.Tensor
     version: int
     event: threading.Event | None = None  # readiness callback (only on some values)
-    value: float | None = None
+    value: float | None = None  # set by the copier's thread
+    sent: bool = False  # handed to the copier (no longer in the backend's waiting list)
+    error: Exception | None = None  # the copy failed (set by the copier's thread)
+
+
+class _Copier:
+    """Copies logged values' device buffers to the host on a thread of its own.
+
+    ``_xla_get_cpu_tensors`` costs ~0.15 ms of CPU per scalar buffer on PJRT CPU (1.2 ms
+    for the eight values a second of a 115 ms GRU step logs: a quarter of the probe's own
+    work on the training thread, docs/research/xla-probe-cost.md) and releases the GIL
+    while it copies, so made here it costs the training thread nothing.
+
+    ``started`` and ``finished`` count the copy calls begun and returned.  Each call adds
+    one sample to torch_xla's ``TransferFromDeviceTime`` between its two increments (the
+    metric is timed inside the runtime's transfer, failed transfers included), so a reading
+    of that count taken while no call is in flight holds exactly ``finished`` of the
+    probe's samples (:meth:`TransferCount.user_copies`)."""
+
+    def __init__(self, xlac: Any) -> None:
+        self._xlac = xlac
+        self._cv = threading.Condition()
+        self._queue: deque[list[_XlaValue]] = deque()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.started = 0
+        self.finished = 0
+        # A wait for a copy timed out (a device that does not answer): nobody waits again.
+        self.stuck = False
+
+    def submit(self, handles: list[_XlaValue]) -> None:
+        """Queue one batched copy of ``handles`` (in log order); never waits."""
+        for h in handles:
+            h.sent = True
+        with self._cv:
+            self._queue.append(handles)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="refrun-xla-copier")
+                self._thread.start()
+            self._cv.notify()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Until no copy call is in flight (one batched copy at most: a few ms); False if
+        one is still in flight after ``timeout`` or an earlier wait timed out."""
+        return self._wait(lambda: self.started == self.finished, timeout)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Until every submitted copy has returned."""
+        return self._wait(lambda: not self._queue and self.started == self.finished, timeout)
+
+    def wait_done(self, h: _XlaValue, timeout: float | None = None) -> bool:
+        """Until ``h`` (already submitted) has its value or its error."""
+        return self._wait(lambda: h.value is not None or h.error is not None, timeout)
+
+    def _wait(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        with self._cv:
+            if self.stuck:
+                return done()
+            if not self._cv.wait_for(done, COPY_WAIT_S if timeout is None else timeout):
+                self.stuck = True
+                return False
+            return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """Copy what is queued, then stop the thread (a stuck one is left, as a daemon)."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and not self.stuck:
+            thread.join(COPY_WAIT_S if timeout is None else timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    if self._closing:
+                        return
+                    self._cv.wait()
+                handles = self._queue.popleft()
+            if not self._copy(handles) and len(handles) > 1:
+                for h in handles:  # one unreadable buffer fails the whole batch
+                    self._copy([h])
+
+    def _copy(self, handles: list[_XlaValue]) -> bool:
+        with self._cv:
+            self.started += 1
+        try:
+            get = DIRECT_COPIES.get_cpu_tensors(self._xlac)  # not counted as the user's
+            values = [host_float(t) for t in get([h.tensor for h in handles])]
+        except Exception as exc:  # e.g. a buffer donated by an in-place update
+            error: Exception | None = exc
+        else:
+            error = None
+        with self._cv:
+            self.finished += 1
+            for i, h in enumerate(handles):
+                if error is None:
+                    h.value = values[i]
+                    h.tensor = _RELEASED  # drop the device buffer reference
+                elif len(handles) == 1:
+                    h.error = RuntimeError(
+                        f"a logged value could not be copied to the host and is not "
+                        f"recorded ({error}); updating a logged tensor in place can "
+                        "reuse its buffer before the copy (log a tensor you do not update)")
+            self._cv.notify_all()
+        return error is None
 
 
 @dataclass
@@ -402,8 +515,7 @@ class TransferCount:
     and every direct ``_xla_get_cpu_tensors`` call (``xm.save``, ``xm.mesh_reduce``) moves
     :data:`DIRECT_COPIES`, so the metric is read only when these moved since it was last
     read; a step that copies nothing costs eight counter reads.  ``known`` is the metric's
-    count as last read plus the probe's own copies since (one sample per batched copy,
-    :meth:`own_copy`, which moves no sentinel).
+    count as last read less the probe's own copies (:meth:`user_copies`; they move no sentinel).
 
     The sentinels are checked against the exact count at every warm-up step and one steady
     step in ``EXACT_EVERY``: a step whose exact count moved while no sentinel did (a copy
@@ -415,27 +527,38 @@ class TransferCount:
 
     counters: XlaCounters
     warmup_steps: int
+    copier: _Copier
     exact: bool = False  # every step read exactly (after a copy no sentinel saw)
     uncounted_at: int | None = None  # step of the first copy no sentinel saw
-    known: int | None = None  # the metric's count, valid while nothing moved since `sent`
+    known: int | None = None  # user_copies() as last read, valid while nothing moved since `sent`
     sent: tuple[int, int, int] | None = None
     steps: int = 0
     d2h: int = 0  # cumulative copies inside steps (the user's)
     syncs: int = 0  # cumulative host syncs inside steps
     # (sentinels, syncs, baseline, checked) of the open step
     _open: tuple[tuple[int, int, int], int, int, bool] | None = None
-    _own: int = 0  # the probe's copies made while a step is open
     checked: bool = True  # the last step was read exactly (warm-up, 1 in EXACT_EVERY)
 
-    def own_copy(self) -> None:
-        """The probe copied its ready values to the host in one call (one metric sample)."""
-        if self.known is not None:
-            self.known += 1
-        if self._open is not None:
-            self._own += 1
+    def user_copies(self) -> int:
+        """torch_xla's count of device-to-host copies less the probe's own, which its
+        copier thread makes at any time (:class:`_Copier`: one sample per call).  Read
+        while a copy call is in flight, the count may or may not hold that call's sample,
+        so the read is made again once the call returns: a wait of one batched copy at
+        most (a few ms), and only when an exact read (at most every warm-up step, one step
+        in EXACT_EVERY and a step that copied) meets the copy made once a flush interval."""
+        copier = self.copier
+        while True:
+            done = copier.finished
+            n = self.counters.d2h()
+            if copier.started == done:
+                return n - done
+            if not copier.wait_idle():
+                # A copy that never returns (a device that does not answer): its sample is
+                # taken as made, and no later read waits (COPY_WAIT_S).
+                return n - copier.started
 
     def _read(self, sent: tuple[int, int, int]) -> int:
-        self.known, self.sent = self.counters.d2h(), sent
+        self.known, self.sent = self.user_copies(), sent
         return self.known
 
     def begin(self) -> None:
@@ -450,7 +573,7 @@ class TransferCount:
         base = self._read(sent) if fresh else self.known
         assert base is not None
         self.sent = sent
-        self._open, self._own = (sent, syncs, base, check), 0
+        self._open = (sent, syncs, base, check)
 
     def end(self, step: int) -> None:
         if self._open is None:
@@ -464,7 +587,7 @@ class TransferCount:
         if not moved and not check:
             self.sent = sent  # still exact: only copies to the device or casts since
             return
-        n = self._read(sent) - base - self._own
+        n = self._read(sent) - base
         if n > 0 and not moved and not self.exact:
             self.exact, self.uncounted_at = True, step
         self.d2h += n
@@ -485,6 +608,7 @@ class XlaBackend(BackendBase):
     _xla: Any = field(default=None, repr=False)
     _counters: XlaCounters = field(init=False, repr=False)
     _transfers: TransferCount = field(init=False, repr=False)
+    _copier: _Copier = field(init=False, repr=False)
     _uncounted_warned: bool = False
     _waiting: list[_XlaValue] = field(default_factory=list, repr=False)  # in log order
     _next_arm: float = 0.0  # monotonic time of the next readiness callback request
@@ -509,7 +633,8 @@ class XlaBackend(BackendBase):
         self._xla = torch_xla
         self._counters = XlaCounters(torch_xla._XLAC)
         self._tally = SummaryTally(self.warmup_steps)
-        self._transfers = TransferCount(self._counters, self.warmup_steps)
+        self._copier = _Copier(torch_xla._XLAC)
+        self._transfers = TransferCount(self._counters, self.warmup_steps, self._copier)
         DIRECT_COPIES.install(torch_xla._XLAC)
         if self.device is None:
             self.device = _param_device(self.model, self.optimizer) or torch_xla.device()
@@ -549,12 +674,7 @@ class XlaBackend(BackendBase):
             if dev.type != "xla":
                 # A host tensor: reading it after the step is a memory load, not a sync.
                 return _XlaValue(value.detach(), value._version, None, host_float(value))
-            # Kept detached: holding the logged tensor itself kept its step's autograd
-            # graph alive until the copy, and freeing it there cost the probe's call
-            # ~0.28 ms a value on a GRU step (18 us detached) -- work a plain loop does
-            # when it drops the tensor.  A detached alias adds no graph output, no
-            # compilation, and shares the version counter the in-place check reads.
-            h = _XlaValue(value.detach(), value._version)
+            h = _XlaValue(*_held(value))
             self._waiting.append(h)
             return h
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -563,18 +683,23 @@ class XlaBackend(BackendBase):
         return float(value)
 
     def ready(self, pending: Any) -> float | None:
-        """The value once on the host.  Ready buffers are copied only when the device is
-        idle -- every waiting value's buffer is complete, so no execution of a later sync
-        is in flight -- or, to bound the delay, when ``TRANSFER_MAX_WAITING`` values or
-        ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an execution
-        runs queues behind its operations on the runtime's threads: on a step of many
-        small operations (a recurrent cell over a sequence) it waited for most of the
-        execution at every step entry, serialising the host's tracing of step n+1 with
-        the device's execution of step n that a plain loop overlaps."""
+        """The value once on the host.  Ready buffers are handed to the copier only when
+        the device is idle -- every waiting value's buffer is complete, so no execution of
+        a later sync is in flight -- or, to bound the delay, when ``TRANSFER_MAX_WAITING``
+        values or ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an
+        execution runs queues behind its operations on the runtime's threads: on a step of
+        many small operations (a recurrent cell over a sequence) it waited for most of the
+        execution at every step entry, serialising the host's tracing of step n+1 with the
+        device's execution of step n that a plain loop overlaps.  The copy itself runs on
+        the copier's thread (:class:`_Copier`), so the value arrives at a later call."""
         if isinstance(pending, float):
             return pending
         if pending.value is not None:
             return pending.value
+        if pending.error is not None:
+            raise pending.error
+        if pending.sent:
+            return None
         now = time.monotonic()
         if self._ready_since is None:
             self._ready_since = now
@@ -588,22 +713,27 @@ class XlaBackend(BackendBase):
         idle = newest.event is not None and newest.event.is_set()
         if idle or len(self._waiting) >= TRANSFER_MAX_WAITING or \
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
-            self._transfer(self._waiting[:self._materialised()])
-        else:
-            return None
-        self._ready_since = None
+            self._send(self._materialised())
+            self._ready_since = None
         return pending.value
 
     def wait(self, pending: Any) -> float:
         """Blocking read, only at close: materialises a value never synced (this may run a
-        graph) and waits for its buffer."""
+        graph) and waits for its buffer and its copy."""
         if isinstance(pending, float):
             return pending
+        if pending.value is None and pending.error is None:
+            if not pending.sent:
+                if pending.event is not None:
+                    pending.event.wait(timeout=60)
+                self._send(len(self._waiting))
+            self._copier.wait_done(pending)
+        if pending.error is not None:
+            raise pending.error
         if pending.value is None:
-            if pending.event is not None:
-                pending.event.wait(timeout=60)
-            self._transfer([h for h in self._waiting if h.value is None])
-        return float("nan") if pending.value is None else pending.value
+            raise RuntimeError(f"a logged value was not copied to the host within "
+                               f"{COPY_WAIT_S:g} s (the device does not answer); not recorded")
+        return pending.value
 
     def _materialised(self) -> int:
         """How many waiting values, from the first in log order, hold device data (a sync
@@ -629,27 +759,20 @@ class XlaBackend(BackendBase):
             return
         h.event = ev
 
-    def _transfer(self, handles: list[_XlaValue]) -> None:
-        """Copy ``handles`` to the host in one call; the transfers it makes are counted as
-        the probe's own and subtracted from ``xfer/d2h``."""
-        if not handles:
+    def _send(self, n: int) -> None:
+        """Hand the first ``n`` waiting values to the copier (one batched copy; the
+        transfer it makes is the probe's own and never counted in ``xfer/d2h``)."""
+        if n <= 0:
             return
+        handles, self._waiting = self._waiting[:n], self._waiting[n:]
         for h in handles:
-            if h.tensor._version != h.version and not self._inplace_warned:
+            if h.version >= 0 and h.tensor._version != h.version \
+                    and not self._inplace_warned:
                 self._inplace_warned = True
                 self.warn("xla-inplace-after-log", "a logged XLA tensor was "
                                    "modified in place after probe.log; the recorded value is "
                                    "the modified one (log a tensor you do not update in place)")
-        try:
-            get = DIRECT_COPIES.get_cpu_tensors(self._xla._XLAC)
-            host = get([h.tensor for h in handles])
-        finally:
-            self._transfers.own_copy()  # one sample of torch_xla's count, not the user's
-        for h, t in zip(handles, host, strict=True):
-            h.value = host_float(t)
-            h.tensor = _RELEASED  # drop the device buffer reference
-        done = {id(h) for h in handles}
-        self._waiting = [h for h in self._waiting if id(h) not in done]
+        self._copier.submit(handles)
 
     # --- counters -------------------------------------------------------------------
     counter_names = (*ROW_NAMES, schema.M_XFER_D2H, schema.M_HOST_SYNCS)
@@ -751,6 +874,7 @@ class XlaBackend(BackendBase):
         if self._closed:
             return
         self._closed = True
+        self._copier.close()
         self._waiting.clear()
         DIRECT_COPIES.remove(self._xla._XLAC)
 
@@ -771,6 +895,32 @@ def placement_warnings(declared: str | None, executed_hw: str,
             label = "model parameters" if what == "params" else "optimizer state"
             out.append(f"{label} on {', '.join(off)}, not on the XLA device")
     return out
+
+
+def _held(value: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """What the backend keeps of a logged XLA tensor until its copy, and the version the
+    in-place check compares (-1: no check needed).
+
+    Never the tensor itself when it carries an autograd graph: holding it kept the step's
+    graph alive until the copy, and freeing it there cost the probe's call ~0.28 ms a value
+    on a GRU step -- work a plain loop does when it drops the tensor.  A result of autograd
+    ops (a loss) is kept as the functional wrapper's inner tensor
+    (``torch._from_functional_tensor``: 18 us right after a ``sync`` on PJRT CPU, against
+    57 us for ``detach``, which dispatches an alias op through functionalization).  The
+    inner tensor is the value at ``log``: an in-place update of the wrapper afterwards
+    replaces the wrapper's inner tensor and leaves this one as it was (if the update
+    donates its buffer, the copy fails and the value is not recorded, with a warning).
+    A tensor without a graph is kept as is, and a parameter detached (both alias what the
+    loop updates in place, which the version check notes).  None of these adds a graph
+    output or a compilation."""
+    if not value.requires_grad:
+        return value, value._version
+    if not value.is_leaf:
+        try:
+            return torch._from_functional_tensor(value), -1
+        except RuntimeError:  # functionalization off (XLA_DISABLE_FUNCTIONALIZATION=1)
+            pass
+    return value.detach(), value._version
 
 
 class _Released:
