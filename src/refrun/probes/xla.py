@@ -683,23 +683,29 @@ class XlaBackend(BackendBase):
         return float(value)
 
     def ready(self, pending: Any) -> float | None:
-        """The value once on the host.  Ready buffers are handed to the copier only when
-        the device is idle -- every waiting value's buffer is complete, so no execution of
-        a later sync is in flight -- or, to bound the delay, when ``TRANSFER_MAX_WAITING``
-        values or ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an
-        execution runs queues behind its operations on the runtime's threads: on a step of
-        many small operations (a recurrent cell over a sequence) it waited for most of the
-        execution at every step entry, serialising the host's tracing of step n+1 with the
-        device's execution of step n that a plain loop overlaps.  The copy itself runs on
-        the copier's thread (:class:`_Copier`), so the value arrives at a later call."""
+        """The value once on the host (the copier thread sets it), else None; each call
+        also polls the waiting values (:meth:`_poll`), whether or not ``pending`` is
+        already with the copier."""
         if isinstance(pending, float):
             return pending
         if pending.value is not None:
             return pending.value
         if pending.error is not None:
             raise pending.error
-        if pending.sent:
-            return None
+        if self._waiting:
+            self._poll()
+        return pending.value
+
+    def _poll(self) -> None:
+        """Ask for a readiness callback on the newest waiting value (once an arm interval),
+        and hand the waiting values to the copier only when the device is idle -- every
+        waiting value's buffer is complete, so no execution of a later sync is in flight --
+        or, to bound the delay, when ``TRANSFER_MAX_WAITING`` values or
+        ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an execution
+        runs queues behind its operations on the runtime's threads: on a step of many
+        small operations (a recurrent cell over a sequence) it waited for most of the
+        execution at every step entry, serialising the host's tracing of step n+1 with the
+        device's execution of step n that a plain loop overlaps."""
         now = time.monotonic()
         if self._ready_since is None:
             self._ready_since = now
@@ -715,7 +721,6 @@ class XlaBackend(BackendBase):
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
             self._send(self._materialised())
             self._ready_since = None
-        return pending.value
 
     def wait(self, pending: Any) -> float:
         """Blocking read, only at close: materialises a value never synced (this may run a
