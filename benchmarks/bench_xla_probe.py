@@ -121,11 +121,13 @@ def bench_rnn(args: argparse.Namespace) -> None:
     # --null: the probed arm runs without the probe (an A/A test whose truth is 1)
     arm_probe = None if args.null else probe
     per_arm: dict[str, list[float]] = {arm: [] for arm in arms}
+    orders: list[list[str]] = []
     rng = random.Random(args.seed)
     step = 5
     for _ in range(args.rounds):
         order = list(arms)
         rng.shuffle(order)  # a fixed order can line up with a periodic effect of the machine
+        orders.append(order)
         for arm in order:
             m_, o_ = models[arm]
             if arm == "probed":
@@ -136,7 +138,7 @@ def bench_rnn(args: argparse.Namespace) -> None:
                                              burn_us=args.burn if arm == "burn" else 0))
     if args.dump:
         with open(args.dump, "w") as f:
-            json.dump(per_arm, f)
+            json.dump({**per_arm, "order": orders}, f)
     plain, probed = per_arm["plain"], per_arm["probed"]
     n_probed = args.rounds * args.steps
     blocks = dict(hooks)
