@@ -22,11 +22,15 @@ at random for each round (seeded): plain, probed, and with ``--burn US`` a posit
 control, a plain step that then spends US microseconds of thread CPU in a Python loop (a
 known cost, so the table shows whether the design resolves a cost of that size on this
 machine at this hour).  An arm's block over the same round's plain block is one paired
-sample; the table gives their mean with a 95 % t-interval (the "Done when" target is an
-upper end <= 1.01).  The probed loop records the same counters as the default run.
+sample; the table gives their mean with a 95 % t-interval, and the same pairs analysed as
+a cross-over (:func:`crossover_ratio`): whether a block ran first or second in its pair
+moves its time by itself (a position effect: bench_callbacks' Keras/JAX A/A test found
+the first block of a round 4-7 % faster), which a random order turns into noise and this
+analysis estimates and removes.  The "Done when" target is an upper end <= 1.01.  The
+probed loop records the same counters as the default run.
 ``--null`` runs the probed arm's blocks without the probe: an A/A test of the design (two
 model instances of the same graph), whose truth is 1.  ``--dump F.json`` writes every
-block's seconds per step.
+block's seconds per step and each round's order.
 Each block ends by waiting for the device, so every probed block starts on an idle device
 and the probe hands the previous block's logged values to its copier thread then;
 ``--continuous`` steps of one unbroken probed stretch (between two plain ones) give the
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -91,6 +96,48 @@ def round_ratio(arm: list[float], plain: list[float]) -> tuple[float, float, flo
     m = statistics.fmean(r)
     half = stats.t.ppf(0.975, n - 1) * statistics.stdev(r) / n ** 0.5 if n > 1 else float("nan")
     return m, m - half, m + half, n
+
+
+def crossover_ratio(arm: list[float], plain: list[float], arm_first: list[bool]
+                    ) -> tuple[float, float, float, int, float]:
+    """Ratio arm / plain of paired blocks, adjusted for the blocks' position in their round:
+    (ratio, low, high, n, first-block factor).
+
+    A paired AB/BA cross-over analysed on the log scale (S. Senn, *Cross-over Trials in
+    Clinical Research*, 2nd ed., Wiley 2002, ch. 3): with ``y_i = log(arm_i / plain_i)``
+    and ``s_i = +1`` where the arm's block ran before the plain one, ``-1`` after,
+    ``y_i = mu + pi * s_i + e_i``.  Then ``mu = (mean(y | s=+1) + mean(y | s=-1)) / 2``,
+    ``pi = (mean(y | s=+1) - mean(y | s=-1)) / 2``, the residual variance pools both
+    groups with ``n - 2`` degrees of freedom, ``Var(mu) = sigma^2 / 4 * (1/n+ + 1/n-)``,
+    and the 95 % t-interval is returned as ``exp`` of its ends.  ``exp(pi)`` is how much
+    faster (< 1) or slower a block runs first in its pair than second, whichever arm it
+    is.  With the order drawn at random that effect is unbiased noise in the plain
+    paired ratio (:func:`round_ratio`); here it is estimated and taken out."""
+    from scipy import stats
+
+    y = [math.log(a / p) for a, p in zip(arm, plain, strict=True)]
+    first = [v for v, f in zip(y, arm_first, strict=True) if f]
+    second = [v for v, f in zip(y, arm_first, strict=True) if not f]
+    n = len(y)
+    if len(first) < 2 or len(second) < 2:
+        return float("nan"), float("nan"), float("nan"), n, float("nan")
+    m1, m2 = statistics.fmean(first), statistics.fmean(second)
+    mu, pi = (m1 + m2) / 2, (m1 - m2) / 2
+    rss = sum((v - m1) ** 2 for v in first) + sum((v - m2) ** 2 for v in second)
+    se = (rss / (n - 2)) ** 0.5 * (0.25 / len(first) + 0.25 / len(second)) ** 0.5
+    half = stats.t.ppf(0.975, n - 2) * se
+    return math.exp(mu), math.exp(mu - half), math.exp(mu + half), n, math.exp(pi)
+
+
+def first_of(orders: list[list[str]], arm: str) -> list[bool]:
+    """Per round, whether ``arm``'s block ran before the plain block."""
+    return [o.index(arm) < o.index("plain") for o in orders]
+
+
+def crossover_row(arm: list[float], plain: list[float], arm_first: list[bool]) -> str:
+    r, lo, hi, _, first = crossover_ratio(arm, plain, arm_first)
+    return (f"{r:.4f} [{lo:.4f}, {hi:.4f}] (a block run first in its pair / second: "
+            f"{first:.4f}; {sum(arm_first)} of {len(arm_first)} rounds ran the arm first)")
 
 
 def bench_rnn(args: argparse.Namespace) -> None:
@@ -165,13 +212,17 @@ def bench_rnn(args: argparse.Namespace) -> None:
         ("plain step (median of blocks)", f"{statistics.median(plain) * 1e3:.2f} ms"),
         ("probed step (median of blocks)", f"{statistics.median(probed) * 1e3:.2f} ms"),
         ("probed / plain, paired blocks: mean [95 % CI]", f"{m:.4f} [{lo:.4f}, {hi:.4f}]"),
+        ("probed / plain, paired blocks, position in the round taken out (cross-over): "
+         "ratio [95 % CI]", crossover_row(probed, plain, first_of(orders, "probed"))),
         ("paired blocks x steps", f"{n} x {args.steps}, order drawn per round (seed "
          f"{args.seed})"
          + (" (A/A: the probed model's blocks ran without the probe)" if args.null else "")),
         *([(f"positive control: plain + {args.burn:g} us of thread CPU a step / plain, "
             "paired: mean [95 % CI]",
             "{:.4f} [{:.4f}, {:.4f}]".format(*round_ratio(per_arm["burn"], plain)[:3])
-            + f" (the known cost alone: {1 + args.burn / plain_cpu:.4f})")]
+            + f" (the known cost alone: {1 + args.burn / plain_cpu:.4f})"),
+           ("  the same, cross-over", crossover_row(per_arm["burn"], plain,
+                                                    first_of(orders, "burn")))]
           if args.burn else []),
         ("metric windows filled first", f"{args.fill} steps"),
         ("probe's own work on the training thread (thread CPU in probe.step entry/exit "
