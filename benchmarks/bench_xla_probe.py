@@ -135,6 +135,7 @@ def first_of(orders: list[list[str]], arm: str) -> list[bool]:
 
 
 def crossover_row(arm: list[float], plain: list[float], arm_first: list[bool]) -> str:
+    """:func:`crossover_ratio` as the table prints it."""
     r, lo, hi, _, first = crossover_ratio(arm, plain, arm_first)
     return (f"{r:.4f} [{lo:.4f}, {hi:.4f}] (a block run first in its pair / second: "
             f"{first:.4f}; {sum(arm_first)} of {len(arm_first)} rounds ran the arm first)")
