@@ -857,25 +857,18 @@ class Outlier:
 
 
 def _quantities(runs: list[RunData], opts: CalibrationOptions) -> dict[str, np.ndarray]:
-    """One value per reference run for every quantity a criterion rests on: the
+    """One value per reference run for every numerical quantity a criterion rests on: the
     final-window mean of each per-step metric, the final (last shared) evaluation of each
-    evaluated metric, each one-value metric, and the log steady median step time."""
+    evaluated metric, and each one-value metric.  Never the step time: it says how busy
+    the machine was during the run, and a seed recorded beside other work (2.2x the
+    others' median on a loaded 2-vCPU machine) was named an outlier and left out of every
+    numerical threshold (the step-time criterion's own spread covers a slow seed)."""
     keep, st = opts.settings.keep, opts.settings
     out: dict[str, np.ndarray] = {}
     for m in shared_metrics(runs):
-        if m.startswith(schema.PROGRESS_PREFIX) or (m.startswith(SKIP_PREFIXES)
-                                                     and m != schema.M_STEP_TIME):
+        if m.startswith(schema.PROGRESS_PREFIX) or m.startswith(SKIP_PREFIXES):
             continue
         if opts.metrics is not None and m not in opts.metrics:
-            continue
-        if m == schema.M_STEP_TIME:
-            spans = [_series(r, m, keep).steps for r in runs]
-            start = warmup_end(min(int(x[0]) for x in spans), max(int(x[-1]) for x in spans),
-                               st.warmup_steps, st.warmup_fraction)
-            meds = [steady_step_times(r, m, list(schema.STEP_TIME_COMPILE_METRICS),
-                                             keep, start)[1] for r in runs]
-            if all(len(x) and np.all(x > 0) for x in meds):
-                out[f"steady median step time ({m})"] = np.log([np.median(x) for x in meds])
             continue
         series = [_series(r, m, keep) for r in runs]
         common = _all_common(series)
@@ -922,8 +915,7 @@ def outliers(runs: list[RunData], opts: CalibrationOptions) -> list[Outlier]:
                 continue
             mean = float(others.mean())
             t = abs(float(v[i]) - mean) / (sd * math.sqrt(1 + 1 / (n - 1)))
-            step_time = name.startswith("steady median")
-            val, mu = (math.exp(v[i]), math.exp(mean)) if step_time else (float(v[i]), mean)
+            val, mu = float(v[i]), mean
             if t > limit and (i not in found or t > found[i].t):
                 found[i] = Outlier(runs[i].run_id, runs[i].seed, name, val, mu, t, limit,
                                    False)
