@@ -915,10 +915,9 @@ def outliers(runs: list[RunData], opts: CalibrationOptions) -> list[Outlier]:
                 continue
             mean = float(others.mean())
             t = abs(float(v[i]) - mean) / (sd * math.sqrt(1 + 1 / (n - 1)))
-            val, mu = float(v[i]), mean
             if t > limit and (i not in found or t > found[i].t):
-                found[i] = Outlier(runs[i].run_id, runs[i].seed, name, val, mu, t, limit,
-                                   False)
+                found[i] = Outlier(runs[i].run_id, runs[i].seed, name, float(v[i]), mean, t,
+                                   limit, False)
     return [found[i] for i in sorted(found)]
 
 
