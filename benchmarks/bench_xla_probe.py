@@ -128,7 +128,8 @@ def hodges_lehmann_ratio(arm: list[float], plain: list[float]) -> tuple[float, f
     c = math.floor(len(w) / 2 - 1.959964 * math.sqrt(n * (n + 1) * (2 * n + 1) / 24))
     if c < 0:
         return math.exp(float(np.median(w))), float("nan"), float("nan")
-    return tuple(math.exp(float(v)) for v in (np.median(w), w[c], w[len(w) - 1 - c]))
+    return (math.exp(float(np.median(w))), math.exp(float(w[c])),
+            math.exp(float(w[len(w) - 1 - c])))
 
 
 def crossover_ratio(arm: list[float], plain: list[float], arm_first: list[bool]
