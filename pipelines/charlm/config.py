@@ -8,9 +8,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from refrun.errors import RefrunInputError
 
 CONFIG_PATH = Path(__file__).with_name("config.toml")
+MASKED = -1e9  # score of a masked key (finite: the same constant in every port)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,15 @@ class Config:
         progress = min((step - w) / span, 1.0)
         floor = self.lr * self.min_lr_fraction
         return floor + 0.5 * (self.lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def schedule(cfg: Config, step: int, warmup: bool) -> np.ndarray:
+    """``[lr, 1 − β1^t, 1 − β2^t]`` of 0-based ``step`` (t = step + 1), float32: the Adam
+    update's per-step scalars, shared by every port (framework-free, so the JAX port runs
+    where torch is not installed, e.g. a TPU VM)."""
+    t = step + 1
+    return np.array([cfg.learning_rate(step, warmup=warmup), 1.0 - cfg.beta1 ** t,
+                     1.0 - cfg.beta2 ** t], dtype=np.float32)
 
 
 _INT = ("eval_windows", "context", "d_model", "n_head", "n_layer", "mlp_ratio", "steps",

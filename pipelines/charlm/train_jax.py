@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 import refrun.jax
 from pipelines.charlm import cli
-from pipelines.charlm.config import Config
+from pipelines.charlm.config import MASKED, Config, schedule
 from pipelines.charlm.data import (
     VOCAB,
     batch_starts,
@@ -42,7 +42,6 @@ from pipelines.charlm.data import (
     windows,
 )
 from pipelines.charlm.model import LN_EPS, group_of, init_params
-from pipelines.charlm.train_torch import MASKED, schedule
 from pipelines.jax_cpu import one_step_in_flight
 
 Params = dict[str, jax.Array]

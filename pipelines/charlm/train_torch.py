@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 import refrun.torch
 from pipelines.charlm import cli
-from pipelines.charlm.config import Config
+from pipelines.charlm.config import MASKED, Config, schedule
 from pipelines.charlm.data import (
     VOCAB,
     batch_starts,
@@ -38,8 +38,6 @@ from pipelines.charlm.data import (
     windows,
 )
 from pipelines.charlm.model import LN_EPS, group_of, init_params
-
-MASKED = -1e9  # score of a masked key (finite: the same constant in every port)
 
 
 class Attention(torch.nn.Module):
@@ -134,13 +132,6 @@ def adam_update(params: list[torch.Tensor], m: list[torch.Tensor], v: list[torch
         mi.mul_(cfg.beta1).add_(g, alpha=1.0 - cfg.beta1)
         vi.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
         p.sub_(lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.eps))
-
-
-def schedule(cfg: Config, step: int, warmup: bool) -> np.ndarray:
-    """``[lr, 1 − β1^t, 1 − β2^t]`` of 0-based ``step`` (t = step + 1), float32."""
-    t = step + 1
-    return np.array([cfg.learning_rate(step, warmup=warmup), 1.0 - cfg.beta1 ** t,
-                     1.0 - cfg.beta2 ** t], dtype=np.float32)
 
 
 def group_norms(named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:

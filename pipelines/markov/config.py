@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from refrun.errors import RefrunInputError
 
 CONFIG_PATH = Path(__file__).with_name("config.toml")
@@ -44,6 +46,14 @@ class Config:
         if not steps or steps[-1] != self.steps - 1:
             steps.append(self.steps - 1)
         return steps
+
+
+def schedule(cfg: Config, step: int) -> np.ndarray:
+    """``[lr, 1 − β1^t, 1 − β2^t]`` of 0-based ``step`` (t = step + 1), float32: the Adam
+    update's per-step scalars, shared by every port (framework-free, so the JAX port runs
+    where torch is not installed, e.g. a TPU VM)."""
+    t = step + 1
+    return np.array([cfg.lr, 1.0 - cfg.beta1 ** t, 1.0 - cfg.beta2 ** t], dtype=np.float32)
 
 
 _INT = ("data_seed", "classes", "symbols", "length", "n_train", "n_val", "embed", "hidden",

@@ -34,10 +34,9 @@ from jax.sharding import PartitionSpec as P
 import refrun.jax
 from pipelines.jax_cpu import one_step_in_flight
 from pipelines.markov import cli
-from pipelines.markov.config import Config
+from pipelines.markov.config import Config, schedule
 from pipelines.markov.data import batch_indices, load
 from pipelines.markov.model import group_of, init_params
-from pipelines.markov.train_torch import schedule
 
 Params = dict[str, jax.Array]
 

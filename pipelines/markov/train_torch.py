@@ -19,13 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 import refrun.torch
 from pipelines.markov import cli
-from pipelines.markov.config import Config
+from pipelines.markov.config import Config, schedule
 from pipelines.markov.data import batch_indices, load
 from pipelines.markov.model import group_of, init_params
 
@@ -91,12 +90,6 @@ def adam_update(params: list[torch.Tensor], m: list[torch.Tensor], v: list[torch
         mi.mul_(cfg.beta1).add_(g, alpha=1.0 - cfg.beta1)
         vi.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
         p.sub_(lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.eps))
-
-
-def schedule(cfg: Config, step: int) -> np.ndarray:
-    """``[lr, 1 − β1^t, 1 − β2^t]`` of 0-based ``step`` (t = step + 1), float32."""
-    t = step + 1
-    return np.array([cfg.lr, 1.0 - cfg.beta1 ** t, 1.0 - cfg.beta2 ** t], dtype=np.float32)
 
 
 def group_norms(named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
