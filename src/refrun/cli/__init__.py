@@ -49,6 +49,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "write a criteria file from reference seeds (held-out validation)"),
 }
 
+# Modules of refrun's optional extras (pyproject.toml), by top-level name: a command that
+# meets one missing says which extra installs it, in one line (docs/dependencies.md).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "scipy": "analysis", "plotly": "analysis", "torch": "torch", "torch_xla": "xla",
+    "jax": "jax", "tensorboard": "importers", "google_crc32c": "importers",
+    "mlperf_logging": "importers",
+}
+# Sub-commands that need an extra whatever their input: checked before they start, so
+# nothing is read or written first.  The core (recording, sync, runs, compare, merge)
+# needs none.
+COMMAND_NEEDS: dict[str, str] = {
+    "accept": "analysis", "calibrate": "analysis", "report": "analysis", "watch": "analysis",
+}
+
 # Sub-commands that load recorded runs for a comparison: they get ``--wait SECONDS``.
 READS_RUNS = ("compare", "report", "accept")
 DEFAULT_WAIT_S = 60.0
@@ -117,6 +131,22 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def missing_extra(command: str | None) -> str | None:
+    """One line naming the modules of the extra ``command`` needs that are not installed,
+    or None (all there, or the command needs no extra)."""
+    extra = COMMAND_NEEDS.get(command or "")
+    if extra is None:
+        return None
+    import importlib.util
+
+    missing = [m for m, e in EXTRA_OF_MODULE.items()
+               if e == extra and importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (f"needs {' and '.join(missing)} (refrun's {extra!r} extra), not installed "
+            f"here: pip install 'refrun[{extra}]'")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         _own_process_gc()
@@ -133,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    needs = missing_extra(args.command)
+    if needs is not None:
+        print(f"refrun {args.command}: error: {needs}", file=sys.stderr)
+        return 2
     try:
         if getattr(args, "wait", None) is not None:
             from refrun.comparison.loading import wait_for_runs
@@ -145,6 +179,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # One line, whatever the message quotes (a tag, a file name, a --by value).
         print(f"refrun {args.command}: error: {escape(exc)}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # An optional framework or extra the command reached: say which extra, not a
+        # traceback.  A module of no extra is refrun's own bug and still raises.
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRA_OF_MODULE:
+            raise
+        extra = EXTRA_OF_MODULE[top]
+        print(f"refrun {args.command}: error: needs {top} (refrun's {extra!r} extra), not "
+              f"installed here: pip install 'refrun[{extra}]'", file=sys.stderr)
         return 2
     except Exception as exc:
         # The store failed under the command (corrupt, locked, gone mid-way): one line
