@@ -64,6 +64,10 @@ TAG_HOST = "refrun.host"
 TAG_GIT_COMMIT = "refrun.git.commit"  # of the training code, in a git repository
 TAG_GIT_DIRTY = "refrun.git.dirty"  # "true" when that tree had uncommitted changes
 TAG_LOCAL_ID = "refrun.local_id"  # the local spool that backs the run
+# Of a run copied from another store (`refrun merge`): the MLflow run id it had in the store
+# it was recorded in, kept through every later merge; how a merge recognises a run it
+# already copied (docs/offline-install.md).
+TAG_ORIGIN_RUN_ID = "refrun.origin.run_id"
 
 # === 3. how the recording went (end-of-run tags) =========================================
 TAG_STEPS_COUNT = "refrun.steps.count"

@@ -34,6 +34,7 @@ from refrun.errors import RefrunInputError
 COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("refrun.cli.runs", "list the runs of a workload"),
     "sync": ("refrun.cli.sync", "deliver spooled points to the tracking store"),
+    "merge": ("refrun.cli.merge", "copy the runs of one store into another"),
     "compare": ("refrun.cli.compare", "compare a candidate run with reference run(s)"),
     "import": ("refrun.cli.imports", "import reference curves (Megatron, torchtitan, CSV, "
                                      "TensorBoard, MLPerf result logs)"),

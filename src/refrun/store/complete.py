@@ -23,7 +23,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,11 +52,13 @@ log = logging.getLogger("refrun")
 
 __all__ = [
     "CompleteRun",
+    "CopiedRun",
     "curves_table",
     "identity_tags",
     "mlflow_view",
     "table_summary_tags",
     "write_complete_run",
+    "write_copied_run",
     "write_curves",
 ]
 
@@ -179,27 +181,81 @@ def write_complete_run(run: CompleteRun, tracking_uri: str | None = None) -> str
         # the artifact costs no wall time.  Nothing is uploaded before the run exists.
         files = pool.submit(_write_artifact_tree, run, Path(tmp))
         view = mlflow_view(run.table, run.max_points)
-        try:
-            client, exp_id = _writer(uri, run.experiment)
-            mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
-            run_id = client.create_run(
-                exp_id, start_time=now_ms(),
-                tags={schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **tags},
-                run_name=run.run_name or mlflow_ui.default_run_name(run.tags)).info.run_id
-        except store_failures() as exc:  # RefrunStoreError passes through
-            raise RefrunStoreError(f"tracking store {uri}: cannot create the run "
-                                   f"({health.cause(exc)})") from exc
-        try:
+        client, run_id = _create(uri, run.experiment, start_time=now_ms(), tags={
+            schema.TAG_NOTE: mlflow_ui.run_description(run.tags), **tags},
+            run_name=run.run_name or mlflow_ui.default_run_name(run.tags))
+        with _deleted_on_failure(client, uri, run_id):
             _fill(client, run_id, run, view, files, Path(tmp), cut)
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                client.set_terminated(run_id, "FAILED")
-                client.delete_run(run_id)
-            if isinstance(exc, store_failures()):
-                raise RefrunStoreError(f"tracking store {uri}: writing run {run_id} failed, "
-                                       f"run deleted ({health.cause(exc)})") from exc
-            raise
     return run_id
+
+
+@dataclass(frozen=True, eq=False)
+class CopiedRun:
+    """A run recorded elsewhere (another store), copied as it is: every tag and param,
+    every point of MLflow's metric history with its step and timestamp, the artifact files
+    byte for byte (the curves artifact among them), its status and start and end times."""
+
+    experiment: str
+    run_name: str
+    tags: dict[str, str]
+    """Every tag, set when the run is created (so an interrupted copy is recognisable)."""
+    params: dict[str, str]
+    history: list[Metric] = field(repr=False)
+    artifacts: Path
+    """A folder whose tree is the run's artifacts."""
+    status: str
+    start_time: int | None
+    end_time: int | None
+
+
+def write_copied_run(run: CopiedRun, tracking_uri: str | None = None) -> str:
+    """Write ``run`` into the store and return its new MLflow run id once it holds
+    everything and has its status (the same one-pass writer as :func:`write_complete_run`:
+    a store error after the run was created marks it FAILED and deletes it)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client, run_id = _create(uri, run.experiment, start_time=run.start_time,
+                             tags=dict(run.tags), run_name=run.run_name)
+    with _deleted_on_failure(client, uri, run_id):
+        params = _entities(client, [Param(k, v) for k, v in run.params.items()])
+        for i in range(0, len(params), limits.TAGS_PER_BATCH):
+            client.log_batch(run_id, params=params[i:i + limits.TAGS_PER_BATCH])
+        history = _entities(client, run.history)
+        for i in range(0, len(history), limits.METRICS_PER_BATCH):
+            client.log_batch(run_id, metrics=history[i:i + limits.METRICS_PER_BATCH])
+        if any(run.artifacts.iterdir()):
+            client.log_artifacts(run_id, str(run.artifacts))
+        client.set_terminated(run_id, run.status, end_time=run.end_time)
+    return run_id
+
+
+def _create(uri: str, experiment: str, *, start_time: int | None, tags: dict[str, str],
+            run_name: str) -> tuple[MlflowClient, str]:
+    """The writing client and a new run in ``experiment`` (created when missing)."""
+    try:
+        client, exp_id = _writer(uri, experiment)
+        mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
+        run_id = client.create_run(exp_id, start_time=start_time, tags=tags,
+                                   run_name=run_name).info.run_id
+    except store_failures() as exc:  # RefrunStoreError passes through
+        raise RefrunStoreError(f"tracking store {uri}: cannot create the run "
+                               f"({health.cause(exc)})") from exc
+    return client, run_id
+
+
+@contextlib.contextmanager
+def _deleted_on_failure(client: MlflowClient, uri: str, run_id: str) -> Iterator[None]:
+    """Anything raised while the run is filled marks it FAILED and deletes it, so nothing
+    half-written stays visible; a store failure becomes one :class:`RefrunStoreError`."""
+    try:
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            client.set_terminated(run_id, "FAILED")
+            client.delete_run(run_id)
+        if isinstance(exc, store_failures()):
+            raise RefrunStoreError(f"tracking store {uri}: writing run {run_id} failed, "
+                                   f"run deleted ({health.cause(exc)})") from exc
+        raise
 
 
 def _writer(uri: str, experiment: str) -> tuple[MlflowClient, str]:
