@@ -267,6 +267,7 @@ RECORD = textwrap.dedent("""
 def test_recording_with_only_the_core(tpu: dict[str, Path | str], tmp_path: Path) -> None:
     """A run recorded where only the core is installed (no full mlflow, no scipy) lands
     FINISHED with every point, and is read back here like any other."""
+    from refrun import schema
     from refrun.comparison import load_run
 
     uri = f"sqlite:///{tmp_path}/tpu.db"
@@ -296,6 +297,16 @@ def test_recording_with_only_the_core(tpu: dict[str, Path | str], tmp_path: Path
     assert accept.stderr.count("\n") == 1, accept.stderr
     assert "scipy" in accept.stderr and "refrun[analysis]" in accept.stderr
     assert not (tmp_path / "c.toml").exists()
+    # Merging the store into another works there too (the core's writer).
+    team = f"sqlite:///{tmp_path}/team.db"
+    merged = subprocess.run([*cli, "merge", uri, "--into", team], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert merged.returncode == 0, merged.stderr
+    assert merged.stdout.splitlines()[-1] == "1 merged, 0 already there, 0 left out"
+    copy_id = merged.stdout.split(" -> ")[1].split()[0]
+    copy = load_run(copy_id, tracking_uri=team)
+    assert copy.tags[schema.TAG_ORIGIN_RUN_ID] == run_id
+    assert copy.curves.equals(data.curves)
 
 
 @pytest.mark.slow
