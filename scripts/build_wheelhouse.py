@@ -535,6 +535,7 @@ def build(out: Path, target: Target, extras: list[str], offer: Offer | None,
         if from_environment:
             for name in carry:
                 repack(name, stage, target)
+                _within(stage, max_mib)  # refused as soon as it is too large
         elif carry:
             pins = [f"{n}=={closure[n].version}" for n in carry]
             pip(["download", "--no-deps", "--quiet", *target.pip_args(), *index_args,
@@ -542,15 +543,19 @@ def build(out: Path, target: Target, extras: list[str], offer: Offer | None,
         (stage / "install.sh").write_text(install_script(wheel, extras, target,
                                                          offer is not None), encoding="utf-8")
         (stage / "install.sh").chmod(0o755)
-        size = sum(p.stat().st_size for p in stage.iterdir())
-        if size > max_mib * 2**20:
-            raise WheelhouseError(f"the wheelhouse would hold {size / 2**20:.1f} MiB, over "
-                                  f"--max-mib {max_mib:g}: name what the target has "
-                                  "(--target-has) so less is carried")
+        _within(stage, max_mib)
         out.mkdir(parents=True, exist_ok=True)
         for p in sorted(stage.iterdir()):
             shutil.move(str(p), out / p.name)
     return sorted(out.iterdir())
+
+
+def _within(stage: Path, max_mib: float) -> None:
+    size = sum(p.stat().st_size for p in stage.iterdir())
+    if size > max_mib * 2**20:
+        raise WheelhouseError(f"the wheelhouse would hold over {size / 2**20:.1f} MiB, over "
+                              f"--max-mib {max_mib:g}: name what the target has "
+                              "(--target-has) so less is carried")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

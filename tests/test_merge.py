@@ -22,6 +22,7 @@ from refrun import schema
 from refrun.pairing import pair_tags
 
 WORKLOAD = "accept-test"
+pytestmark = pytest.mark.slow  # a store recorded once (~30 s), each test merges it anew
 
 
 @dataclass(frozen=True)
