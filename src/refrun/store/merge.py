@@ -107,20 +107,20 @@ def merge(source: str, target: str, artifacts_root: Path | None = None) -> Merge
         raise RefrunInputError(f"--artifacts-root {artifacts_root}: no such folder")
     todo, left_out = _plan(src, root)
     out = list(left_out)
-    ids: dict[str, str] = {}  # key -> the run's id in the target
+    ids: dict[str, str] = {}  # origin id and source id -> the run's id in the target
     for exp_name, runs in _by_experiment(todo):
         present = _present(dst_uri, exp_name)
         for r in runs:  # references first: a candidate's pair reference is then known
             found = present.get(r.key) or present.get(r.run.info.run_id)
             if found is not None and not (found.copy and found.status == "RUNNING"):
-                ids[r.key] = found.run_id
+                ids[r.key] = ids[r.run.info.run_id] = found.run_id
                 out.append(MergedRun(r.run.info.run_id, "present", found.run_id,
                                      f"already in {exp_name}"))
                 continue
             if found is not None:  # an interrupted merge's copy
                 store_client(dst_uri, create=True).delete_run(found.run_id)
             new_id = _copy(src, r, dst_uri, ids)
-            ids[r.key] = new_id
+            ids[r.key] = ids[r.run.info.run_id] = new_id  # a pair reference names either
             out.append(MergedRun(r.run.info.run_id, "merged", new_id, _describe(r)))
     return MergeResult(tuple(out))
 
