@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
-from refrun import schema
+from refrun import numerics, schema
 from refrun.errors import RefrunInputError
 
 FRAMEWORKS = ("torch", "torch_xla", "jax", "jaxlib", "mlflow", "numpy", "pandas")
@@ -91,8 +91,10 @@ def git_state(path: Path | None = None) -> dict[str, str]:
 
 def environment_tags() -> dict[str, str]:
     """The tags describing this process (device, host, framework versions, git state of
-    the main script), for a run this process made: a live run or a gradient check."""
+    the main script, numerics configuration: :func:`refrun.numerics.current`), for a run
+    this process made: a live run or a gradient check."""
     tags = {schema.TAG_DEVICE: device_description(), schema.TAG_HOST: socket.gethostname()}
+    tags.update(numerics.current())
     tags.update({schema.TAG_FW_PREFIX + k: v for k, v in framework_versions().items()})
     git = git_state()
     if git:

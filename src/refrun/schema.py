@@ -20,7 +20,9 @@ Sections, in the order a run's life meets them:
 10. gradient checks;
 11. the report;
 12. MLflow's own names that refrun writes;
-13. labels of sweep candidates.
+13. labels of sweep candidates;
+14. same-seed pairs;
+15. numerics configuration (run identity).
 
 Tag values are strings (MLflow's rule); counts are written as decimal integers.
 """
@@ -337,6 +339,7 @@ LABEL_TAGS = (TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED, TAG_GLOBAL_BATCH,
               TAG_EXEC_HARDWARE, TAG_EXEC_DEVICES, TAG_EXEC_WORLD_SIZE, TAG_GIT_COMMIT,
               TAG_IMPORT_SOURCE, TAG_VERSION)
 LABEL_TAG_PREFIXES = (TAG_FW_PREFIX,)  # framework versions (refrun.fw.torch ...)
+# ... and the numerics settings (section 15: NUMERICS_SETTING_TAGS).
 
 # === 14. same-seed pairs: a candidate started like a reference seed (docs/acceptance.md) ====
 # A run that starts from the same initial weights and the same data order as one reference
@@ -350,4 +353,62 @@ TAG_PAIR_REFERENCE = "refrun.pair.reference"  # run id of that reference run (op
 # the reference with the input features permuted (summation order)"); `refrun calibrate`
 # derives the paired tolerance from such runs.  Never an independent seed.
 TAG_PAIR_KNOWN_GOOD = "refrun.pair.known_good"
-PAIR_TAGS = (TAG_PAIR_SEED, TAG_PAIR_REFERENCE, TAG_PAIR_KNOWN_GOOD)
+# The port's name (the code that ran): runs of one workload that declare the same pair and
+# the same port are the same code, so one whose numerics configuration (section 15) is the
+# pair's and another that ran at a platform's reduced default are precision twins
+# (refrun.acceptance.precision).
+TAG_PAIR_PORT = "refrun.pair.port"
+PAIR_TAGS = (TAG_PAIR_SEED, TAG_PAIR_REFERENCE, TAG_PAIR_KNOWN_GOOD, TAG_PAIR_PORT)
+
+# === 15. numerics configuration: how the run's float32 arithmetic was carried out ============
+# Run identity like the hardware: the same code computes its matmuls in float32 or as one
+# bfloat16 pass depending on settings made outside it (JAX's default matmul precision is
+# bfloat16 passes on a TPU, TF32 on recent GPUs).  Read from the process by
+# refrun.numerics.current() at start_run and by the probes (start, end of the first step,
+# every recheck_every steps), one tag per setting, only for frameworks the process imported;
+# a setting that changes during the run is recorded in TAG_NUMERICS_CHANGES.  What the
+# values mean on the platform that ran them: refrun.numerics.of_run (docs/numerics.md).
+NUMERICS_PREFIX = "refrun.numerics."
+# JAX: jax_default_matmul_precision as in force ("default" when unset: JAX's default), who
+# set it (context manager | JAX_DEFAULT_MATMUL_PRECISION | jax.config.update | unset),
+# jax_enable_x64, and the platform that gives "default" its meaning (tpu, gpu, cpu; a GPU's
+# compute capability after a space: "gpu 8.0").
+TAG_NUMERICS_JAX_MATMUL = "refrun.numerics.jax.matmul_precision"
+TAG_NUMERICS_JAX_MATMUL_SET_BY = "refrun.numerics.jax.matmul_precision_set_by"
+TAG_NUMERICS_JAX_X64 = "refrun.numerics.jax.enable_x64"
+TAG_NUMERICS_JAX_PLATFORM = "refrun.numerics.jax.platform"
+# PyTorch: torch.get_float32_matmul_precision(), the TF32 switches of cuBLAS and cuDNN, the
+# fp32_precision settings of torch >= 2.9 (space-separated backend.op=value), whether
+# bfloat16/float16 matmuls may reduce in reduced precision, the default dtype, and where
+# it computes ("cuda 8.0", or "cpu, bf16 matmul kernels" / "cpu" by whether oneDNN has
+# bfloat16 matmul kernels there, which "medium" then uses).
+TAG_NUMERICS_TORCH_MATMUL = "refrun.numerics.torch.float32_matmul_precision"
+TAG_NUMERICS_TORCH_CUDA_TF32 = "refrun.numerics.torch.cuda_matmul_allow_tf32"
+TAG_NUMERICS_TORCH_CUDNN_TF32 = "refrun.numerics.torch.cudnn_allow_tf32"
+TAG_NUMERICS_TORCH_FP32_PRECISION = "refrun.numerics.torch.fp32_precision"
+TAG_NUMERICS_TORCH_REDUCED_REDUCTION = "refrun.numerics.torch.reduced_precision_reduction"
+TAG_NUMERICS_TORCH_DEFAULT_DTYPE = "refrun.numerics.torch.default_dtype"
+TAG_NUMERICS_TORCH_DEVICE = "refrun.numerics.torch.device"
+# PyTorch/XLA: torch_xla.backends.get_mat_mul_precision() and the PJRT device it means it on.
+TAG_NUMERICS_TORCH_XLA_MATMUL = "refrun.numerics.torch_xla.mat_mul_precision"
+TAG_NUMERICS_TORCH_XLA_DEVICE = "refrun.numerics.torch_xla.device"
+# Every process: the numerics-changing flags of XLA_FLAGS and LIBTPU_INIT_ARGS
+# ("XLA_FLAGS: --a=1 --b; LIBTPU_INIT_ARGS: --c=0") and the numerics environment variables
+# set ("NAME=value ..."), "none" when there are none (refrun.numerics.NUMERICS_ENV, FLAG_PATTERNS).
+TAG_NUMERICS_XLA_FLAGS = "refrun.numerics.xla_flags"
+TAG_NUMERICS_ENV = "refrun.numerics.env"
+# JSON list of the settings that changed after the first reading: {"step", "tag", "from",
+# "to", "before_training"} (before_training: seen before any step ran with the old value, as
+# when a context manager wraps the loop); at most refrun.numerics.MAX_CHANGES entries.
+TAG_NUMERICS_CHANGES = "refrun.numerics.changes"
+# Settings (their changes are recorded) and the context that gives them meaning (latest
+# value wins: where a framework computes is known only once it does).
+NUMERICS_SETTING_TAGS = (
+    TAG_NUMERICS_JAX_MATMUL, TAG_NUMERICS_JAX_X64, TAG_NUMERICS_TORCH_MATMUL,
+    TAG_NUMERICS_TORCH_CUDA_TF32, TAG_NUMERICS_TORCH_CUDNN_TF32,
+    TAG_NUMERICS_TORCH_FP32_PRECISION, TAG_NUMERICS_TORCH_REDUCED_REDUCTION,
+    TAG_NUMERICS_TORCH_DEFAULT_DTYPE, TAG_NUMERICS_TORCH_XLA_MATMUL, TAG_NUMERICS_XLA_FLAGS,
+    TAG_NUMERICS_ENV)
+NUMERICS_CONTEXT_TAGS = (TAG_NUMERICS_JAX_MATMUL_SET_BY, TAG_NUMERICS_JAX_PLATFORM,
+                         TAG_NUMERICS_TORCH_DEVICE, TAG_NUMERICS_TORCH_XLA_DEVICE)
+NUMERICS_TAGS = (*NUMERICS_SETTING_TAGS, *NUMERICS_CONTEXT_TAGS)

@@ -35,6 +35,12 @@ interface below; the probe itself only
 * asks the backend to describe device truth and placement at start, every
   ``recheck_every`` steps (default 100, the same for every backend) and at close; a
   ``refrun.placement.warning`` it reports becomes a recorded run warning as well as a tag,
+* reads the process's numerics configuration (:func:`refrun.numerics.current`: matmul
+  precision, TF32 switches, numerics XLA flags ...) at start, at the end of the first step
+  (a context manager around the loop is in force there) and every ``recheck_every``
+  steps -- never at close, which may run outside that context manager -- and records the
+  ``refrun.numerics.*`` tags that changed; a setting that changes after the first step is
+  also a run warning, and every change is listed in ``refrun.numerics.changes``,
 * at close, records what the backend adds to the end of a run through the no-op hooks
   of :class:`BackendBase`: ``summary_tags()`` and ``artifacts()``; warnings a backend
   notices (``take_warnings()``) are recorded by the probe after each step.  So no backend
@@ -46,6 +52,7 @@ A backend never raises into the loop: failures become recorded warnings.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import threading
 import time
@@ -57,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from refrun import schema
+from refrun import numerics, schema
 from refrun.probes.optim import LearningRates
 
 if TYPE_CHECKING:
@@ -225,13 +232,20 @@ class Probe:
     _lrs: LearningRates | None = field(default=None, repr=False)
     _step_lrs: tuple[tuple[str, ...], tuple[float, ...]] | None = field(default=None,
                                                                        repr=False)
+    # The numerics configuration as last recorded (refrun.numerics tags) and its changes.
+    _numerics: dict[str, str] = field(default_factory=dict, repr=False)
+    _numerics_changes: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         # Closed by the run at the latest, so pending values are never lost when the user
         # ends the run without closing the probe.
         self.run.add_close_hook(self.close)
-        self._progress_defaults()
+        tags = self._guard(lambda: dict(self.run.tags)) or {}
+        self._progress_defaults(tags)
         self._describe()
+        self._numerics = numerics.setting_tags(tags)
+        self._numerics_changes = numerics.changes_of(tags)
+        self._read_numerics(before_training=True)
         opt = getattr(self.backend, "optimizer", None)
         if isinstance(getattr(opt, "param_groups", None), list):
             self._lrs = LearningRates(opt)
@@ -306,8 +320,11 @@ class Probe:
             self._flush_batch(n)
         self._record_backend_warnings()
         self._steps_done += 1
+        if self._steps_done == 1:  # inside what wraps the loop: the step's own numerics
+            self._read_numerics(before_training=True)
         if self.recheck_every > 0 and self._steps_done % self.recheck_every == 0:
             self._describe()
+            self._read_numerics(before_training=False)
 
     def _keep_row(self, n: int, step_time: float | None) -> None:
         """The block path's step exit: the step time (when already seconds) and the
@@ -524,8 +541,7 @@ class Probe:
         else:
             self.run.log_metrics(n, deltas)
 
-    def _progress_defaults(self) -> None:
-        tags = self._guard(lambda: dict(self.run.tags)) or {}
+    def _progress_defaults(self, tags: Mapping[str, str]) -> None:
         for attr, tag in (("global_batch", schema.TAG_GLOBAL_BATCH),
                           ("tokens_per_sample", schema.TAG_TOKENS_PER_SAMPLE)):
             if getattr(self, attr) is None and str(tags.get(tag, "")).isdigit():
@@ -585,6 +601,31 @@ class Probe:
         if warning:
             self.run.warn_once(f"placement:{str(warning)[:80]}", f"placement: {warning}",
                                self._step)
+
+    def _read_numerics(self, before_training: bool) -> None:
+        """Record the numerics tags that differ from those last recorded.  A setting
+        that changed is listed in ``refrun.numerics.changes`` (``before_training``: no
+        step ran with its old value -- seen at start or at the end of the first step, as
+        when a context manager wraps the loop); one that changed later is also a run
+        warning, since the run then computed with both."""
+        now = self._guard(numerics.current) or {}
+        new = {k: v for k, v in now.items() if self._numerics.get(k) != v}
+        if not new:
+            return
+        entries = numerics.change_entries(self._numerics, now, self._step, before_training)
+        self._numerics.update(new)
+        tags: dict[str, Any] = dict(new)
+        if entries:
+            self._numerics_changes += entries
+            tags[schema.TAG_NUMERICS_CHANGES] = json.dumps(
+                self._numerics_changes[:numerics.MAX_CHANGES])
+        for e in entries if not before_training else ():
+            name = e["tag"].removeprefix(schema.NUMERICS_PREFIX)
+            self.run.warn_once(f"numerics:{name}:{e['to']}"[:120],
+                               f"numerics changed during the run at step {e['step']}: "
+                               f"{name} {e['from']} -> {e['to']} (steps before it computed "
+                               f"with {e['from']}; {schema.TAG_NUMERICS_CHANGES})", e["step"])
+        self._guard(lambda: self.run.set_tags(tags))
 
     def _guard(self, fn: Any) -> Any:
         try:

@@ -4,7 +4,8 @@ Eight candidates named ``jax seed 0`` read the same in a matrix.  Each candidate
 labelled by its run name followed by the params and tags in which the candidates differ
 from each other, e.g. ``jax seed 0 · lr=0.002``.  Considered: every param, every tag
 outside MLflow's and refrun's namespaces (the user's own), and refrun's identity tags
-(:data:`refrun.schema.LABEL_TAGS`, framework versions); never per-run bookkeeping (step
+(:data:`refrun.schema.LABEL_TAGS`, framework versions, the numerics settings such as
+``numerics.jax.matmul_precision``); never per-run bookkeeping (step
 counts, local ids), which differs between any two runs.  A key one candidate lacks
 counts as differing (shown as ``key=—``).  Labels that are still equal get the run id's
 first 8 characters, so every label is distinct.
@@ -32,7 +33,8 @@ class Labelled:
 
 
 def _labelling_tag(key: str) -> bool:
-    if key in schema.LABEL_TAGS or key.startswith(schema.LABEL_TAG_PREFIXES):
+    if key in schema.LABEL_TAGS or key.startswith(schema.LABEL_TAG_PREFIXES) \
+            or key in schema.NUMERICS_SETTING_TAGS:
         return True
     return not key.startswith((schema.PREFIX, "mlflow."))
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from refrun import schema
+from refrun import numerics, schema
 from refrun.comparison import Comparison, MetricComparison, RunData
 from refrun.report import figures as F
 from refrun.report import overview as O
@@ -157,11 +157,49 @@ def _other(m: MetricComparison) -> Raw:
     return Raw("")
 
 
+def numerics_table(cmp: Comparison) -> Raw:
+    """How each run carried out its float32 matmuls and convolutions
+    (:func:`refrun.numerics.of_run`) and its numerics settings (``refrun.numerics.*``
+    tags); a row where the candidate differs from a reference
+    (:func:`refrun.numerics.differences`) is marked.  Empty when no run recorded any."""
+    runs = F.runs_of(cmp)
+    tagged = [numerics.setting_tags(r.tags) for _, r, _ in runs]
+    if not any(tagged):
+        return Raw("")
+    differ = {d["what"] for d in numerics.differences(
+        cmp.candidate.tags, {r.run_id: r.tags for r in cmp.reference})}
+    nums = [numerics.of_run(r.tags) for _, r, _ in runs]
+    rows = []
+    for what, get in (("float32 matmuls", lambda n: n.matmul),
+                      ("float32 convolutions", lambda n: n.conv)):
+        both = "float32 matmuls and convolutions"
+        cls = "warn" if what in differ or both in differ else ""
+        rows.append((tag("span", what, cls), *[
+            f"{get(n).name} ({n.setting})" if n.known else Raw("—") for n in nums]))
+    for k in schema.NUMERICS_TAGS:
+        vals = [t.get(k) for t in tagged]
+        if any(v is not None for v in vals):
+            rows.append((tag("code", k, "warn" if k in differ else ""),
+                         *[Raw("—") if v is None else v for v in vals]))
+    changes = [n.changes for n in nums]
+    if any(changes):
+        rows.append((tag("span", "changed during training", "warn"),
+                     *[", ".join(c) or "—" for c in changes]))
+    return join([tag("h3", "Numerics configuration"),
+                 tag("p", "How each run carried out its float32 arithmetic, read from the "
+                          "settings it recorded (matmul precision, TF32 switches, numerics "
+                          "XLA flags: docs/numerics.md); marked: where the candidate "
+                          "differs from a reference.", "note"),
+                 Raw('<div class="scroll">'),
+                 table(("", *[label for label, _, _ in runs]), rows, "", "numerics"),
+                 Raw("</div>")])
+
+
 def runs_section(cmp: Comparison, comparison_run_id: str | None, ns: str = "") -> Section:
-    """The runs compared (identity, versions, where the points came from), every tag and
-    param folded, and the metrics that were not compared."""
+    """The runs compared (identity, versions, where the points came from), their numerics
+    configuration, every tag and param folded, and the metrics that were not compared."""
     parts: list[str] = [Raw('<div class="scroll">'), runs_table(cmp), Raw("</div>"),
-                        all_tags_details(cmp)]
+                        numerics_table(cmp), all_tags_details(cmp)]
     if comparison_run_id:
         parts.append(join([Raw('<p class="note">Comparison run (MLflow): '),
                            tag("code", comparison_run_id), Raw("</p>")]))
