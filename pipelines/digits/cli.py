@@ -13,6 +13,7 @@ from typing import Any
 
 import refrun
 from pipelines.digits.config import Config, load_config
+from pipelines.pairing import declare
 from refrun.recording.session import RunSession
 
 # Silent defects a port can switch on.  Each mirrors a failure of ../shared/seeds/004 and
@@ -165,17 +166,13 @@ def start_run(args: Args, hardware: str) -> RunSession:
 
 
 def pair_tags(args: Args) -> dict[str, str]:
-    """The same-seed pair declaration (``refrun.pairing.pair_tags``) when ``--pair``: the
-    ports start from the seed's named NumPy weights and replay its data order."""
+    """The same-seed pair declaration (``refrun.pairing.pair_tags``, with the port's name:
+    :mod:`pipelines.pairing`) when ``--pair``: the ports start from the seed's named NumPy
+    weights and replay its data order."""
     if not args.pair:
         return {}
-    try:
-        from refrun.pairing import pair_tags as declare
-    except ImportError:  # a refrun before same-seed pairs: record the run undeclared
-        print(f"[{args.variant}] this refrun cannot declare a same-seed pair "
-              "(no refrun.pairing): recorded without", flush=True)
-        return {}
-    return declare(seed=args.seed, known_good=args.known_good)
+    return declare(args.variant, args.seed, args.known_good, args.backend, args.defects,
+                   args.devices)
 
 
 def progress(args: Args, step: int, loss: float, val_acc: float) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from refrun import identity, schema
-from refrun.acceptance import checks, levels
+from refrun import identity, numerics, schema
+from refrun.acceptance import checks, levels, precision
 from refrun.acceptance import paired as pairs
 from refrun.acceptance.alignment import alignment_of
 from refrun.acceptance.comparing import compare_options, run_comparison  # noqa: F401 (re-export)
@@ -195,9 +195,10 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
         highest_level=levels.highest_level(lvls), verdict=levels.verdict(results),
         measurements=measurements(comparison), created_utc=utc_now(), warnings=warnings,
         cross_workload=cross, alignment=alignment_of(crit),
-        pair=pair.to_dict() if pair is not None and pair.declared else {})
+        pair=pair.to_dict() if pair is not None and pair.declared else {},
+        numerics=numerics_differences(candidate, refs))
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest,
-                              pair=pair_run(pair, refs))
+                              pair=pair_run(pair, refs), twin=twin_run(pair))
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
                                calibration_sha256=calibration_digest(crit)), evidence
 
@@ -283,16 +284,32 @@ def gradchecks_for(crit: CriteriaFile, candidate: RunData, tracking_uri: str | N
 
 def pair_for(crit: CriteriaFile, candidate: RunData, references: Sequence[RunData],
              tracking_uri: str | None, latest: dict[str, dict],
-             explicit: str | None = None) -> pairs.PairLookup | None:
+             explicit: str | None = None, twin: str | None = None
+             ) -> pairs.PairLookup | None:
     """The candidate's same-seed reference when a criterion needs it (``paired``: ``NEEDS``; or
-    ``explicit``, ``refrun accept --pair``, is given), else None (not looked up); adds the
-    pair's latest MLflow metric values to ``latest`` (its evidence fingerprint)."""
-    if not explicit and not any("pair" in c.NEEDS for c in crit.criteria):
+    ``explicit``, ``refrun accept --pair``, is given), else None (not looked up), with the
+    candidate's precision twin when it ran at coarser numerics than its pair or ``twin``
+    (``refrun accept --twin``) names one (:func:`refrun.acceptance.precision.find_twin`);
+    adds the pair's and the twin's latest MLflow metric values to ``latest`` (their
+    evidence fingerprints)."""
+    needed = any("pair" in c.NEEDS for c in crit.criteria)
+    if twin and not needed:
+        raise RefrunInputError(f"--twin {twin}: {crit.path} has no paired criterion, which "
+                               "is what a precision twin is judged by")
+    if not explicit and not needed:
         return None
     lookup = pairs.find_pair(candidate, references, tracking_uri, explicit)
-    run = pair_run(lookup, references)
-    if run is not None and run.run_id not in latest:
-        latest.update(latest_of([run], tracking_uri))
+    if lookup.run is not None and (twin or precision.pair_numerics(candidate,
+                                                                   lookup.run).reduced):
+        lookup = dataclasses.replace(lookup, twin=precision.find_twin(
+            candidate, lookup.run, tracking_uri, twin))
+    elif twin:
+        why = lookup.problem or "it declares none"
+        raise RefrunInputError(f"--twin {twin}: candidate {candidate.run_id} has no "
+                               f"same-seed pair to judge a twin against ({why})")
+    for run in (pair_run(lookup, references), twin_run(lookup)):
+        if run is not None and run.run_id not in latest:
+            latest.update(latest_of([run], tracking_uri))
     return lookup
 
 
@@ -301,6 +318,23 @@ def pair_run(pair: pairs.PairLookup | None, references: Sequence[RunData]) -> Ru
     if pair is None or pair.run is None:
         return None
     return None if any(r.run_id == pair.run.run_id for r in references) else pair.run
+
+
+def twin_run(pair: pairs.PairLookup | None) -> RunData | None:
+    """The candidate's precision twin, when one was found (its own evidence)."""
+    return pair.twin.run if pair is not None and pair.twin is not None else None
+
+
+def numerics_differences(candidate: RunData, references: Sequence[RunData]
+                         ) -> dict[str, Any]:
+    """Where the candidate's numerics configuration differs from the references'
+    (:func:`refrun.numerics.differences`), with what each meant; {} when it does not."""
+    diffs = numerics.differences(candidate.tags, {r.run_id: r.tags for r in references})
+    if not diffs:
+        return {}
+    return {"candidate": numerics.of_run(candidate.tags).summary(),
+            "references": {r.run_id: numerics.of_run(r.tags).summary() for r in references},
+            "differences": diffs}
 
 
 @dataclass(frozen=True, eq=False)
@@ -330,21 +364,24 @@ def check_candidate_ids(reference_ids: Sequence[str], candidate_ids: Sequence[st
 def assess_many(crit: CriteriaFile, reference_ids: Sequence[str],
                 candidate_ids: Sequence[str], tracking_uri: str | None = None,
                 allow_cross_workload: bool = False,
-                pair_id: str | None = None) -> Iterator[Assessed]:
+                pair_id: str | None = None, twin_id: str | None = None
+                ) -> Iterator[Assessed]:
     """Assess each candidate against the same references, loaded once.
 
     A generator: one candidate's runs are in memory at a time (a sweep of a hundred
     candidates of a million points each never holds them all).  Bad input (an unknown
     run, a metric no run has) raises :class:`RefrunInputError` when that candidate is
-    reached.  ``pair_id`` (``--pair``): the same-seed reference of the one candidate."""
+    reached.  ``pair_id`` (``--pair``): the same-seed reference of the one candidate;
+    ``twin_id`` (``--twin``): its precision twin."""
     check_candidate_ids(reference_ids, candidate_ids)
-    if pair_id and len(candidate_ids) != 1:
-        raise RefrunInputError(f"--pair {pair_id}: names the pair of one candidate, got "
-                               f"{len(candidate_ids)} candidates")
+    for opt, value in (("--pair", pair_id), ("--twin", twin_id)):
+        if value and len(candidate_ids) != 1:
+            raise RefrunInputError(f"{opt} {value}: names the {opt[2:]} of one candidate, "
+                                   f"got {len(candidate_ids)} candidates")
     refs = load_references(reference_ids, tracking_uri)
     for cid in candidate_ids:
         cand, latest = load_candidate(crit, refs, cid, tracking_uri, allow_cross_workload)
-        pair = pair_for(crit, cand, refs.runs, tracking_uri, latest, pair_id)
+        pair = pair_for(crit, cand, refs.runs, tracking_uri, latest, pair_id, twin_id)
         a, evidence = assess_with_evidence(crit, refs.runs, cand, latest,
                                            allow_cross_workload,
                                            gradchecks_for(crit, cand, tracking_uri), pair)
@@ -354,12 +391,13 @@ def assess_many(crit: CriteriaFile, reference_ids: Sequence[str],
 
 def assess_ids(crit: CriteriaFile, reference_ids: Sequence[str], candidate_id: str,
                tracking_uri: str | None = None, allow_cross_workload: bool = False,
-               pair_id: str | None = None) -> tuple[Assessment, dict[str, Any]]:
+               pair_id: str | None = None, twin_id: str | None = None
+               ) -> tuple[Assessment, dict[str, Any]]:
     """Load the runs by id and assess; returns the assessment and its evidence document.
     ``pair_id``: the candidate's same-seed reference run (``refrun accept --pair``),
-    overriding what its tags declare."""
+    overriding what its tags declare; ``twin_id``: its precision twin (``--twin``)."""
     refs, cand, latest = load_for_assessment(crit, reference_ids, candidate_id, tracking_uri,
                                              allow_cross_workload)
-    pair = pair_for(crit, cand, refs, tracking_uri, latest, pair_id)
+    pair = pair_for(crit, cand, refs, tracking_uri, latest, pair_id, twin_id)
     return assess_with_evidence(crit, refs, cand, latest, allow_cross_workload,
                                 gradchecks_for(crit, cand, tracking_uri), pair)

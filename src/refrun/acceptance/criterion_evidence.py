@@ -35,15 +35,17 @@ from typing import Any, Literal
 from refrun import schema
 from refrun.acceptance.paired import PairJudgement
 
-VERSION = "5"
+VERSION = "6"
 # Result evidence keys each evidence format version added (none before 3); a dotted key
-# names a key inside one (version 5: the second contention rule's figures).
+# names a key inside one (version 5: the second contention rule's figures; version 6: a
+# paired result's numerics, refrun.acceptance.precision).
 ADDED_IN: dict[str, tuple[str, ...]] = {
     "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
     "4": (schema.EV_CONTENTION,),
     "5": tuple(f"{schema.EV_CONTENTION}.{k}" for k in (
         "share_margin_cores", "candidate_starved", "candidate_run_cores",
-        "reference_run_cores", "shared_fraction", "candidate_shared"))}
+        "reference_run_cores", "shared_fraction", "candidate_shared")),
+    "6": ("numerics",)}
 
 Side = Literal["above", "below"]
 
@@ -148,7 +150,11 @@ class PairedEvidence:
     """A ``paired`` criterion's evidence: the pair lookup (``declared``, ``run_id``,
     ``source``, ``problem``), the band's ratio and span, and, when the pair was compared,
     its run and seed and the judgement (:class:`refrun.acceptance.paired.PairJudgement`,
-    whose ``first_divergence_step`` is where the pair first left the band)."""
+    whose ``first_divergence_step`` is where the pair first left the band); ``numerics``
+    (version 6, when either run recorded its numerics): what the candidate's and the pair's
+    configuration meant, whether the candidate ran coarser, the rerun at full precision,
+    its precision twin and how it fared, and the attribution (``platform precision``,
+    ``port``, ``undetermined``: :func:`refrun.acceptance.precision.decide`)."""
 
     pair: dict[str, Any]
     max_ratio: float
@@ -157,6 +163,7 @@ class PairedEvidence:
     pair_run: str | None = None
     pair_seed: int | None = None
     judgement: PairJudgement | None = None
+    numerics: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pair": dict(self.pair), "max_ratio": self.max_ratio,
@@ -165,6 +172,8 @@ class PairedEvidence:
         if self.judgement is not None:
             out.update(pair_run=self.pair_run, pair_seed=self.pair_seed,
                        **dataclasses.asdict(self.judgement))
+        if self.numerics:
+            out["numerics"] = dict(self.numerics)
         return out
 
     @classmethod
@@ -180,7 +189,9 @@ class PairedEvidence:
                    band_first_step=evidence.get("band_first_step"),
                    band_last_step=evidence.get("band_last_step"),
                    pair_run=evidence.get("pair_run"), pair_seed=evidence.get("pair_seed"),
-                   judgement=judgement)
+                   judgement=judgement,
+                   numerics=dict(evidence["numerics"]) if isinstance(
+                       evidence.get("numerics"), Mapping) else None)
 
     @property
     def first_divergence_step(self) -> int | None:

@@ -26,14 +26,15 @@ from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
 FORMAT = schema.FORMAT_EVIDENCE
-FORMAT_VERSION = criterion_evidence.VERSION  # "5"
+FORMAT_VERSION = criterion_evidence.VERSION  # "6"
 # Version 2 added each run's ``points_from``; version 3 each per-step result's
 # ``first_divergence`` (where the candidate first left the criterion's band); version 4
 # each step_time result's ``contention`` (how busy other processes kept the machine);
-# version 5 the contention's second rule (the CPU the run itself got).  Evidence recorded in
-# an older version is recomputed in that version, so an older sign-off still verifies
-# against unchanged data.
-FORMAT_VERSIONS = ("1", "2", "3", "4", "5")
+# version 5 the contention's second rule (the CPU the run itself got); version 6 a paired
+# result's numerics (refrun.acceptance.precision) and the precision twin's run (role
+# twin).  Evidence recorded in an older version is recomputed in that version, so an older
+# sign-off still verifies against unchanged data.
+FORMAT_VERSIONS = ("1", "2", "3", "4", "5", "6")
 # Result evidence keys each version added (left out when recomputing an older version):
 # the typed shape's own record (refrun.acceptance.criterion_evidence).
 ADDED_RESULT_KEYS = criterion_evidence.ADDED_IN
@@ -105,11 +106,13 @@ def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
                    references: Sequence[RunData], candidate: RunData,
                    latest: dict[str, dict] | None = None,
                    format_version: str = FORMAT_VERSION,
-                   pair: RunData | None = None) -> dict[str, Any]:
+                   pair: RunData | None = None,
+                   twin: RunData | None = None) -> dict[str, Any]:
     """The canonical evidence document (see the module docstring); ``format_version``:
     one of :data:`FORMAT_VERSIONS` (an older one to recompute older recorded evidence).
     ``pair``: the candidate's same-seed reference when it is not one of ``references``
-    (a ``paired`` criterion read it: its fingerprint is evidence too, role ``pair``)."""
+    (a ``paired`` criterion read it: its fingerprint is evidence too, role ``pair``);
+    ``twin``: the candidate's precision twin, when one was found (role ``twin``)."""
     if format_version not in FORMAT_VERSIONS:
         format_version = FORMAT_VERSION  # unknown: recompute as now (the digest will differ)
     latest = latest or {}
@@ -119,6 +122,9 @@ def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
                                              latest.get(candidate.run_id), format_version)
     if pair is not None and pair.run_id not in runs:
         runs[pair.run_id] = run_fingerprint(pair, "pair", latest.get(pair.run_id),
+                                            format_version)
+    if twin is not None and twin.run_id not in runs:
+        runs[twin.run_id] = run_fingerprint(twin, "twin", latest.get(twin.run_id),
                                             format_version)
     return clean({
         "format": FORMAT, "format_version": format_version,

@@ -59,15 +59,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from refrun import schema
+from refrun import numerics, schema
 from refrun.comparison import RunData, resolve_series
 from refrun.comparison.alignment import shift_note, step_shift
 from refrun.errors import RefrunInputError
 from refrun.pairing import declares_pair, is_known_good
+
+if TYPE_CHECKING:
+    from refrun.acceptance.precision import TwinLookup
 
 # Not refrun.acceptance.runview (it imports the criteria model, which imports the checks,
 # which import this module: a cycle); its two helpers needed here are inlined below.
@@ -260,16 +263,22 @@ class PairLookup:
     ``run``: the pair (None when not found); ``source``: ``--pair``, ``tag
     refrun.pair.reference``, ``references`` (found among the assessment's references) or
     ``store``; ``problem``: why a declared pair was not found (ambiguous, missing ...).
+    ``twin``: the candidate's precision twin, looked up when the candidate ran at coarser
+    numerics than its pair or ``--twin`` names one (:mod:`refrun.acceptance.precision`).
     """
 
     declared: str
     run: RunData | None = None
     source: str = ""
     problem: str = ""
+    twin: TwinLookup | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"declared": self.declared, "run_id": self.run.run_id if self.run else None,
-                "source": self.source, "problem": self.problem}
+        out = {"declared": self.declared, "run_id": self.run.run_id if self.run else None,
+               "source": self.source, "problem": self.problem}
+        if self.twin is not None:  # only then: assessments recorded before it verify
+            out["twin"] = self.twin.to_dict()
+        return out
 
 
 def declared_seed(run: RunData) -> int | None:
@@ -359,7 +368,8 @@ def find_pair(candidate: RunData, references: Sequence[RunData],
                                                progress=False), "store")
 
 
-def _search(flt: str, tracking_uri: str | None) -> list[Any]:
+def search_runs(flt: str, tracking_uri: str | None) -> list[Any]:
+    """MLflow's runs matching the filter ``flt`` in every experiment, oldest first."""
     from refrun.store.client import client as store_client
 
     client = store_client(tracking_uri)
@@ -374,7 +384,7 @@ def _store_references(workload: str, seed: int | None, tracking_uri: str | None)
     flt = (f"tags.`{schema.TAG_WORKLOAD}` = '{workload}' and tags.`{schema.TAG_ROLE}` = "
            f"'reference' and tags.`{schema.TAG_SEED}` = '{seed}' and "
            "attributes.status = 'FINISHED'")
-    return [r.info.run_id for r in _search(flt, tracking_uri)
+    return [r.info.run_id for r in search_runs(flt, tracking_uri)
             if not declares_pair(r.data.tags)]
 
 
@@ -383,7 +393,7 @@ def known_good_ids(workload: str, tracking_uri: str | None = None) -> list[str]:
     (``refrun.pair.known_good`` and a ``refrun.pair.seed`` / ``refrun.pair.reference``),
     oldest first."""
     flt = f"tags.`{schema.TAG_WORKLOAD}` = '{workload}' and attributes.status = 'FINISHED'"
-    return [r.info.run_id for r in _search(flt, tracking_uri) if is_known_good(r.data.tags)]
+    return [r.info.run_id for r in search_runs(flt, tracking_uri) if is_known_good(r.data.tags)]
 
 
 NO_PAIR = "no same-seed pair"
@@ -403,6 +413,23 @@ class PairedBand:
     floor: float
 
 
+def reduced_evidence(known_good: RunData, pair: RunData) -> str:
+    """Why a known-good run is no evidence for the band because it ran at coarser numerics
+    than its pair (:func:`refrun.numerics.coarser` by more than the structural factor),
+    or "".  A band from such a pair is as wide as that precision: it would accept every
+    port at that precision, a bfloat16-matmul defect included, at every precision.  A port
+    at a platform's reduced default is judged through its precision twin instead
+    (:mod:`refrun.acceptance.precision`)."""
+    run = numerics.of_run(known_good.tags)
+    coarse = numerics.coarser(run, numerics.of_run(pair.tags), STRUCTURAL_MAX_RATIO)
+    if not coarse:
+        return ""
+    return (f"ran at reduced precision ({'; '.join(c.text() for c in coarse)}; "
+            f"{run.setting}): a band from it would accept that precision, a bfloat16 "
+            "defect with it; record known-good evidence at its pair's precision (a port at "
+            "a platform's reduced default is judged through its precision twin)")
+
+
 def derive_band(known_good: Sequence[RunData], references: Sequence[RunData], metric: str,
                 keep: str = "last") -> tuple[PairedBand | None, str]:
     """The paired band from every known-good run whose pair is among ``references``
@@ -414,6 +441,10 @@ def derive_band(known_good: Sequence[RunData], references: Sequence[RunData], me
             why = found.problem or (f"its pair ({found.declared}) is not among the "
                                     "calibration references")
             left.append(f"{kg.run_id}: {why}")
+            continue
+        reduced = reduced_evidence(kg, found.run)
+        if reduced:
+            left.append(f"{kg.run_id}: {reduced}")
             continue
         pd = pair_divergence(found.run, kg, metric, keep)
         if pd.curve is None:

@@ -80,6 +80,9 @@ class Assessment:
     # The candidate's same-seed pair (refrun.acceptance.paired.PairLookup.to_dict()): what
     # it declared, the run found and how; empty when it declares none.
     pair: dict[str, Any] = field(default_factory=dict)
+    # Where the candidate's numerics configuration differs from the references'
+    # (refrun.acceptance.assess.numerics_differences); empty when it does not.
+    numerics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -99,7 +102,9 @@ class Assessment:
     def to_dict(self) -> dict[str, Any]:
         # "pair" only when the candidate declared one: assessments recorded before it
         # existed still verify unchanged.
-        extra = {"pair": self.pair} if self.pair else {}
+        extra: dict[str, Any] = {"pair": self.pair} if self.pair else {}
+        if self.numerics:  # likewise
+            extra["numerics"] = self.numerics
         return clean({
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "created_utc": self.created_utc, "workload": self.workload,

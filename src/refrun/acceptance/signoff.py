@@ -33,6 +33,7 @@ from refrun.acceptance.assess import (
     load_for_assessment,
     pair_for,
     pair_run,
+    twin_run,
 )
 from refrun.acceptance.criteria import CriteriaFile, parse_criteria
 from refrun.acceptance.evidence import (
@@ -157,15 +158,18 @@ def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None
     # A pair given on the command line (--pair) is used again; one found from the
     # candidate's tags is looked up again (a changed store shows as changed evidence).
     recorded_pair = rec.assessment.get("pair") or {}
+    recorded_twin = recorded_pair.get("twin") or {}
     pair = pair_for(crit, cand, refs, tracking_uri, latest,
                     recorded_pair.get("run_id") if recorded_pair.get("source") == "--pair"
+                    else None,
+                    recorded_twin.get("run_id") if recorded_twin.get("source") == "--twin"
                     else None)
     a = assess(crit, refs, cand, latest, cross,
                gradchecks=gradchecks_for(crit, cand, tracking_uri), pair=pair)
     # Recomputed in the recorded evidence's format version (older evidence lacks newer keys).
     version = str((rec.evidence or {}).get("format_version", FORMAT_VERSION))
     return a, build_evidence(crit.sha256, a.results, refs, cand, latest, version,
-                             pair=pair_run(pair, refs))
+                             pair=pair_run(pair, refs), twin=twin_run(pair))
 
 
 # What a reader of the verdict sees, compared field by field.  ``created_utc`` is when the

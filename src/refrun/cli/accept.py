@@ -48,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the candidate's same-seed reference run (it starts from that seed's "
                         "initial weights and data order), for `paired` criteria; default: "
                         "what the candidate's refrun.pair.* tags declare")
+    p.add_argument("--twin", default=None, metavar="ID",
+                   help="the candidate's precision twin: the same port, seed and hardware at "
+                        "its pair's numerics (e.g. JAX_DEFAULT_MATMUL_PRECISION=highest), which "
+                        "decides a paired failure of a candidate that ran at a platform's "
+                        "reduced default precision; default: the run of the same "
+                        "refrun.pair.port in the store")
     p.add_argument("--json", type=Path, default=None, metavar="OUT",
                    help="also write the full assessment as JSON to OUT (several "
                         f"candidates: one {SWEEP_FORMAT} document holding every assessment)")
@@ -72,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     # (exit 2) leaves the store as it was.  Assessments are small documents; only one
     # candidate's points are in memory at a time.
     done = list(assess_many(crit, args.reference, args.candidate, uri,
-                            args.allow_cross_workload, pair_id=args.pair))
+                            args.allow_cross_workload, pair_id=args.pair,
+                            twin_id=args.twin))
     note = group_note(crit, len(args.reference))
     if len(done) == 1:
         return _one(args, crit, uri, done[0], note)
@@ -107,6 +114,10 @@ def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed,
             print(f"{r.id}: pair {pe.pair_run} ({pe.pair.get('source')}); "
                   + ("never left the band" if first is None else
                      f"first diverges at step {first}"))
+            for line in precision_lines(r.id, pe.numerics or {}):
+                print(line)
+    for line in numerics_lines(assessment.numerics):
+        print(line)
     al = assessment.alignment
     print(f"aligned on {al.get('axis')} (from {al.get('source')})")
     for r in assessment.results:  # statistical criteria: the interval and its seeds
@@ -129,6 +140,44 @@ def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed,
         print(f"recorded on comparison run {run_id} "
               f"(evidence sha256 {assessment.evidence_sha256})")
     return assessment.exit_code
+
+
+def precision_lines(cid: str, num: dict[str, Any]) -> list[str]:
+    """A paired result's numerics (``refrun.acceptance.precision``): the precision it ran
+    at when coarser than its pair's, and its precision twin or the rerun that would make
+    one."""
+    if not num.get("reduced"):
+        return []
+    out = [f"{cid}: ran at reduced precision: {'; '.join(num.get('coarser') or [])}"]
+    twin = num.get("twin") or {}
+    j = twin.get("judgement") or {}
+    if twin.get("run_id") and j:
+        first = j.get("first_divergence_step")
+        out.append(f"{cid}: precision twin {twin['run_id']} ({twin.get('source')}; "
+                   f"{twin.get('numerics')}): "
+                   + ("never left the band" if first is None else
+                      f"first diverges at step {first}")
+                   + f"; attribution: {num.get('attribution')}")
+    elif num.get("attribution") == "undetermined":
+        out.append(f"{cid}: no precision twin ({twin.get('problem') or 'none found'}); "
+                   f"re-run with {num.get('rerun')} to separate the platform's precision "
+                   "from a port defect")
+    return out
+
+
+def numerics_lines(num: dict[str, Any]) -> list[str]:
+    """Where the candidate's numerics configuration differs from the references'
+    (``Assessment.numerics``), one line per setting; nothing when it does not."""
+    diffs = num.get("differences") or []
+    if not diffs:
+        return []
+    out = ["numerics differ from the references' (refrun.numerics.*):"]
+    for d in diffs:
+        refs = "; ".join(f"{rid}: {v}" for rid, v in (d.get("references") or {}).items())
+        if len(set((d.get("references") or {}).values())) == 1:
+            refs = f"references: {next(iter(d['references'].values()))}"
+        out.append(f"  {d.get('what')}: candidate {d.get('candidate')}; {refs}")
+    return out
 
 
 def group_note(crit: Any, n_references: int) -> str | None:

@@ -101,6 +101,7 @@ def _assess(args: argparse.Namespace, candidate: str, metrics: list[str] | None
             compare_options,
             load_candidate,
             load_references,
+            pair_for,
         )
         from refrun.acceptance.criteria import load_criteria
     except ImportError as exc:
@@ -118,7 +119,10 @@ def _assess(args: argparse.Namespace, candidate: str, metrics: list[str] | None
     cand, latest = load_candidate(crit, loaded, candidate, args.tracking_uri,
                                   args.allow_cross_workload)
     cmp = compare(refs, cand, metrics=metrics, options=compare_options(crit), progress=False)
-    assessment = assess(crit, refs, cand, latest, args.allow_cross_workload)
+    # The pair (and a precision twin) looked up as refrun accept does, so the page's
+    # outcomes are accept's.
+    pair = pair_for(crit, cand, refs, args.tracking_uri, latest)
+    assessment = assess(crit, refs, cand, latest, args.allow_cross_workload, pair=pair)
     return cmp, with_calibration(assessment.to_dict(), crit)
 
 

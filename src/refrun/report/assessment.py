@@ -277,7 +277,7 @@ def paired_table(a: dict[str, Any]) -> Raw:
                      where, j.divergence_at_first if j else None,
                      j.band_at_first if j else None, j.max_ratio_observed if j else None,
                      pe.max_ratio if pe else None, j.steps_compared if j else None,
-                     r.get("reason", "")))
+                     _precision_cell(pe.numerics if pe else None), r.get("reason", "")))
     if not rows:
         return Raw("")
     return join([tag("h3", "Same-seed pair"),
@@ -286,7 +286,30 @@ def paired_table(a: dict[str, Any]) -> Raw:
                           "known-good pairs' divergence at the same step.", "note"),
                  table(("criterion", "outcome", "pair run (found by)", "first diverges",
                         "|diff| so far there", "band there", "max ratio to known-good",
-                        "max_ratio", "steps", "reason"), rows, "criteria", "paired")])
+                        "max_ratio", "steps", "precision (twin)", "reason"), rows,
+                       "criteria", "paired")])
+
+
+def _precision_cell(num: dict[str, Any] | None) -> Raw | str:
+    """The candidate's numerics against its pair's: ``as its pair's``, or the coarser
+    arithmetic, its precision twin and what the divergence is attributed to
+    (:func:`refrun.acceptance.precision.decide`)."""
+    if not num:
+        return "—"
+    if not num.get("reduced"):
+        return "as precise as its pair's"
+    twin = num.get("twin") or {}
+    j = twin.get("judgement") or {}
+    said = ["; ".join(num.get("coarser") or [])]
+    if twin.get("run_id") and j:
+        first = j.get("first_divergence_step")
+        said.append(f"twin {twin['run_id']} ({twin.get('source')}): " + (
+            "never left the band" if first is None else f"first diverges at step {first}"))
+    else:
+        said.append(f"no twin: re-run with {num.get('rerun')}")
+    said.append(f"attribution: {num.get('attribution')}")
+    return join([tag("span", s) if i == 0 else join([Raw("<br>"), s])
+                 for i, s in enumerate(said)])
 
 
 def _criteria_file(c: Any) -> str:

@@ -7,6 +7,7 @@ import dataclasses
 
 from refrun import schema
 from refrun.acceptance import paired as pairs
+from refrun.acceptance import precision
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.criterion_evidence import PairedEvidence
@@ -52,7 +53,12 @@ def paired(c: Paired, ctx: Context) -> CriterionResult:
     found (missing, ambiguous), that lacks the metric, or whose steps of it the candidate
     numbers differently (a constant shift: equal step numbers are then other points of
     training; a gap in the evidence, never a pass); otherwise *pass* / *fail*, the evidence
-    naming where the pair first diverged."""
+    naming where the pair first diverged.  A candidate that ran at coarser numerics than
+    its pair and leaves the band is judged through its precision twin
+    (:mod:`refrun.acceptance.precision`): pass when the twin stays inside, the reason
+    naming the precision; otherwise fail, the reason naming the precision and the twin's
+    divergence or the rerun that would separate the platform's precision from a port
+    defect."""
     lookup = ctx.pair if ctx.pair is not None else pairs.pair_among(ctx.candidate, ctx.references)
     shape = PairedEvidence(pair=lookup.to_dict(), max_ratio=c.max_ratio,
                            band_first_step=c.band_steps[0], band_last_step=c.band_steps[-1])
@@ -71,16 +77,34 @@ def paired(c: Paired, ctx: Context) -> CriterionResult:
         return result(c, NOT_EVALUABLE, pd.problem, ev)
     div = pd.curve
     j = pairs.judge(div, c.band_steps, c.band_values, c.max_ratio)
+    decision = _numerics(c, ctx, lookup, div, j)
     ev = dataclasses.replace(shape, pair_run=lookup.run.run_id, pair_seed=lookup.run.seed,
-                             judgement=j).to_dict()
+                             judgement=j, numerics=decision.evidence or None).to_dict()
     pair = f"pair {lookup.run.run_id} (seed {lookup.run.seed})"
+    if decision.outcome is not None:  # decided by the precision twin
+        return result(c, decision.outcome, decision.text, ev)
     if j.first_divergence_step is None:
         return result(c, PASS, f"{pair}: divergence stays within {c.max_ratio:.3g} x the "
                       f"known-good envelope over {j.steps_compared} steps (at most "
-                      f"{rv.fnum(j.max_ratio_observed)} x, at step {j.step_of_max_ratio})",
-                      ev)
+                      f"{rv.fnum(j.max_ratio_observed)} x, at step {j.step_of_max_ratio})"
+                      + decision.text, ev)
     return result(c, FAIL, f"{pair}: first diverges at step {j.first_divergence_step}: "
                   f"|diff| so far {rv.fnum(j.divergence_at_first)} > band "
                   f"{rv.fnum(j.band_at_first)} ({c.max_ratio:.3g} x the known-good "
                   f"envelope); outside at {j.steps_outside}/{j.steps_compared} steps, up to "
-                  f"{rv.fnum(j.max_ratio_observed)} x", ev)
+                  f"{rv.fnum(j.max_ratio_observed)} x" + decision.text, ev)
+
+
+def _numerics(c: Paired, ctx: Context, lookup: pairs.PairLookup, div: pairs.Divergence,
+              j: pairs.PairJudgement) -> precision.Decision:
+    """What the candidate's and its pair's numerics say about this result
+    (:func:`refrun.acceptance.precision.decide`): the twin is judged only when the
+    candidate ran coarser than its pair and left the band."""
+    assert lookup.run is not None
+    pn = precision.pair_numerics(ctx.candidate, lookup.run)
+    tj = None
+    twin = lookup.twin.run if lookup.twin is not None else None
+    if pn.reduced and j.first_divergence_step is not None and twin is not None:
+        tj = precision.judge_twin(twin, lookup.run, ctx.candidate, c.metric, ctx.keep,
+                                  c.band_steps, c.band_values, c.max_ratio)
+    return precision.decide(pn, lookup, div, j, tj, c.max_ratio)
