@@ -174,6 +174,11 @@ TAG_EXEC_VISIBLE_DEVICES = "refrun.exec.visible_devices"
 TAG_EXEC_DEVICE_TYPE = "refrun.exec.device_type"  # torch_xla.runtime.device_type()
 TAG_EXEC_XLA_DEVICE = "refrun.exec.xla_device"
 TAG_EXEC_MEMORY_PEAK = "refrun.exec.memory_peak_bytes"
+# Where a run's chip busy fraction (sys/gpu<i>_util_pct, sys/tpu<i>_duty_cycle_pct) came
+# from, or why the chip monitor recorded none ("unavailable: ..."): written by the probes'
+# chip monitors, read by L4 across hardware (refrun.acceptance.performance), which shows
+# it in place of a busy fraction the run lacks.
+TAG_UTILIZATION_SOURCE = "refrun.exec.utilization_source"
 TAG_DECLARED_ACCELERATOR = "refrun.exec.declared_accelerator"  # "true" | "false"
 TAG_MESH = "refrun.exec.mesh"
 TAG_PLACEMENT = "refrun.placement"  # JSON summary of where params/state live

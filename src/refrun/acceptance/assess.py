@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refrun import identity, numerics, schema
-from refrun.acceptance import checks, levels, precision
+from refrun.acceptance import checks, levels, performance, precision
 from refrun.acceptance import paired as pairs
 from refrun.acceptance.alignment import alignment_of
 from refrun.acceptance.comparing import compare_options, run_comparison  # noqa: F401 (re-export)
@@ -166,7 +166,7 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
         results += [checks.evaluate(c, ctx) for c in crit.criteria if c.level == lv]
     gate = levels.level_status([r for r in results if r.level == levels.L4_GATE])
     for c in (c for c in crit.criteria if c.level == "L4"):
-        skipped = checks.applicability(c, candidate)
+        skipped = checks.applicability(c, candidate, refs)
         if skipped is not None and skipped.outcome == NOT_APPLICABLE:
             results.append(skipped)
         elif gate == PASS:
@@ -187,6 +187,7 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
         warnings.append(held)
     if cross:
         warnings.insert(0, cross)
+    measured = performance.measure(candidate, refs, crit.prices, crit.settings)
     lvls = levels.summarize(results)
     assessment = Assessment(
         criteria_path=crit.path, criteria_sha256=crit.sha256,
@@ -196,7 +197,8 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
         measurements=measurements(comparison), created_utc=utc_now(), warnings=warnings,
         cross_workload=cross, alignment=alignment_of(crit),
         pair=pair.to_dict() if pair is not None and pair.declared else {},
-        numerics=numerics_differences(candidate, refs))
+        numerics=numerics_differences(candidate, refs),
+        performance=measured.to_dict() if measured is not None else {})
     evidence = build_evidence(crit.sha256, results, refs, candidate, latest,
                               pair=pair_run(pair, refs), twin=twin_run(pair))
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),

@@ -7,7 +7,7 @@ never a guess."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from refrun import schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.criterion_evidence import FirstDivergence
+from refrun.acceptance.migration import configuration, migration, undecided
 from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import Comparison, RunData
 from refrun.comparison.divergence import effective_sustain, first_sustained
@@ -248,12 +249,26 @@ def one_point(run: RunData, metric: str, statistic: str, window: int, keep: str
     return float(v[-1])
 
 
-def applicability(c: Criterion, candidate: RunData) -> CriterionResult | None:
-    """None when ``c`` applies to the candidate's backend (``refrun.backend`` tag, matched
-    case-insensitively with the criterion's ``backends``); otherwise its result:
-    not_applicable naming the backend, or not_evaluable when the candidate has no
-    backend tag (whether the criterion applies is then unknown, which is no pass)."""
+def applicability(c: Criterion, candidate: RunData, references: Sequence[RunData] = ()
+                  ) -> CriterionResult | None:
+    """None when ``c`` applies to the candidate: to its backend (``refrun.backend`` tag,
+    matched case-insensitively with the criterion's ``backends``) and, for a
+    ``migration_only`` criterion, to a candidate whose configuration differs from the
+    ``references``' (:func:`refrun.acceptance.migration.migration`).  Otherwise its
+    result: not_applicable naming the backend or the shared configuration, or
+    not_evaluable when the candidate has no backend tag (whether the criterion applies is
+    then unknown, which is no pass)."""
     applies = c.applies_to(candidate.backend)
+    if applies and c.migration_only and migration(candidate, references) is None:
+        unknown = undecided(candidate, references)
+        if unknown:
+            return result(c, NOT_EVALUABLE, f"criterion judges migrations only "
+                          f"(migration_only) and {unknown}", {"migration_only": True})
+        same = configuration(candidate).text()
+        return result(c, NOT_APPLICABLE, f"not applicable: the candidate ran as the "
+                      f"references did ({same}), and this criterion judges migrations only "
+                      "(migration_only)", {"candidate_configuration": same,
+                                           "migration_only": True})
     if applies:
         return None
     scope = ", ".join(c.backends or ())
@@ -269,7 +284,7 @@ def evaluate(c: Criterion, ctx: Context) -> CriterionResult:
     """Evaluate one criterion (not_applicable when it is scoped to other backends); an
     unexpected error in a check is reported as not_evaluable (with the error) rather than
     hiding the other criteria."""
-    skipped = applicability(c, ctx.candidate)
+    skipped = applicability(c, ctx.candidate, ctx.references)
     if skipped is not None:
         return skipped
     try:

@@ -34,7 +34,7 @@ __all__ = [  # the kinds' models, re-exported where they were defined before
     "CRITERION_KINDS", "LEVELS", "MISSING", "SELECT_OVER", "Claim", "Closeness",
     "Compilation", "Convergence", "Cost", "CriteriaFile", "Criterion", "Envelope",
     "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers", "Paired",
-    "StepTime", "Utilization", "key", "load_criteria", "parse_criteria",
+    "StepTime", "Throughput", "Utilization", "key", "load_criteria", "parse_criteria",
 ]
 
 FORMAT_VERSION = 1
@@ -118,7 +118,7 @@ class Calibration:
 # pandas), which reading this module for a command's --help or a schema must not pull in.
 _FROM_KINDS = ("Claim", "Closeness", "Compilation", "Convergence", "Cost", "Envelope",
                "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers", "Paired",
-               "StepTime", "Utilization")
+               "StepTime", "Throughput", "Utilization")
 
 
 def __getattr__(name: str) -> Any:
@@ -145,6 +145,7 @@ if TYPE_CHECKING:  # static analysis sees the kinds as names of this module
         HostTransfers,
         Paired,
         StepTime,
+        Throughput,
         Utilization,
     )
 

@@ -96,6 +96,12 @@ class Criterion(Rule):
         "any other backend the outcome is not_applicable. Default: every backend",
         None, min_items=1, names="backend")
 
+    migration_only: bool = key(
+        "apply only to a candidate that ran on other hardware, another backend or another "
+        "chip count than the references (a migration: refrun.hardware, refrun.backend, "
+        "refrun.chips); for a candidate on the references' configuration the outcome is "
+        "not_applicable (the same-machine step_time criterion judges its speed)", False)
+
     calibration: dict[str, float] | None = key(  # noqa: RUF009
         "provenance written by refrun calibrate (reported, never used by the check): "
         "worst held-out value, margin, held-out seeds, detectable shift ...", None)

@@ -83,6 +83,11 @@ class Assessment:
     # Where the candidate's numerics configuration differs from the references'
     # (refrun.acceptance.assess.numerics_differences); empty when it does not.
     numerics: dict[str, Any] = field(default_factory=dict)
+    # A migrated candidate's throughput, cost per run and chip busy fraction against its
+    # references' (refrun.acceptance.performance.Performance.to_dict()): measurements,
+    # judged only by the file's L4 criteria; empty for a candidate on the references'
+    # configuration.
+    performance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -105,6 +110,8 @@ class Assessment:
         extra: dict[str, Any] = {"pair": self.pair} if self.pair else {}
         if self.numerics:  # likewise
             extra["numerics"] = self.numerics
+        if self.performance:  # a migration only: other assessments are as they were
+            extra["performance"] = self.performance
         return clean({
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "created_utc": self.created_utc, "workload": self.workload,

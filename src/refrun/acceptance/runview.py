@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,6 +14,8 @@ import numpy as np
 
 from refrun import schema
 from refrun.comparison import RunData, warmup_end
+from refrun.comparison.measures import steady_points
+from refrun.util.thinning import sorted_unique
 
 if TYPE_CHECKING:  # annotations only: the model does not depend on this reader
     from refrun.acceptance.criteria import Prices
@@ -116,3 +120,51 @@ def fnum(x: float | None, digits: int = 4) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
     return f"{x:.{digits}g}"
+
+
+def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:
+    """Steps at which one of the per-step compilation counters ``metrics`` is > 0."""
+    hit = [r.steps[r.values > 0] for r in (resolved(run, m, keep) for m in metrics)
+           if r is not None]
+    return sorted_unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
+
+
+def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], keep: str,
+                      start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(steps, seconds, compilation steps left out)``: the run's steady step times
+    (:func:`refrun.comparison.measures.steady_points`: finite, at steps >= ``start``, the
+    warm-up end) without its compilation steps (a step where a ``compile_metrics``
+    counter moved)."""
+    r = resolved(run, metric, keep)
+    if r is None:
+        return np.empty(0, dtype=np.int64), np.empty(0), 0
+    comp = compile_steps(run, compile_metrics, keep) if compile_metrics else None
+    return steady_points(r.steps, r.values, start, comp)
+
+
+UTIL_PATTERN = re.compile(r"^sys/(gpu|tpu)\d+_(util|duty_cycle)_pct$")
+
+
+def busy_means(run: RunData, metrics: Sequence[str], keep: str,
+               start_of: Callable[[np.ndarray], int]
+               ) -> tuple[dict[str, float], dict[str, int]]:
+    """``({metric: mean after warm-up}, {metric: warm-up end step})`` for each chip
+    utilisation metric of ``run`` (default: every ``sys/gpu<i>_util_pct`` and
+    ``sys/tpu<i>_duty_cycle_pct`` it recorded) with a finite value at or after its
+    warm-up end (``start_of(steps)``).  A chip's busy fraction is the mean of its
+    samples: each is the share of the sampling period the chip was busy."""
+    names = list(metrics) or [m for m in run.metric_names if UTIL_PATTERN.match(m)]
+    means: dict[str, float] = {}
+    starts: dict[str, int] = {}
+    for m in names:
+        r = resolved(run, m, keep)
+        if r is None:
+            continue
+        f = finite(r)
+        if not len(f.values):
+            continue
+        start = start_of(f.steps)
+        v = f.values[f.steps >= start]
+        if len(v):
+            means[m], starts[m] = float(v.mean()), start
+    return means, starts

@@ -193,6 +193,8 @@ def assessment_changes(recorded: dict[str, Any], current: Assessment,
     measurements, warnings ...), as ``{"what": "assessment", "key", "change"}`` with
     ``change`` "recomputed -> recorded"."""
     fresh = json.loads(json.dumps(current.to_dict()))  # the form it is stored in
+    if "performance" not in recorded:  # recorded before a migration's L4 figures existed
+        fresh.pop("performance", None)
     if version is not None:  # recorded before later evidence keys existed: compare alike
         fresh["results"] = [result_as_version(r, version) for r in fresh.get("results", [])]
         if int(version) < 3:  # the "L4 held back" warning came with version 3

@@ -107,6 +107,10 @@ def _one(args: argparse.Namespace, crit: Any, uri: str, item: Assessed,
     print(assessment.table())
     if note:
         print(f"WARNING: {note}")
+    from refrun.acceptance.performance import assessment_lines
+
+    for line in assessment_lines(assessment):  # a migration: throughput, cost, chip busy
+        print(line)
     for r in assessment.results:  # paired criteria: the pair and where it first diverged
         pe = PairedEvidence.from_dict(r.evidence) if r.kind == "paired" else None
         if pe is not None and pe.pair_run:
@@ -222,11 +226,25 @@ def candidate_line(a: Assessment, comparison_run_id: str | None) -> str:
         parts.append("failed: " + ",".join(failed))
     if missing:
         parts.append("not evaluable: " + ",".join(missing))
+    if a.performance:
+        parts.append("L4 " + l4_summary(a.performance))
     if a.warnings:
         parts.append(f"{len(a.warnings)} warning(s)")
     if comparison_run_id:
         parts.append(f"comparison run {comparison_run_id}")
     return "  ".join(parts)
+
+
+def l4_summary(performance: dict[str, Any]) -> str:
+    """``throughput 1.45x, cost 7.1x, busy not measured``: a migration's figures in a
+    sweep's line (the full lines are in the JSON and the single-candidate output)."""
+    tp = (performance.get("throughput") or {}).get("ratio")
+    cost = (performance.get("cost") or {}).get("ratio")
+    busy = (performance.get("busy") or {}).get("candidate_pct")
+    return ", ".join([f"throughput {tp:.3g}x" if tp is not None else
+                      "throughput not measured",
+                      f"cost {cost:.3g}x" if cost is not None else "cost not measured",
+                      f"busy {busy:.0f}%" if busy is not None else "busy not measured"])
 
 
 def summary(assessments: list[Assessment]) -> dict[str, int]:

@@ -30,6 +30,8 @@ EPILOG = textwrap.dedent("""\
     examples:
       refrun calibrate --workload digits-mlp -o criteria.toml
       refrun calibrate --workload W --goal eval/accuracy>=0.9 -o criteria.toml
+      refrun calibrate --workload W --goal 'throughput>=0.9x' --goal 'cost<=1.2x' \
+          --price nvidia-l4=0.71 --price tpu-v5e=1.2 -o criteria.toml
       refrun calibrate --reference ID1 ID2 ID3 ID4 --group-size 3 -o criteria.toml
       refrun calibrate --check criteria.toml --workload digits-mlp
       refrun accept --criteria criteria.toml --reference ID1 ID2 ID3 --candidate CAND
@@ -85,7 +87,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the project's stated goal, e.g. eval/accuracy>=0.9 or "
                         "eval/val_loss<=1.2 (repeatable): an L3 'claim' criterion each. "
                         "Needed when the references log no evaluation metric: without an "
-                        "L3 criterion no candidate reaches L3 and L4 is never judged")
+                        "L3 criterion no candidate reaches L3 and L4 is never judged. "
+                        "L4 goals of a migration (other hardware, backend or chip count): "
+                        "throughput>=0.9x (steady throughput, ratio to the references'), "
+                        "cost<=1.2x (cost per run for the same work, ratio; needs --price), "
+                        "utilization>=50%% (the candidate's chips busy): an L4 criterion "
+                        "each, applied to migrated candidates only")
+    p.add_argument("--price", action="append", default=[], metavar="HARDWARE=PER_HOUR",
+                   help="price per hour of a hardware kind, as runs' refrun.hardware tags "
+                        "name it, e.g. nvidia-l4=0.71 tpu-v5e=1.2 (repeatable): written as "
+                        "the file's [prices] table (cost goals, and the cost a migration's "
+                        "L4 figures show)")
     p.add_argument("--require-gradcheck", action="store_true",
                    help="add an L1 'gradcheck' criterion: every candidate needs a passed "
                         "gradient-check run recorded for it (refrun.gradcheck.record with "
@@ -101,16 +113,23 @@ def run(args: argparse.Namespace) -> int:
         check_file,
         known_good_runs,
         parse_goal,
+        parse_price,
         reference_ids,
         write_file,
     )
-    from refrun.acceptance.criteria import CriteriaSettings, load_criteria
+    from refrun.acceptance.criteria import CriteriaSettings, Prices, load_criteria
     from refrun.comparison import load_run
     from refrun.errors import RefrunInputError
     from refrun.store.uri import existing_store_uri
 
     # A bad --check file or --goal is refused before any store is opened (one line, exit 2).
     goals = tuple(parse_goal(g) for g in args.goal)
+    hourly: dict[str, float] = {}
+    for text in args.price:
+        hw, price = parse_price(text)
+        if hw in hourly:
+            raise RefrunInputError(f"--price {text!r}: {hw} is priced twice")
+        hourly[hw] = price
     crit = load_criteria(args.check) if args.check is not None else None
     uri = existing_store_uri(args.tracking_uri)
     ids = list(args.reference or reference_ids(args.workload, uri))
@@ -138,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         **({} if args.max_groups is None else {"max_groups": args.max_groups}),
         metrics=tuple(args.metric) if args.metric else None,
         exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
-        goals=goals, keep_outliers=args.keep_outliers,
+        goals=goals, prices=Prices(hourly=hourly), keep_outliers=args.keep_outliers,
         **({} if args.step_time_floor is None else {"step_time_floor": args.step_time_floor}),
         settings=CriteriaSettings(warmup_steps=args.warmup_steps))
     result = calibrate(runs, opts, known_good_runs(runs, uri))

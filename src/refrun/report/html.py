@@ -363,6 +363,9 @@ details > summary { cursor: pointer; color: #0b5cad; font-size: 13px; }
 .chip.pass { background: #2e7d32; color: #fff; }
 .chip.fail { background: #c62828; color: #fff; }
 .chip.not_evaluable, .chip.incomplete { background: #f2c94c; color: #333; }
+.l4 { margin: 4px 0 14px; }
+.l4 table.l4-table td { vertical-align: top; }
+.l4 .not-measured { font-size: 12px; }
 .ov-grid { display: grid; grid-template-columns: minmax(0, 7fr) minmax(0, 5fr); gap: 18px; }
 @media (max-width: 1100px) { .ov-grid { grid-template-columns: 1fr; } }
 table.ranking td { padding-top: 2px; padding-bottom: 2px; }

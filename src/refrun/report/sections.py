@@ -306,6 +306,7 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
     """The first screen: verdict and highest level, the metrics ranked by departure
     relative to the seeds' spread, and the all-metric picture."""
     from refrun.report.assessment import verdict_banner
+    from refrun.report.performance import panel as performance_panel
 
     deps = O.rank_departures(cmp.to_dict())
     figs: list[F.FigureSpec] = []
@@ -342,6 +343,7 @@ def overview_section(cmp: Comparison, assessment: dict[str, Any] | None,
                        "×: first out (as in the ranking).")
     body = join([
         verdict_banner(assessment, ns),
+        performance_panel(cmp, assessment, ns),
         Raw('<div class="ov-grid"><div>'),
         tag("h3", "Which signals depart, ranked"),
         Raw('<div class="scroll">'),

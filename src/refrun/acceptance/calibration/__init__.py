@@ -50,11 +50,12 @@ from refrun.acceptance.calibration.derive import (
     outliers,
     parse_goal,
 )
+from refrun.acceptance.calibration.goals import PerformanceGoal, parse_price
 from refrun.acceptance.calibration.references import calibrate_ids, known_good_runs, reference_ids
 from refrun.acceptance.calibration.render import render, write_file
 from refrun.acceptance.criteria import calibration_digest
 
 __all__ = ["Calibrated", "CalibrationOptions", "CheckReport", "Derived", "Goal", "Outlier",
-           "Rejection", "block_bootstrap_sd", "calibrate", "calibrate_ids",
+           "PerformanceGoal", "Rejection", "block_bootstrap_sd", "calibrate", "calibrate_ids",
            "calibration_digest", "check_file", "envelope_k", "known_good_runs", "outliers",
-           "parse_goal", "reference_ids", "render", "write_file"]
+           "parse_goal", "parse_price", "reference_ids", "render", "write_file"]

@@ -21,11 +21,12 @@ import numpy as np
 from refrun import identity, schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
+from refrun.acceptance.calibration.goals import PerformanceGoal, parse_performance_goal
 from refrun.acceptance.calibration.render import clean_float, render
-from refrun.acceptance.criteria import CriteriaSettings
+from refrun.acceptance.criteria import CriteriaSettings, Prices
 from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL, best_index, reports
 from refrun.acceptance.kinds.quantile import run_quantile
-from refrun.acceptance.kinds.step_time import run_median, steady_step_times
+from refrun.acceptance.kinds.step_time import run_median
 from refrun.acceptance.statistics import (
     NEED_MAX_STEPS,
     ar1_mean_variance,
@@ -123,9 +124,14 @@ class Goal:
 _GOAL = re.compile(r"^\s*(?P<metric>[^<>=\s][^<>=]*?)\s*(?P<op>>=|<=)\s*(?P<value>\S+)\s*$")
 
 
-def parse_goal(text: str) -> Goal:
-    """``"eval/accuracy>=0.9"`` -> :class:`Goal`; a one-line :class:`RefrunInputError`
-    naming ``--goal`` otherwise."""
+def parse_goal(text: str) -> Goal | PerformanceGoal:
+    """``"eval/accuracy>=0.9"`` -> :class:`Goal` (an L3 claim on a metric);
+    ``"throughput>=0.9x"``, ``"cost<=1.2x"``, ``"utilization>=50%"`` -> an L4
+    :class:`~refrun.acceptance.calibration.goals.PerformanceGoal`; a one-line
+    :class:`RefrunInputError` naming ``--goal`` otherwise."""
+    l4 = parse_performance_goal(text)
+    if l4 is not None:
+        return l4
     m = _GOAL.match(text)
     value = math.nan
     if m:
@@ -171,8 +177,12 @@ class CalibrationOptions:
     quantile_min_runs: int = QUANTILE_MIN_RUNS
     # Keep reference seeds named as outliers in the thresholds (they are named anyway).
     keep_outliers: bool = False
-    # The project's stated goals (``--goal METRIC>=VALUE``): one L3 ``claim`` each.
-    goals: tuple[Goal, ...] = ()
+    # The project's stated goals (``--goal METRIC>=VALUE``): one L3 ``claim`` each; and its
+    # L4 goals for a migration (``--goal throughput>=0.9x`` ...): one L4 criterion each.
+    goals: tuple[Goal | PerformanceGoal, ...] = ()
+    # Machine prices written as the file's [prices] (``--price HARDWARE=PER_HOUR``): what
+    # a cost goal, and the cost a migration's L4 figures show, price runs with.
+    prices: Prices = field(default_factory=Prices)
     settings: CriteriaSettings = field(default_factory=CriteriaSettings)
 
     def __post_init__(self) -> None:
@@ -714,7 +724,7 @@ def step_time_limit(runs: list[RunData], opts: CalibrationOptions, g: int, cov: 
     spans = [_series(r, metric, keep).steps for r in runs]
     first, last = min(int(s[0]) for s in spans), max(int(s[-1]) for s in spans)
     start = warmup_end(first, last, opts.settings.warmup_steps, opts.settings.warmup_fraction)
-    steady = [steady_step_times(r, metric, comp, keep, start)[1] for r in runs]
+    steady = [rv.steady_step_times(r, metric, comp, keep, start)[1] for r in runs]
 
     def need(i: int, grp: tuple[int, ...]) -> float:
         pooled = np.concatenate([steady[j] for j in grp])
@@ -789,7 +799,7 @@ def step_time_limits(runs: list[RunData], opts: CalibrationOptions, g: int, cov:
     held, worst, _, start = step_time_limit(runs, opts, g, cov, metric, q)
     comp = list(schema.STEP_TIME_COMPILE_METRICS)
     keep = opts.settings.keep
-    sds = [block_bootstrap_sd(steady_step_times(r, metric, comp, keep, start)[1],
+    sds = [block_bootstrap_sd(rv.steady_step_times(r, metric, comp, keep, start)[1],
                               quantile=q) for r in runs]
     sigma = math.sqrt(float(np.mean(np.square(sds))))
     boot = math.exp(float(sps.norm.ppf(cov)) * sigma * math.sqrt(1 + 1 / g))
@@ -1005,7 +1015,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     one_values.update(finals)
     tost_ok = g >= TOST_MIN_GROUP
     n_tost = sum(tost_ok and float(np.std(v)) > 0 for _, v in one_values.values())
-    goals = [_goal(goal, runs, metrics, keep) for goal in opts.goals]
+    goals = [_goal(goal, runs, metrics, keep) for goal in opts.goals
+             if isinstance(goal, Goal)]
     quantile_metrics = [m for m in per_step if not m.startswith(schema.EVAL_PREFIX)] \
         if len(runs) >= opts.quantile_min_runs and "quantile" not in opts.exclude_kinds \
         else []
@@ -1072,6 +1083,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                          f"{det_eq:.3g}, the range criterion {env_d.id} about "
                          f"{det_env:.3g} (abs_tol + half the seeds' range)")
     out += goals
+    out += performance_goals([g for g in opts.goals if isinstance(g, PerformanceGoal)],
+                             runs, opts.prices)
     out += best_of_relations(runs, one_point, [m for m in per_step
                                                if m.startswith(schema.EVAL_PREFIX)], keep)
     if has_time:
@@ -1406,6 +1419,26 @@ def _goal(goal: Goal, runs: list[RunData], shared: list[str], keep: str) -> Deri
     return Derived(table, None, None, det, [src], len(runs))
 
 
+def performance_goals(goals: Sequence[PerformanceGoal], runs: list[RunData],
+                      prices: Prices) -> list[Derived]:
+    """The project's L4 goals, one criterion each (declared, no threshold derived from the
+    seeds).  A cost goal needs a price for every reference's hardware (one line naming
+    ``--price`` otherwise; a candidate's hardware is priced, or not, when it is judged)."""
+    for g in goals:
+        if g.name != "cost":
+            continue
+        unpriced = sorted({f"{r.hardware or r.tags.get(schema.TAG_EXEC_HARDWARE) or '?'}"
+                           for r in runs if rv.hardware_price(r, prices)[1] is None})
+        if unpriced:
+            raise RefrunInputError(
+                f"--goal {g.text()}: no --price for the references' hardware "
+                f"{', '.join(unpriced)} (e.g. --price {unpriced[0]}=1.0): a cost goal prices "
+                "every run by its hardware; nothing written")
+    return [Derived(g.table(), None, None, g.detectable(),
+                    [f"declared L4 goal {g.text()} (not calibrated: judges migrated "
+                     "candidates only)"], len(runs)) for g in goals]
+
+
 def _step_time(lim: StepTimeLimit, n: int) -> Derived:
     worst, start = lim.worst, lim.start
     ratio = _round_up(lim.max_ratio)
@@ -1446,7 +1479,7 @@ def step_time_note(runs: list[RunData], lim: StepTimeLimit, keep: str) -> str | 
     comp = list(schema.STEP_TIME_COMPILE_METRICS)
     # The statistic the criterion judges: the fastest STEP_TIME_LOW_QUANTILE of the steps.
     lows = [float(np.quantile(x, STEP_TIME_LOW_QUANTILE)) for r in runs
-            if len(x := steady_step_times(r, schema.M_STEP_TIME, comp, keep, lim.start)[1])]
+            if len(x := rv.steady_step_times(r, schema.M_STEP_TIME, comp, keep, lim.start)[1])]
     spread = max(lows) / min(lows) if lows and min(lows) > 0 else float("nan")
     others = [v for r in runs if (v := run_median(r, schema.M_SYS_OTHERS_CPU_CORES, keep))
               is not None]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from refrun._version import __version__
 from refrun.acceptance.criteria import (
     CriteriaSettings,
+    Prices,
     parse_criteria,
 )
 
@@ -102,6 +103,10 @@ def render(c: Calibrated) -> str:
     settings = {k: v for k, v in asdict(o.settings).items()
                 if v != getattr(CriteriaSettings(), k)}
     lines += ["[settings]"] + [f"{k} = {_toml(v)}" for k, v in settings.items()] + [""]
+    if o.prices != Prices():  # refrun calibrate --price: what cost criteria price runs with
+        lines += ["[prices]", f"currency = {_toml(o.prices.currency)}",
+                  f"per = {_toml(o.prices.per)}", f"hourly = {_toml(dict(o.prices.hourly))}",
+                  ""]
     for d in c.criteria:
         lines += _comment(f"{d.id}: " + "; ".join(d.comment))
         lines.append("[[criteria]]")

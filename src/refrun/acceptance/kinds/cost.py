@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from refrun.acceptance import runview as rv
+from refrun.acceptance import performance as perf
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
+from refrun.comparison import RunData
 
 
 @kind("cost", any_of=(("max_ratio", "max_cost"),))
@@ -24,25 +25,48 @@ class Cost(Criterion):
     time_source: str = key("'run_wall': MLflow end - start time of the run; "
                            "'step_time_sum': sum of perf/step_time_s", "run_wall",
                            enum=("run_wall", "step_time_sum"))
+    same_work: bool = key(
+        "price every run for the same work: its hours x (the references' mean work / its "
+        "own), work counted in tokens, samples or steps as throughput counts it "
+        "(progress/*, refrun.global_batch); a candidate that ran another batch or another "
+        "number of steps is priced for the references' work. Default false: the hours as "
+        "run", False)
 
     def check(self, ctx: Context) -> CriterionResult:
         return cost(self, ctx)
 
 
+def _row(run: RunData, role: str, c: Cost, ctx: Context, factor: float | None
+         ) -> dict[str, Any]:
+    rc = perf.run_cost(run, ctx.criteria.prices, ctx.keep, c.time_source, factor)
+    return {"run_id": run.run_id, "role": role, "hours": rc.billed_hours, "time": rc.time,
+            "hardware": rc.hardware, "price_per_hour": rc.price_per_hour, "price": rc.price,
+            "cost": rc.cost}
+
+
 def cost(c: Cost, ctx: Context) -> CriterionResult:
-    """Cost per run = hours x price per hour; ratio = candidate cost / mean reference cost."""
+    """Cost per run = hours x price per hour (``same_work``: hours for the references'
+    mean work); ratio = candidate cost / mean reference cost."""
     prices = ctx.criteria.prices
-    rows = []
-    for role, run in [*(("reference", r) for r in ctx.references),
-                      ("candidate", ctx.candidate)]:
-        hours, hnote = rv.run_hours(run, c.time_source, keep=ctx.keep)
-        hw, price, pnote = rv.hardware_price(run, prices)
-        rows.append({"run_id": run.run_id, "role": role, "hours": hours, "time": hnote,
-                     "hardware": hw, "price_per_hour": price, "price": pnote,
-                     "cost": None if hours is None or price is None else hours * price})
+    factors: dict[str, float] = {}
+    work_ev: dict[str, Any] = {}
+    if c.same_work:
+        unit, why = perf.choose_unit([*ctx.references, ctx.candidate])
+        if unit is not None:
+            factors, ref_work, why = perf.work_factors(ctx.references, [ctx.candidate],
+                                                       unit, ctx.keep)
+            work_ev = {"unit": unit, "reference_work": ref_work, "work_factor": factors}
+        if why:
+            return result(c, NOT_EVALUABLE, why, {"same_work": True, **work_ev},
+                          metric=None)
+    rows = [_row(run, role, c, ctx, factors.get(run.run_id) if c.same_work else None)
+            for role, run in [*(("reference", r) for r in ctx.references),
+                              ("candidate", ctx.candidate)]]
     ev: dict[str, Any] = {"currency": prices.currency, "time_source": c.time_source,
                           "per": prices.per, "runs": rows, "max_ratio": c.max_ratio,
                           "max_cost": c.max_cost}
+    if c.same_work:
+        ev.update(same_work=True, **work_ev)
     cand = rows[-1]
     if cand["cost"] is None:
         return result(c, NOT_EVALUABLE, cand["time"] if cand["hours"] is None

@@ -13,8 +13,6 @@ from refrun.acceptance.criterion_evidence import Contention
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_APPLICABLE, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData, step_time_ratio
-from refrun.comparison.measures import steady_points
-from refrun.util.thinning import sorted_unique
 
 # The rule for "the candidate's machine was clearly busier than the references'"
 # (docs/acceptance.md, "Step time on a busy machine"): other processes took at least
@@ -91,15 +89,15 @@ def contention(candidate: RunData, references: list[RunData], keep: str) -> Cont
                       reference_run_cores=ref_own, candidate_shared=shared, **base)
 
 
-def _judged(c: StepTime, outcome: str, reason: str, ev: dict[str, object], cont: Contention
-            ) -> CriterionResult:
-    """The step-time result with its contention evidence.  A fail on a machine that took
-    CPU from the candidate it did not take from the references (:attr:`Contention.took_cpu`)
-    is not judged (the ratio cannot tell slower code from less CPU); a pass there stands
-    (the code was within the limit even with less CPU)."""
+def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont: Contention,
+           what: str = "step time") -> CriterionResult:
+    """A speed result (``what``: step time, throughput) with its contention evidence.  A
+    fail on a machine that took CPU from the candidate it did not take from the references
+    (:attr:`Contention.took_cpu`) is not judged (the ratio cannot tell slower code from
+    less CPU); a pass there stands (the code was within the limit even with less CPU)."""
     ev = {**ev, schema.EV_CONTENTION: cont.to_dict()}
     if outcome == FAIL and cont.took_cpu:
-        return result(c, NOT_EVALUABLE, f"{cont.summary()}: step time not judged (it would "
+        return result(c, NOT_EVALUABLE, f"{cont.summary()}: {what} not judged (it would "
                       f"fail: {reason}); re-run the candidate on a machine as idle as the "
                       "references'", ev)
     return result(c, outcome, reason, ev)
@@ -109,26 +107,6 @@ def _backend_key(run: RunData) -> str | None:
     b = run.backend
     # Alias-aware (a stored "torch-xla" is torch_xla): refrun.identity's vocabulary.
     return (identity.canonical_backend(b) or b.strip().lower()) if b and b.strip() else None
-
-
-def compile_steps(run: RunData, metrics: list[str], keep: str) -> np.ndarray:
-    """Steps at which one of the per-step compilation counters ``metrics`` is > 0."""
-    hit = [r.steps[r.values > 0] for r in (rv.resolved(run, m, keep) for m in metrics)
-           if r is not None]
-    return sorted_unique(np.concatenate(hit)) if hit else np.empty(0, dtype=np.int64)
-
-
-def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], keep: str,
-                      start: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(steps, seconds, compilation steps left out)``: the run's steady step times
-    (:func:`refrun.comparison.measures.steady_points`: finite, at steps >= ``start``, the
-    warm-up end) without its compilation steps (a step where a ``compile_metrics``
-    counter moved)."""
-    r = rv.resolved(run, metric, keep)
-    if r is None:
-        return np.empty(0, dtype=np.int64), np.empty(0), 0
-    comp = compile_steps(run, compile_metrics, keep) if compile_metrics else None
-    return steady_points(r.steps, r.values, start, comp)
 
 
 @kind("step_time")
@@ -184,9 +162,9 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     if not len(all_steps):
         return result(c, NOT_EVALUABLE, f"no finite {c.metric!r} values")
     start = ctx.warmup(np.array([all_steps.min(), all_steps.max()]), c.warmup_steps)
-    refs = [steady_step_times(r, c.metric, c.compile_metrics, ctx.keep, start)
+    refs = [rv.steady_step_times(r, c.metric, c.compile_metrics, ctx.keep, start)
             for r in ctx.references]
-    cand = steady_step_times(ctx.candidate, c.metric, c.compile_metrics, ctx.keep, start)
+    cand = rv.steady_step_times(ctx.candidate, c.metric, c.compile_metrics, ctx.keep, start)
     m = step_time_ratio(np.concatenate([s[0] for s in refs]),
                         np.concatenate([s[1] for s in refs]), cand[0], cand[1], start)
     ev = {**scope, "warmup_end_step": start, "reference_median_s": m.reference_median,
@@ -201,7 +179,7 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     cont = contention(ctx.candidate, list(ctx.references), ctx.keep)
     if c.low_quantile is None:
         ok = m.ratio <= c.max_ratio
-        return _judged(c, PASS if ok else FAIL,
+        return judged(c, PASS if ok else FAIL,
                        f"steady median step time {rv.fnum(m.candidate_median)} s vs "
                        f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
                        f"{'<=' if ok else '>'} {c.max_ratio:g} {tail}", ev, cont)
@@ -211,7 +189,7 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     ok = low <= c.max_ratio
     ev.update(low_quantile=c.low_quantile, reference_low_s=ref_low, candidate_low_s=cand_low,
               low_quantile_ratio=low, judged_ratio=low)
-    return _judged(c, PASS if ok else FAIL,
+    return judged(c, PASS if ok else FAIL,
                    f"fastest {c.low_quantile:.0%} of the steady steps "
                    f"{rv.fnum(cand_low)} s vs {rv.fnum(ref_low)} s: ratio {low:.3f} "
                    f"{'<=' if ok else '>'} {c.max_ratio:g} (medians "

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
-
-UTIL_PATTERN = re.compile(r"^sys/(gpu|tpu)\d+_(util|duty_cycle)_pct$")
 
 
 @kind("utilization")
@@ -31,20 +27,9 @@ class Utilization(Criterion):
 def utilization(c: Utilization, ctx: Context) -> CriterionResult:
     """Mean over devices of each utilization metric's mean after warm-up >= ``min_pct``."""
     run = ctx.candidate
-    metrics = list(c.metrics) or [m for m in run.metric_names if UTIL_PATTERN.match(m)]
-    means: dict[str, float] = {}
-    starts: dict[str, int] = {}
-    for m in metrics:
-        r = rv.resolved(run, m, ctx.keep)
-        if r is None:
-            continue
-        f = rv.finite(r)
-        if not len(f.values):
-            continue
-        start = ctx.warmup(f.steps, c.warmup_steps)
-        v = f.values[f.steps >= start]
-        if len(v):
-            means[m], starts[m] = float(v.mean()), start
+    metrics = list(c.metrics) or [m for m in run.metric_names if rv.UTIL_PATTERN.match(m)]
+    means, starts = rv.busy_means(run, metrics, ctx.keep,
+                               lambda steps: ctx.warmup(steps, c.warmup_steps))
     if not means:
         wanted = ", ".join(metrics) or "sys/gpu<i>_util_pct, sys/tpu<i>_duty_cycle_pct"
         return result(c, NOT_EVALUABLE, f"candidate run {run.run_id} has no utilization "

@@ -1,0 +1,424 @@
+"""L4 across hardware, judged end to end (issue 51, item 4).
+
+Four PyTorch reference seeds of a small classifier are recorded with
+``refrun.torch.instrument`` as runs on ``nvidia-l4``; JAX ports of reference seed 0 (the
+same initial weights and batches) are recorded with ``refrun.jax.instrument`` as runs on
+``tpu-v5e`` (a migration: another backend and another declared hardware, both on the
+CPU here).  ``refrun calibrate`` writes the criteria from the references alone, with the
+project's L4 goals (``--goal throughput>=0.9x --goal cost<=1.2x``) and prices
+(``--price``), or without goals.
+
+* The clean port is faster per step (JAX's compiled step against PyTorch's eager one)
+  and priced ten times higher: it passes its throughput goal and fails its cost goal,
+  after passing L0-L3 with the calibrated criteria.
+* A port with a host check in every step (``float(loss)``, every parameter read to the
+  host and its first layer run on the validation set in NumPy) really takes longer per
+  step: the host-sync counter rejects it at L2 and its throughput fails the throughput
+  goal (or, on a machine other processes kept busy, is "not judged" with the fail it
+  would be).  On the CPU a host read alone costs little (a tiny JAX step finishes in
+  microseconds; on a TPU it is the wait for the chip), so the check's own work is what
+  makes this step slower here.
+* Without goals the three figures are measured and shown (``refrun accept``, the report's
+  first screen) and change no verdict.
+
+Expected figures are recomputed here from what MLflow stored (the metric histories, the
+runs' start and end times) with NumPy, independently of ``refrun.acceptance.performance``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import refrun
+from refrun import schema
+from refrun.acceptance.assess import assess_ids
+from refrun.acceptance.criteria import load_criteria
+from refrun.cli import main
+
+# Four references and four ports in the module fixture: ~1 min on a quiet machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+WORKLOAD = "l4-migration"
+STEPS, EVAL_EVERY, BATCH, IN, WIDTH, CLASSES = 150, 25, 32, 16, 64, 4
+N_TRAIN, N_VAL = 1024, 2048
+LR = 0.1
+REF_HW, CAND_HW = "nvidia-l4", "tpu-v5e"
+PRICES = {REF_HW: 0.71, CAND_HW: 7.1}  # per hour: the candidate's hardware 10x the price
+
+
+def dataset() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A fixed classification task (a random linear teacher), generated, never downloaded."""
+    rng = np.random.default_rng(12345)
+    teacher = rng.normal(size=(IN, CLASSES))
+    x = rng.normal(size=(N_TRAIN + N_VAL, IN)).astype(np.float32)
+    y = np.argmax(x @ teacher + rng.normal(0, 0.5, (len(x), CLASSES)), axis=1)
+    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
+
+
+X, Y, XV, YV = dataset()
+
+
+def init(seed: int) -> dict[str, np.ndarray]:
+    """Initial weights of seed ``seed`` (torch.nn.Linear's uniform bounds), ``(out, in)``."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for i, (a, b) in enumerate(((IN, WIDTH), (WIDTH, WIDTH), (WIDTH, CLASSES))):
+        bound = 1 / math.sqrt(a)
+        out[f"{i}.weight"] = rng.uniform(-bound, bound, (b, a)).astype(np.float32)
+        out[f"{i}.bias"] = rng.uniform(-bound, bound, b).astype(np.float32)
+    return out
+
+
+def batches(seed: int) -> np.ndarray:
+    return np.random.default_rng(1000 + seed).integers(0, N_TRAIN, (STEPS, BATCH))
+
+
+def start(store, role: str, backend: str, hardware: str, seed: int) -> refrun.RunSession:
+    return refrun.start_run(WORKLOAD, role, hardware=hardware, backend=backend, seed=seed,
+                            chips=1, global_batch=BATCH, planned_steps=STEPS,
+                            tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                            snapshot_environment=False, delivery="thread")
+
+
+def torch_run(store, seed: int, role: str = "reference") -> str:
+    """The reference: an MLP trained with SGD in PyTorch (eager), on the CPU."""
+    import torch
+    import torch.nn.functional as F
+
+    import refrun.torch
+
+    torch.set_num_threads(1)
+    layers = [torch.nn.Linear(IN, WIDTH), torch.nn.Linear(WIDTH, WIDTH),
+              torch.nn.Linear(WIDTH, CLASSES)]
+    model = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], torch.nn.ReLU(),
+                                layers[2])
+    weights = init(seed)
+    with torch.no_grad():
+        for i, lin in enumerate(layers):
+            lin.weight.copy_(torch.from_numpy(weights[f"{i}.weight"]))
+            lin.bias.copy_(torch.from_numpy(weights[f"{i}.bias"]))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x, y = torch.from_numpy(X), torch.from_numpy(Y)
+    xv, yv = torch.from_numpy(XV), torch.from_numpy(YV)
+    idx = torch.from_numpy(batches(seed))
+    run = start(store, role, "torch", REF_HW, seed)
+    with refrun.torch.instrument(run, model=model, optimizer=opt) as probe:
+        for n in range(STEPS):
+            with probe.step(n):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x[idx[n]]), y[idx[n]])
+                loss.backward()
+                opt.step()
+                probe.log(loss=loss.detach())
+            if n % EVAL_EVERY == EVAL_EVERY - 1:
+                with torch.no_grad():
+                    logits = model(xv)
+                    probe.log_eval(n, val_loss=F.cross_entropy(logits, yv),
+                                   val_accuracy=(logits.argmax(1) == yv).float().mean())
+    run.close()
+    assert run.run_id is not None
+    return run.run_id
+
+
+def jax_run(store, seed: int, host_check: bool = False) -> str:
+    """The JAX port of reference seed ``seed``, declared on the TPU's hardware name.
+    ``host_check``: in every step, ``float(loss)`` and a NumPy check on the host (every
+    parameter read, the first layer run on the validation set; einsum without BLAS, whose
+    threads beside PyTorch's cost a hundred times more on a busy machine): host syncs,
+    and real work."""
+    import jax
+    import jax.numpy as jnp
+
+    import refrun.jax
+
+    def forward(p, x):
+        h = jax.nn.relu(x @ p["0.weight"].T + p["0.bias"])
+        h = jax.nn.relu(h @ p["1.weight"].T + p["1.bias"])
+        return h @ p["2.weight"].T + p["2.bias"]
+
+    def loss_fn(p, x, y):
+        logp = jax.nn.log_softmax(forward(p, x))
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    @jax.jit
+    def train_step(p, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+        return jax.tree_util.tree_map(lambda a, d: a - LR * d, p, g), loss
+
+    @jax.jit
+    def evaluate(p, x, y):
+        logits = forward(p, x)
+        return loss_fn(p, x, y), jnp.mean(jnp.argmax(logits, axis=1) == y)
+
+    def check_on_host(p) -> bool:  # the defect's host work: every parameter read, and
+        w = {k: np.asarray(v) for k, v in p.items()}  # the first layer on the val rows
+        h = np.einsum("ij,kj->ik", XV, w["0.weight"], optimize=False) + w["0.bias"]
+        return bool(np.isfinite(h).all() and all(np.isfinite(v).all() for v in w.values()))
+
+    p = {k: jnp.asarray(v) for k, v in init(seed).items()}
+    xv, yv = jnp.asarray(XV), jnp.asarray(YV)
+    idx = batches(seed)
+    run = start(store, "candidate", "jax", CAND_HW, seed)
+    with refrun.jax.instrument(run, params=p, step_fns=[train_step]) as probe:
+        for n in range(STEPS):
+            with probe.step(n):  # the batch is cut on the host, as a data loader does
+                p, loss = train_step(p, X[idx[n]], Y[idx[n]])
+                if host_check:
+                    assert math.isfinite(float(loss)) and check_on_host(p)
+                probe.log(loss=loss)
+            if n % EVAL_EVERY == EVAL_EVERY - 1:
+                val_loss, val_acc = evaluate(p, xv, yv)
+                probe.log_eval(n, val_loss=val_loss, val_accuracy=val_acc)
+    run.close()
+    assert run.run_id is not None
+    return run.run_id
+
+
+@dataclass
+class World:
+    store: object
+    refs: list[str]
+    tmp: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    cands: dict[str, str] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    from tests.conftest import Store, migrated_sqlite
+
+    tmp = tmp_path_factory.mktemp("l4")
+    store = Store(tmp, migrated_sqlite(tmp / "mlflow.db", tmp_path_factory), tmp / "spool")
+    refs = [torch_run(store, s) for s in range(4)]
+    w = World(store, refs, tmp)
+    prices = [f"--price={hw}={p}" for hw, p in PRICES.items()]
+    for name, goals in (("goals", ["--goal", "throughput>=0.9x", "--goal", "cost<=1.2x"]),
+                        ("measured", [])):
+        w.files[name] = tmp / f"{name}.toml"
+        assert main(["calibrate", "--reference", *refs, "--tracking-uri",
+                     store.tracking_uri, *goals, *prices, "-o", str(w.files[name])]) == 0
+    w.cands["clean"] = jax_run(store, 0)
+    w.cands["host-check"] = jax_run(store, 0, host_check=True)
+    w.cands["same-machine"] = torch_run(store, 7, role="candidate")
+    return w
+
+
+# --- the figures, recomputed from what MLflow stored ---------------------------------------
+def history(store, run_id: str, metric: str) -> dict[int, float]:
+    from mlflow import MlflowClient
+
+    return {m.step: m.value for m in MlflowClient(store.tracking_uri)
+            .get_metric_history(run_id, metric)}
+
+
+def throughput_by_hand(store, run_id: str) -> float:
+    """Median over the steady steps of samples / step time: steps from the warm-up end
+    (first step + ceil(10 % of the steps)), compilation steps left out, the samples of a
+    step the increase of progress/samples there."""
+    t = history(store, run_id, schema.M_STEP_TIME)
+    seen = history(store, run_id, schema.M_PROGRESS_SAMPLES)
+    compiled = {s for m in schema.STEP_TIME_COMPILE_METRICS
+                for s, v in history(store, run_id, m).items() if v > 0}
+    first, last = min(t), max(t)
+    start = first + math.ceil(0.1 * (last - first + 1))
+    rates = [(seen[s] - seen.get(s - 1, 0.0)) / t[s] for s in sorted(t)
+             if s >= start and s not in compiled and t[s] > 0]
+    assert all(seen[s] - seen.get(s - 1, 0.0) == BATCH for s in seen)  # what the probe logs
+    return float(np.median(rates))
+
+
+def cost_by_hand(store, run_id: str) -> float:
+    """MLflow's end - start of the run, in hours, x the price of its declared hardware
+    (every run here processed STEPS x BATCH samples: the same work)."""
+    from mlflow import MlflowClient
+
+    run = MlflowClient(store.tracking_uri).get_run(run_id)
+    hours = (run.info.end_time - run.info.start_time) / 3.6e6
+    return hours * PRICES[run.data.tags[schema.TAG_HARDWARE]]
+
+
+def ratios_by_hand(w: World, cand: str, refs: list[str]) -> tuple[float, float]:
+    tp = throughput_by_hand(w.store, cand) / np.mean([throughput_by_hand(w.store, r)
+                                                      for r in refs])
+    cost = cost_by_hand(w.store, cand) / np.mean([cost_by_hand(w.store, r) for r in refs])
+    return float(tp), float(cost)
+
+
+def assess(w: World, file: str, cand: str):  # type: ignore[no-untyped-def]
+    a, _ = assess_ids(load_criteria(w.files[file]), w.refs[:3], w.cands[cand],
+                      w.store.tracking_uri)
+    return a
+
+
+# --- the tests -----------------------------------------------------------------------------
+def test_calibrate_writes_the_declared_l4_goals_and_prices(world: World) -> None:
+    crit = load_criteria(world.files["goals"])
+    tp, cost = crit.criterion("goal-throughput"), crit.criterion("goal-cost")
+    assert (tp.KIND, tp.level, tp.min_ratio, tp.migration_only) == ("throughput", "L4", 0.9,
+                                                                   True)
+    assert (cost.KIND, cost.level, cost.max_ratio, cost.same_work, cost.migration_only) == \
+        ("cost", "L4", 1.2, True, True)
+    assert crit.prices.hourly == PRICES
+    # The same seeds without goals: the same criteria otherwise (goals take no share of
+    # the false-alarm budget), and the prices.
+    plain = load_criteria(world.files["measured"])
+    assert [c.id for c in plain.criteria] == [c.id for c in crit.criteria
+                                              if not c.id.startswith("goal-")]
+    assert {c.id: c for c in plain.criteria} == {c.id: c for c in crit.criteria
+                                                 if not c.id.startswith("goal-")}
+    assert plain.prices.hourly == PRICES
+    # The same-machine step time stays as it was: judged on the references' backend only.
+    st = crit.criterion("step-time")
+    assert st.level == "L4" and not st.across_backends and not st.migration_only
+
+
+def test_a_faster_but_costlier_migration_fails_its_cost_goal_and_passes_its_throughput_goal(
+        world: World) -> None:
+    a = assess(world, "goals", "clean")
+    tp, cost = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
+    assert tp > 1 and cost > 1.2  # faster per step, costlier per run (ten times the price)
+    # L0-L3 pass with the calibrated criteria, so L4 is judged.
+    assert [lv.status for lv in a.levels[:4]] == ["pass", "pass", "pass", "pass"], a.table()
+    r_tp, r_cost = a.result("goal-throughput"), a.result("goal-cost")
+    assert r_tp.outcome == "pass" and r_tp.evaluated, r_tp.reason
+    assert r_tp.evidence["ratio"] == pytest.approx(tp, rel=1e-9)
+    assert r_tp.evidence["unit"] == "samples"
+    assert r_cost.outcome == "fail", r_cost.reason
+    assert r_cost.evidence["ratio"] == pytest.approx(cost, rel=1e-6)
+    assert r_cost.evidence["work_factor"] == {rid: 1.0 for rid in
+                                              [*world.refs[:3], world.cands["clean"]]}
+    # The same-machine step time is not applicable across backends, as before.
+    assert a.result("step-time").outcome == "not_applicable"
+    assert a.level("L4").status == "fail" and a.highest_level == "L3" and a.verdict == "fail"
+    # The figures the assessment carries are the same numbers.
+    assert a.performance["throughput"]["ratio"] == pytest.approx(tp, rel=1e-9)
+    assert a.performance["cost"]["ratio"] == pytest.approx(cost, rel=1e-6)
+    assert a.performance["migration"] == "torch on nvidia-l4 x1 -> jax on tpu-v5e x1"
+
+
+def test_a_migration_with_a_host_sync_in_every_step_fails_its_throughput_goal(
+        world: World) -> None:
+    a = assess(world, "goals", "host-check")
+    tp, _ = ratios_by_hand(world, world.cands["host-check"], world.refs[:3])
+    assert tp < 0.9
+    assert a.result("host-syncs-per-step").outcome == "fail"  # the counter saw it (L2)
+    assert a.level("L3").status == "pass"  # so L4 is judged
+    r = a.result("goal-throughput")
+    assert r.evaluated and r.evidence["ratio"] == pytest.approx(tp, rel=1e-9)
+    cont = r.evidence[schema.EV_CONTENTION]
+    if r.outcome == "not_evaluable":  # other processes kept this machine busy: not judged
+        assert cont["known"] and "(it would fail: steady throughput" in r.reason, r.reason
+        assert f"ratio {tp:.3f} < 0.9" in r.reason
+    else:
+        assert r.outcome == "fail", r.reason
+        assert f"ratio {tp:.3f} < 0.9" in r.reason
+    # The clean port of the same seed passes the same goal: the host check is the cause.
+    assert assess(world, "goals", "clean").result("goal-throughput").outcome == "pass"
+
+
+def test_without_goals_the_figures_are_measured_and_change_no_verdict(world: World) -> None:
+    clean = assess(world, "measured", "clean")
+    tp, cost = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
+    # Measured: the same figures as with goals ...
+    assert clean.performance["throughput"]["ratio"] == pytest.approx(tp, rel=1e-9)
+    assert clean.performance["cost"]["ratio"] == pytest.approx(cost, rel=1e-6)
+    # ... chip busy said, never blank: these runs executed on the CPU
+    busy = clean.performance["busy"]
+    assert busy["candidate_pct"] is None and busy["reference_pct"] is None
+    assert "executed on the CPU" in busy["candidate_why"]
+    assert world.cands["clean"] in busy["candidate_why"]
+    # ... and no verdict: a cost 10x the references' judges nothing without a goal.
+    assert cost > 1.2
+    assert not [r for r in clean.results if r.kind in ("throughput", "cost", "utilization")]
+    assert clean.verdict == "pass" and clean.highest_level == "L3"
+    assert clean.level("L4").status == "not_applicable"  # step-time: same backend only
+    slow = assess(world, "measured", "host-check")
+    assert slow.performance["throughput"]["ratio"] < 0.9
+    assert [r.id for r in slow.results if r.outcome == "fail"] == ["host-syncs-per-step"]
+
+
+def test_accept_prints_the_figures_judged_or_measured(
+        world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    tp, cost = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
+    for name, rc, head in (("measured", 0, "measured only (no L4 goal declared"),
+                           ("goals", 1, "judged by goal-throughput PASS, goal-cost FAIL")):
+        assert main(["accept", "--criteria", str(world.files[name]), "--reference",
+                     *world.refs[:3], "--candidate", world.cands["clean"], "--no-record",
+                     "--tracking-uri", world.store.tracking_uri]) == rc
+        out = capsys.readouterr().out
+        lines = out.splitlines()
+        i = next(i for i, ln in enumerate(lines) if ln.startswith("L4 across hardware"))
+        assert lines[i].startswith("L4 across hardware (torch on nvidia-l4 x1 -> jax on "
+                                   f"tpu-v5e x1): {head}"), lines[i]
+        assert lines[i + 1].startswith(f"  throughput {tp:.3f}x: candidate ")
+        assert lines[i + 2].startswith(f"  cost per run {cost:.3f}x: candidate ")
+        assert re.match(r"  chip busy candidate not measured: run \w+ executed on the CPU",
+                        lines[i + 3])
+
+
+def test_a_candidate_on_the_references_configuration_is_judged_by_step_time_alone(
+        world: World) -> None:
+    a = assess(world, "goals", "same-machine")
+    for cid in ("goal-throughput", "goal-cost"):
+        r = a.result(cid)
+        assert r.outcome == "not_applicable" and "migrations only" in r.reason, r.reason
+    assert a.result("step-time").outcome in ("pass", "fail", "not_evaluable")
+    assert a.result("step-time").outcome != "not_applicable"
+    assert a.performance == {} and "performance" not in a.to_dict()
+
+
+def test_the_report_shows_the_figures_on_its_first_screen(world: World) -> None:
+    from html.parser import HTMLParser
+
+    a = assess(world, "goals", "clean")
+    html = world.tmp / "clean.html"
+    assert main(["report", "--reference", *world.refs[:3], "--candidate",
+                 world.cands["clean"], "--criteria", str(world.files["goals"]),
+                 "--html", str(html), "--tracking-uri", world.store.tracking_uri]) in (0, 1)
+    text = html.read_text(encoding="utf-8")
+
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inside, self.rows, self.values = False, [], []
+
+        def handle_starttag(self, tag, attrs):  # type: ignore[no-untyped-def]
+            d = dict(attrs)
+            if tag == "table" and d.get("id") == "l4-table":
+                self.inside = True
+            if self.inside and tag == "tr":
+                self.rows.append("")
+            if self.inside and tag == "span" and "data-value" in d:
+                self.values.append(d["data-value"])
+
+        def handle_endtag(self, tag):  # type: ignore[no-untyped-def]
+            if tag == "table":
+                self.inside = False
+
+        def handle_data(self, data):  # type: ignore[no-untyped-def]
+            if self.inside and self.rows:
+                self.rows[-1] += data
+
+    p = Cells()
+    p.feed(text)
+    _, tp_row, cost_row, busy_row = p.rows
+    assert tp_row.startswith("throughput") and "PASS" in tp_row.upper()
+    assert cost_row.startswith("cost per run") and "FAIL" in cost_row.upper()
+    assert "not measured: run" in busy_row and "executed on the CPU" in busy_row
+    perf = a.performance
+    shown = [float(v) for v in p.values if v != "null"]
+    for v in (perf["throughput"]["ratio"], perf["throughput"]["candidate_per_s"],
+              perf["throughput"]["reference_per_s"], perf["cost"]["ratio"],
+              perf["cost"]["candidate"], perf["cost"]["reference"]):
+        assert any(x == pytest.approx(v, rel=1e-12) for x in shown), (v, shown)
+    # On the first screen: right under the verdict, before the ranking.
+    assert text.index('id="verdict"') < text.index('id="l4"') < text.index('id="departures"')
