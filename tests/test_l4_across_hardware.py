@@ -422,3 +422,20 @@ def test_the_report_shows_the_figures_on_its_first_screen(world: World) -> None:
         assert any(x == pytest.approx(v, rel=1e-12) for x in shown), (v, shown)
     # On the first screen: right under the verdict, before the ranking.
     assert text.index('id="verdict"') < text.index('id="l4"') < text.index('id="departures"')
+
+
+def test_a_report_without_criteria_measures_the_figures_without_prices(
+        world: World) -> None:
+    html = world.tmp / "plain.html"
+    assert main(["report", "--reference", *world.refs[:3], "--candidate",
+                 world.cands["clean"], "--html", str(html), "--tracking-uri",
+                 world.store.tracking_uri]) == 0
+    text = html.read_text(encoding="utf-8")
+    panel = text[text.index('id="l4"'):text.index('id="departures"')]
+    plain = re.sub(r"<[^>]+>", " ", panel)
+    assert "measured only: no L4 goal declared" in plain
+    assert "not measured: no [prices] table" in plain
+    assert "no goal: measured only" in plain
+    tp, _ = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
+    ratio = float(re.search(r'<td><span class="num" data-value="([^"]+)"', panel).group(1))
+    assert ratio == pytest.approx(tp, rel=1e-9)

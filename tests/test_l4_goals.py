@@ -261,3 +261,57 @@ def refrun_run(uri: str, spool: Path, metrics: dict[str, np.ndarray]) -> str:
             run.log_metrics(i, {m: float(v[i]) for m, v in metrics.items()})
     assert run.run_id is not None
     return run.run_id
+
+
+def test_verify_names_an_edited_figure_and_accepts_an_assessment_recorded_before_them(
+        store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import tempfile
+
+    uri, spool = store.tracking_uri, store.spool_dir
+    refs = [record(uri, spool, "reference", _metrics(s, 0.01), seed=s).run_id
+            for s in (0, 1)]
+    cand = record(uri, spool, "candidate", _metrics(7, 0.005), seed=7, hardware="tpu-v5e",
+                  backend="jax").run_id
+    path = write_criteria(tmp_path, GOALS.split("\n[[criteria]]\nid = \"goal-throughput\"")[0])
+    client = MlflowClient(uri)
+    name = "refrun/assessment.json"
+
+    def accept() -> tuple[str, dict]:
+        assert main(["accept", "--criteria", str(path), "--reference", *refs, "--candidate",
+                     cand, "--tracking-uri", uri]) == 0
+        out = capsys.readouterr().out
+        assert "measured only (no L4 goal declared" in out
+        comp = out.split("recorded on comparison run ")[1].split()[0]
+        d = Path(tempfile.mkdtemp(dir=tmp_path))
+        return comp, json.loads(Path(client.download_artifacts(comp, name, str(d)))
+                                .read_bytes())
+
+    def put(comp: str, doc: dict) -> None:
+        d = Path(tempfile.mkdtemp(dir=tmp_path))
+        (d / "assessment.json").write_bytes(json.dumps(doc).encode())
+        client.log_artifact(comp, str(d / "assessment.json"), "refrun")
+
+    def sign_and_verify(comp: str) -> tuple[int, str]:
+        assert main(["signoff", "--comparison", comp, "--decision", "accept", "--by", "Ada",
+                     "--tracking-uri", uri]) == 0
+        capsys.readouterr()
+        rc = main(["verify", comp, "--tracking-uri", uri])
+        return rc, capsys.readouterr().out
+
+    # An assessment written before the figures existed signs off and verifies unchanged.
+    old, doc = accept()
+    ratio = doc["performance"]["throughput"]["ratio"]
+    assert ratio == pytest.approx(2.0, rel=0.05)  # 0.005 s against 0.01 s per step
+    del doc["performance"]
+    put(old, doc)
+    rc, text = sign_and_verify(old)
+    assert rc == 0, text
+    # A figure edited after the sign-off is named.
+    comp, doc = accept()
+    assert sign_and_verify(comp)[0] == 0
+    doc["performance"]["throughput"]["ratio"] = 0.5
+    put(comp, doc)
+    rc = main(["verify", comp, "--tracking-uri", uri])
+    text = capsys.readouterr().out
+    assert rc == 1 and f"performance.throughput.ratio: {ratio} -> 0.5" in text, text
