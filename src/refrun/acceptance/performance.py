@@ -10,15 +10,16 @@ delivers against the references: 0.89x the GPU's throughput at 1.59x its cost pe
 loaded runs:
 
 * **Throughput** (:func:`run_throughput`): units per second of the probe's step time,
-  ``median over the steady steps s of u(s) / t(s)``: ``t`` the run's ``perf/step_time_s``,
-  ``u`` what the step consumed (the step's increase of the cumulative
-  ``progress/tokens`` or ``progress/samples``, else ``refrun.global_batch`` [x
-  ``refrun.tokens_per_sample``]); steady = after the run's own warm-up, without the steps
-  where a compilation counter moved (:func:`refrun.acceptance.runview.
-  steady_step_times`).  The median, not ``sum(u) / sum(t)`` (kept as ``mean_per_s``):
-  other processes on a shared machine stall a tenth of the steps for several times their
-  length, which moves the mean rate and not the median (digits on the 2-core test
-  machine: median step 0.72 ms, mean 1.82 ms).  Every run is measured in one unit
+  ``t`` the run's ``perf/step_time_s`` and ``u`` what a step consumed (the step's
+  increase of the cumulative ``progress/tokens`` or ``progress/samples``, else
+  ``refrun.global_batch`` [x ``refrun.tokens_per_sample``]), over its steady steps (after
+  the run's own warm-up, without the steps where a compilation counter moved:
+  :func:`refrun.acceptance.runview.steady_step_times`): the median of the rates
+  ``sum(u) / sum(t)`` of consecutive blocks of at least :data:`BLOCK_S` of step time
+  (:func:`block_rates`).  Sums, because a JAX step's time is an interval of a pipelined
+  timeline that means something only summed; blocks and their median, because a stall
+  (another process, a checkpoint) then moves one block and not the figure.  The whole
+  window's rate is kept as ``mean_per_s``.  Every run is measured in one unit
   (:func:`choose_unit`).
 * **Cost per run** (:func:`run_cost`): hours for the references' work x price per hour
   of the run's hardware (``[prices]``, :func:`refrun.acceptance.runview.hardware_price`):
@@ -153,13 +154,52 @@ def run_work(run: RunData, unit: Unit, keep: str) -> tuple[float | None, str]:
 
 
 # --- throughput --------------------------------------------------------------------------
+# Throughput is judged over blocks of consecutive steady steps each spanning at least this
+# much step time.  A JAX step's time is an interval of a pipelined timeline: the probe's
+# watcher thread notes when each step's outputs became ready, and when it gets the
+# interpreter back only after a while (the main thread dispatching; CPython's switch
+# interval is 5 ms), it notes a batch of steps at once: one long interval, then
+# near-zero ones.  Measured on the CPU (tests/test_l4_across_hardware.py's clean JAX port,
+# 0.5 ms steps): runs of ~25 steps noted within microseconds after a 54 ms interval, a
+# per-step median of 0.003 ms against a mean of 0.54 ms.  Only sums over a span longer
+# than such a batch mean anything; 0.1 s is twice the longest seen.
+BLOCK_S = 0.1
+# With fewer blocks the median is no better than the whole window's rate.
+MIN_BLOCKS = 3
+
+
+def block_rates(units: np.ndarray, seconds: np.ndarray, block_s: float = BLOCK_S
+                ) -> np.ndarray:
+    """Rates ``sum(u) / sum(t)`` of consecutive blocks of steps: a block closes with the
+    step that brings its own step time to ``block_s`` or more (a step longer than that is
+    a block of its own), and an incomplete last block joins the one before.  The
+    batch-means method of steady-state simulation output (Law, *Simulation Modeling and
+    Analysis*, 5th ed., 2015, 9.5.3), here for a timeline whose single intervals are not
+    meaningful but whose sums are.  Fewer than :data:`MIN_BLOCKS` blocks: the one rate of
+    the whole window."""
+    cum = np.cumsum(seconds)
+    n, starts, base, i = len(seconds), [], 0.0, 0
+    while i < n:
+        starts.append(i)
+        # the first step at which the block's own time reaches block_s (inclusive)
+        j = int(np.searchsorted(cum, base + block_s * (1 - 1e-9), side="left")) + 1
+        i = min(max(j, i + 1), n)
+        base = float(cum[i - 1])
+    if len(starts) >= 2 and cum[-1] - cum[starts[-1] - 1] < block_s * (1 - 1e-9):
+        starts.pop()  # the incomplete last block joins the one before
+    if len(starts) < MIN_BLOCKS:
+        return np.array([units.sum() / seconds.sum()])
+    return np.add.reduceat(units, starts) / np.add.reduceat(seconds, starts)
+
+
 @dataclass(frozen=True)
 class RunThroughput:
     """One run's steady throughput in ``unit`` per second (see the module docstring)."""
 
-    per_s: float | None  # median over the steady steps of units / seconds
+    per_s: float | None  # median of the block rates (block_rates)
     mean_per_s: float | None  # sum of units / sum of seconds over the same steps
     steps: int  # steady steps it rests on
+    blocks: int  # blocks of at least BLOCK_S of step time (1: the whole window)
     compile_steps: int  # compilation steps left out
     warmup_end_step: int | None
     why: str = ""  # why not measured (per_s None)
@@ -169,25 +209,28 @@ def run_throughput(run: RunData, unit: Unit, keep: str, start_of: Callable[[np.n
                    metric: str = schema.M_STEP_TIME,
                    compile_metrics: Sequence[str] = schema.STEP_TIME_COMPILE_METRICS
                    ) -> RunThroughput:
-    """The run's steady throughput: ``median(u(s) / t(s))`` over its steady steps ``s``
-    (after ``start_of(its step-time steps)``, compilation steps left out; a step time <= 0
-    or a step whose units are unknown is left out too)."""
+    """The run's steady throughput: the median of :func:`block_rates` of ``u(s)`` units
+    over ``t(s)`` seconds at its steady steps ``s`` (after ``start_of(its step-time
+    steps)``, compilation steps left out; a step time <= 0 or a step whose units are
+    unknown is left out too)."""
     r = rv.resolved(run, metric, keep)
     f = rv.finite(r) if r is not None else None
     if f is None or not len(f.steps):
-        return RunThroughput(None, None, 0, 0, None, f"run {run.run_id} has no finite {metric!r}")
+        return RunThroughput(None, None, 0, 0, 0, None,
+                             f"run {run.run_id} has no finite {metric!r}")
     start = start_of(f.steps)
     steps, secs, n_comp = rv.steady_step_times(run, metric, list(compile_metrics), keep, start)
     units = step_units(run, unit, steps, keep)
     ok = (secs > 0) & np.isfinite(units)
     if not ok.any():
-        return RunThroughput(None, None, 0, n_comp, start,
+        return RunThroughput(None, None, 0, 0, n_comp, start,
                              f"run {run.run_id}: no steady {metric!r} value after step "
                              f"{start} with a known {unit} count ({n_comp} compilation "
                              "step(s) left out)")
     u, t = units[ok], secs[ok]
-    return RunThroughput(float(np.median(u / t)), float(u.sum() / t.sum()), int(ok.sum()),
-                         n_comp, start)
+    rates = block_rates(u, t)
+    return RunThroughput(float(np.median(rates)), float(u.sum() / t.sum()), int(ok.sum()),
+                         len(rates), n_comp, start)
 
 
 # --- cost ----------------------------------------------------------------------------------
@@ -373,8 +416,8 @@ def figure_lines(d: Mapping[str, Any]) -> list[str]:
     out = []
     if tp.get("ratio") is not None:
         out.append(f"throughput {tp['ratio']:.3f}x: candidate {fmt(tp['candidate_per_s'])} "
-                   f"{unit}/s vs references {fmt(tp['reference_per_s'])} {unit}/s (median "
-                   "over the steady steps)")
+                   f"{unit}/s vs references {fmt(tp['reference_per_s'])} {unit}/s (steady "
+                   "steps, median of 0.1 s blocks)")
     else:
         out.append(f"throughput {NOT_MEASURED}{_why(tp)}")
     if cost.get("ratio") is not None:
@@ -441,7 +484,7 @@ def measure(candidate: RunData, references: Sequence[RunData], prices: Any,
     figures = []
     for role, r in [*(("reference", x) for x in references), ("candidate", candidate)]:
         tp = run_throughput(r, unit, keep, start_of) if unit is not None else \
-            RunThroughput(None, None, 0, 0, None, note)
+            RunThroughput(None, None, 0, 0, 0, None, note)
         cost = run_cost(r, prices, keep, factor=factors[r.run_id]) if not why else \
             RunCost(None, None, None, None, None, "", "", why)
         figures.append(RunFigures(r.run_id, role, configuration(r).text(), tp, cost,

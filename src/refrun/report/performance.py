@@ -85,8 +85,9 @@ def panel(cmp: Comparison, a: dict[str, Any] | None, ns: str = "") -> Raw:
     how = ("judged by the criteria file's L4 goals" if judged else
            "measured only: no L4 goal declared (refrun calibrate --goal throughput>=0.9x, "
            "cost<=1.2x, utilization>=50%)")
-    method = ("Throughput: median over the steady steps (warm-up and compilation steps left "
-              "out) of the units a step consumed / its step time. Cost per run: the run's "
+    method = ("Throughput: units consumed / step time over the steady steps (warm-up and "
+              "compilation steps left out), the median of the rates of 0.1 s blocks of "
+              "steps. Cost per run: the run's "
               "wall hours for the references' work (its hours x their mean work / its own) x "
               "its hardware's price per hour ([prices]). Chip busy: mean over chips of each "
               "chip's mean utilisation after warm-up. Ratios: candidate / mean of the "

@@ -15,9 +15,9 @@ from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 @kind("throughput")
 class Throughput(Criterion):
     """steady throughput (samples or tokens per second of step time, warm-up and compilation
-    steps left out; the median over the steady steps), candidate / mean of the references'
-    >= min_ratio: a migration's speed, whatever the hardware or framework (written by refrun
-    calibrate --goal throughput>=RATIOx)"""
+    steps left out; the median of the rates of 0.1 s blocks of steps), candidate / mean of
+    the references' >= min_ratio: a migration's speed, whatever the hardware or framework
+    (written by refrun calibrate --goal throughput>=RATIOx)"""
 
     min_ratio: float = key("least allowed ratio (< 1: the candidate may be slower)", gt=0)
     unit: str = key("what a step's work is counted in: 'auto' (tokens when every run records "
@@ -47,7 +47,7 @@ def throughput(c: Throughput, ctx: Context) -> CriterionResult:
                                 c.compile_metrics) for r in runs]
     ev = {"unit": unit, "unit_note": note, "min_ratio": c.min_ratio,
           "runs": [{"run_id": r.run_id, "role": role, "per_s": f.per_s,
-                    "mean_per_s": f.mean_per_s, "steady_steps": f.steps,
+                    "mean_per_s": f.mean_per_s, "steady_steps": f.steps, "blocks": f.blocks,
                     "compile_steps_excluded": f.compile_steps,
                     "warmup_end_step": f.warmup_end_step}
                    for r, f, role in zip(runs, figs, [*(["reference"] * len(ctx.references)),
