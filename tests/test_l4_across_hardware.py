@@ -476,3 +476,18 @@ def test_a_report_without_criteria_measures_the_figures_without_prices(
     tp, _ = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
     ratio = float(re.search(r'<td><span class="num" data-value="([^"]+)"', panel).group(1))
     assert ratio == pytest.approx(tp, rel=1e-9)
+
+
+def test_a_sweep_line_carries_each_migrations_figures(
+        world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    cands = [world.cands["clean"], world.cands["host-check"], world.cands["same-machine"]]
+    assert main(["accept", "--criteria", str(world.files["measured"]), "--reference",
+                 *world.refs[:3], "--candidate", *cands, "--no-record",
+                 "--tracking-uri", world.store.tracking_uri]) == 1
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()
+             if ln.split() and ln.split()[0] in cands}
+    for name in ("clean", "host-check"):
+        tp, cost = ratios_by_hand(world, world.cands[name], world.refs[:3])
+        assert f"L4 throughput {tp:.3g}x, cost {cost:.3g}x, busy not measured" in \
+            lines[world.cands[name]]
+    assert "L4 throughput" not in lines[world.cands["same-machine"]]  # step time judges it

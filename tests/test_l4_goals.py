@@ -351,3 +351,49 @@ def test_block_rates_are_the_batch_means_of_blocks_closed_at_a_tenth_of_a_second
     u = np.full(len(t), 32.0)
     assert np.median(u / t) == pytest.approx(32 / 1e-6)  # what a per-step median says
     assert float(np.median(block_rates(u, t))) == pytest.approx(32 / 1e-3, rel=1e-6)
+
+
+def test_chip_busy_is_measured_where_recorded_and_said_why_where_not(
+        store, tmp_path: Path) -> None:
+    """The migration study's L4 evidence: the chip busy 13 % of the time against 91 % for
+    the GPU.  A utilization goal judges it; a run whose monitor could not read says why
+    (its source tag), never a blank or a 0."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    rng = np.random.default_rng(3)
+    gpu = [rng.uniform(85, 97, N) for _ in range(2)]
+    refs = [record(uri, spool, "reference", {**_metrics(s, 0.01), "sys/gpu0_util_pct": g},
+                   seed=s).run_id for s, g in zip((0, 1), gpu, strict=True)]
+    tpu = {"sys/tpu0_duty_cycle_pct": rng.uniform(8, 18, N),
+           "sys/tpu1_duty_cycle_pct": rng.uniform(8, 18, N)}
+    source = {schema.TAG_UTILIZATION_SOURCE: "libtpu duty_cycle_pct"}
+    cand = record(uri, spool, "candidate", {**_metrics(7, 0.005), **tpu}, seed=7,
+                  hardware="tpu-v5e", backend="jax", tags=source).run_id
+    body = GOALS + """
+[[criteria]]
+id = "goal-utilization"
+level = "L4"
+kind = "utilization"
+min_pct = 50.0
+migration_only = true
+"""
+    crit = load_criteria(write_criteria(tmp_path, body))
+    a, _ = assess_ids(crit, refs, cand, uri)
+    start = math.ceil(0.1 * N)  # the warm-up end of every metric (steps 0..99)
+    want_cand = float(np.mean([v[start:].mean() for v in tpu.values()]))
+    want_ref = float(np.mean([g[start:].mean() for g in gpu]))
+    busy = a.performance["busy"]
+    assert busy["candidate_pct"] == pytest.approx(want_cand, rel=1e-12)
+    assert busy["reference_pct"] == pytest.approx(want_ref, rel=1e-12)
+    assert busy["candidate_source"] == "libtpu duty_cycle_pct"
+    r = a.result("goal-utilization")
+    assert r.outcome == "fail" and r.evidence["mean_pct"] == pytest.approx(want_cand)
+    # A monitor that could not read: its source tag is the why.
+    silent = {schema.TAG_UTILIZATION_SOURCE: "unavailable: libtpu tpumonitoring returned no "
+                                             "data for duty_cycle_pct"}
+    quiet = record(uri, spool, "candidate", _metrics(8, 0.005), seed=8, hardware="tpu-v5e",
+                   backend="jax", tags=silent).run_id
+    a, _ = assess_ids(crit, refs, quiet, uri)
+    why = a.performance["busy"]["candidate_why"]
+    assert why == f"run {quiet}: {silent[schema.TAG_UTILIZATION_SOURCE]}"
+    assert a.performance["busy"]["candidate_pct"] is None
+    assert a.result("goal-utilization").outcome == "not_evaluable"

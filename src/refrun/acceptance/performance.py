@@ -51,7 +51,8 @@ from refrun.acceptance.migration import configuration, migration
 from refrun.comparison import RunData
 
 Unit = Literal["tokens", "samples", "steps"]
-UNIT_CHOICES = ("auto", "tokens", "samples", "steps")
+UNITS: tuple[Unit, ...] = ("tokens", "samples", "steps")
+UNIT_CHOICES = ("auto", *UNITS)
 NOT_MEASURED = "not measured: "
 _PROGRESS: dict[str, str] = {"tokens": schema.M_PROGRESS_TOKENS,
                              "samples": schema.M_PROGRESS_SAMPLES}
@@ -84,13 +85,13 @@ def choose_unit(runs: Sequence[RunData], wanted: str = "auto") -> tuple[Unit | N
     samples at all, never when some do (a run that declares nothing is not assumed to
     take another's batch)."""
     if wanted != "auto":
-        unit: Unit = wanted  # type: ignore[assignment]
+        unit = next(u for u in UNITS if u == wanted)
         lacking = [r.run_id for r in runs if not records(r, unit)]
         return (None, f"run {lacking[0]} records no {unit} count ({_PROGRESS[unit]} or "
                       f"{schema.TAG_GLOBAL_BATCH})") if lacking else (unit, "")
-    for u in ("tokens", "samples"):
-        if all(records(r, u) for r in runs):  # type: ignore[arg-type]
-            return u, ""  # type: ignore[return-value]
+    for u in UNITS[:2]:  # tokens, then samples
+        if all(records(r, u) for r in runs):
+            return u, ""
     some = [r.run_id for r in runs if records(r, "samples")]
     if not some:
         return "steps", (f"no run records its samples ({schema.M_PROGRESS_SAMPLES} or "
@@ -238,13 +239,14 @@ def work_factors(references: Sequence[RunData], runs: Sequence[RunData], unit: U
                  keep: str) -> tuple[dict[str, float], float | None, str]:
     """``({run id: W_ref / W}, W_ref, why not)``: the factor that turns each run's hours
     into hours for the references' mean work ``W_ref`` (:func:`run_work`)."""
-    works = {r.run_id: run_work(r, unit, keep) for r in [*references, *runs]}
+    done = {r.run_id: run_work(r, unit, keep) for r in [*references, *runs]}
     missing = next((why if w is None else f"run {rid} processed no {unit}"
-                    for rid, (w, why) in works.items() if not w), "")
+                    for rid, (w, why) in done.items() if not w), "")
+    works = {rid: w for rid, (w, _) in done.items() if w}
     if missing:
         return {}, None, missing
-    ref = float(np.mean([works[r.run_id][0] for r in references]))  # type: ignore[misc]
-    return {rid: ref / w for rid, (w, _) in works.items() if w}, ref, ""
+    ref = float(np.mean([works[r.run_id] for r in references]))
+    return {rid: ref / w for rid, w in works.items()}, ref, ""
 
 
 @dataclass(frozen=True)
@@ -274,9 +276,10 @@ def run_cost(run: RunData, prices: Any, keep: str, time_source: str = "run_wall"
     if price is None and not prices.hourly:
         pnote = ("no [prices] table (refrun calibrate --price HARDWARE=PER_HOUR writes one, "
                  "with the criteria)")
-    why = hnote if billed is None else pnote if price is None else ""
-    return RunCost(None if why else billed * price, hours, billed, price, hw, hnote,  # type: ignore[operator]
-                   pnote, why)
+    if billed is None or price is None:
+        return RunCost(None, hours, billed, price, hw, hnote, pnote,
+                       hnote if billed is None else pnote)
+    return RunCost(billed * price, hours, billed, price, hw, hnote, pnote)
 
 
 # --- chip busy fraction ----------------------------------------------------------------------
@@ -326,7 +329,9 @@ class RunFigures:
 
 
 def _mean(xs: Sequence[float | None]) -> float | None:
-    return float(np.mean(xs)) if xs and all(x is not None for x in xs) else None  # type: ignore[arg-type]
+    """The mean, or None when a value is missing (or there is none)."""
+    values = [x for x in xs if x is not None]
+    return float(np.mean(values)) if values and len(values) == len(xs) else None
 
 
 def _ratio(cand: float | None, ref: float | None) -> float | None:
@@ -398,7 +403,10 @@ class Performance:
                 "busy": {"candidate_pct": self.candidate.busy.pct,
                          "reference_pct": self.reference_busy(),
                          "candidate_why": self.why("busy", "candidate"),
-                         "reference_why": self.why("busy", "reference")},
+                         "reference_why": self.why("busy", "reference"),
+                         "candidate_source": self.candidate.busy.source,
+                         "reference_source": next((r.busy.source for r in self.references
+                                                   if r.busy.source), "")},
                 "runs": [asdict(r) for r in self.runs]}
 
 
@@ -428,9 +436,9 @@ def figure_lines(d: Mapping[str, Any]) -> list[str]:
         out.append(f"cost per run {NOT_MEASURED}{_why(cost)}")
     parts = []
     for side, key in (("candidate", "candidate"), ("references", "reference")):
-        pct = busy.get(f"{key}_pct")
-        parts.append(f"{side} {pct:.1f}%" if pct is not None else
-                     f"{side} {NOT_MEASURED}{busy.get(f'{key}_why')}")
+        pct, src = busy.get(f"{key}_pct"), busy.get(f"{key}_source")
+        parts.append((f"{side} {pct:.1f}%" + (f" ({src})" if src else "")) if pct is not None
+                     else f"{side} {NOT_MEASURED}{busy.get(f'{key}_why')}")
     out.append("chip busy " + "; ".join(parts))
     return out
 
