@@ -543,8 +543,9 @@ def counter_costs() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="mlp,gru-lm,conv",
-                    help="comma-separated model shapes: mlp, gru-lm, conv, gru-lm-torch, rnn")
+    ap.add_argument("--models", "--model", default="mlp,gru-lm,conv",
+                    help="comma-separated model shapes: mlp, gru-lm, conv, gru-lm-torch, rnn "
+                         "(--model rnn: the earlier runs' command)")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--steps", type=int, default=0,
                     help="steps per block (default: about --block-s of plain steps, >= 16)")

@@ -645,8 +645,9 @@ class XlaBackend(BackendBase):
                 f"{shown}: built from PyTorch's own class, which importing torch_xla "
                 "replaces in torch.nn (the model was built before `import torch_xla`). "
                 "On an XLA device PyTorch's GRU sends each in-place op of each time step "
-                "through a Python meta kernel (torch._refs): about twice the training "
-                "thread's time a step of a GRU language model on PJRT CPU (docs/xla.md). "
+                "through a Python meta kernel (torch._refs): two to three times the "
+                "training thread's time a step of a GRU language model on PJRT CPU "
+                "(docs/xla.md). "
                 "Import torch_xla before building the model."))
 
     # --- timing -------------------------------------------------------------------
