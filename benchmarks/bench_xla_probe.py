@@ -1,45 +1,50 @@
-"""Overhead of refrun.xla.instrument on PJRT CPU, measured in one process.
+"""Cost of refrun.xla.instrument on PJRT CPU, per model shape, measured in one process.
 
-    PJRT_DEVICE=CPU .venv/bin/python benchmarks/bench_xla_probe.py [--steps 100] [--rounds 5]
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/bench_xla_probe.py \
+        [--models mlp,gru-lm,conv] [--rounds 100] [--block-s 0.5] [--seed 0]
 
-Prints a table:
+Each model shape runs at its own step length (one line each in the summary table):
 
-* per-step time of the same SGD loop unwrapped and wrapped (``probe.step`` + ``probe.log``
-  of the loss), in interleaved rounds so that drift hits both equally; the ratio is
-  wrapped / unwrapped of the medians over rounds;
-* the cost of one read of torch_xla's counters (``XlaCounters.read``, what the probe does
-  after every step), measured once the metric sample windows are full;
-* the cost of the backend's ``counters()`` (the read plus the deltas kept for the summary);
-* the cost of the two in-step reads of the transfer and sync counts
-  (``XlaCounters.sentinels`` at the step's entry and exit: counters only; the exact
-  count is read only when they moved, see ``refrun.probes.xla.TransferCount``).
+* ``mlp``: a 64-256-256-1 tanh MLP, batch 128, SGD;
+* ``gru-lm``: a GRU language model (embedding 256 x 64, one GRU layer of 128, linear
+  head, batch 16 x 32 tokens; AdamW, gradient clipping at norm 1, a LambdaLR warm-up,
+  an evaluation on a held-out batch every 20 steps); ``nn.GRU`` is what torch_xla makes
+  of it, its scan-based GRU, since the model is built after ``import torch_xla``;
+* ``conv``: a 1-D CNN forecaster (three Conv1d layers over a window of 96, max-pool,
+  average-pool, a linear head to 8 values; batch 64, Adam);
+* also, by name only: ``gru-lm-torch``, the same language model with PyTorch's own
+  ``nn.GRU`` (a model built before ``import torch_xla`` has it: its in-place ops run
+  through Python meta kernels on XLA, issue 52), and ``rnn``, a ``GRUCell`` unrolled over
+  ``--seq`` time steps with Adam (the step of the earlier runs in docs/xla.md).
 
-``--model rnn`` measures a realistic step instead: a GRU cell unrolled over a sequence
-(``--seq`` steps, batch 16, hidden 64, Adam), hundreds of small operations per graph,
-where tracing the next step overlaps the device's execution of the previous one.  Each
-round runs one block of ``--steps`` steps of every arm in one process, in an order drawn
-at random for each round (seeded): plain, probed, and with ``--burn US`` a positive
-control, a plain step that then spends US microseconds of thread CPU in a Python loop (a
+For each model: two instances of the same graph, one run by a plain loop, one inside
+``probe.step`` with ``probe.log(loss=...)`` (the probe given the model and the optimizer:
+it also reads the learning rate at every step), and with ``--burn US`` a third, the
+plain step plus US microseconds of thread CPU in a Python loop (a positive control: a
 known cost, so the table shows whether the design resolves a cost of that size on this
-machine at this hour).  An arm's block over the same round's plain block is one paired
-sample; the table gives their geometric mean with a 95 % t-interval, their Hodges-Lehmann
-estimate with its signed-rank interval, and the same pairs analysed as
-a cross-over (:func:`crossover_ratio`): whether a block ran first or second in its pair
-moves its time by itself (a position effect: bench_callbacks' Keras/JAX A/A test found
-the first block of a round 4-7 % faster), which a random order turns into noise and this
-analysis estimates and removes.  The "Done when" target is an upper end <= 1.01.  The
-probed loop records the same counters as the default run.
-``--null`` runs the probed arm's blocks without the probe: an A/A test of the design (two
-model instances of the same graph), whose truth is 1.  ``--dump F.json`` writes every
-block's seconds per step and each round's order.
-Each block ends by waiting for the device, so every probed block starts on an idle device
-and the probe hands the previous block's logged values to its copier thread then;
-``--continuous`` steps of one unbroken probed stretch (between two plain ones) give the
-probe's own work as a run without pauses has it.
+machine at this hour).  Each round runs one block of every arm, in an order drawn at
+random for each round (seeded); a block is ``--steps`` steps, or by default as many as
+take about ``--block-s`` seconds of plain steps (at least 16), measured after the
+warm-up.  An arm's block over the same round's plain block is one paired sample; the table
+gives their geometric mean with a 95 % t-interval, their Hodges-Lehmann estimate with its
+signed-rank interval, and the same pairs analysed as a cross-over
+(:func:`crossover_ratio`): whether a block ran first or second in its pair moves its time
+by itself (a position effect: bench_callbacks' Keras/JAX A/A test found the first block
+of a round 4-7 % faster), which a random order turns into noise and this analysis
+estimates and removes.  **The target (issue 52: <= 1.01 for every shape) is read on the
+cross-over row's upper end**; the probe's cost per step in milliseconds is
+``(ratio - 1) x`` the plain step, with the interval's ends likewise.
+``--null`` runs the probed arm's blocks without the probe: an A/A test of the design, whose
+truth is 1.  ``--dump F.json`` writes every block's seconds per step and each round's
+order, per model.  Each block ends by waiting for the device, so every probed block
+starts on an idle device and the probe hands the previous block's logged values to its
+copier thread then; ``--continuous`` steps of one unbroken probed stretch (between two
+plain ones) give the probe's own work as a run without pauses has it.
+``--counter-costs`` also prints what one read of torch_xla's counters costs.
 
 torch_xla keeps the last ``XLA_METRICS_SAMPLES`` (default 1024) samples of every metric and
-``metric_data`` copies them all, so the counter read costs ~0.1 ms per timed metric once
-the windows are full; run with ``XLA_METRICS_SAMPLES=16`` to see the difference.
+``metric_data`` copies them all, so a timed metric's read costs ~0.1 ms once the windows
+are full: ``--fill`` plain steps of the first model run first, as in a long run.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -63,10 +71,128 @@ import refrun.xla
 from refrun.probes.xla import XlaCounters
 
 DEV = torch_xla.device()
+# torch.nn.GRU as PyTorch defines it (importing torch_xla replaced torch.nn.GRU)
+TORCH_GRU = getattr(torch.nn.GRU, "_orig", None) or torch.nn.GRU
+
+
+# --- the model shapes ----------------------------------------------------------------------
+@dataclass
+class Arm:
+    """One instance of a model shape and its own step counter: what a block runs."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_of: Callable[[torch.nn.Module, Any], torch.Tensor]
+    batches: list[Any]
+    scheduler: Any = None
+    clip_norm: float | None = None
+    eval_every: int = 0
+    eval_batch: Any = None
+    step: int = 0
+
+    def train(self, n: int) -> torch.Tensor:
+        """One training step on batch ``n`` (cycled), ending with the ``sync``."""
+        loss = self.loss_of(self.model, self.batches[n % len(self.batches)])
+        loss.backward()
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        torch_xla.sync()
+        return loss
+
+    def evaluate(self) -> torch.Tensor:
+        """The held-out loss (an XLA tensor, synced, not read)."""
+        with torch.no_grad():
+            loss = self.loss_of(self.model, self.eval_batch)
+        torch_xla.sync()
+        return loss
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model shape: a one-line description and a factory of identical :class:`Arm` s."""
+
+    name: str
+    what: str
+    build: Callable[[], Arm]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def mlp() -> Arm:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 1)).to(DEV)
+    g = _gen(1)
+    batches = [(torch.randn(128, 64, generator=g).to(DEV),
+                torch.randn(128, 1, generator=g).to(DEV)) for _ in range(8)]
+    return Arm(model, torch.optim.SGD(model.parameters(), lr=1e-3),
+               lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(), batches)
+
+
+VOCAB, EMBED, HIDDEN, LM_BATCH, LM_SEQ = 256, 64, 128, 16, 32
+
+
+class LanguageModel(torch.nn.Module):
+    """Embedding, one GRU layer, a linear head over the vocabulary."""
+
+    def __init__(self, gru_class: type) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, EMBED)
+        self.gru = gru_class(EMBED, HIDDEN, batch_first=True)
+        self.head = torch.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(self.emb(tokens))
+        return self.head(out)
+
+
+def lm_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over a batch of ``LM_SEQ + 1`` tokens per row."""
+    logits = model(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
+                                             tokens[:, 1:].reshape(-1))
+
+
+def gru_lm(gru_class: type = torch.nn.GRU) -> Arm:
+    torch.manual_seed(0)
+    model = LanguageModel(gru_class).to(DEV)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / 100))
+    g = _gen(2)
+    batches = [torch.randint(0, VOCAB, (LM_BATCH, LM_SEQ + 1), generator=g).to(DEV)
+               for _ in range(8)]
+    held_out = torch.randint(0, VOCAB, (LM_BATCH, LM_SEQ + 1), generator=g).to(DEV)
+    return Arm(model, opt, lm_loss, batches, scheduler=sched, clip_norm=1.0,
+               eval_every=20, eval_batch=held_out)
+
+
+WINDOW, HORIZON = 96, 8
+
+
+def conv() -> Arm:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv1d(1, 32, 5, padding=2), torch.nn.ReLU(),
+        torch.nn.Conv1d(32, 32, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool1d(2),
+        torch.nn.Conv1d(32, 64, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool1d(1), torch.nn.Flatten(),
+        torch.nn.Linear(64, HORIZON)).to(DEV)
+    g = _gen(3)
+    series = torch.randn(8, 64, WINDOW + HORIZON, generator=g).cumsum(-1)
+    batches = [(s[:, None, :WINDOW].to(DEV), s[:, WINDOW:].to(DEV)) for s in series]
+    return Arm(model, torch.optim.Adam(model.parameters(), lr=1e-3),
+               lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(), batches)
 
 
 class GRUStep(torch.nn.Module):
-    """A GRU cell unrolled over a sequence, then a linear head (a realistic step)."""
+    """A GRU cell unrolled over a sequence, then a linear head."""
 
     def __init__(self, seq: int) -> None:
         super().__init__()
@@ -81,12 +207,29 @@ class GRUStep(torch.nn.Module):
         return self.head(h)
 
 
-def make_rnn(seq: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def rnn(seq: int) -> Arm:
     torch.manual_seed(0)
     model = GRUStep(seq).to(DEV)
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, seq, 32).to(DEV), torch.randn(16, 1).to(DEV)
+    return Arm(model, torch.optim.Adam(model.parameters(), lr=1e-3),
+               lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(), [(x, y)])
 
 
+def shapes(seq: int) -> dict[str, Shape]:
+    lm = (f"GRU language model: embedding {VOCAB} x {EMBED}, GRU {HIDDEN}, batch "
+          f"{LM_BATCH} x {LM_SEQ}, AdamW, clip, LambdaLR, eval every 20 steps")
+    return {s.name: s for s in (
+        Shape("mlp", "MLP 64-256-256-1, batch 128, SGD", mlp),
+        Shape("gru-lm", lm + " (torch_xla's scan GRU)", gru_lm),
+        Shape("conv", f"1-D CNN forecaster: 3 Conv1d over {WINDOW} steps, batch 64, Adam",
+              conv),
+        Shape("gru-lm-torch", lm + " (PyTorch's own nn.GRU)", lambda: gru_lm(TORCH_GRU)),
+        Shape("rnn", f"GRU cell x {seq} time steps, batch 16, hidden 64, Adam",
+              lambda: rnn(seq)),
+    )}
+
+
+# --- statistics -------------------------------------------------------------------------
 def round_ratio(arm: list[float], plain: list[float]) -> tuple[float, float, float, int]:
     """Geometric mean of arm[i] / plain[i] (blocks of the same round) and its 95 %
     t-interval: (ratio, low, high, n).
@@ -175,114 +318,41 @@ def crossover_row(arm: list[float], plain: list[float], arm_first: list[bool]) -
             f"{first:.4f}; {sum(arm_first)} of {len(arm_first)} rounds ran the arm first)")
 
 
-def bench_rnn(args: argparse.Namespace) -> None:
-    """The realistic step: plain / probed (/ positive-control) blocks in a random order
-    per round, paired ratios with a CI."""
-    tmp = tempfile.mkdtemp(prefix="refrun-bench-xla-rnn-")
-    x = torch.randn(16, args.seq, 32).to(DEV)
-    y = torch.randn(16, 1).to(DEV)
-    arms = ["plain", "probed"] + (["burn"] if args.burn else [])
-    models = {arm: make_rnn(args.seq) for arm in arms}
-    plain_m, plain_o = models["plain"]
-    probed_m, probed_o = models["probed"]
-    run = refrun.start_run("bench-xla", "candidate", hardware="cpu", backend="torch_xla",
-                           tracking_uri=f"sqlite:///{tmp}/mlflow.db",
-                           spool_dir=f"{tmp}/spool", snapshot_environment=False)
-    probe = refrun.xla.instrument(run, model=probed_m, optimizer=probed_o)
-    hooks = time_hooks(probe)
+
+
+# --- one model shape ------------------------------------------------------------------------
+def burn(us: float) -> None:
+    """Spend ``us`` microseconds of this thread's CPU in Python (the positive control)."""
+    end = time.thread_time() + us * 1e-6
+    while time.thread_time() < end:
+        pass
+
+
+def run_block(arm: Arm, steps: int, probe: Any = None, burn_us: float = 0) -> float:
+    """Seconds per step of ``steps`` steps of ``arm`` (with its evaluations, which run
+    between steps and are logged through ``probe.log_eval`` when probed), then a wait for
+    the device; ``burn_us``: a plain step that then spends that much thread CPU."""
     t0 = time.perf_counter()
-    run_steps(plain_m, plain_o, x, y, 5, 0)  # warm-up: compile the graphs
-    run_steps(probed_m, probed_o, x, y, 5, 0, probe)
-    if args.burn:
-        run_steps(*models["burn"], x, y, 5, 0, burn_us=args.burn)
-    warm = time.perf_counter() - t0
-    if args.fill:  # fill torch_xla's metric windows as a long run has them
-        run_steps(plain_m, plain_o, x, y, args.fill, 0)
-    for k in hooks:
-        hooks[k] = 0.0
-    # --null: the probed arm runs without the probe (an A/A test whose truth is 1)
-    arm_probe = None if args.null else probe
-    per_arm: dict[str, list[float]] = {arm: [] for arm in arms}
-    orders: list[list[str]] = []
-    rng = random.Random(args.seed)
-    step = 5
-    for _ in range(args.rounds):
-        order = list(arms)
-        rng.shuffle(order)  # a fixed order can line up with a periodic effect of the machine
-        orders.append(order)
-        for arm in order:
-            m_, o_ = models[arm]
-            if arm == "probed":
-                per_arm[arm].append(run_steps(m_, o_, x, y, args.steps, step, arm_probe))
-                step += args.steps
-            else:
-                per_arm[arm].append(run_steps(m_, o_, x, y, args.steps, 0,
-                                             burn_us=args.burn if arm == "burn" else 0))
-    if args.dump:
-        with open(args.dump, "w") as f:
-            json.dump({**per_arm, "order": orders}, f)
-    plain, probed = per_arm["plain"], per_arm["probed"]
-    n_probed = args.rounds * args.steps
-    blocks = dict(hooks)
-    # A continuous run as users have it: no pause between blocks, so the probe never finds
-    # the device idle because a plain block drained it; one long probed stretch between two
-    # long plain ones.
-    for k in hooks:
-        hooks[k] = 0.0
-    cont_plain = [run_steps(plain_m, plain_o, x, y, args.continuous, 0)]
-    cont_probed = run_steps(probed_m, probed_o, x, y, args.continuous, step, probe)
-    cont_plain.append(run_steps(plain_m, plain_o, x, y, args.continuous, 0))
-    cont = dict(hooks)
-    probe.close()
-    run.close()
-    m, lo, hi, n = round_ratio(probed, plain)
-    recorded = sorted(k for k in probe.backend.counters())
-    hook_us = sum(blocks.values()) / n_probed * 1e6
-    plain_cpu = statistics.median(plain) * 1e6
-    cont_us = sum(cont.values()) / args.continuous * 1e6
-    cont_plain_us = statistics.fmean(cont_plain) * 1e6
-    rows = [
-        ("step", f"GRU cell x {args.seq} time steps, batch 16, hidden 64, Adam"),
-        ("warm-up (compile the graphs)", f"{warm:.1f} s"),
-        ("plain step (median of blocks)", f"{statistics.median(plain) * 1e3:.2f} ms"),
-        ("probed step (median of blocks)", f"{statistics.median(probed) * 1e3:.2f} ms"),
-        ("probed / plain, paired blocks: geometric mean [95 % CI]",
-         f"{m:.4f} [{lo:.4f}, {hi:.4f}]"),
-        ("probed / plain, paired blocks: Hodges-Lehmann [95 % signed-rank interval]",
-         "{:.4f} [{:.4f}, {:.4f}]".format(*hodges_lehmann_ratio(probed, plain))),
-        ("probed / plain, paired blocks, position in the round taken out (cross-over): "
-         "ratio [95 % CI]", crossover_row(probed, plain, first_of(orders, "probed"))),
-        ("paired blocks x steps", f"{n} x {args.steps}, order drawn per round (seed "
-         f"{args.seed})"
-         + (" (A/A: the probed model's blocks ran without the probe)" if args.null else "")),
-        *([(f"positive control: plain + {args.burn:g} us of thread CPU a step / plain, "
-            "paired: geometric mean [95 % CI]",
-            "{:.4f} [{:.4f}, {:.4f}]".format(*round_ratio(per_arm["burn"], plain)[:3])
-            + f" (the known cost alone: {1 + args.burn / plain_cpu:.4f})"),
-           ("  the same, cross-over", crossover_row(per_arm["burn"], plain,
-                                                    first_of(orders, "burn")))]
-          if args.burn else []),
-        ("metric windows filled first", f"{args.fill} steps"),
-        ("probe's own work on the training thread (thread CPU in probe.step entry/exit "
-         "and probe.log), per step", f"{hook_us:.0f} us = {hook_us / plain_cpu:.2%} of the "
-         "plain step (wall)"),
-        ("  of which entry / exit / log", " / ".join(
-            f"{blocks[k] / n_probed * 1e6:.0f} us" for k in ("enter", "exit", "log"))),
-        (f"continuous run of {args.continuous} steps: plain (mean of before and after) / "
-         "probed step", f"{cont_plain_us / 1e3:.2f} ms / {cont_probed * 1e3:.2f} ms "
-         f"(ratio {cont_probed * 1e6 / cont_plain_us:.4f}, one sample)"),
-        ("  probe's own work on the training thread there, per step",
-         f"{cont_us:.0f} us = {cont_us / cont_plain_us:.2%} of the plain step: " + " / ".join(
-             f"{cont[k] / args.continuous * 1e6:.0f} us" for k in ("enter", "exit", "log"))
-         + " (entry / exit / log)"),
-        ("counters still recorded per step", ", ".join(recorded)),
-    ]
-    width = max(len(r[0]) for r in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    for _ in range(steps):
+        n = arm.step
+        arm.step += 1
+        if probe is None:
+            arm.train(n)
+            if burn_us:
+                burn(burn_us)
+        else:
+            with probe.step(n):
+                loss = arm.train(n)
+                probe.log(loss=loss)
+        if arm.eval_every and (n + 1) % arm.eval_every == 0:
+            val = arm.evaluate()
+            if probe is not None:
+                probe.log_eval(n, val_loss=val)
+    torch_xla._XLAC._xla_wait_device_ops([])
+    return (time.perf_counter() - t0) / steps
 
 
-def time_hooks(probe) -> dict[str, float]:
+def time_hooks(probe: Any) -> dict[str, float]:
     """Thread CPU seconds spent in the probe's per-step calls (step entry and exit, log),
     accumulated from now on: the probe's own work on the training thread, which a paired
     wall-time ratio on a shared machine cannot resolve to 1 %."""
@@ -301,48 +371,154 @@ def time_hooks(probe) -> dict[str, float]:
     return acc
 
 
-def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
-                                torch.nn.Linear(256, 256), torch.nn.Tanh(),
-                                torch.nn.Linear(256, 1)).to(DEV)
-    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+@dataclass(frozen=True)
+class ShapeResult:
+    """What the summary table shows of one model shape."""
+
+    name: str
+    what: str
+    plain_ms: float  # median of the plain blocks' seconds per step
+    crossover: tuple[float, float, float]  # the target read: ratio, low, high
+    hodges_lehmann: tuple[float, float, float]
+    geometric: tuple[float, float, float]
+    own_us: float  # the probe's thread CPU per step in the blocks
+    rounds: int
+    steps: int
+    null: bool
 
 
-def burn(us: float) -> None:
-    """Spend ``us`` microseconds of this thread's CPU in Python (the positive control)."""
-    end = time.thread_time() + us * 1e-6
-    while time.thread_time() < end:
-        pass
-
-
-def run_steps(model, opt, x, y, steps: int, start: int, probe=None, burn_us: float = 0
-              ) -> float:
-    """Seconds per step of ``steps`` steps (the loop waits for the device at the end);
-    ``burn_us``: a plain step that then spends that much thread CPU (see :func:`burn`)."""
+def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResult:
+    """Plain / probed (/ positive-control) blocks of one model shape in a random order per
+    round; prints its rows and returns its line of the summary table."""
+    tmp = tempfile.mkdtemp(prefix=f"refrun-bench-xla-{shape.name}-")
+    arms = ["plain", "probed"] + (["burn"] if args.burn else [])
+    state = {arm: shape.build() for arm in arms}
+    plain_a, probed_a = state["plain"], state["probed"]
+    run = refrun.start_run(f"bench-xla-{shape.name}", "candidate", hardware="cpu",
+                           backend="torch_xla", tracking_uri=f"sqlite:///{tmp}/mlflow.db",
+                           spool_dir=f"{tmp}/spool", snapshot_environment=False)
+    probe = refrun.xla.instrument(run, model=probed_a.model, optimizer=probed_a.optimizer)
+    hooks = time_hooks(probe)
     t0 = time.perf_counter()
-    for n in range(start, start + steps):
-        if probe is None:
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            torch_xla.sync()
-            if burn_us:
-                burn(burn_us)
-        else:
-            with probe.step(n):
-                loss = ((model(x) - y) ** 2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                torch_xla.sync()
-                probe.log(loss=loss)
-    torch_xla._XLAC._xla_wait_device_ops([])
-    return (time.perf_counter() - t0) / steps
+    run_block(plain_a, 5)  # warm-up: compile the graphs (evaluation's too, at step 20)
+    run_block(probed_a, 5, probe)
+    if args.burn:
+        run_block(state["burn"], 5, burn_us=args.burn)
+    warm = time.perf_counter() - t0
+    if fill:  # fill torch_xla's metric windows as a long run has them
+        run_block(plain_a, fill)
+    steps = args.steps or max(16, round(args.block_s / run_block(plain_a, 16)))
+    for k in hooks:
+        hooks[k] = 0.0
+    arm_probe = None if args.null else probe  # --null: an A/A test whose truth is 1
+    per_arm: dict[str, list[float]] = {arm: [] for arm in arms}
+    orders: list[list[str]] = []
+    rng = random.Random(args.seed)
+    for _ in range(args.rounds):
+        order = list(arms)
+        rng.shuffle(order)  # a fixed order can line up with a periodic effect of the machine
+        orders.append(order)
+        for arm in order:
+            per_arm[arm].append(run_block(state[arm], steps,
+                                          arm_probe if arm == "probed" else None,
+                                          burn_us=args.burn if arm == "burn" else 0))
+    plain, probed = per_arm["plain"], per_arm["probed"]
+    blocks = dict(hooks)
+    # A continuous run as users have it: no pause between blocks, so the probe never finds
+    # the device idle because a plain block drained it.
+    for k in hooks:
+        hooks[k] = 0.0
+    cont = args.continuous
+    cont_plain = cont_probed = 0.0
+    if cont:
+        cont_plain = run_block(plain_a, cont)
+        cont_probed = run_block(probed_a, cont, probe)
+        cont_plain = (cont_plain + run_block(plain_a, cont)) / 2
+    cont_hooks = dict(hooks)
+    recorded = sorted(probe.backend.counters())
+    probe.close()
+    run.close()
+    n_probed = args.rounds * steps
+    plain_s = statistics.median(plain)
+    own_us = sum(blocks.values()) / n_probed * 1e6
+    first = first_of(orders, "probed")
+    cross = crossover_ratio(probed, plain, first)[:3]
+    result = ShapeResult(shape.name, shape.what, plain_s * 1e3, cross,
+                         hodges_lehmann_ratio(probed, plain),
+                         round_ratio(probed, plain)[:3], own_us, args.rounds, steps, args.null)
+    if args.dump:
+        dumped: dict[str, Any] = {}
+        if os.path.exists(args.dump):
+            with open(args.dump) as f:
+                dumped = json.load(f)
+        dumped[shape.name] = {**per_arm, "order": orders, "steps": steps}
+        with open(args.dump, "w") as f:
+            json.dump(dumped, f)
+    rows = [
+        ("model", f"{shape.name}: {shape.what}"),
+        ("warm-up (compile the graphs)", f"{warm:.1f} s"),
+        ("plain / probed step (median of blocks)",
+         f"{plain_s * 1e3:.2f} / {statistics.median(probed) * 1e3:.2f} ms"),
+        ("probed / plain, paired blocks: geometric mean [95 % CI]",
+         "{:.4f} [{:.4f}, {:.4f}]".format(*result.geometric)),
+        ("probed / plain, paired blocks: Hodges-Lehmann [95 % signed-rank interval]",
+         "{:.4f} [{:.4f}, {:.4f}]".format(*result.hodges_lehmann)),
+        ("probed / plain, paired blocks, position in the round taken out (cross-over): "
+         "ratio [95 % CI]", crossover_row(probed, plain, first)),
+        ("paired blocks x steps", f"{args.rounds} x {steps}, order drawn per round (seed "
+         f"{args.seed})"
+         + (" (A/A: the probed model's blocks ran without the probe)" if args.null else "")),
+        *([(f"positive control: plain + {args.burn:g} us of thread CPU a step / plain, "
+            "paired: geometric mean [95 % CI]",
+            "{:.4f} [{:.4f}, {:.4f}]".format(*round_ratio(per_arm["burn"], plain)[:3])
+            + f" (the known cost alone: {1 + args.burn * 1e-6 / plain_s:.4f})"),
+           ("  the same, cross-over", crossover_row(per_arm["burn"], plain,
+                                                    first_of(orders, "burn")))]
+          if args.burn else []),
+        ("probe's own work on the training thread (thread CPU in probe.step entry/exit "
+         "and probe.log), per step", f"{own_us:.0f} us = {own_us * 1e-6 / plain_s:.2%} of "
+         "the plain step (wall): " + " / ".join(
+             f"{blocks[k] / n_probed * 1e6:.0f} us" for k in ("enter", "exit", "log"))
+         + " (entry / exit / log)"),
+        *([(f"continuous run of {cont} steps: plain (mean of before and after) / probed "
+            "step", f"{cont_plain * 1e3:.2f} ms / {cont_probed * 1e3:.2f} ms (ratio "
+            f"{cont_probed / cont_plain:.4f}, one sample); probe's own work there "
+            + " / ".join(f"{cont_hooks[k] / cont * 1e6:.0f} us"
+                         for k in ("enter", "exit", "log")) + " (entry / exit / log)")]
+          if cont else []),
+        ("counters recorded per step", ", ".join(recorded)),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}", flush=True)
+    print(flush=True)
+    return result
 
 
-def time_call(fn, repeat: int = 2000) -> float:
+def summary_table(results: list[ShapeResult]) -> str:
+    """One Markdown row per model shape: the paired ratio with its interval, the probe's
+    cost per step in milliseconds beside it (``(ratio - 1) x`` the plain step, interval
+    ends likewise), and whether the upper end meets the target."""
+    head = ("| model | plain step | probed / plain, cross-over [95 % CI] (target read) "
+            "| cost per step [95 % CI] | Hodges-Lehmann [95 %] | geometric mean [95 %] "
+            "| probe's own work (thread CPU) | rounds x steps | upper end <= 1.01 |\n"
+            "|---|---:|---|---|---|---|---|---:|---|")
+    lines = [head]
+    for r in results:
+        c, lo, hi = r.crossover
+        cost = f" [{(lo - 1) * r.plain_ms:+.3f}, {(hi - 1) * r.plain_ms:+.3f}]"
+        lines.append(
+            f"| {r.name}{' (A/A)' if r.null else ''} | {r.plain_ms:.2f} ms "
+            f"| {c:.4f} [{lo:.4f}, {hi:.4f}] | {(c - 1) * r.plain_ms:+.3f} ms{cost} "
+            "| {:.4f} [{:.4f}, {:.4f}] ".format(*r.hodges_lehmann)
+            + "| {:.4f} [{:.4f}, {:.4f}] ".format(*r.geometric)
+            + f"| {r.own_us:.0f} us ({r.own_us * 1e-3 / r.plain_ms:.2%}) "
+            f"| {r.rounds} x {r.steps} | {'yes' if hi <= 1.01 else 'no'} |")
+    return "\n".join(lines)
+
+
+# --- the cost of one counter read ----------------------------------------------------------
+def time_call(fn: Callable[[], Any], repeat: int = 2000) -> float:
     """Median microseconds of ``fn()`` over ``repeat`` calls, timed in blocks of 100."""
     blocks = []
     for _ in range(repeat // 100):
@@ -353,73 +529,59 @@ def time_call(fn, repeat: int = 2000) -> float:
     return statistics.median(blocks)
 
 
+def counter_costs() -> None:
+    """What one read of torch_xla's counters costs now (the metric windows as they are)."""
+    counters = XlaCounters(torch_xla._XLAC)
+    rows = [
+        ("XLA_METRICS_SAMPLES", os.environ.get("XLA_METRICS_SAMPLES", "default (1024)")),
+        ("XlaCounters.read", f"{time_call(counters.read):.1f} us"),
+        ("XlaCounters.sentinels at entry + exit", f"{2 * time_call(counters.sentinels):.1f} us"),
+    ]
+    for name, value in rows:
+        print(f"{name:<40}  {value}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=100, help="steps per round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--model", choices=("mlp", "rnn"), default="mlp")
+    ap.add_argument("--models", "--model", default="mlp,gru-lm,conv",
+                    help="comma-separated model shapes: mlp, gru-lm, conv, gru-lm-torch, rnn "
+                         "(--model rnn: the earlier runs' command)")
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=0,
+                    help="steps per block (default: about --block-s of plain steps, >= 16)")
+    ap.add_argument("--block-s", type=float, default=0.5,
+                    help="seconds of plain steps a block lasts when --steps is not given")
     ap.add_argument("--seq", type=int, default=16, help="rnn: time steps per sequence")
-    ap.add_argument("--continuous", type=int, default=400,
-                    help="rnn: steps of the continuous plain / probed / plain stretch whose "
+    ap.add_argument("--continuous", type=int, default=100,
+                    help="steps of the continuous plain / probed / plain stretch whose "
                          "probe work is reported apart from the alternating blocks'")
     ap.add_argument("--fill", type=int, default=1100,
-                    help="rnn: plain steps run first so that torch_xla's metric sample "
-                         "windows (1024) are full, as in a long run")
+                    help="plain steps of the first model run first so that torch_xla's "
+                         "metric sample windows (1024) are full, as in a long run")
     ap.add_argument("--null", action="store_true",
-                    help="rnn: A/A test, the second model's alternating blocks run without "
-                         "the probe, so the design's own bias and noise show")
+                    help="A/A test: the second instance's blocks run without the probe, "
+                         "so the design's own bias and noise show")
     ap.add_argument("--burn", type=float, default=0.0, metavar="US",
-                    help="rnn: add a positive-control arm, a plain step plus US microseconds "
+                    help="add a positive-control arm, a plain step plus US microseconds "
                          "of thread CPU (e.g. the probe's own work)")
-    ap.add_argument("--seed", type=int, default=0, help="rnn: seed of the block order")
-    ap.add_argument("--dump", default=None, help="rnn: write every block's time here (JSON)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the block order")
+    ap.add_argument("--dump", default=None, help="write every block's time here (JSON)")
+    ap.add_argument("--counter-costs", action="store_true",
+                    help="also print what one read of torch_xla's counters costs")
     args = ap.parse_args()
-    if args.model == "rnn":
-        bench_rnn(args)
-        return
-    tmp = tempfile.mkdtemp(prefix="refrun-bench-xla-")
-    x = torch.randn(128, 64).to(DEV)
-    y = torch.randn(128, 1).to(DEV)
-    plain_m, plain_o = make_model()
-    wrapped_m, wrapped_o = make_model()
-    run = refrun.start_run("bench-xla", "candidate", hardware="cpu", backend="torch_xla",
-                           tracking_uri=f"sqlite:///{tmp}/mlflow.db",
-                           spool_dir=f"{tmp}/spool", snapshot_environment=False)
-    probe = refrun.xla.instrument(run, model=wrapped_m, optimizer=wrapped_o)
-    run_steps(plain_m, plain_o, x, y, 20, 0)  # warm-up: compile both graphs
-    run_steps(wrapped_m, wrapped_o, x, y, 20, 0, probe)
-    plain, wrapped = [], []
-    step = 20
-    for _ in range(args.rounds):
-        plain.append(run_steps(plain_m, plain_o, x, y, args.steps, 0))
-        wrapped.append(run_steps(wrapped_m, wrapped_o, x, y, args.steps, step, probe))
-        step += args.steps
-
-    counters = XlaCounters(torch_xla._XLAC)
-    read_us = time_call(counters.read)
-    window_us = 2 * time_call(counters.sentinels)
-    backend = probe.backend
-    bookkeeping_us = time_call(backend.counters)
-    probe.close()
-    run.close()
-
-    p, w = statistics.median(plain), statistics.median(wrapped)
-    rows = [
-        ("unwrapped step (median of rounds)", f"{p * 1e3:.3f} ms"),
-        ("wrapped step (median of rounds)", f"{w * 1e3:.3f} ms"),
-        ("ratio wrapped / unwrapped", f"{w / p:.4f}"),
-        ("rounds x steps", f"{args.rounds} x {args.steps}"),
-        ("XLA_METRICS_SAMPLES", os.environ.get("XLA_METRICS_SAMPLES", "default (1024)")),
-        ("XlaCounters.read (per step)", f"{read_us:.1f} us"),
-        ("backend.counters incl. deltas (per step)", f"{bookkeeping_us:.1f} us"),
-        ("XlaCounters.sentinels at entry + exit (per step)", f"{window_us:.1f} us"),
-        ("all counter reads / unwrapped step", f"{(read_us + window_us) * 1e-6 / p:.4%}"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    print(f"{'measure':<{width}}  value")
-    print("-" * (width + 16))
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    known = shapes(args.seq)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        ap.error(f"--models: unknown {unknown or names}; choose from {', '.join(known)}")
+    if args.dump and os.path.exists(args.dump):
+        os.remove(args.dump)
+    results = [bench_shape(known[n], args, args.fill if i == 0 else 0)
+               for i, n in enumerate(names)]
+    print(summary_table(results))
+    if args.counter_costs:
+        print()
+        counter_costs()
 
 
 if __name__ == "__main__":

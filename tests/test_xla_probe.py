@@ -9,6 +9,7 @@ can hit a graph another test compiled.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import math
@@ -830,6 +831,120 @@ def test_log_accepts_numbers_rejects_vectors_without_breaking_the_loop(store) ->
     assert history(store, run.run_id, "vec") == []
     warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
     assert any("shape (3,)" in w["message"] for w in warnings)
+
+
+# --- what runs inside the step --------------------------------------------------------------
+# torch.nn.GRU as PyTorch defines it: importing torch_xla replaces torch.nn.GRU by its
+# scan-based GRU and keeps the original as ``_orig``; a model built before that import has it.
+TORCH_GRU = getattr(torch.nn.GRU, "_orig", None) or torch.nn.GRU
+
+
+def gru_lm(gru_class: type, hidden: int) -> tuple[torch.nn.ModuleDict, Any, Any]:
+    """A small GRU language model on the XLA device with AdamW and a LambdaLR warm-up."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(16, 8),
+                                 "gru": gru_class(8, hidden, batch_first=True),
+                                 "head": torch.nn.Linear(hidden, 16)}).to(DEV)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / 4))
+
+
+def dispatch_state() -> tuple[Any, ...]:
+    """What decides which kernels run besides the tensors: dispatch modes, torch-function
+    modes, and this thread's included / excluded dispatch keys."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return (tuple(type(m).__name__ for m in _get_current_dispatch_mode_stack()),
+            torch._C._len_torch_function_stack(), torch._C._is_torch_function_mode_enabled(),
+            str(torch._C._dispatch_tls_local_include_set()),
+            str(torch._C._dispatch_tls_local_exclude_set()))
+
+
+def python_calls(body: Callable[[], Any]) -> tuple[Any, dict[tuple[str, str], int]]:
+    """``body()``'s result and every Python function called on this thread while it ran
+    (file, function name) -> calls: hooks, modes, Python kernels and decompositions
+    included, whoever installed them.  The garbage collector is held off meanwhile: its
+    callbacks (JAX registers one) run whenever it happens to, not as part of the step."""
+    calls: dict[tuple[str, str], int] = {}
+    gc.collect()
+    gc.disable()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            key = (frame.f_code.co_filename, frame.f_code.co_name)
+            calls[key] = calls.get(key, 0) + 1
+
+    sys.setprofile(profile)
+    try:
+        out = body()
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+    return out, calls
+
+
+@pytest.mark.parametrize("gru_class", [torch.nn.GRU, TORCH_GRU],
+                         ids=["torch_xla-scan-gru", "pytorch-gru"])
+def test_the_probed_step_runs_the_same_python_and_kernels_as_the_plain_one(
+        store, gru_class: type) -> None:
+    """Issue 52: a GRU language model's probed step was seen 3x slower, with PyTorch's GRU
+    running its in-place ops through torch._refs.  Whatever the GRU, the probe changes
+    nothing that runs inside the step: the same Python calls, one by one, and the same
+    dispatch state as the same step without it."""
+    hidden = 31 if gru_class is torch.nn.GRU else 33
+    plain, probed = gru_lm(gru_class, hidden), gru_lm(gru_class, hidden)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 16, (4, 5), generator=g).to(DEV)
+    y = torch.randint(0, 16, (4, 5), generator=g).to(DEV)
+
+    def body(model, opt, sched, seen: list) -> torch.Tensor:
+        seen.append(dispatch_state())
+        out, _ = model["gru"](model["emb"](x))
+        loss = torch.nn.functional.cross_entropy(model["head"](out).flatten(0, 1), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        torch_xla.sync()
+        return loss
+
+    run = start(store)
+    seen_plain: list = []
+    seen_probed: list = []
+    with refrun.xla.instrument(run, model=probed[0], optimizer=probed[1]) as probe:
+        for n in range(6):  # 0-2 compile and warm up, 3-5 are compared
+            _, plain_calls = python_calls(lambda: body(*plain, seen_plain))
+            with probe.step(n):
+                loss, probed_calls = python_calls(lambda: body(*probed, seen_probed))
+                probe.log(loss=loss)
+            if n >= 3:
+                assert probed_calls == plain_calls, n
+    run.close()
+    assert seen_probed == seen_plain
+    assert seen_plain[-1][:3] == ((), 0, False)  # no mode of anybody's
+    refs = sum(k for (f, _), k in plain_calls.items() if f"torch{os.sep}_refs" in f)
+    if gru_class is TORCH_GRU:  # the path of the report, in both arms
+        assert refs > 0
+    # the model was built after torch_xla was imported: no warning about its classes
+    assert "xla-module-built-before-import" not in str(
+        artifact(store, run.run_id, schema.ARTIFACT_WARNINGS))
+
+
+def test_a_module_built_before_torch_xla_was_imported_is_named(store) -> None:
+    assert TORCH_GRU is not torch.nn.GRU  # importing torch_xla replaced torch.nn.GRU
+    model = torch.nn.ModuleDict({"enc": TORCH_GRU(4, 35), "dec": torch.nn.GRU(4, 35),
+                                 "both_ways": TORCH_GRU(4, 35, bidirectional=True),
+                                 "head": torch.nn.Linear(35, 1)}).to(DEV)
+    run = start(store)
+    with refrun.xla.instrument(run, model=model) as probe, probe.step(0):
+        probe.log(loss=1.0)
+    run.close()
+    warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
+    named = [w["message"] for w in warnings if "import torch_xla" in w["message"]]
+    assert len(named) == 1
+    assert named[0].startswith("enc (torch.nn.GRU): built from PyTorch's own class")
+    assert "dec" not in named[0] and "both_ways" not in named[0]
 
 
 # --- device truth -----------------------------------------------------------------------

@@ -638,6 +638,17 @@ class XlaBackend(BackendBase):
         DIRECT_COPIES.install(torch_xla._XLAC)
         if self.device is None:
             self.device = _param_device(self.model, self.optimizer) or torch_xla.device()
+        built_before = modules_built_before_torch_xla(self.model)
+        if built_before:
+            shown = ", ".join(built_before[:5]) + (" ..." if len(built_before) > 5 else "")
+            self.warn("xla-module-built-before-import", (
+                f"{shown}: built from PyTorch's own class, which importing torch_xla "
+                "replaces in torch.nn (the model was built before `import torch_xla`). "
+                "On an XLA device PyTorch's GRU sends each in-place op of each time step "
+                "through a Python meta kernel (torch._refs): two to three times the "
+                "training thread's time a step of a GRU language model on PJRT CPU "
+                "(docs/xla.md). "
+                "Import torch_xla before building the model."))
 
     # --- timing -------------------------------------------------------------------
     def begin_step(self, step: int) -> Any:
@@ -935,6 +946,24 @@ class _Released:
 
 
 _RELEASED: Any = _Released()
+
+
+def modules_built_before_torch_xla(model: torch.nn.Module | None) -> list[str]:
+    """``"name (torch.nn.Class)"`` for each module of ``model`` built from a class that
+    importing torch_xla replaces in ``torch.nn``: the model was built before ``import
+    torch_xla``.  torch_xla 2.x replaces ``nn.GRU`` by its scan-based GRU and keeps the
+    original as the replacement's ``_orig``; a bidirectional module is left out, since
+    the scan GRU is unidirectional and builds PyTorch's own for it.  Empty without a
+    model."""
+    if model is None:
+        return []
+    originals = {cls._orig: name for name, cls in vars(torch.nn).items()
+                 if isinstance(cls, type) and isinstance(getattr(cls, "_orig", None), type)}
+    if not originals:
+        return []
+    return [f"{name or 'model'} (torch.nn.{originals[type(m)]})"
+            for name, m in model.named_modules()
+            if type(m) in originals and not getattr(m, "bidirectional", False)]
 
 
 def _param_device(model: torch.nn.Module | None,
