@@ -9,6 +9,10 @@
             probe.log(loss=loss)              # jax array, number, or pytree of scalars
     probe.close()
 
+The learning rate and update count of an optax optimizer: return
+``refrun.jax.optimizer_metrics(opt_state)`` from the jitted step and log it
+(:func:`refrun.probes.jax.optimizer_metrics`, docs/jax.md).
+
 What is recorded and how is described in :mod:`refrun.probes.jax` (where :class:`JaxProbe`
 lives) and docs/jax.md.
 """
@@ -27,6 +31,7 @@ from refrun.probes.jax import (
     JaxMemoryMonitor,
     JaxProbe,
     flatten_pytree,
+    optimizer_metrics,
 )
 from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
@@ -96,4 +101,4 @@ def instrument(
                     sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
 
 
-__all__ = ["JaxProbe", "ProbeOptions", "flatten_pytree", "instrument"]
+__all__ = ["JaxProbe", "ProbeOptions", "flatten_pytree", "instrument", "optimizer_metrics"]

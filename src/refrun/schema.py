@@ -111,12 +111,19 @@ EVAL_PREFIX = "eval/"
 # The learning rate of a torch optimizer's parameter group 0, and of group i >= 1 as
 # M_LR + "/pg" + i, read at every step's entry (the rate its update uses) by the PyTorch
 # and PyTorch/XLA probes, so by the Lightning and Hugging Face callbacks:
-# refrun.probes.optim.
+# refrun.probes.optim.  A JAX run records them where its step returns
+# refrun.jax.optimizer_metrics(opt_state) (optax's inject_hyperparams): refrun.probes.jax.
 OPT_PREFIX = "opt/"
 M_LR = "opt/lr"
-# The backends whose probes record opt/*: calibrate scopes every criterion on an opt/
-# metric to them, so a candidate of another framework (JAX keeps the rate inside the
-# optimizer's state, where no probe reads it) is not_applicable there, never incomplete.
+# The optimizer's own count of the updates it has applied, after the step's update (torch:
+# state[p]["step"] of Adam & co.; optax: the state's count).  Compared within a run, where
+# a resume replays steps (refrun.comparison.restores); calibrate writes no criterion across
+# runs on it (a loss scaler skips updates on one hardware and not on another).
+M_OPT_STEPS = "opt/steps"
+# The backends whose probes always record opt/lr: calibrate scopes every criterion on an
+# opt/ metric to them (and to the references' own backend), so a candidate of another
+# framework (a JAX run records the rate only where its step returns it) is not_applicable
+# there, never incomplete.
 OPT_BACKENDS = ("torch", "torch_xla")
 M_STEP_TIME = "perf/step_time_s"  # seconds, device-true where the backend allows
 M_COMPILE_GRAPHS = "compile/graphs"  # new graphs compiled during the step

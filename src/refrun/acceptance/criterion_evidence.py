@@ -14,6 +14,9 @@ frozen dataclass with ``to_dict()`` (the exact keys, in the order written) and
   by the report's pair table and ``refrun accept``).
 * :class:`Contention`: how busy other processes kept the machine during the candidate and
   the references (``step_time``; read by ``refrun accept``).
+* :class:`RestoreEvidence`: each restore of the candidate (a resume that replayed steps)
+  and how its replayed values compare with the first pass (``restore``; read by the
+  report's restore table).
 
 ``schema.EV_FIRST_DIVERGENCE_STEP`` names the same key in every kind (``first_divergence``'s
 step, or the pair's ``first_divergence_step``).
@@ -310,3 +313,89 @@ class Contention:
             line += (": neighbours that busy on a saturated machine slow a step in ways CPU "
                      "shares do not show")
         return line
+
+
+@dataclass(frozen=True)
+class ReplayedState:
+    """One ``opt/`` metric (a learning rate, the optimizer's update count) in one restore:
+    its first pass's and its replayed value at the restore's first replayed step, and
+    where a replayed value first differed (None: identical at every replayed step)."""
+
+    metric: str
+    replayed: int
+    identical: bool
+    at_step: int | None = None  # the first replayed step of this metric
+    first_at_restore: float | None = None
+    replay_at_restore: float | None = None
+    first_difference_step: int | None = None
+    first_at_difference: float | None = None
+    replay_at_difference: float | None = None
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    """One restore: the run went back from ``after_step`` to ``step`` and replayed
+    ``replayed`` points of the criterion's metric.  ``identical``: every one equal to the
+    first pass's; ``max_abs_diff``: the largest |replay - first|; ``first_difference_step``:
+    where one first differed; ``band_ratio``: the largest ratio of the divergence to the
+    same-seed band (None without a band, or when identical); ``within_band``: the
+    divergence stayed inside ``max_ratio`` x the band; ``state``: the ``opt/`` metrics."""
+
+    step: int
+    after_step: int
+    replayed: int
+    unmatched: int
+    identical: bool
+    max_abs_diff: float | None
+    first_difference_step: int | None
+    band_ratio: float | None = None
+    within_band: bool | None = None
+    state: tuple[ReplayedState, ...] = ()
+
+    @property
+    def state_differs(self) -> tuple[ReplayedState, ...]:
+        return tuple(st for st in self.state if not st.identical)
+
+
+@dataclass(frozen=True)
+class RestoreEvidence:
+    """A ``restore`` result's evidence: the metric, whether a same-seed band was given,
+    and every restore found (at most :data:`MAX_RESTORES` listed; ``restores_found``
+    counts them all)."""
+
+    metric: str
+    band: bool
+    max_ratio: float | None
+    restores_found: int
+    restores: tuple[RestoreRecord, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["restores"] = [{**dataclasses.asdict(r), "state": [dataclasses.asdict(s)
+                                                                for s in r.state]}
+                         for r in self.restores]
+        return d
+
+    @classmethod
+    def from_dict(cls, evidence: Any) -> RestoreEvidence | None:
+        """The typed evidence of a ``restore`` result; None for another kind's."""
+        if not isinstance(evidence, Mapping) or not isinstance(evidence.get("restores"),
+                                                               list):
+            return None
+        names = {f.name for f in dataclasses.fields(RestoreRecord)}
+        state_names = {f.name for f in dataclasses.fields(ReplayedState)}
+        records = []
+        for r in evidence["restores"]:
+            if not isinstance(r, Mapping):
+                continue
+            state = tuple(ReplayedState(**{k: v for k, v in st.items() if k in state_names})
+                          for st in r.get("state") or () if isinstance(st, Mapping))
+            records.append(RestoreRecord(**{k: v for k, v in r.items()
+                                            if k in names and k != "state"}, state=state))
+        return cls(metric=str(evidence.get("metric") or ""), band=bool(evidence.get("band")),
+                   max_ratio=evidence.get("max_ratio"),
+                   restores_found=int(evidence.get("restores_found") or len(records)),
+                   restores=tuple(records))
+
+
+MAX_RESTORES = 20  # restores listed in a result's evidence (all are judged)

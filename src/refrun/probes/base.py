@@ -65,7 +65,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from refrun import numerics, schema
-from refrun.probes.optim import LearningRates
+from refrun.errors import RefrunInputError
+from refrun.probes.optim import LearningRates, Rates
 
 if TYPE_CHECKING:
     from refrun import RunSession
@@ -246,9 +247,7 @@ class Probe:
         self._numerics = numerics.setting_tags(tags)
         self._numerics_changes = numerics.changes_of(tags)
         self._read_numerics(before_training=True)
-        opt = getattr(self.backend, "optimizer", None)
-        if isinstance(getattr(opt, "param_groups", None), list):
-            self._lrs = LearningRates(opt)
+        self._read_optimizer(getattr(self.backend, "optimizer", None))
         row = getattr(self.backend, "counter_row", None)
         if row is not None and getattr(self.backend, "counter_names", None):
             self._counter_row = row
@@ -266,6 +265,11 @@ class Probe:
     @property
     def current_step(self) -> int | None:
         return self._step
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the probe records nothing more)."""
+        return self._closed
 
     def step(self, n: int) -> _StepScope:
         """Context manager around training step ``n``: times it and records counter deltas."""
@@ -310,8 +314,7 @@ class Probe:
                 else:
                     self._pending.append((n, schema.M_STEP_TIME, pending_time))
             self._record_counters(n)
-            if (lrs := self._step_lrs) is not None:
-                self._step_lrs = None
+            if self._lrs is not None and (lrs := self._optimizer_row()) is not None:
                 for name, rate in zip(*lrs, strict=True):
                     batch.setdefault(name, rate)  # a rate the user logged is kept
         if self._progress_override or self.global_batch is not None:
@@ -342,7 +345,7 @@ class Probe:
             if not self._rows_last:  # no reading at start: this one is the baseline
                 self._rows_last = row
             row = None  # the step has no deltas
-        lrs, self._step_lrs = self._step_lrs, None
+        lrs = self._optimizer_row() if self._lrs is not None else None
         self._rows.append((n, _now_ms(), step_time, row, lrs))
         if step_time is not None:
             self._step_times.append(step_time)
@@ -388,7 +391,29 @@ class Probe:
             if columns:
                 self.run.log_columns([r[0] for r in group], columns, [r[1] for r in group])
 
-    def _read_lrs(self, lrs: LearningRates) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
+    def _optimizer_row(self) -> Rates | None:
+        """The rates read at this step's entry and, read now (after the step's update),
+        the optimizer's update count (:mod:`refrun.probes.optim`), as one ``(names,
+        values)``; None when neither was read."""
+        lrs, self._step_lrs = self._step_lrs, None
+        reader = self._lrs
+        if reader is None:
+            return lrs
+        try:
+            count = reader.steps()
+        except Exception as exc:  # a probe must never break the loop
+            count = None
+            self._warn_exc(exc)
+        if count is None:
+            if reader.count_why_not is not None:  # once: the count is on a device
+                why, reader.count_why_not = reader.count_why_not, None
+                self.run.warn_once("probe-opt-steps-not-read", why, self._step)
+            return lrs
+        if lrs is None:
+            return reader.with_steps(()), (count,)
+        return reader.with_steps(lrs[0]), (*lrs[1], count)
+
+    def _read_lrs(self, lrs: LearningRates) -> Rates | None:
         """The optimizer's learning rates now; on a rate that cannot be read without a
         sync (or any error), a warning once and no more reads."""
         try:
@@ -402,6 +427,47 @@ class Probe:
             self.run.warn_once("probe-lr-not-read", lrs.why_not or "learning rate not read",
                                self._step)
         return got
+
+    def observe(self, **objects: Any) -> None:
+        """Tell the probe about objects the loop replaced, between steps: the model or the
+        optimizer a checkpoint reload built anew (PyTorch, PyTorch/XLA: ``model=``,
+        ``optimizer=``), or pytrees whose placement to record again (JAX: ``params=``,
+        ``batch=``).  From the next step on the probe reads the new ones (the learning
+        rates and update count of the new optimizer), and records placement again.
+        (``load_state_dict`` into the same objects needs no call: the probe reads the
+        optimizer's current ``param_groups`` at every step.)
+
+        Raises :class:`~refrun.errors.RefrunInputError` for an object the backend cannot
+        read, or a backend that reads none."""
+        observe = getattr(self.backend, "observe", None)
+        if observe is None:
+            raise RefrunInputError(f"{self.backend.name} probe: observe() takes nothing "
+                                   "(this backend reads no model or optimizer)")
+        observe(**objects)
+        if "optimizer" in objects:
+            self._read_optimizer(getattr(self.backend, "optimizer", None))
+        self._describe()
+
+    def _read_optimizer(self, opt: Any) -> None:
+        """Read ``opt``'s rates and update count at every step (:mod:`refrun.probes.optim`),
+        and follow a new optimizer over the same parameters (its ``follow``)."""
+        if self._lrs is not None:
+            self._lrs.unfollow()
+        self._lrs = None
+        if isinstance(getattr(opt, "param_groups", None), list):
+            self._lrs = LearningRates(opt)
+            self._guard(lambda: self._lrs.follow(self._optimizer_replaced))  # type: ignore[union-attr]
+
+    def _optimizer_replaced(self, new: Any) -> None:
+        """A new optimizer over the same parameters stepped (the loop built it after a
+        reload): the probe reads it from now on, and this step's rate from it (read after
+        its update: the rate the update used), and says so once."""
+        self.backend.optimizer = new  # type: ignore[attr-defined]
+        if self._in_step and self._lrs is not None:
+            self._step_lrs = self._read_lrs(self._lrs)
+        self.run.warn_once("probe-optimizer-followed", "a new optimizer over the model's "
+                           f"parameters stepped at step {self._step}: the probe reads its "
+                           "learning rates and update count from then on", self._step)
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Record metrics for ``step`` (default: the current step).  Device values are
@@ -707,6 +773,8 @@ class Probe:
             tags[schema.TAG_STEADY_STEPS] = stats.count
         for m in self.monitors:
             self._guard(m.close)
+        if self._lrs is not None:
+            self._guard(self._lrs.unfollow)
         self._guard(self.backend.close)
         self._record_backend_warnings()
         # End-of-run additions of the backend (no-op hooks on BackendBase).

@@ -67,6 +67,7 @@ from refrun import schema
 from refrun.probes import host_reads
 from refrun.probes.base import BackendBase, Probe
 from refrun.probes.hardware import is_accelerator
+from refrun.probes.optim import lr_names
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -811,6 +812,78 @@ class JaxProbe(Probe):
                                "(its buffer was deleted or donated before it was ready)", n)
             return False
         return super()._take(n, name, value)
+
+
+# --- the optimizer's state: learning rates and update count (optax) -----------------------
+LR_KEYS = ("learning_rate", "lr")  # optax's name for the rate, then a common one
+MAX_STATE_DEPTH = 64
+
+
+def optimizer_metrics(opt_state: Any) -> dict[str, Any]:
+    """The learning rate(s) and update count an optax state holds, named as the PyTorch
+    probes name a torch optimizer's (:mod:`refrun.probes.optim`): ``opt/lr`` (then
+    ``opt/lr/pg1`` ... for further rates, in the state's order) and ``opt/steps``.
+
+    The rates are those ``optax.inject_hyperparams`` keeps in the state: after an update,
+    ``hyperparams["learning_rate"]`` is the rate *that update used* (the schedule at the
+    update's count), as the torch probes record the rate of step ``n``'s update.  The count
+    is the state's ``count`` (the first met, outermost first): the updates applied,
+    this step's included.  Without ``inject_hyperparams`` the state holds no rate and only
+    ``opt/steps`` is returned.
+
+    Call it **inside the jitted step**, on the state the update returned, and return the
+    dict with the step's outputs::
+
+        params, opt_state, loss, opt = train_step(params, opt_state, batch)
+        probe.log(loss=loss, **opt)
+
+    The values are then fresh outputs of the step: the probe copies them to the host
+    asynchronously like the loss (no host sync, no extra compilation, and they survive
+    the state being donated to the next step).  Nothing is kept between calls: a state
+    restored from a checkpoint into a new pytree is read as it is.  Only optax's
+    structure is walked (tuples, named tuples, dicts of states), never a pytree of
+    parameters (moments)."""
+    rates: list[Any] = []
+    count: Any = None
+    for node in _state_nodes(opt_state, 0):
+        hp = getattr(node, "hyperparams", None)
+        if isinstance(hp, Mapping):
+            rate = next((hp[k] for k in LR_KEYS if k in hp), None)
+            if rate is not None:
+                rates.append(rate)
+        if count is None and "count" in node._fields:
+            count = node.count
+    out: dict[str, Any] = dict(zip(lr_names(len(rates)), rates, strict=True))
+    if count is not None:
+        out[schema.M_OPT_STEPS] = count
+    return out
+
+
+def _is_leaf_value(x: Any) -> bool:
+    return isinstance(x, jax.Array | np.ndarray | np.generic | int | float)
+
+
+def _state_nodes(tree: Any, depth: int) -> Iterable[Any]:
+    """The named-tuple nodes of an optax state, outermost first.  A plain container whose
+    first value is an array holds parameters (moments, a mask), never a state: not
+    entered, so the walk costs the state's nesting, not the model's size."""
+    if depth > MAX_STATE_DEPTH:
+        return
+    named = isinstance(tree, tuple) and hasattr(tree, "_fields")
+    if named:
+        yield tree
+        children = [getattr(tree, f) for f in tree._fields]
+    elif isinstance(tree, tuple | list):
+        children = list(tree)
+    elif isinstance(tree, Mapping):
+        children = list(tree.values())
+    else:
+        return
+    if not named and children and _is_leaf_value(children[0]):
+        return
+    for child in children:
+        if not _is_leaf_value(child):
+            yield from _state_nodes(child, depth + 1)
 
 
 def flatten_pytree(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -365,6 +365,20 @@ def device_name(device: str, what: str = "hardware") -> str:
         raise RefrunInputError(f"{what}: {device!r} is not a device ({exc})") from None
 
 
+def rebind(backend: Any, model: Any = None, optimizer: Any = None, **other: Any) -> None:
+    """A torch backend reads ``model`` / ``optimizer`` from now on (the objects a
+    checkpoint reload built anew: :meth:`refrun.probes.base.Probe.observe`); those not
+    given stay.  Raises :class:`RefrunInputError` for another keyword or a wrong kind."""
+    if other:
+        raise RefrunInputError(f"observe: {', '.join(sorted(other))}: the {backend.name} "
+                               "probe reads model= and optimizer= only")
+    check_torch_objects(model, optimizer)
+    if model is not None:
+        backend.model = model
+    if optimizer is not None:
+        backend.optimizer = optimizer
+
+
 def check_torch_objects(model: Any, optimizer: Any) -> None:
     """Refuse a ``model`` that is not a ``torch.nn.Module`` or an ``optimizer`` that is
     not a ``torch.optim.Optimizer`` (the torch and XLA probes read them alike)."""
@@ -509,6 +523,11 @@ class TorchBackend(BackendBase):
         self._timers.give(None, p.start)
         self._timers.give(None, p.end)
         return seconds
+
+    def observe(self, model: torch.nn.Module | None = None,
+                optimizer: torch.optim.Optimizer | None = None, **other: Any) -> None:
+        """Read ``model`` / ``optimizer`` from now on (:func:`rebind`)."""
+        rebind(self, model, optimizer, **other)
 
     # --- counters and placement ------------------------------------------------------
     def counters(self) -> Mapping[str, float]:

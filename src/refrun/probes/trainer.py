@@ -39,10 +39,18 @@ class TrainerRecorder:
     _step_cm: Any = None
 
     def start(self) -> None:
-        """Training starts: open the run if needed and build the probe."""
-        if self.probe is not None:
+        """Training starts: open the run if needed and build the probe.
+
+        A second fit with the same callback (``trainer.fit(ckpt_path=...)`` resuming the
+        same run from a checkpoint) gets a new probe built on the trainer's objects of that
+        fit (a trainer builds its optimizers anew for each fit; the probe of the ended fit
+        is closed and would read the old ones), in the same run when the run is the
+        user's, so the steps the fit replays are recorded as a restore
+        (:mod:`refrun.comparison.restores`); in a new run when this recorder started and
+        ended the first one."""
+        if self.probe is not None and not self.probe.closed:
             return
-        if self.run is None:
+        if self.run is None or (self._own_run and self.probe is not None):
             import refrun
 
             self.run = refrun.start_run(**dict(self.start_run_kwargs))

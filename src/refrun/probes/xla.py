@@ -832,6 +832,14 @@ class XlaBackend(BackendBase):
         self._base_row = rows[-1][1]
         self._rows = []
 
+    def observe(self, model: torch.nn.Module | None = None,
+                optimizer: torch.optim.Optimizer | None = None, **other: Any) -> None:
+        """Read ``model`` / ``optimizer`` from now on (a checkpoint reload built them
+        anew: :func:`refrun.probes.torch.rebind`)."""
+        from refrun.probes.torch import rebind
+
+        rebind(self, model, optimizer, **other)
+
     # --- device truth -----------------------------------------------------------------
     def describe(self) -> Mapping[str, Any]:
         import torch_xla.core.xla_model as xm

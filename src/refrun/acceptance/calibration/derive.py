@@ -988,6 +988,11 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
         if m.startswith(schema.PROGRESS_PREFIX):
             skipped[m] = "an alignment axis (samples or tokens seen), not a measurement"
             continue
+        if m == schema.M_OPT_STEPS:
+            skipped[m] = ("the optimizer's own update count: judged within a run where a "
+                          "resume replays steps (the restore criterion), not across runs "
+                          "(a loss scaler skips updates on one hardware and not another)")
+            continue
         if m.startswith(SKIP_PREFIXES):
             if m != schema.M_STEP_TIME:
                 skipped[m] = "counter or system metric (integrity criteria cover counters)"
@@ -1097,8 +1102,11 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     if "paired" not in opts.exclude_kinds:
         out += _paired_criteria(known_good, pair_references or runs, metrics, per_step,
                                 keep, notes)
+    if "restore" not in opts.exclude_kinds:
+        out += _restore_criterion(known_good, pair_references or runs, metrics, keep, notes)
     out = _unique_ids([d for d in out if d.table["kind"] not in opts.exclude_kinds])
-    out = [_scoped(d) for d in out]
+    own = {identity.canonical_backend(r.backend) or "" for r in runs} - {""}
+    out = [_scoped(d, own) for d in out]
     if not any(d.table["level"] == "L3" for d in out):
         raise RefrunInputError(
             "calibrate: no L3 (project goal) criterion can be derived from these "
@@ -1241,14 +1249,52 @@ def identical(series: list[_Series]) -> bool:
         for s in series[1:])
 
 
-def _scoped(d: Derived) -> Derived:
+def _scoped(d: Derived, own: set[str] | frozenset[str] = frozenset()) -> Derived:
     """A criterion on an ``opt/`` metric applies to the backends whose probes record it
-    (:data:`refrun.schema.OPT_BACKENDS`): a candidate of another framework is
-    not_applicable there, with the scope in its reason, instead of missing the metric."""
+    (:data:`refrun.schema.OPT_BACKENDS`) and to the references' own (``own``: JAX
+    references whose steps return the rate, ``refrun.jax.optimizer_metrics``, make a JAX
+    candidate record it too): a candidate of another framework is not_applicable there,
+    with the scope in its reason, instead of missing the metric."""
     if str(d.table.get("metric", "")).startswith(schema.OPT_PREFIX) \
             and "backends" not in d.table:
-        d.table["backends"] = list(schema.OPT_BACKENDS)
+        d.table["backends"] = sorted(set(schema.OPT_BACKENDS) | set(own))
     return d
+
+
+def _restore_criterion(known_good: Sequence[RunData], references: Sequence[RunData],
+                       metrics: Sequence[str], keep: str, notes: list[str]) -> list[Derived]:
+    """The ``restore`` criterion (L2) on the loss: a candidate that resumes from a
+    checkpoint and replays steps reproduces them (:mod:`refrun.acceptance.kinds.restore`).
+    It needs no threshold from the seeds: the replay is judged against the candidate's own
+    first pass, bit for bit, or, where known-good same-seed evidence gives a band
+    (:func:`refrun.acceptance.paired.derive_band`), within it counted from the restore (a
+    step that is not deterministic).  Written whenever the references share the loss."""
+    if schema.M_LOSS not in metrics:
+        notes.append(f"no restore criterion: the references share no {schema.M_LOSS!r}")
+        return []
+    band, _ = pairs.derive_band(known_good, references, schema.M_LOSS, keep)
+    table: dict[str, Any] = {
+        "id": "resume-reproduces", "kind": "restore", "level": "L2", "metric": schema.M_LOSS}
+    if band is None:
+        how = ("bit for bit (no known-good same-seed evidence gave a band: on a machine whose "
+               "step is not deterministic, a faithful resume needs one)")
+        cal: dict[str, Any] = {"structural": 1.0}
+    else:
+        first = band.band_steps[0]
+        table.update(band_steps=[s - first for s in band.band_steps],
+                     band_values=[float(f"{v:.4g}") for v in band.band_values],
+                     max_ratio=band.max_ratio)
+        how = (f"within {band.max_ratio:.4g} x the divergence of {len(band.pairs)} "
+               "known-good same-seed pair(s), counted from the restore")
+        cal = {"pairs": float(len(band.pairs)), "structural": 0.0}
+    det = ("a resume that lost the optimizer's state or the scheduler's position: a "
+           "replayed learning rate or update count that is not the first pass's, or a "
+           "replayed loss " + ("that differs from it" if band is None else "beyond the band"))
+    src = ("the candidate's replayed steps against its own first pass: the optimizer's "
+           f"state (opt/ metrics) exactly, the loss {how}")
+    table.update(description="a run resumed from a checkpoint reproduces the steps it "
+                             "replays; " + src, calibration=cal)
+    return [Derived(table, None, None, det, [src, f"detects: {det}"], len(references))]
 
 
 def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,

@@ -27,6 +27,7 @@ from refrun.acceptance.kinds.hardware import Hardware
 from refrun.acceptance.kinds.host_transfers import HostTransfers
 from refrun.acceptance.kinds.paired import Paired
 from refrun.acceptance.kinds.quantile import Quantile
+from refrun.acceptance.kinds.restore import Restore
 from refrun.acceptance.kinds.step_time import StepTime
 from refrun.acceptance.kinds.throughput import Throughput
 from refrun.acceptance.kinds.utilization import Utilization
@@ -50,8 +51,10 @@ def registry(models: tuple[type[Criterion], ...]) -> dict[str, type[Criterion]]:
 
 KINDS: dict[str, type[Criterion]] = registry((
     Closeness, Envelope, Claim, Hardware, Fallback, Compilation, HostTransfers, Utilization,
-    StepTime, Throughput, Cost, Equivalence, Convergence, Gradcheck, Paired, BestOf, Quantile))
+    StepTime, Throughput, Cost, Equivalence, Convergence, Gradcheck, Paired, BestOf, Quantile,
+    Restore))
 
 __all__ = ["KINDS", "BestOf", "Claim", "Closeness", "Compilation", "Convergence", "Cost",
            "Envelope", "Equivalence", "Fallback", "Gradcheck", "Hardware", "HostTransfers",
-           "Paired", "Quantile", "StepTime", "Throughput", "Utilization", "registry"]
+           "Paired", "Quantile", "Restore", "StepTime", "Throughput", "Utilization",
+           "registry"]
