@@ -34,7 +34,8 @@ from refrun import schema  # noqa: E402
 from refrun.acceptance.assess import assess_ids  # noqa: E402
 from refrun.acceptance.calibration import CalibrationOptions, calibrate_ids, write_file  # noqa: E402
 from refrun.acceptance.criteria import load_criteria  # noqa: E402
-from refrun.comparison import load_run  # noqa: E402
+from refrun.comparison import compare, load_run  # noqa: E402
+from refrun.report import build_report  # noqa: E402
 
 STEPS, CHECKPOINT, INTERRUPT = 40, 15, 27  # checkpoint after step 15, crash after 27
 BASE, BASE_PG1 = 0.05, 0.02
@@ -240,10 +241,18 @@ def test_calibrate_writes_the_restore_criterion_and_it_judges_resumes(store,
     _, r = judge(resume="fresh_optimizer")
     assert r.outcome == "fail" and "did not reproduce" in r.reason
 
-    _, r = judge(resume="no_scheduler")
+    a, r = judge(resume="no_scheduler")
     assert r.outcome == "fail"
     assert f"{schema.M_LR} at replayed step {CHECKPOINT + 1}" in r.reason
     assert "the scheduler's position was not restored" in r.reason
+    # The report shows the restore: where, and the state it resumed with.
+    html = build_report(compare(refs[:2], a.candidate_id, tracking_uri=store.tracking_uri),
+                        assessment=a, plotlyjs="cdn").html
+    table = html[html.index('id="restores"'):]
+    table = table[:table.index("</table>")]
+    cells = [c.split(">", 1)[1].split("<", 1)[0] for c in table.split("<td")[1:]]
+    assert cells[2:5] == [str(CHECKPOINT + 1), str(INTERRUPT), str(INTERRUPT - CHECKPOINT)]
+    assert "bit for bit" in table and "differs from step" in table  # the loss; the rate
 
     a, r = judge()
     assert r.outcome == "not_applicable", r.reason

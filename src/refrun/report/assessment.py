@@ -13,7 +13,13 @@ import json
 from typing import Any
 
 from refrun import schema
-from refrun.acceptance.criterion_evidence import FirstDivergence, Interval, PairedEvidence
+from refrun.acceptance.criterion_evidence import (
+    FirstDivergence,
+    Interval,
+    PairedEvidence,
+    RestoreEvidence,
+    RestoreRecord,
+)
 from refrun.report.html import Raw, esc, is_number, join, kv_table, num, table, tag
 
 LEVEL_NAMES = schema.LEVELS
@@ -256,7 +262,7 @@ def assessment_section(a: dict[str, Any]) -> Raw:
     crit = table((*head_cols, "evidence"), rows, "criteria", "acceptance-criteria") \
         if rows else Raw('<p class="note">The assessment lists no criterion results.</p>')
     return join([head, _levels(a), Raw('<div class="scroll">'), crit, Raw("</div>"),
-                 paired_table(a), calibration_table(a)])
+                 paired_table(a), restore_table(a), calibration_table(a)])
 
 
 def paired_table(a: dict[str, Any]) -> Raw:
@@ -310,6 +316,55 @@ def _precision_cell(num: dict[str, Any] | None) -> Raw | str:
     said.append(f"attribution: {num.get('attribution')}")
     return join([tag("span", s) if i == 0 else join([Raw("<br>"), s])
                  for i, s in enumerate(said)])
+
+
+def _state_cell(rec: RestoreRecord, metric: str) -> Raw | str:
+    """``replay (first pass)`` of one ``opt/`` metric at the restore, marked when it
+    differed at some replayed step; empty when the run did not record it."""
+    st = next((x for x in rec.state if x.metric == metric), None)
+    if st is None:
+        return ""
+    cell = join([num(st.replay_at_restore), " (first pass ", num(st.first_at_restore), ")"])
+    if st.identical:
+        return cell
+    return join([cell, Raw("<br>"), tag("span", f"differs from step "
+                                                f"{st.first_difference_step}", "caption")])
+
+
+def restore_table(a: dict[str, Any]) -> Raw:
+    """Restores (``restore`` criteria): each time the candidate went back to a checkpoint
+    and replayed steps, from which step, what state it resumed with (the learning rate
+    and the optimizer's update count, against the first pass's) and whether the replay
+    reproduced the first pass; empty without such a criterion or restore."""
+    rows = []
+    for r in results(a):
+        ev = RestoreEvidence.from_dict(r.get("evidence")) if r.get("kind") == "restore" \
+            else None
+        if ev is None:
+            continue
+        for rec in ev.restores:
+            if rec.replayed == 0:
+                replay: Any = "not logged while replaying"
+            elif rec.identical:
+                replay = "bit for bit"
+            else:
+                replay = join([f"differs from step {rec.first_difference_step}, max |diff| ",
+                               num(rec.max_abs_diff)]
+                              + ([", ", num(rec.band_ratio), " x the same-seed band"]
+                                 if rec.band_ratio is not None else []))
+            rows.append((tag("code", str(r.get("id", ""))), badge(r.get("outcome")),
+                          rec.step, rec.after_step, rec.replayed, replay,
+                          _state_cell(rec, schema.M_LR),
+                          _state_cell(rec, schema.M_OPT_STEPS)))
+    if not rows:
+        return Raw("")
+    return join([tag("h3", "Restores"),
+                 tag("p", "Where the candidate resumed from a checkpoint and replayed steps "
+                          "it had logged: the state it resumed with and its replayed values "
+                          "against the first pass's (refrun.comparison.restores).", "note"),
+                 table(("criterion", "outcome", "resumed at step", "after step",
+                        "replayed points", "replayed metric", "learning rate at the restore",
+                        "optimizer updates after it"), rows, "criteria", "restores")])
 
 
 def _criteria_file(c: Any) -> str:
