@@ -250,9 +250,14 @@ def test_calibrate_writes_the_restore_criterion_and_it_judges_resumes(store,
                         assessment=a, plotlyjs="cdn").html
     table = html[html.index('id="restores"'):]
     table = table[:table.index("</table>")]
-    cells = [c.split(">", 1)[1].split("<", 1)[0] for c in table.split("<td")[1:]]
-    assert cells[2:5] == [str(CHECKPOINT + 1), str(INTERRUPT), str(INTERRUPT - CHECKPOINT)]
-    assert "bit for bit" in table and "differs from step" in table  # the loss; the rate
+    numbers = [c.split('"', 1)[0] for c in table.split('data-value="')[1:]]
+    assert numbers[:3] == [str(CHECKPOINT + 1), str(INTERRUPT), str(INTERRUPT - CHECKPOINT)]
+    # the loss: its first difference and largest one; then the rate it resumed with (the
+    # restarted scheduler's) and the first pass's
+    assert f"differs from step {CHECKPOINT + 2}, max |diff| " in table
+    assert [float(x) for x in numbers[4:6]] == pytest.approx(
+        [BASE * factor(0), BASE * factor(CHECKPOINT + 1)], rel=1e-12)
+    assert f"differs from step {CHECKPOINT + 1}</span>" in table  # the rate's cell
 
     a, r = judge()
     assert r.outcome == "not_applicable", r.reason
