@@ -25,8 +25,10 @@ interface below; the probe itself only
 * records the learning rate of every parameter group of the backend's torch optimizer
   (a backend with an ``optimizer`` attribute: PyTorch, PyTorch/XLA) for every step, read
   at the step's entry -- the rate its update uses, wherever the loop steps its scheduler
-  -- from ``param_groups`` (:mod:`refrun.probes.optim`: Python numbers, never a device
-  read),
+  -- from the optimizer's current ``param_groups`` (a checkpoint's ``load_state_dict``
+  replaces the list), and the optimizer's update count at the step's exit
+  (:mod:`refrun.probes.optim`: Python numbers, never a device read); a new optimizer over
+  the same parameters is followed, and :meth:`Probe.observe` names replaced objects,
 * starts a non-blocking fetch for every device value given to :meth:`Probe.log` and
   hands it to the session once the backend says it is ready, with its own step number,
 * runs :class:`Monitor` samplers on a background thread, logged against the training
