@@ -72,7 +72,7 @@ def build(seed: int, sgd: bool = False, device: object = "cpu"):
 
 
 def train(store, tmp: Path, *, seed: int = 0, role: str = "reference", resume: str | None = None,
-          sgd: bool = False, xla: bool = False) -> str:
+          sgd: bool = False, xla: bool = False, give_optimizer: bool = True) -> str:
     """One run; with ``resume``, a checkpoint file after CHECKPOINT, a crash after INTERRUPT
     and a restart from the checkpoint (``ORDER``), restored as ``resume`` says:
 
@@ -96,9 +96,10 @@ def train(store, tmp: Path, *, seed: int = 0, role: str = "reference", resume: s
         if xla:
             from refrun.xla import instrument as xla_instrument
 
-            probe = xla_instrument(run, model=model, optimizer=opt)
+            probe = xla_instrument(run, model=model, optimizer=opt if give_optimizer else None)
         else:
-            probe = refrun.torch.instrument(run, model=model, optimizer=opt)
+            probe = refrun.torch.instrument(run, model=model,
+                                            optimizer=opt if give_optimizer else None)
         crashed = False
         for n in (ORDER if resume else range(STEPS)):
             with probe.step(n):
@@ -188,8 +189,23 @@ def test_a_resumed_xla_run_records_the_optimizers_rate_and_count_at_every_step(
     checkpoint reloaded into the optimizer the probe was given."""
     if torch_xla is None:
         pytest.skip("torch_xla is not installed")
-    run_id = train(store, tmp_path, resume="faithful", xla=True)
-    assert_true_rates(store, run_id)
+    import torch_xla.debug.metrics as met
+
+    def counts() -> dict[str, int]:
+        return {k: met.counter_value(name) or 0 for k, name in (
+            ("syncs", "aten::_local_scalar_dense"), ("to_cpu", "xla::_to_cpu"),
+            ("exec", "ExecuteComputation"))}
+
+    deltas = {}
+    for give in (True, False):  # the same resumed run, probed with and without the optimizer
+        before = counts()
+        run_id = train(store, tmp_path, resume="faithful", xla=True, give_optimizer=give,
+                       seed=0 if give else 1)
+        deltas[give] = {k: v - before[k] for k, v in counts().items()}
+        if give:
+            assert_true_rates(store, run_id)
+    # reading the rates and the count (host numbers) adds no sync, copy or execution
+    assert deltas[True] == deltas[False], deltas
 
 
 def restore_result(assessment):
@@ -295,3 +311,16 @@ metric = "loss"
     # SGD records no update count: the state compared is the two groups' rates.
     assert [s["metric"] for s in bad.evidence["restores"][0]["state"]] == \
         [schema.M_LR, f"{schema.M_LR}/pg1"]
+
+
+def test_observe_refuses_what_a_torch_probe_cannot_read(store) -> None:
+    from refrun.errors import RefrunInputError
+
+    with refrun.start_run("resume-test", "reference", hardware="cpu", backend="torch",
+                          tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                          snapshot_environment=False, delivery="thread") as run, \
+            refrun.torch.instrument(run) as probe:
+        with pytest.raises(RefrunInputError, match=r"optimizer: expected a torch\.optim"):
+            probe.observe(optimizer="adam")
+        with pytest.raises(RefrunInputError, match="params: the torch probe reads model="):
+            probe.observe(params={})

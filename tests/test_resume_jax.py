@@ -136,3 +136,17 @@ def test_the_restore_criterion_passes_a_faithful_jax_resume_and_fails_a_fresh_op
     state = {s["metric"]: s for s in bad.evidence["restores"][0]["state"]}
     assert (state[schema.M_OPT_STEPS]["replay_at_restore"],
             state[schema.M_OPT_STEPS]["first_at_restore"]) == (1.0, CHECKPOINT + 2.0)
+
+
+def test_optimizer_metrics_reads_the_rates_and_count_by_the_states_structure() -> None:
+    """Without inject_hyperparams only the count; two injected rates (multi_transform of
+    two labels) in the state's order, named as the torch probes name parameter groups."""
+    p = {"a": jnp.zeros(3), "b": {"c": jnp.zeros(2)}}
+    assert list(refrun.jax.optimizer_metrics(optax.adam(0.1).init(p))) == [schema.M_OPT_STEPS]
+    tx = optax.multi_transform(
+        {"x": optax.inject_hyperparams(optax.sgd)(learning_rate=0.1),
+         "y": optax.inject_hyperparams(optax.sgd)(learning_rate=0.2)},
+        {"a": "x", "b": {"c": "y"}})
+    m = refrun.jax.optimizer_metrics(tx.init(p))
+    assert list(m) == [schema.M_LR, f"{schema.M_LR}/pg1", schema.M_OPT_STEPS]
+    assert [float(m[schema.M_LR]), float(m[f"{schema.M_LR}/pg1"])] == pytest.approx([0.1, 0.2])

@@ -853,7 +853,7 @@ def optimizer_metrics(opt_state: Any) -> dict[str, Any]:
                 rates.append(rate)
         if count is None and "count" in node._fields:
             count = node.count
-    out: dict[str, Any] = dict(zip(lr_names(len(rates)), rates, strict=True))
+    out: dict[str, Any] = dict(zip(lr_names(len(rates)), rates, strict=True)) if rates else {}
     if count is not None:
         out[schema.M_OPT_STEPS] = count
     return out

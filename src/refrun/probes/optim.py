@@ -110,18 +110,20 @@ class LearningRates:
         return self._names, tuple(rates)
 
     def steps(self) -> float | None:
-        """The optimizer's update count: ``state[p]["step"]`` of the first parameter of
-        the first group that has state.  Once a count was seen, an optimizer without state
-        for that parameter has applied 0 updates (a fresh one); before, None (SGD keeps
-        none, and an optimizer that has not stepped yet says nothing).  None, with
+        """The optimizer's update count: ``state[p]["step"]`` of the first parameter (in
+        group order) that has state; a parameter without state (no gradient reached it
+        yet) is passed over.  Once a count was seen, an optimizer without state for any
+        parameter has applied 0 updates (a fresh one); before, None (SGD keeps none, and
+        an optimizer that has not stepped yet says nothing).  None, with
         :attr:`count_why_not` set the first time, when the count lives on a device."""
         if self.count_off:
             return None
+        state = self._optimizer.state
         for g in self._optimizer.param_groups:
             for p in g["params"]:
-                st = self._optimizer.state.get(p)
+                st = state.get(p)
                 if not st:
-                    return 0.0 if self.counted else None
+                    continue
                 s = st.get("step")
                 if s is None:
                     return None
@@ -135,7 +137,7 @@ class LearningRates:
                     return None
                 self.counted = True
                 return v
-        return None
+        return 0.0 if self.counted else None
 
     def with_steps(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """``names`` and :data:`~refrun.schema.M_OPT_STEPS` as one tuple, the same object
