@@ -44,9 +44,11 @@ def _record(uri: str, spool: Path, role: str, seed: int, *, eval_every: int = 10
     """Log like a training loop: loss and step time every step, the evaluation metrics
     every ``eval_every`` steps (and at the last step).  ``resume_at``: the run stops at
     step 44 and resumes from a checkpoint of step ``resume_at``, replaying the steps in
-    between (with the values the restarted job computes)."""
+    between; a faithful restore (model, optimizer, scheduler and data position) repeats
+    the values the first pass logged, which the calibrated ``restore`` criterion checks
+    (the step times, a measurement of the machine, are measured again)."""
     c = _curves(seed, acc_shift)
-    redo = _curves(seed + 1000, acc_shift)  # what the resumed job logs for replayed steps
+    redo = _curves(seed + 1000, acc_shift)  # the step times the resumed job measures
     order = list(range(STEPS))
     if resume_at is not None:
         order = list(range(45)) + list(range(resume_at, STEPS))
@@ -55,11 +57,12 @@ def _record(uri: str, spool: Path, role: str, seed: int, *, eval_every: int = 10
                           tracking_uri=uri, spool_dir=spool, planned_steps=STEPS,
                           snapshot_environment=False) as run:
         for i in order:
-            src = redo if i in seen else c
+            timing = redo if i in seen else c
             seen.add(i)
-            point = {m: float(src[m][i]) for m in ("loss", "perf/step_time_s")}
+            point = {"loss": float(c["loss"][i]),
+                     "perf/step_time_s": float(timing["perf/step_time_s"][i])}
             if i % eval_every == eval_every - 1 or i == STEPS - 1:
-                point.update({m: float(src[m][i]) for m in src if m.startswith("eval/")})
+                point.update({m: float(c[m][i]) for m in c if m.startswith("eval/")})
             run.log_metrics(i, point)
     assert run.run_id is not None
     return run.run_id
@@ -130,6 +133,12 @@ def test_benign_candidates_pass_with_nothing_edited(world: World, tmp_path: Path
     assert (rc, a["verdict"]) == (0, "pass"), bad
     assert a["highest_level"] == "L4"  # L3 passed, so step time was judged
     assert next(r for r in a["results"] if r["id"] == "step-time")["outcome"] == "pass"
+    restore = next(r for r in a["results"] if r["kind"] == "restore")
+    # the resume is judged (15 replayed steps, bit for bit); the others replay nothing
+    assert restore["outcome"] == ("pass" if name == "resume" else "not_applicable")
+    if name == "resume":
+        assert [(x["step"], x["after_step"], x["replayed"], x["identical"])
+                for x in restore["evidence"]["restores"]] == [(30, 44, 15, True)]
     if name == "eval_cadence":  # judged at the last evaluation it shares: the final one
         fin = next(r for r in a["results"] if r["id"] == "val_accuracy-final")
         assert fin["evidence"]["n_steps"] == 1 and fin["evidence"]["steps_inside"] == 1
