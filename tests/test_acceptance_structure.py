@@ -123,7 +123,7 @@ def test_every_kind_in_the_toml_schema_has_one_registered_definition_with_its_ch
 
     defs = json.loads(shipped_schema_path().read_text(encoding="utf-8"))["$defs"]
     in_schema = sorted(k.split(".", 1)[1] for k in defs if k.startswith("criterion."))
-    assert sorted(KINDS) == in_schema and len(in_schema) == 17
+    assert sorted(KINDS) == in_schema and len(in_schema) == 18
     for name, model in KINDS.items():
         assert name == model.KIND and issubclass(model, Criterion)
         assert "check" in vars(model), name  # its own check, not the base's
@@ -310,4 +310,4 @@ def test_the_criteria_model_loads_without_the_check_stack() -> None:
             "print(heavy, len(c.CRITERION_KINDS), c.Closeness.KIND)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.strip()
-    assert out == "[] 17 closeness", out
+    assert out == "[] 18 closeness", out
