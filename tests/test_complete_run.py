@@ -66,7 +66,7 @@ def test_values_over_mlflows_length_are_cut_warned_and_counted(store, caplog) ->
     # A complete run (imports, comparisons, assessments) cut long values silently before.
     from mlflow.tracking import MlflowClient
 
-    from refrun.store import limits
+    from refrun import limits
     from refrun.store.complete import CompleteRun, string_tags, write_complete_run
 
     long_tag, long_param = "t" * (limits.TAG_VALUE_LENGTH + 7), "p" * 9000

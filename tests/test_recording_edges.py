@@ -51,17 +51,21 @@ def test_every_refused_value_is_counted_and_named(store, tmp_path: Path) -> None
 
 
 def test_long_values_are_cut_with_a_counted_warning(store) -> None:
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH  # MLflow's own limits: 8,000
+
     with refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05,
-                          params={"cfg": "p" * 7000}, tags={"start": "s" * 5001}) as run:
-        run.set_tags({"notes": "n" * 9000, "short": "ok"})
+                          params={"cfg": "p" * 7000},
+                          tags={"start": "s" * (MAX_TAG_VAL_LENGTH + 1)}) as run:
+        run.set_tags({"notes": "n" * 9000, "short": "ok", "fits": "f" * MAX_TAG_VAL_LENGTH})
     r = store.client().get_run(run.run_id)
     assert r.data.tags[schema.TAG_TRUNCATED] == "3"
     assert r.data.params["cfg"] == "p" * 6000  # MLflow's param limit
-    assert r.data.tags["start"] == "s" * 5000 and r.data.tags["notes"] == "n" * 5000
-    assert r.data.tags["short"] == "ok"
+    assert r.data.tags["start"] == "s" * MAX_TAG_VAL_LENGTH
+    assert r.data.tags["notes"] == "n" * MAX_TAG_VAL_LENGTH
+    assert r.data.tags["short"] == "ok" and r.data.tags["fits"] == "f" * MAX_TAG_VAL_LENGTH
     messages = " | ".join(w["message"] for w in run.warnings)
     for needle in ("param 'cfg': value of 7,000 characters cut to MLflow's limit of 6,000",
-                   "tag 'start': value of 5,001 characters cut",
+                   f"tag 'start': value of {MAX_TAG_VAL_LENGTH + 1:,} characters cut",
                    "tag 'notes': value of 9,000 characters cut"):
         assert needle in messages
 

@@ -8,7 +8,7 @@ MLflow's reason, instead of queueing it.  The rules mirror ``mlflow.utils.valida
 * characters: ``^[/\\w.\\- :]*$`` (``\\w`` is Unicode-aware, so non-ASCII letters pass);
 * the name read as a POSIX path must not resolve to another name
   (``a//b``, ``/abs``, ``trail/``, ``./dot``, ``a/../b``, ``..`` are refused);
-* at most 250 characters (``MAX_ENTITY_KEY_LENGTH``);
+* at most :data:`refrun.limits.KEY_LENGTH` characters (``MAX_ENTITY_KEY_LENGTH``);
 * a step is an integer that fits a signed 64-bit column: -2**63 <= step < 2**63.
 
 Each check returns ``None`` for a valid input, else a one-line reason.
@@ -20,9 +20,7 @@ import numbers
 import posixpath
 import re
 
-MAX_KEY_LENGTH = 250
-STEP_MIN = -(2**63)
-STEP_MAX = 2**63 - 1
+from refrun.limits import KEY_LENGTH, STEP_MAX, STEP_MIN
 
 _NAME_CHARS = re.compile(r"^[/\w.\- :]*$")
 
@@ -38,8 +36,9 @@ def key_problem(name: object, what: str = "metric name") -> str | None:
     if norm != name or norm == "." or norm.startswith("..") or norm.startswith("/"):
         return (f"{what} {name!r} would resolve to {norm!r} as a path "
                 "(no leading, trailing or double slash, no '.' or '..' parts)")
-    if len(name) > MAX_KEY_LENGTH:
-        return f"{what} {name[:40]!r}... has {len(name)} characters (MLflow's limit: 250)"
+    if len(name) > KEY_LENGTH:
+        return (f"{what} {name[:40]!r}... has {len(name)} characters (MLflow's limit: "
+                f"{KEY_LENGTH})")
     return None
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from refrun import schema
+from refrun import limits, schema
 from refrun.errors import RefrunInputError
 from refrun.identity import RunIdentity, environment_snapshot, environment_tags
 from refrun.keys import key_problem
@@ -40,7 +40,7 @@ _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
 def metric_key(*parts: str) -> str:
     """``gradcheck/...`` with characters MLflow rejects replaced by ``_``."""
-    return _BAD_CHARS.sub("_", "/".join(("gradcheck", *parts)))[:250]
+    return _BAD_CHARS.sub("_", "/".join(("gradcheck", *parts)))[:limits.KEY_LENGTH]
 
 
 def to_jsonable(result: Any) -> dict[str, Any]:

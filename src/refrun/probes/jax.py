@@ -63,7 +63,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from refrun import schema
+from refrun import limits, schema
 from refrun.probes import host_reads
 from refrun.probes.base import BackendBase, Probe
 from refrun.probes.hardware import is_accelerator
@@ -674,7 +674,7 @@ class JaxBackend(BackendBase):
             schema.TAG_EXEC_WORLD_SIZE: jax.process_count(),
             schema.TAG_PLACEMENT: json.dumps(
                 {"default_backend": jax.default_backend(), **self.placement},
-                sort_keys=True)[:5000],
+                sort_keys=True)[:limits.TAG_VALUE_LENGTH],
             schema.TAG_STEP_TIME_KIND: self.step_time_kind(),
             schema.TAG_STEP_TIME_WALL_STEPS: self.wall_steps,
             schema.TAG_JAX_TRANSFER_GUARD: self.transfer_guard or "off",

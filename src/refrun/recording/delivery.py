@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from refrun import schema
+from refrun import limits, schema
 from refrun.keys import key_problem, step_problem
 from refrun.recording import view
 from refrun.recording.spool import (
@@ -44,7 +44,7 @@ from refrun.recording.spool import (
     disk_full,
     unlock,
 )
-from refrun.store import limits, mlflow_ui
+from refrun.store import mlflow_ui
 from refrun.store.client import client as store_client
 from refrun.store.client import ensure_experiment, transient
 from refrun.store.curves import summary_tags, write_curves
@@ -503,7 +503,8 @@ def terminate_in_store(spool: Spool, ending: Ending | None, why: BaseException) 
                                      f"{spool.path}; run `refrun sync`")
     if not (spool.artifacts_dir / curves_artifact(meta)).exists():
         tags.setdefault(schema.TAG_CURVES_MISSING, f"not written: {reason} at {spool.path}")
-    client.log_batch(meta.run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+    client.log_batch(meta.run_id, tags=[RunTag(k, v[:limits.TAG_VALUE_LENGTH])
+                                        for k, v in tags.items()])
     client.set_terminated(meta.run_id, status=status, end_time=end_ms)
     return meta.run_id
 

@@ -44,24 +44,25 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from refrun import identity, schema
+from refrun import identity, limits, schema
 from refrun.errors import RefrunStoreError
 from refrun.identity import RunIdentity
-from refrun.keys import STEP_MAX, STEP_MIN, key_problem, step_problem
+from refrun.keys import key_problem, step_problem
+from refrun.limits import STEP_MAX, STEP_MIN
 from refrun.recording import delivery, process
 from refrun.recording.config import RecordingOptions, RunConfig, from_keywords
 from refrun.recording.delivery import SESSION_LOCK
 from refrun.recording.spool import RunStatus, Spool, SpoolMeta, disk_full, unlock
 from refrun.recording.writer import SpoolWriter
 from refrun.settings import settings
-from refrun.store import limits, mlflow_ui
+from refrun.store import mlflow_ui
 from refrun.store.client import bound_store_waits
 from refrun.store.client import client as store_client
 from refrun.store.uri import database_server, local_store
 
 log = logging.getLogger("refrun")
 
-# MLflow's limits on a tag and a param value (characters), declared in refrun.store.limits.
+# MLflow's limits on a tag and a param value (characters), declared in refrun.limits.
 TAG_VALUE_MAX = limits.TAG_VALUE_LENGTH
 PARAM_VALUE_MAX = limits.PARAM_VALUE_LENGTH
 # Distinct (name, reason) refusals listed in warnings.json; further ones are only counted.
@@ -255,8 +256,8 @@ class RunSession:
             if key not in valid_keys:
                 problem = key_problem(key)
                 if problem is not None:
-                    self._refuse(f"key:{key!r}"[:80], problem, 1, step, str(key)[:250],
-                                 "name")
+                    self._refuse(f"key:{key!r}"[:80], problem, 1, step,
+                                 str(key)[:limits.KEY_LENGTH], "name")
                     continue
                 valid_keys.add(key)
             # type() first: the numbers.Real ABC check is the slowest part of accepting.
@@ -318,7 +319,7 @@ class RunSession:
             else:  # which step a value belongs to is unknown: none is recorded
                 self._refuse(f"columns:{key!r}"[:80], f"metric {key!r}: {len(values)} values "
                              f"for {n} steps", len(values), steps[0] if steps else None,
-                             str(key)[:250], "column length")
+                             str(key)[:limits.KEY_LENGTH], "column length")
         if n == 0 or not cols:
             return
         if not self._columns_fast(steps, cols):
@@ -421,7 +422,8 @@ class RunSession:
             if problem is None:
                 good[k] = v
             else:
-                self._refuse(f"{what}:{k!r}"[:80], problem, 1, None, str(k)[:250], what)
+                self._refuse(f"{what}:{k!r}"[:80], problem, 1, None,
+                             str(k)[:limits.KEY_LENGTH], what)
         return good
 
     def _update_meta(self, tags: Mapping[str, Any] | None = None,

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from refrun.keys import STEP_MAX, STEP_MIN
+from refrun.limits import STEP_MAX, STEP_MIN
 
 Point = tuple[str, int, int, float]  # key, step, timestamp_ms, value
 RunStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from refrun import schema
+from refrun import limits, schema
 from refrun.keys import key_problem
 from refrun.report.assessment import results
 from refrun.report.overview import Departure
@@ -30,7 +30,7 @@ def summary_tags(deps: Sequence[Departure], assessment: dict[str, Any] | None
     tags = {schema.TAG_REPORT_VERDICT: str(a.get("verdict") or "none"),
             schema.TAG_REPORT_HIGHEST_LEVEL: str(a.get("highest_level") or "none")}
     failed = [str(r.get("id")) for r in results(assessment) if r.get("outcome") == "fail"]
-    tags[schema.TAG_REPORT_FAILED] = ",".join(failed)[:5000]
+    tags[schema.TAG_REPORT_FAILED] = ",".join(failed)[:limits.TAG_VALUE_LENGTH]
     if deps and deps[0].score is not None:
         tags[schema.TAG_REPORT_TOP_DEPARTURE] = deps[0].metric
     return tags
@@ -74,5 +74,6 @@ def log_summary(run_id: str, tracking_uri: str, deps: Sequence[Departure],
     metrics = [Metric(k, v, now, 0) for k, v in summary_metrics(deps, assessment).items()]
     tags = [RunTag(k, v) for k, v in summary_tags(deps, assessment).items()]
     client = store_client(tracking_uri)
-    for i in range(0, max(len(metrics), 1), 1000):  # MLflow's log_batch limit
-        client.log_batch(run_id, metrics=metrics[i:i + 1000], tags=tags if i == 0 else [])
+    batch = limits.METRICS_PER_BATCH
+    for i in range(0, max(len(metrics), 1), batch):
+        client.log_batch(run_id, metrics=metrics[i:i + batch], tags=tags if i == 0 else [])

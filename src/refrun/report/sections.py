@@ -100,7 +100,7 @@ def runs_table(cmp: Comparison) -> Raw:
     """One row per run: identity, versions, status, duration, where its points came from."""
     rows = []
     for label, r, _ in F.runs_of(cmp):
-        rows.append((label, tag("code", r.run_id), r.tags.get("mlflow.runName", ""),
+        rows.append((label, tag("code", r.run_id), r.tags.get(schema.TAG_RUN_NAME, ""),
                      r.workload or "", r.hardware or "", r.backend or "",
                      r.tags.get(schema.TAG_CHIPS, ""), r.seed or "", _versions(r),
                      r.status, _duration(r), points_from_cell(r)))

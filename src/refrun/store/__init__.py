@@ -5,7 +5,6 @@ module          concept
 ==============  ============================================================================
 ``uri``         which store: tracking-URI resolution (argument, ``$MLFLOW_TRACKING_URI``,
                 ``sqlite:///mlflow.db``), the local sqlite path of a URI
-``limits``      MLflow's limits, declared once: batch sizes, name and value lengths, steps
 ``health``      checks a store before MLflow opens it (missing, empty, not SQLite,
                 truncated, locked, not an MLflow store) and one-line causes of store errors
 ``client``      the ONE client factory (``client(uri, create=...)``): bounded HTTP, the
@@ -20,7 +19,8 @@ module          concept
 ==============  ============================================================================
 
 The first way to write a run, live, is the session's spool and delivery
-(:mod:`refrun.recording`), which takes its client, limits and validation from here.
+(:mod:`refrun.recording`), which takes its client from here; MLflow's limits are
+declared once in the vocabulary (:mod:`refrun.limits`).
 Readers (comparison, acceptance, report, the CLI) import ``uri``, ``health`` and
 ``client`` only; nothing in this package imports the recording stack, and importing the
 package itself imports nothing (MLflow is imported by ``client`` on first use).

@@ -34,10 +34,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from refrun import schema
+from refrun import limits, schema
 from refrun.errors import RefrunStoreError
 from refrun.identity import RunIdentity
-from refrun.store import health, limits, mlflow_ui
+from refrun.store import health, mlflow_ui
 from refrun.store.client import client as store_client
 from refrun.store.client import ensure_experiment, store_failures
 from refrun.store.curves import SCHEMA, summary_tags, write_curves

@@ -322,7 +322,7 @@ class DirectClient:
                    tags: dict[str, str] | None = None, run_name: str | None = None) -> Run:
         tags = dict(tags or {})
         if run_name and tags.get(RUN_NAME_TAG, run_name) != run_name:
-            raise DirectStoreError("Both 'run_name' argument and 'mlflow.runName' tag are "
+            raise DirectStoreError(f"Both 'run_name' argument and '{RUN_NAME_TAG}' tag are "
                                    "specified, but with different values",
                                    "INVALID_PARAMETER_VALUE")
         exp = self.get_experiment(experiment_id)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:  # annotations only: the recording path imports this module, MLflow-free
     from mlflow.tracking import MlflowClient
 
-from refrun import schema
+from refrun import limits, schema
 
 ComparisonKind = Literal["accept", "compare"]
 
@@ -63,7 +63,6 @@ OVERVIEW_VIEW_ID = "refrun-runs"
 OVERVIEW_VIEW_NAME = "refrun: runs by role"
 _RUN_NAME_COLUMN = "attributes.`Run Name`"  # the runs table's column ids (ag-grid colId)
 MAX_REFRUN_VIEWS = 30  # of the 40 saved views MLflow's UI allows per experiment
-MAX_TAG_VALUE = 5000  # characters: within every store's tag-value limit (MLflow: 5,000+)
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,8 @@ def _ensure_view(client: MlflowClient, experiment_id: str, tags: Mapping[str, st
     if key in tags:
         return True
     value = saved_view_value(name, state, int(time.time() * 1000))
-    if len(_refrun_views(tags)) >= MAX_REFRUN_VIEWS or len(value) > MAX_TAG_VALUE:
+    if (len(_refrun_views(tags)) >= MAX_REFRUN_VIEWS
+            or len(value) > limits.EXPERIMENT_TAG_VALUE_LENGTH):
         return False
     client.set_experiment_tag(experiment_id, key, value)
     return True
