@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -88,10 +89,43 @@ def _history(client, run_id: str, key: str) -> list[tuple]:
 
 def test_this_mlflow_creates_a_schema_refrun_knows(store) -> None:
     """Fails when MLflow's schema changes: refrun's direct access must then be checked
-    against the new schema (this file) before its revision is added to KNOWN_REVISIONS."""
+    against the new schema (this file) before its release is added to KNOWN_SCHEMAS."""
     store.client().search_experiments()
     assert direct.schema_revision(_db(store.tracking_uri)) in direct.KNOWN_REVISIONS
     assert isinstance(store_client(store.tracking_uri, direct=True), direct.DirectClient)
+
+
+def test_the_schema_gate_agrees_with_mlflow_and_pyproject(store, tmp_path) -> None:
+    """The releases the direct path serves are ones pyproject allows, the installed one
+    among them with the head revision of its own migration scripts; any other release
+    or revision is MLflow's client's (expected values from MLflow and pyproject)."""
+    import tomllib
+
+    import mlflow.version
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+    from packaging.requirements import Requirement
+
+    installed = mlflow.version.VERSION
+    assert direct.mlflow_version() == installed
+    head = ScriptDirectory.from_config(_get_alembic_config("sqlite://")).get_current_head()
+    assert direct.KNOWN_SCHEMAS[installed] == head
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    core = [Requirement(r) for r in project["project"]["dependencies"]]
+    (skinny,) = [r for r in core if r.name == "mlflow-skinny"]
+    assert all(skinny.specifier.contains(v) for v in direct.KNOWN_SCHEMAS)
+    path = _db(store.tracking_uri)
+    store.client().search_experiments()
+    assert direct.decline_reason(path) is None
+    other = "3.16.0"
+    assert other not in direct.KNOWN_SCHEMAS and skinny.specifier.contains(other)
+    assert "not a release this module was tested with" in direct.decline_reason(
+        path, version=other)
+    older = tmp_path / "older.db"
+    older.write_bytes(path.read_bytes())
+    with contextlib.closing(sqlite3.connect(older)) as con, con:
+        con.execute("UPDATE alembic_version SET version_num = '1971f2d9a75b'")
+    assert f"is not MLflow {installed}'s {head}" in direct.decline_reason(older)
 
 
 def test_a_run_written_directly_reads_back_as_mlflows_own(store, monkeypatch) -> None:
@@ -294,3 +328,240 @@ def test_concurrent_writers_direct_and_mlflow_lose_nothing(store) -> None:
         hist = mlflow.get_metric_history(r.info.run_id, "loss")
         assert len(hist) == 50
         assert hist[-1].value == pytest.approx(1 + int(r.data.tags["i"]))
+
+
+# --- one store behaviour, whichever path serves it: every call, a matrix of features -------
+CALLS = Path(__file__).with_name("store_calls.py")
+WS_ON = {"MLFLOW_ENABLE_WORKSPACES": "true"}
+
+
+def _script(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
+    proc = subprocess.run([sys.executable, str(CALLS), *args], capture_output=True,
+                          text=True, timeout=600, cwd=cwd,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": "", **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def feature_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
+    """Two stores written by MLflow's client: one single-tenant, one with workspaces
+    teamA and teamB; each holds NaN and +-inf history, a repeated step, a renamed run, a
+    deleted run, a RUNNING run, a deleted experiment, an experiment whose artifacts are
+    elsewhere on disk (file://) and one whose artifacts are on another system (s3://)."""
+    out = {}
+    for name, env in (("off", {}), ("on", WS_ON)):
+        root = tmp_path_factory.mktemp(f"features-{name}")
+        out[name] = (root / "store", _script("build", str(root / "store"), name, env=env))
+    return out
+
+
+def _normalised_answers(doc: dict, root: Path) -> dict:
+    text = json.dumps({k: doc[k] for k in ("reads", "writes", "written")})
+    for i, rid in enumerate(doc["made"]):
+        text = text.replace(rid, f"<made {i}>")
+    return json.loads(text.replace(str(root), "<root>"))
+
+
+def _both(tmp_path: Path, store: Path, plan: dict, env: dict[str, str]) -> tuple[dict, ...]:
+    """The plan's calls on two copies of ``store``: through refrun's direct access and
+    through MLflow's client (``REFRUN_SQLITE_DIRECT=0``)."""
+    docs = []
+    for kind in ("direct", "mlflow"):
+        copy = tmp_path / kind
+        shutil.copytree(store, copy)
+        docs.append((copy, _script("calls", f"sqlite:///{copy / 'mlflow.db'}", kind,
+                                   json.dumps(plan), env=env, cwd=copy)))
+    return tuple(docs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["single-tenant", "workspace teamB", "workspace default"])
+def test_every_call_answers_as_mlflows_client(feature_stores, tmp_path, config) -> None:
+    """Each read (experiments by name and id, a search, runs, every metric history,
+    artifact listings) and each write refrun makes (a complete run with NaN and +-inf, a
+    rename, artifacts, FINISHED; a failed run deleted; refusals: a changed param, a
+    deleted run written, another workspace's run or experiment) answers the same through
+    refrun's direct access as through MLflow's client, and leaves the same state."""
+    store, plan = feature_stores["off" if config == "single-tenant" else "on"]
+    env = {} if config == "single-tenant" else {**WS_ON,
+                                                "MLFLOW_WORKSPACE": config.split()[1]}
+    (dpath, d), (mpath, m) = _both(tmp_path, store, plan, env)
+    assert (d["client"], m["client"]) == ("DirectClient", "MlflowClient")
+    got, want = _normalised_answers(d, dpath), _normalised_answers(m, mpath)
+    for part in ("reads", "writes", "written"):
+        differ = sorted(k for k in set(got[part]) | set(want[part])
+                        if got[part].get(k) != want[part].get(k))
+        assert not differ, (part, [(k, got[part].get(k), want[part].get(k))
+                                   for k in differ[:5]])
+    outcomes = [v.get("error", "ok") for v in want["reads"].values()]
+    assert outcomes.count("ok") >= (5 if config == "workspace default" else 40)
+    assert len(want["written"]) >= 15  # two written runs: every read of each
+    existing = set(plan["runs"][:-1])
+    hidden = [k for k, v in want["reads"].items() if k.startswith("run ")
+              and k.split()[1] in existing and v.get("error") == "RESOURCE_DOES_NOT_EXIST"]
+    if config == "workspace teamB":  # teamA's runs (and default's none) do not exist here
+        assert len(hidden) == len(existing) // 2
+        assert want["reads"]["by name shared"]["ok"]["tags"]["team"] == "teamB"
+    elif config == "workspace default":
+        assert len(hidden) == len(existing)
+        assert [e["name"] for e in want["reads"]["search"]["ok"]] == ["Default"]
+    else:
+        assert not hidden
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env,cause", [
+    ({"MLFLOW_ENABLE_WORKSPACES": "false"}, "Cannot disable workspaces"),
+    (WS_ON, "Active workspace is required")])
+def test_workspace_settings_mlflow_refuses_are_refused_the_same(feature_stores, tmp_path,
+                                                                env, cause) -> None:
+    """Workspaces off on a store with workspaces, or on without an active one: the direct
+    path declines and the command fails as MLflow's client does, in one line."""
+    store, plan = feature_stores["on"]
+    (_, d), (_, m) = _both(tmp_path, store, plan, env)
+    assert d["client"] is None and m["client"] is None
+    assert d["open"] == m["open"] == "RefrunStoreError"
+    assert cause in d["message"] and cause in m["message"]
+    with_env = {**os.environ, **env}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in with_env.items():
+            if k.startswith("MLFLOW_"):
+                mp.setenv(k, v)
+        mp.delenv("MLFLOW_WORKSPACE", raising=False)
+        assert direct.decline_reason(store / "mlflow.db") is not None
+
+
+def test_artifacts_elsewhere_are_left_to_mlflow(feature_stores) -> None:
+    """A run whose artifacts are on another system (s3://): the direct path reads the run
+    but declines its artifacts (only MLflow's client downloads from an object store), and
+    loading hands them to MLflow's client."""
+    from refrun.comparison.loading import _artifact_reader
+
+    store, plan = feature_stores["off"]
+    path = store / "mlflow.db"
+    c = direct.DirectClient(f"sqlite:///{path}", path)
+    remote = [r for r in plan["runs"][:-1]
+              if c.get_run(r).info.artifact_uri.startswith("s3://")]
+    assert len(remote) == 1
+    with pytest.raises(direct.DirectStoreError) as err:
+        c.list_artifacts(remote[0])
+    assert err.value.error_code == "INVALID_STATE"
+    reader = _artifact_reader(c, f"sqlite:///{path}", c.get_run(remote[0]))
+    assert type(reader).__name__ == "MlflowClient"
+
+
+_CLI = ("import sys, json\nfrom refrun.cli import main\n"
+        "rc = main(sys.argv[1:])\n"
+        "print(json.dumps([rc, 'mlflow' in sys.modules]))\n")
+_SEEN = """
+import json, sys
+from mlflow.tracking import MlflowClient
+c = MlflowClient(sys.argv[1])
+out = {}
+for e in c.search_experiments():
+    runs = c.search_runs([e.experiment_id], order_by=["attributes.run_name"])
+    out[e.name] = sorted(
+        [r.info.run_name, r.data.tags.get("refrun.role", ""),
+         r.data.tags.get("refrun.seed", ""), r.data.tags.get("refrun.acceptance.verdict", ""),
+         sorted(r.data.metrics), sorted(r.data.params), r.info.status] for r in runs)
+print(json.dumps(out))
+"""
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, bool, str, str]:
+    """``refrun ARGS`` in a fresh process: (exit code, MLflow imported, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-c", _CLI, *args], capture_output=True,
+                          text=True, timeout=600, cwd=cwd, env={**os.environ, **env})
+    rc, imported = json.loads(proc.stdout.strip().splitlines()[-1])
+    return rc, imported, proc.stdout, proc.stderr
+
+
+def _seen(uri: str, env: dict[str, str]) -> dict:
+    """What MLflow's client sees in the store with ``env``'s workspace: per experiment,
+    every run's name, role, seed, verdict, metric and param names and status."""
+    proc = subprocess.run([sys.executable, "-c", _SEEN, uri], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_import_accept_report_with_workspaces_see_and_write_what_mlflow_would(
+        tmp_path) -> None:
+    """With workspaces on (``MLFLOW_WORKSPACE=teamB``), ``refrun import``, ``accept`` and
+    ``report`` through refrun's direct access and through MLflow's client alone see the
+    same runs and write the same into teamB's experiment, nothing into teamA's (which
+    holds a namesake experiment) or the default workspace; a teamA run is not found."""
+    def csv_file(name: str, seed: int) -> Path:
+        s = np.arange(80)
+        loss = 2 * np.exp(-s / 25) + 0.3 + np.random.default_rng(seed).normal(0, 0.01, 80)
+        path = tmp_path / f"{name}.csv"
+        path.write_text("step,loss\n" + "".join(f"{i},{float(v)!r}\n"
+                                                for i, v in zip(s, loss, strict=True)))
+        return path
+
+    base = tmp_path / "base"
+    base.mkdir()
+    uri0 = f"sqlite:///{base / 'mlflow.db'}"
+    team_a = {**WS_ON, "MLFLOW_WORKSPACE": "teamA", "REFRUN_SQLITE_DIRECT": "0"}
+    rc, _, out, err = _cli(["import", "csv", str(csv_file("a", 99)), "--workload", EXPERIMENT,
+                            "--role", "reference", "--hardware", "cpu", "--seed", "9",
+                            "--tracking-uri", uri0], team_a, base)
+    assert rc == 0, err[-2000:]
+    team_a_run = out.strip().splitlines()[0].split()[0]
+    crit = tmp_path / "criteria.toml"
+    crit.write_text(CRITERIA, encoding="utf-8")
+    files = [csv_file(f"r{k}", k) for k in range(4)] + [csv_file("c", 50)]
+    results = {}
+    for setting in ("1", "0"):
+        root = tmp_path / f"store{setting}"
+        shutil.copytree(base, root)
+        uri = f"sqlite:///{root / 'mlflow.db'}"
+        env = {**WS_ON, "MLFLOW_WORKSPACE": "teamB", "REFRUN_SQLITE_DIRECT": setting}
+        ids = []
+        for k, f in enumerate(files):
+            role = "candidate" if k == len(files) - 1 else "reference"
+            rc, _, out, err = _cli(["import", "csv", str(f), "--workload", EXPERIMENT,
+                                    "--role", role, "--hardware", "cpu", "--seed", str(k),
+                                    "--run-name", f"{role} {k}", "--tracking-uri", uri],
+                                   env, root)
+            assert rc == 0, err[-2000:]
+            ids.append(out.strip().splitlines()[0].split()[0])
+        refs, cand = ids[:-1], ids[-1]
+        accept = ["accept", "--criteria", str(crit), "--reference", *refs, "--candidate",
+                  cand, "--tracking-uri", uri, "--json", str(root / "a.json")]
+        rc, imported, _, err = _cli(accept, env, root)
+        assert rc == 0, err[-2000:]
+        assert imported is (setting == "0")  # served without MLflow under workspaces
+        doc = json.loads((root / "a.json").read_text())
+        if setting == "1":  # the same runs assessed through MLflow's client: same evidence
+            again = [*accept[:-1], str(root / "b.json"), "--no-record"]
+            rc, imported, _, err = _cli(again, {**env, "REFRUN_SQLITE_DIRECT": "0"}, root)
+            assert rc == 0 and imported, err[-2000:]
+            mlflows = json.loads((root / "b.json").read_text())
+            assert mlflows["evidence_sha256"] == doc["evidence_sha256"]
+        rc, _, _, err = _cli(["report", "--reference", *refs, "--candidate", cand,
+                              "--criteria", str(crit), "--html", str(root / "r.html"),
+                              "--json", str(root / "m.json"), "--tracking-uri", uri],
+                             env, root)
+        assert rc == 0, err[-2000:]
+        matrix = json.loads((root / "m.json").read_text())
+        rc, _, _, err = _cli(["accept", "--criteria", str(crit), "--reference", team_a_run,
+                              "--candidate", cand, "--tracking-uri", uri, "--no-record"],
+                             env, root)
+        assert rc == 2 and f"run {team_a_run!r}: not found" in err
+        results[setting] = {
+            "verdict": doc["verdict"], "levels": doc["levels"],
+            "matrix": [(c["verdict"], c["highest_level"], sorted(c["cells"]))
+                       for c in matrix["candidates"]],
+            "teamB": _seen(uri, {**WS_ON, "MLFLOW_WORKSPACE": "teamB"}),
+            "teamA": _seen(uri, {**WS_ON, "MLFLOW_WORKSPACE": "teamA"}),
+            "default": _seen(uri, {**WS_ON, "MLFLOW_WORKSPACE": "default"})}
+    assert results["1"] == results["0"]
+    seen = results["1"]
+    assert seen["verdict"] == "pass"
+    assert [r[1] for r in seen["teamB"][EXPERIMENT]].count("reference") == 4
+    assert [r[1] for r in seen["teamB"][EXPERIMENT]].count("comparison") == 2  # accept, report
+    assert [r[1] for r in seen["teamA"][EXPERIMENT]] == ["reference"]
+    assert EXPERIMENT not in seen["default"]

@@ -41,6 +41,8 @@ from refrun.store.complete import (
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+    from refrun.store.surface import StoreClient
+
 TAG_PREFIX = schema.TAG_ACCEPTANCE_PREFIX
 TAG_VERDICT = schema.TAG_ACCEPTANCE_VERDICT
 TAG_HIGHEST = schema.TAG_ACCEPTANCE_HIGHEST
@@ -89,7 +91,7 @@ def assessment_run(a: Assessment, crit: CriteriaFile, evidence: dict[str, Any],
                  schema.TAG_COMPARED_CANDIDATE: a.candidate_id, **level_tags(a)})
     verdict = ui_verdict(a)
 
-    def ui_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
+    def ui_tags(client: StoreClient, run_id: str) -> dict[str, str]:
         return mlflow_ui.comparison_ui_tags(client, run_id, "accept", verdict, run_names)
 
     return CompleteRun(

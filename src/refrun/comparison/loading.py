@@ -43,8 +43,8 @@ from refrun.store.runs import list_runs
 from refrun.store.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
-    from mlflow.entities import Run
-    from mlflow.tracking import MlflowClient
+    from refrun.store.surface import RunView as Run
+    from refrun.store.surface import StoreClient
 
 T = TypeVar("T")
 CURVE_DTYPES = {"step": "int64", "value": "float64", "timestamp_ms": "int64", "seq": "int64"}
@@ -189,14 +189,14 @@ class RunData:
         return cache
 
 
-def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
+def _client(tracking_uri: str | None) -> tuple[StoreClient, str]:
     """The store's reader: refrun's own sqlite access where it applies
     (:mod:`refrun.store.direct`: no MLflow import), else MLflow's client."""
     uri = resolve_tracking_uri(tracking_uri)
     return store_client(uri, direct=True), uri
 
 
-def _artifact_reader(client: MlflowClient, uri: str, run: Run) -> MlflowClient:
+def _artifact_reader(client: StoreClient, uri: str, run: Run) -> StoreClient:
     """``client``, or MLflow's when the run's artifacts are not on this machine (only
     MLflow's client downloads from an object store or a server)."""
     if isinstance(client, DirectClient) and local_path(run.info.artifact_uri) is None:
@@ -269,7 +269,7 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
                    latest_metrics=dict(run.data.metrics))
 
 
-def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,
+def _with_job(client: StoreClient, uri: str, run: Run, curves: pd.DataFrame,
               source: Source, metrics: Sequence[str] | None
               ) -> tuple[JobSummary | None, pd.DataFrame]:
     """The run's :class:`JobSummary` (per-rank artifacts ``refrun/ranks/``) and its curves
@@ -308,7 +308,7 @@ def _with_job(client: MlflowClient, uri: str, run: Run, curves: pd.DataFrame,
     return job, merged
 
 
-def _download_ranks(client: MlflowClient, uri: str, run_id: str, tmp: Path) -> Path:
+def _download_ranks(client: StoreClient, uri: str, run_id: str, tmp: Path) -> Path:
     """Download ``refrun/ranks/`` (and rank 0's curves for its step times) into ``tmp``;
     returns ``tmp`` laid out like the run's artifact root.  A file the store says is not
     there stays missing (the job summary names the rank); an error reading the store is
@@ -328,7 +328,7 @@ def _download_ranks(client: MlflowClient, uri: str, run_id: str, tmp: Path) -> P
     return tmp
 
 
-def _listed(client: MlflowClient, uri: str, run_id: str, directory: str) -> set[str]:
+def _listed(client: StoreClient, uri: str, run_id: str, directory: str) -> set[str]:
     """The paths in one artifact directory of a run; empty when the store says the
     directory does not exist.  Transient errors propagate (for :func:`retried`); any
     other answer is a one-line error."""
@@ -374,14 +374,14 @@ def load_query(workload: str, role: str | None = None, *, hardware: str | None =
     return load_runs(ids, metrics, tracking_uri, progress)
 
 
-def _get_run(client: MlflowClient, uri: str, run_id: str) -> Run:
+def _get_run(client: StoreClient, uri: str, run_id: str) -> Run:
     try:
         return client.get_run(run_id)
     except refusals() as exc:
         raise RefrunInputError(f"run {run_id!r}: not found in {uri}") from exc
 
 
-def _wait_until_complete(client: MlflowClient, uri: str, run: Run,
+def _wait_until_complete(client: StoreClient, uri: str, run: Run,
                          curves: pd.DataFrame | None, metrics: Sequence[str] | None,
                          wait_s: float) -> tuple[Run, pd.DataFrame | None]:
     """``(run, curves)`` once the run is complete; refuses it after ``wait_s`` seconds."""
@@ -440,7 +440,7 @@ def retried(what: str, read: Callable[[], T], pauses: Sequence[float] | None = N
     raise AssertionError("unreachable")
 
 
-def _read_artifact(client: MlflowClient, uri: str, run_id: str, artifact_uri: str | None,
+def _read_artifact(client: StoreClient, uri: str, run_id: str, artifact_uri: str | None,
                    metrics: Sequence[str] | None) -> pd.DataFrame | None:
     """The run's curves artifact, or None only when the store says there is none."""
     local = local_path(artifact_uri)
@@ -490,7 +490,7 @@ def history_values(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _read_history(client: MlflowClient, run_id: str, keys: list[str],
+def _read_history(client: StoreClient, run_id: str, keys: list[str],
                   metrics: Sequence[str] | None, progress: bool) -> pd.DataFrame:
     from tqdm.auto import tqdm
 

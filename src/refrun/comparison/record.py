@@ -36,7 +36,7 @@ from refrun.store.complete import (
 from refrun.util.thinning import MLFLOW_MAX_POINTS
 
 if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
+    from refrun.store.surface import StoreClient
 
 ARTIFACT_COMPARISON = schema.ARTIFACT_COMPARISON
 
@@ -93,7 +93,7 @@ def record_comparison(comparison: Comparison, tracking_uri: str | None = None,
     params = string_tags({f"option.{k}": v for k, v in vars(comparison.options).items()})
     keep_name = run_name is not None
 
-    def ui_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
+    def ui_tags(client: StoreClient, run_id: str) -> dict[str, str]:
         # Name and description (they link to the run's own id), set with the end-of-run
         # tags through the client already open: no second client, no writes after FINISHED.
         ui = mlflow_ui.comparison_ui_tags(client, run_id, "compare")

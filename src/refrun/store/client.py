@@ -26,10 +26,11 @@ writer shares.
 One client per process and URI is kept (MLflow's clients are thread-safe and hold the
 engine / HTTP session).
 
-``direct=True`` (a command that loads runs or writes a complete run) may get a
-:class:`refrun.store.direct.DirectClient` instead: the same methods on a local sqlite
-store of a schema refrun knows, without importing MLflow (see :mod:`refrun.store.direct`
-for why and for what falls back to MLflow's client).
+``direct=True`` (a command that loads runs or writes a complete run) gets a
+:class:`refrun.store.surface.StoreClient`: a :class:`refrun.store.direct.DirectClient`
+where that module may serve the store (a local sqlite store of an MLflow release and
+schema it knows, MLflow's workspaces honoured: :func:`refrun.store.direct.decline_reason`),
+the same calls without importing MLflow; MLflow's client otherwise.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar, overload
 
 from refrun.errors import RefrunStoreError
 from refrun.settings import Settings, settings
 from refrun.store import direct as direct_store
 from refrun.store import health
+from refrun.store.surface import StoreClient
 from refrun.store.uri import database_server, resolve_tracking_uri, sqlite_path
 
 if TYPE_CHECKING:
@@ -73,22 +75,33 @@ def bound_store_waits(s: Settings | None = None) -> None:
     os.environ.setdefault("PGCONNECT_TIMEOUT", timeout)
 
 
+@overload
+def client(uri: str | None = None, *, create: bool = False,
+           direct: Literal[False] = False) -> MlflowClient: ...
+
+
+@overload
+def client(uri: str | None = None, *, create: bool = False,
+           direct: Literal[True]) -> StoreClient: ...
+
+
 def client(uri: str | None = None, *, create: bool = False, direct: bool = False
-           ) -> MlflowClient:
+           ) -> MlflowClient | StoreClient:
     """An MLflow client for the store ``uri`` (resolved by
     :func:`~refrun.store.uri.resolve_tracking_uri`) that is known to be usable.
 
     ``create=False`` (readers): the store must exist and answer.  ``create=True``
     (writers): a sqlite store may be created where no file exists.  ``direct=True``: a
+    :class:`~refrun.store.surface.StoreClient`, refrun's own
     :class:`~refrun.store.direct.DirectClient` where :func:`refrun.store.direct.usable`
-    allows (typed as MLflow's client: it has the methods its callers use).  Raises
-    :class:`RefrunStoreError` (one line naming the store and the cause) otherwise.
+    allows, else MLflow's.  Raises :class:`RefrunStoreError` (one line naming the store
+    and the cause) otherwise.
     """
     direct = direct and direct_store.enabled()
     cached = _clients.get((uri, direct)) if uri else None  # the delivery asks every step
     if cached is not None and (create or uri in _checked):
         _last_uri[:] = [uri]
-        return cached  # type: ignore[return-value]
+        return cached
     resolved = resolve_tracking_uri(uri)
     _last_uri[:] = [resolved]
     s = settings()
@@ -99,7 +112,7 @@ def client(uri: str | None = None, *, create: bool = False, direct: bool = False
     if not create and resolved not in _checked:
         _answers(made, resolved)
         _checked.add(resolved)
-    return made  # type: ignore[return-value]
+    return made
 
 
 def _open(uri: str, create: bool, s: Settings, direct: bool = False
@@ -112,7 +125,9 @@ def _open(uri: str, create: bool, s: Settings, direct: bool = False
 
     def made() -> MlflowClient | direct_store.DirectClient:
         if direct and direct_store.usable(path, s.http_timeout_s):
-            return direct_store.DirectClient(uri, path, s.http_timeout_s)
+            return direct_store.DirectClient(
+                uri, path, s.http_timeout_s,
+                workspaces=bool(direct_store.workspaces_enabled()))
         return _guarded(uri, lambda: _new_client(uri))
 
     # Checked and opened under the lock a writer holds while MLflow creates and migrates a

@@ -46,7 +46,7 @@ from refrun.store.uri import resolve_tracking_uri
 from refrun.util.thinning import MLFLOW_MAX_POINTS, bounded_view, sorted_unique
 
 if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
+    from refrun.store.surface import StoreClient
 
 log = logging.getLogger("refrun")
 
@@ -160,7 +160,7 @@ class CompleteRun:
     """Tags set once everything else is written."""
     max_points: int = MLFLOW_MAX_POINTS
     """Most points per metric in MLflow's metric history."""
-    tags_for_run: Callable[[MlflowClient, str], dict[str, str]] | None = None
+    tags_for_run: Callable[[StoreClient, str], dict[str, str]] | None = None
     """Tags that need the new run's id (e.g. links to it), set with ``end_tags``."""
 
 
@@ -229,7 +229,7 @@ def write_copied_run(run: CopiedRun, tracking_uri: str | None = None) -> str:
 
 
 def _create(uri: str, experiment: str, *, start_time: int | None, tags: dict[str, str],
-            run_name: str) -> tuple[MlflowClient, str]:
+            run_name: str) -> tuple[StoreClient, str]:
     """The writing client and a new run in ``experiment`` (created when missing)."""
     try:
         client, exp_id = _writer(uri, experiment)
@@ -243,7 +243,7 @@ def _create(uri: str, experiment: str, *, start_time: int | None, tags: dict[str
 
 
 @contextlib.contextmanager
-def _deleted_on_failure(client: MlflowClient, uri: str, run_id: str) -> Iterator[None]:
+def _deleted_on_failure(client: StoreClient, uri: str, run_id: str) -> Iterator[None]:
     """Anything raised while the run is filled marks it FAILED and deletes it, so nothing
     half-written stays visible; a store failure becomes one :class:`RefrunStoreError`."""
     try:
@@ -258,7 +258,7 @@ def _deleted_on_failure(client: MlflowClient, uri: str, run_id: str) -> Iterator
         raise
 
 
-def _writer(uri: str, experiment: str) -> tuple[MlflowClient, str]:
+def _writer(uri: str, experiment: str) -> tuple[StoreClient, str]:
     """The client that writes the run and its experiment's id: refrun's own sqlite access
     (:mod:`refrun.store.direct`) where the store's schema is known and the experiment
     exists with its artifacts on this machine; MLflow's client otherwise (a new store or
@@ -273,7 +273,7 @@ def _writer(uri: str, experiment: str) -> tuple[MlflowClient, str]:
     return c, ensure_experiment(c, experiment)
 
 
-def _entities(client: MlflowClient, items: list[Any]) -> list[Any]:
+def _entities(client: StoreClient, items: list[Any]) -> list[Any]:
     """``items`` (:mod:`refrun.store.direct`'s Metric, Param, RunTag) as the client takes
     them: as they are for refrun's sqlite access, as MLflow's entities for MLflow's."""
     if isinstance(client, DirectClient) or not items:
@@ -284,7 +284,7 @@ def _entities(client: MlflowClient, items: list[Any]) -> list[Any]:
     return [kind(**{f: getattr(x, f) for f in x.__slots__}) for x in items]
 
 
-def _fill(client: MlflowClient, run_id: str, run: CompleteRun, view: list[Metric],
+def _fill(client: StoreClient, run_id: str, run: CompleteRun, view: list[Metric],
           files: Future[dict[str, str]], tree: Path, cut: list[str]) -> None:
     params = _entities(client, [Param(k, v) for k, v in _fitted(
         run.params, limits.PARAM_VALUE_LENGTH, "param", cut).items()])

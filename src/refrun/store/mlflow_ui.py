@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # annotations only: the recording path imports this module, MLflow-free
-    from mlflow.tracking import MlflowClient
+    from refrun.store.surface import StoreClient
 
 from refrun import limits, schema
 
@@ -132,7 +132,7 @@ def _refrun_views(tags: Mapping[str, str]) -> list[str]:
     return [k for k in tags if k.startswith(schema.TAG_SAVED_VIEW_PREFIX + "refrun-")]
 
 
-def _ensure_view(client: MlflowClient, experiment_id: str, tags: Mapping[str, str],
+def _ensure_view(client: StoreClient, experiment_id: str, tags: Mapping[str, str],
                  view_id: str, name: str, state: Mapping[str, object]) -> bool:
     """Write saved view ``view_id`` unless present; False when it cannot be (too many
     refrun views already, or too long for a tag)."""
@@ -147,7 +147,7 @@ def _ensure_view(client: MlflowClient, experiment_id: str, tags: Mapping[str, st
     return True
 
 
-def prepare_experiment(client: MlflowClient, experiment_id: str) -> None:
+def prepare_experiment(client: StoreClient, experiment_id: str) -> None:
     """Make experiment ``experiment_id`` open as a model-training experiment
     (``mlflow.experimentKind = custom_model_development``, unless it has a kind) with the
     saved view ``refrun: runs by role`` (unless present).
@@ -266,7 +266,7 @@ def comparison_description(*, kind: ComparisonKind, experiment_id: str, run_id: 
     return "\n".join(lines)
 
 
-def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
+def comparison_ui_tags(client: StoreClient, run_id: str, kind: ComparisonKind,
                        verdict: Verdict | None = None,
                        names: Mapping[str, str] | None = None) -> dict[str, str]:
     """Name and description tags for comparison run ``run_id`` (already created, with its
@@ -311,7 +311,7 @@ def comparison_ui_tags(client: MlflowClient, run_id: str, kind: ComparisonKind,
     }
 
 
-def describe_comparison(client: MlflowClient, run_id: str, kind: ComparisonKind,
+def describe_comparison(client: StoreClient, run_id: str, kind: ComparisonKind,
                         verdict: Verdict | None = None, keep_name: bool = False) -> None:
     """Set the name and description of comparison run ``run_id`` (a run written in one
     pass, :mod:`refrun.store.complete`) as :func:`comparison_ui_tags` makes them; the run
