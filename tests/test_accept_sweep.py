@@ -40,11 +40,12 @@ CRITERIA = loss_envelope_criteria("sweep-test")
 
 
 def write_run(uri: str, role: str, seed: int, *, shift: float = 0.0,
-              name: str | None = None, params: dict[str, str] | None = None) -> str:
+              name: str | None = None, params: dict[str, str] | None = None,
+              backend: str = "torch") -> str:
     rng = np.random.default_rng(seed)
     s = np.arange(N)
     loss = 2 * np.exp(-s / 20) + 0.3 + rng.normal(0, 0.01, N) + np.where(s >= N // 2, shift, 0)
-    tags = identity_tags("sweep-test", role, hardware="cpu", backend="torch", seed=seed)
+    tags = identity_tags("sweep-test", role, hardware="cpu", backend=backend, seed=seed)
     tags[schema.TAG_PLANNED_STEPS] = str(N)
     table = curves_table(pd.Categorical(["loss"] * N), s, loss, now_ms())
     return write_complete_run(CompleteRun("sweep-test", tags, table, params=params or {},
@@ -195,3 +196,75 @@ def test_report_of_a_sweep_links_each_comparison_run_to_the_mlflow_ui(
     table = re.search(r'id="candidate-matrix">(.*?)</table>', html, re.S).group(1)
     labels = re.findall(r'<a href="#cand-\d">([^<]+)</a>', table)
     assert len(set(labels)) == 3 and all(lab.startswith("jax seed 0 · seed=") for lab in labels)
+
+
+# What calibrate writes for the integrity evidence only PyTorch/XLA's probe records.
+XLA_ONLY = """
+[[criteria]]
+id = "host-copies-per-step"
+kind = "host_transfers"
+level = "L2"
+metrics = ["xfer/d2h"]
+statistic = "mean"
+max = 0.5
+backends = ["torch_xla"]
+
+[[criteria]]
+id = "no-cpu-fallback"
+kind = "fallback"
+level = "L2"
+allow = []
+backends = ["torch_xla"]
+"""
+
+
+def test_a_sweep_of_jax_candidates_prints_one_line_each_and_no_scope_warning(
+        sweep: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """30 JAX candidates against criteria two of which apply to PyTorch/XLA only: 30
+    lines and the summary, no warning; each skip is a row of its assessment."""
+    cands = [write_run(sweep["uri"], "candidate", 100 + i, name=f"jax {i}", backend="jax")
+             for i in range(30)]
+    crit = tmp_path / "criteria.toml"
+    crit.write_text(CRITERIA + XLA_ONLY, encoding="utf-8")
+    out = tmp_path / "sweep.json"
+    rc = main(["accept", "--criteria", str(crit), "--reference", *sweep["refs"],
+               "--candidate", *cands, "--tracking-uri", sweep["uri"], "--json", str(out),
+               "--no-record"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed
+    lines = printed.out.strip().splitlines()
+    assert len(lines) == 31 and lines[-1].startswith("30 candidates: 30 pass, 0 fail")
+    assert [line.split()[0] for line in lines[:30]] == cands
+    assert "warning" not in (printed.out + printed.err).lower()
+    assert "scoped" not in printed.out + printed.err
+    for c in json.loads(out.read_text())["candidates"]:
+        assert c["warnings"] == []
+        skipped = {r["id"]: r for r in c["results"] if r["outcome"] == "not_applicable"}
+        assert set(skipped) == {"host-copies-per-step", "no-cpu-fallback"}
+        assert all("no compared run has that backend (runs: jax, torch)" in r["reason"]
+                   for r in skipped.values())
+
+
+def test_a_warning_to_act_on_is_printed_once_after_the_summary(
+        sweep: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A warning the user should act on (a candidate whose stored backend tag refrun does
+    not know: the scoped criteria are not evaluable for it) is counted on its line and
+    printed once after the summary, naming the candidates it concerns."""
+    from mlflow.tracking import MlflowClient
+
+    cands = [write_run(sweep["uri"], "candidate", 200 + i, name=f"jax {i}", backend="jax")
+             for i in range(3)]
+    MlflowClient(sweep["uri"]).set_tag(cands[1], schema.TAG_BACKEND, "tpu-thing")
+    crit = tmp_path / "criteria.toml"
+    crit.write_text(CRITERIA + XLA_ONLY, encoding="utf-8")
+    rc = main(["accept", "--criteria", str(crit), "--reference", *sweep["refs"],
+               "--candidate", *cands, "--tracking-uri", sweep["uri"], "--no-record"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 1  # not evaluable is no pass
+    assert [line.split()[0] for line in lines[:3]] == cands
+    assert "warning" not in lines[0] + lines[2] and "2 warning(s)" in lines[1]
+    assert lines[3].startswith("3 candidates: 2 pass, 0 fail, 1 incomplete")
+    assert lines[4:] == [
+        f"WARNING (1 of 3 candidates: {cands[1][:8]}): candidate backend 'tpu-thing' is not "
+        f"a known backend name; criterion '{cid}' (scoped to torch_xla) not evaluable"
+        for cid in ("host-copies-per-step", "no-cpu-fallback")]

@@ -5,7 +5,9 @@ assessment as a comparison run.
 With several candidates (a sweep) the references are loaded once, every candidate is
 assessed before anything is recorded (bad input for one of them: exit 2, nothing
 recorded), then each assessment is recorded and printed as one line, followed by a
-summary.
+summary; a warning (something to act on) is printed once after the summary, with the
+candidates it concerns, and counted on their lines.  A criterion that does not apply to
+a candidate's backend by design is a row of its assessment, not a warning.
 
 Exit codes: 0 every criterion of every candidate passed, 1 one failed or could not be
 evaluated, 2 bad usage or input (nothing recorded).
@@ -255,14 +257,30 @@ def summary(assessments: list[Assessment]) -> dict[str, int]:
     return counts
 
 
+def grouped_warnings(assessments: list[Assessment], shown: int = 5) -> list[str]:
+    """Each distinct warning once, in order of first appearance, with the candidates it
+    concerns (all of them, or how many and the first ``shown`` ids)."""
+    by: dict[str, list[str]] = {}
+    for a in assessments:
+        for w in dict.fromkeys(a.warnings):
+            by.setdefault(w, []).append(a.candidate_id)
+    n = len(assessments)
+    out = []
+    for w, ids in by.items():
+        which = (f"all {n} candidates" if len(ids) == n else
+                 f"{len(ids)} of {n} candidates: " + ", ".join(i[:8] for i in ids[:shown])
+                 + (", ..." if len(ids) > shown else ""))
+        out.append(f"WARNING ({which}): {w}")
+    return out
+
+
 def _sweep(args: argparse.Namespace, crit: Any, uri: str, done: list[Assessed]) -> int:
-    """Several candidates: one line each (recorded as it is printed), then a summary."""
+    """Several candidates: one line each (recorded as it is printed), a summary, then each
+    distinct warning once (never hidden behind a verdict: each line counts its own)."""
     rows = []
     for item in done:
         run_id = _record(args, crit, uri, item)
         print(candidate_line(item.assessment, run_id), flush=True)
-        for warning in item.assessment.warnings:  # never hidden behind a verdict
-            print(f"  WARNING: {warning}")
         rows.append({**item.assessment.to_dict(), "comparison_run_id": run_id})
     assessments = [d.assessment for d in done]
     counts = summary(assessments)
@@ -270,6 +288,8 @@ def _sweep(args: argparse.Namespace, crit: Any, uri: str, done: list[Assessed]) 
     print(f"{counts['candidates']} candidates: {counts['pass']} pass, {counts['fail']} fail, "
           f"{counts['incomplete']} incomplete (criteria {Path(crit.path).name}, "
           f"{len(args.reference)} reference(s))")
+    for line in grouped_warnings(assessments):
+        print(line)
     if args.json is not None:
         doc = {"format": SWEEP_FORMAT, "format_version": SWEEP_FORMAT_VERSION,
                "criteria": {"path": crit.path, "sha256": crit.sha256},
