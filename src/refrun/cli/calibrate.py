@@ -21,8 +21,12 @@ EPILOG = textwrap.dedent("""\
       or disagree.  The file states, per criterion, the worst held-out value, the margin
       and the smallest shift it detects, plus a [calibration] table (runs, N, method,
       date, refrun version).  Use as many references with `refrun accept` as the group
-      size.  Every evaluation metric (eval/...) gets an L3 criterion from its final
-      evaluation; without any, --goal states the project's goal (else exit 2).
+      size.  Every evaluation metric gets an L3 criterion from its final evaluation,
+      however it was logged: log_eval (eval/...), a name that says evaluation
+      (val/accuracy, val_loss, eval_loss, Accuracy/test), an evaluation cadence (every
+      N steps while training metrics are logged every step) or --eval-metric; the file's
+      notes say which were taken.  Without any, --goal states the project's goal (else
+      exit 2).
       When the store holds known-good same-seed evidence (a run tagged
       refrun.pair.known_good with the refrun.pair.seed of a reference seed), a `paired`
       criterion on the loss is written from it; otherwise a note says why not.
@@ -70,6 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "fixed sample of K (default 100; --check: 5)")
     p.add_argument("--metric", nargs="+", action="extend", default=None, metavar="M",
                    help="calibrate only these metrics (default: every shared metric)")
+    p.add_argument("--eval-metric", action="append", default=[], metavar="M",
+                   help="judge M as an evaluation series (L3, by its final evaluation) "
+                        "when neither its name (val/..., eval_..., .../test), log_eval, "
+                        "nor its cadence says so (repeatable)")
     p.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="KIND",
                    help="leave out criteria of these kinds, e.g. step_time when the "
                         "references ran on other machines than the candidates will")
@@ -156,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         group_size=args.group_size, min_fraction=args.min_fraction,
         **({} if args.max_groups is None else {"max_groups": args.max_groups}),
         metrics=tuple(args.metric) if args.metric else None,
+        eval_metrics=tuple(args.eval_metric),
         exclude_kinds=tuple(args.exclude), require_gradcheck=args.require_gradcheck,
         goals=goals, prices=Prices(hourly=hourly), keep_outliers=args.keep_outliers,
         **({} if args.step_time_floor is None else {"step_time_floor": args.step_time_floor}),

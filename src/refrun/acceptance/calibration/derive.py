@@ -12,7 +12,7 @@ import datetime as dt
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 from refrun import identity, schema
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
+from refrun.acceptance.calibration import evaluation
 from refrun.acceptance.calibration.goals import PerformanceGoal, parse_performance_goal
 from refrun.acceptance.calibration.render import clean_float, render
 from refrun.acceptance.criteria import CriteriaSettings, Prices
@@ -164,6 +165,9 @@ class CalibrationOptions:
     # have 35; 10 in groups of 3, 84), else a fixed sample (see groups_for).
     max_groups: int = MAX_GROUPS
     min_steps: int = 3  # fewer common points: a one-point metric
+    # Metrics declared as evaluation series (``--eval-metric``), beside those recognised
+    # by how they were logged, their names or their cadence (calibration.evaluation).
+    eval_metrics: tuple[str, ...] = ()
     metrics: tuple[str, ...] | None = None  # only these metrics (default: all shared)
     exclude_kinds: tuple[str, ...] = ()  # leave out criteria of these kinds
     # Require a passed gradient-check run for every candidate (an L1 `gradcheck`
@@ -229,6 +233,9 @@ class Calibrated:
     created_utc: str
     notes: list[str] = field(default_factory=list)  # said in the file and by the CLI
     outliers: list[Outlier] = field(default_factory=list)  # reference seeds named
+    # The L0 finite-loss check's metric when the references' training loss is not called
+    # `loss` (evaluation.training_loss); written as the file's [l0] loss_metric.
+    loss_metric: str | None = None
 
     def text(self) -> str:
         """The criteria file (TOML)."""
@@ -307,7 +314,7 @@ def is_gradient_norm(metric: str) -> bool:
     return is_parameter_metric(metric) or metric.rsplit("/", 1)[-1] == "grad_norm"
 
 
-def has_final_window(metric: str) -> bool:
+def has_final_window(metric: str, evaluations: Collection[str] = ()) -> bool:
     """Whether calibrate writes a final-window closeness for a per-step metric.
 
     Not for evaluation metrics (their last shared point is judged as a one-value metric)
@@ -315,8 +322,11 @@ def has_final_window(metric: str) -> bool:
     is ``grad_norm``): a final window asserts that seeds converge to one value, which
     holds for the objective and not for a gradient norm, whose end-of-run level depends
     on the minimum each seed reached (measured: about 1 in 10 seeds of the digits MLP
-    ends at twice the others' norms).  Their envelope still judges every step."""
-    return not (metric.startswith(schema.EVAL_PREFIX) or is_gradient_norm(metric))
+    ends at twice the others' norms).  Their envelope still judges every step.
+    ``evaluations``: the evaluation metrics (:func:`evaluation.evaluation_metrics`);
+    ``eval/...`` is one in any case."""
+    return not (metric in evaluations or metric.startswith(schema.EVAL_PREFIX)
+                or is_gradient_norm(metric))
 
 
 def _slug(metric: str) -> str:
@@ -875,7 +885,9 @@ def _quantities(runs: list[RunData], opts: CalibrationOptions) -> dict[str, np.n
     numerical threshold (the step-time criterion's own spread covers a slow seed)."""
     keep, st = opts.settings.keep, opts.settings
     out: dict[str, np.ndarray] = {}
-    for m in shared_metrics(runs):
+    shared = shared_metrics(runs)
+    evals = evaluation.evaluation_metrics(runs, shared, declared=opts.eval_metrics, keep=keep)
+    for m in shared:
         if m.startswith(schema.PROGRESS_PREFIX) or m.startswith(SKIP_PREFIXES):
             continue
         if opts.metrics is not None and m not in opts.metrics:
@@ -884,7 +896,7 @@ def _quantities(runs: list[RunData], opts: CalibrationOptions) -> dict[str, np.n
         common = _all_common(series)
         if len(common) == 0:
             continue
-        if m.startswith(schema.EVAL_PREFIX) or len(common) < opts.min_steps:
+        if m in evals or len(common) < opts.min_steps:
             out[f"final value of {m} (step {int(common[-1])})"] = final_values(series)[1]
             continue
         k = final_window_size(len(common), st.final_fraction, st.final_points)
@@ -982,6 +994,10 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
             raise RefrunInputError(f"--metric: {', '.join(missing)} not recorded (with a "
                                    f"finite value) in every reference run")
         metrics = [m for m in metrics if m in opts.metrics]
+    undeclared = [m for m in opts.eval_metrics if m not in metrics]
+    if undeclared:
+        raise RefrunInputError(f"--eval-metric: {', '.join(undeclared)} not recorded (with a "
+                               f"finite value) in every reference run")
     skipped: dict[str, str] = {}
     per_step, one_point = [], []
     for m in metrics:
@@ -1013,8 +1029,10 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                                        else "references of different backends")
     # One-value quantities (judged at L3): one-point metrics as logged, and the final
     # evaluation of every periodically evaluated metric (its last shared point).
+    evals = evaluation.evaluation_metrics(runs, per_step, declared=opts.eval_metrics,
+                                          keep=keep)
     finals = {m: final_values([_series(r, m, keep) for r in runs])
-              for m in per_step if m.startswith(schema.EVAL_PREFIX)}
+              for m in per_step if m in evals}
     one_values = {m: (None, np.array([_series(r, m, keep).values[-1] for r in runs]))
                   for m in one_point}
     one_values.update(finals)
@@ -1022,10 +1040,11 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     n_tost = sum(tost_ok and float(np.std(v)) > 0 for _, v in one_values.values())
     goals = [_goal(goal, runs, metrics, keep) for goal in opts.goals
              if isinstance(goal, Goal)]
-    quantile_metrics = [m for m in per_step if not m.startswith(schema.EVAL_PREFIX)] \
+    quantile_metrics = [m for m in per_step if m not in evals] \
         if len(runs) >= opts.quantile_min_runs and "quantile" not in opts.exclude_kinds \
         else []
-    n_crit = (len(per_step) + sum(map(has_final_window, per_step)) + len(one_values)
+    n_crit = (len(per_step) + sum(has_final_window(m, evals) for m in per_step)
+              + len(one_values)
               + n_tost + len(goals) + int(bool(has_time))
               + len(quantile_metrics) * len(RUN_QUANTILES))
     cov = _cov(opts, n_crit)
@@ -1039,9 +1058,9 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
             # An evaluation is a measurement even where every seed scored the same (a
             # saturated accuracy): it keeps the noise allowance.
             exact = float(np.max(np.abs(series[0].values))) if identical(series) \
-                and not m.startswith(schema.EVAL_PREFIX) else None
+                and m not in evals else None
             out.append(_envelope(m, env, opts, len(runs), g, exact))
-        if has_final_window(m):
+        if has_final_window(m, evals):
             out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
                                      len(runs), window_noise(series, opts, cov)))
     notes: list[str] = []
@@ -1062,7 +1081,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                      "one run-level value detects only shifts of many seed standard "
                      "deviations)")
     envelope_only = [m for m in per_step
-                     if not m.startswith(schema.EVAL_PREFIX) and is_gradient_norm(m)]
+                     if m not in evals and is_gradient_norm(m)]
     if envelope_only:
         notes.append(f"{len(envelope_only)} gradient norm(s) ({', '.join(envelope_only[:3])}"
                      f"{', ...' if len(envelope_only) > 3 else ''}) judged by their "
@@ -1091,7 +1110,7 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     out += performance_goals([g for g in opts.goals if isinstance(g, PerformanceGoal)],
                              runs, opts.prices)
     out += best_of_relations(runs, one_point, [m for m in per_step
-                                               if m.startswith(schema.EVAL_PREFIX)], keep)
+                                               if m in evals], keep)
     if has_time:
         lim = step_time_limits(runs, opts, g, cov)
         out.append(_step_time(lim, len(runs)))
@@ -1100,7 +1119,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     if opts.require_gradcheck:
         out.append(_gradcheck())
     if "paired" not in opts.exclude_kinds:
-        out += _paired_criteria(known_good, pair_references or runs, metrics, per_step,
+        out += _paired_criteria(known_good, pair_references or runs, metrics,
+                                [m for m in per_step if m in evals],
                                 keep, notes)
     if "restore" not in opts.exclude_kinds:
         out += _restore_criterion(known_good, pair_references or runs, metrics, keep, notes)
@@ -1110,23 +1130,32 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
     if not any(d.table["level"] == "L3" for d in out):
         raise RefrunInputError(
             "calibrate: no L3 (project goal) criterion can be derived from these "
-            "references (no evaluation metric eval/... or one-value metric shared by all "
-            "of them), so no candidate could reach L3 or be judged at L4; state the "
-            "project's goal with --goal METRIC>=VALUE (or METRIC<=VALUE), e.g. --goal "
-            f"{schema.M_LOSS}<=0.5; nothing written")
+            "references (no evaluation metric shared by all of them: none logged with "
+            "log_eval, named as one (val/..., eval_..., .../test), logged at an evaluation "
+            "cadence or declared with --eval-metric; no one-value metric), so no candidate "
+            "could reach L3 or be judged at L4; state the project's goal with --goal "
+            f"METRIC>=VALUE (or METRIC<=VALUE), e.g. --goal {schema.M_LOSS}<=0.5; "
+            "nothing written")
     notes += [NO_CONVERGENCE] if finals else []
+    notes += [n] if (n := evaluation.note(evals)) else []
+    loss_metric = evaluation.training_loss(metrics)
+    if loss_metric is not None:
+        notes.append(f"{loss_metric}: the training loss (no metric is called "
+                     f"{schema.M_LOSS!r}): L0 requires its every value to be finite "
+                     "([l0] loss_metric)")
     out, wide = mark_too_wide(out, runs, keep)
     notes += [wide] if wide else []
     return Calibrated([r.run_id for r in runs], workload, backend, g, opts, out, skipped,
                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-                      .replace("+00:00", "Z"), notes)
+                      .replace("+00:00", "Z"), notes, loss_metric=loss_metric)
 
 
 def _paired_criteria(known_good: Sequence[RunData], references: Sequence[RunData],
-                     metrics: Sequence[str], per_step: Sequence[str], keep: str,
+                     metrics: Sequence[str], periodic: Sequence[str], keep: str,
                      notes: list[str]) -> list[Derived]:
     """``paired`` criteria from the known-good same-seed evidence: one on the training loss
-    and one on every periodically evaluated metric (``eval/...`` logged at several steps),
+    and one on every periodically evaluated metric (``periodic``: the evaluation metrics
+    logged at several steps, :mod:`.evaluation`),
     each with the band of its own known-good divergence.  A port whose evaluation alone
     differs from its seed's (evaluated in lower precision, with dropout on, on stale
     weights) trains exactly as its seed did, so only an evaluation metric's pair can see
@@ -1138,7 +1167,7 @@ def _paired_criteria(known_good: Sequence[RunData], references: Sequence[RunData
         notes.append(f"{schema.M_LOSS}: no paired criterion: the references share no finite "
                      f"{schema.M_LOSS!r}")
     names = [schema.M_LOSS] if schema.M_LOSS in metrics else []
-    for m in names + [m for m in per_step if m.startswith(schema.EVAL_PREFIX)]:
+    for m in names + list(periodic):
         band, why = pairs.derive_band(known_good, references, m, keep)
         if band is not None:
             out.append(_paired(band))

@@ -103,6 +103,8 @@ def render(c: Calibrated) -> str:
     settings = {k: v for k, v in asdict(o.settings).items()
                 if v != getattr(CriteriaSettings(), k)}
     lines += ["[settings]"] + [f"{k} = {_toml(v)}" for k, v in settings.items()] + [""]
+    if c.loss_metric is not None:  # the training loss is not called `loss`
+        lines += ["[l0]", f"loss_metric = {_toml(c.loss_metric)}", ""]
     if o.prices != Prices():  # refrun calibrate --price: what cost criteria price runs with
         lines += ["[prices]", f"currency = {_toml(o.prices.currency)}",
                   f"per = {_toml(o.prices.per)}", f"hourly = {_toml(dict(o.prices.hourly))}",
