@@ -41,10 +41,18 @@ def test_labels_name_plus_what_differs() -> None:
                       "jax seed 0 · lr=0.002, team=—"]
     same = [L.Labelled("cccc0001", "run", {}), L.Labelled("dddd0002", "run", {})]
     assert L.distinct_labels(same) == ["run (cccc0001)", "run (dddd0002)"]
-    # Identity tags come first.
+    # The user's own params and tags come first, refrun's infrastructure tags last (issue
+    # 54: the tag that told candidates apart was hidden behind "+5 more").
     two = [L.Labelled("e1", "r", L.properties({"a": "1"}, {"refrun.chips": "4"})),
            L.Labelled("e2", "r", L.properties({"a": "2"}, {"refrun.chips": "8"}))]
-    assert L.distinct_labels(two) == ["r · chips=4, a=1", "r · chips=8, a=2"]
+    assert L.distinct_labels(two) == ["r · a=1, chips=4", "r · a=2, chips=8"]
+    many = [L.Labelled(f"f{i}", "candidate torch cpu seed 5", L.properties({}, {
+        "refrun.backend": "torch", "refrun.chips": str(i), "refrun.exec.devices": str(i),
+        "refrun.exec.world_size": str(i), "refrun.hardware": f"cpu-{i}",
+        "refrun.seed": str(i), "refrun.fw.torch": f"2.{i}", "variant": f"v{i}"}))
+        for i in range(2)]
+    assert [lab.split(" · ")[1].split(", ")[0] for lab in L.distinct_labels(many)] == [
+        "variant=v0", "variant=v1"]
 
 
 def _run(rid: str, seed: int, params: dict[str, str]) -> RunData:

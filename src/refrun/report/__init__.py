@@ -342,13 +342,16 @@ class PageBuilder:
         figures = [f for p in parts for f in p.figures]
         if multi:
             intro = S.Section("matrix", "Candidates × criteria", join([
-                tag("p", "One row per candidate: verdict, highest level, the metric that "
-                         "departs most (mean |z|, or mean rel diff with one reference) and "
-                         "each criterion's outcome with its key number. Candidates are "
-                         "named by run name and the params and tags in which they differ. "
-                         "Click a candidate to open its section (its figures are drawn "
-                         "then).", "note"),
-                Raw('<div class="scroll">'), M.matrix_table(rows), Raw("</div>")]))
+                tag("p", "Verdict by criterion at a glance (a column per candidate; hover "
+                         "for its name, click to open it), then one row per candidate: "
+                         "verdict, highest level, the metric that departs most (mean |z|, "
+                         "or mean rel diff with one reference) and each criterion's "
+                         "outcome with its key number. Candidates are named by run name "
+                         "and the params and tags in which they differ, your own first. "
+                         "Sort by any column; filter by verdict, level or failing "
+                         "criterion. Click a candidate to open its section (its figures "
+                         "are drawn then).", "note"),
+                M.matrix_section_body(rows)]))
             body.insert(0, intro.html())
             nav.insert(0, ("matrix", "matrix"))
             pool, blocks = _figure_blocks([p.figures for p in parts])

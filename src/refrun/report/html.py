@@ -6,7 +6,8 @@ Rules that make the page safe whatever a run contains:
 * data for the page's script travels as JSON inside ``<script type="application/json">``
   with ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e``, ``\\u0026``
   (:func:`script_json`), so no run string can close the element or start markup;
-* the only executable script is the constant :data:`RENDER_JS` (and plotly.js itself).
+* the only executable scripts are the constants :data:`RENDER_JS` and
+  :data:`refrun.report.matrix.MATRIX_JS` (and plotly.js itself).
 
 Numbers are shown rounded (6 significant digits) with the exact value in the cell's
 ``data-value`` attribute (Python ``repr``: round-trips to the same float).

@@ -2,7 +2,10 @@
 
 Eight candidates named ``jax seed 0`` read the same in a matrix.  Each candidate is
 labelled by its run name followed by the params and tags in which the candidates differ
-from each other, e.g. ``jax seed 0 · lr=0.002``.  Considered: every param, every tag
+from each other, e.g. ``jax seed 0 · lr=0.002``: the user's own first (what they varied:
+their variant tag, a learning rate), refrun's infrastructure tags (backend, devices,
+versions) last, since a sweep differs in those by accident as often as by intent.
+Considered: every param, every tag
 outside MLflow's and refrun's namespaces (the user's own), and refrun's identity tags
 (:data:`refrun.schema.LABEL_TAGS`, framework versions, the numerics settings such as
 ``numerics.jax.matmul_precision``); never per-run bookkeeping (step
@@ -50,13 +53,22 @@ def properties(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[str, 
     return out
 
 
+def infrastructure(key: str) -> bool:
+    """A key refrun recorded about where and how the run executed (an identity tag such as
+    ``backend`` or ``exec.devices``, a framework version), as :func:`properties` shortens
+    it: not one the user chose."""
+    identity = {t[len(schema.PREFIX):] for t in schema.LABEL_TAGS}
+    prefixes = tuple(p[len(schema.PREFIX):] for p in schema.LABEL_TAG_PREFIXES)
+    return key in identity or key.startswith(prefixes)
+
+
 def differing(props: Sequence[Mapping[str, str]]) -> list[str]:
-    """Keys whose value is not the same in every mapping (missing counts as a value),
-    identity keys first, then in alphabetical order."""
+    """Keys whose value is not the same in every mapping (missing counts as a value): the
+    user's own params and tags first (what they varied, e.g. their variant tag), then
+    refrun's infrastructure tags; each part in alphabetical order."""
     keys = sorted({k for p in props for k in p})
     diff = [k for k in keys if len({p.get(k, MISSING) for p in props}) > 1]
-    identity = [t[len(schema.PREFIX):] for t in schema.LABEL_TAGS]
-    return sorted(diff, key=lambda k: (k not in identity, k))
+    return sorted(diff, key=lambda k: (infrastructure(k), k))
 
 
 def _short(v: str) -> str:
