@@ -5,11 +5,10 @@ labelled by its run name followed by the params and tags in which the candidates
 from each other, e.g. ``jax seed 0 · lr=0.002``: the user's own first (what they varied:
 their variant tag, a learning rate), refrun's infrastructure tags (backend, devices,
 versions) last, since a sweep differs in those by accident as often as by intent.
-Considered: every param, every tag
-outside MLflow's and refrun's namespaces (the user's own), and refrun's identity tags
-(:data:`refrun.schema.LABEL_TAGS`, framework versions, the numerics settings such as
-``numerics.jax.matmul_precision``); never per-run bookkeeping (step
-counts, local ids), which differs between any two runs.  A key one candidate lacks
+Considered: every param, every tag outside MLflow's and refrun's namespaces (the user's
+own), and refrun's identity tags (:data:`refrun.schema.LABEL_TAGS`, framework versions,
+the numerics settings such as ``numerics.jax.matmul_precision``); never per-run
+bookkeeping (step counts, local ids), which differs between any two runs.  A key one candidate lacks
 counts as differing (shown as ``key=—``).  Labels that are still equal get the run id's
 first 8 characters, so every label is distinct.
 """
