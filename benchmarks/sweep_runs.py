@@ -102,6 +102,8 @@ class Spec:
     defect: str | None = None
     params: dict[str, str] = field(default_factory=dict)
     run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    """The user's own tags (a sweep's variant), beside the identity tags."""
 
 
 def curves(spec: Spec) -> pd.DataFrame:
@@ -133,18 +135,20 @@ def complete_run(spec: Spec) -> CompleteRun:
     tags = identity_tags(WORKLOAD, spec.role, hardware=spec.hardware, backend=spec.backend,
                          seed=spec.seed, chips=1)
     tags[schema.TAG_PLANNED_STEPS] = str(spec.steps)
+    tags.update(spec.tags)
     return CompleteRun(experiment=WORKLOAD, tags=tags, table=curves(spec),
                        params=dict(spec.params), run_name=spec.run_name)
 
 
 def sweep_specs(n_candidates: int, steps: int) -> list[Spec]:
     """``n_candidates`` JAX candidates named ``jax seed S`` (ten share each name) that
-    differ by their ``lr`` param; every tenth has one of :data:`DEFECTS`."""
+    differ by their ``lr`` param and by the user's own ``variant`` tag (``v000`` ...);
+    every tenth has one of :data:`DEFECTS`."""
     out = []
     for i in range(n_candidates):
         defect = DEFECTS[(i // 10) % len(DEFECTS)] if i % 10 == 9 else None
         out.append(Spec("candidate", seed=i % 10, noise=100 + i, steps=steps, backend="jax",
                         hardware="tpu-v5e", defect=defect,
                         params={"lr": f"{(1 + i // 10) * 1e-3:g}", "batch": "256"},
-                        run_name=f"jax seed {i % 10}"))
+                        run_name=f"jax seed {i % 10}", tags={"variant": f"v{i:03d}"}))
     return out
