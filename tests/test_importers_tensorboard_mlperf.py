@@ -278,3 +278,41 @@ def test_mlperf_epoch_num_and_hostile_logs(store, tmp_path: Path, capsys) -> Non
     with pytest.raises(RefrunInputError, match=r"str\.txt:\d+: eval_accuracy 'high'"):
         parse_mlperf(nan_acc)
     assert _count_runs(store.tracking_uri) == before
+
+
+def test_mlperf_importer_uses_only_mlperf_loggings_public_logger_package() -> None:
+    """The compliance checker's parsers are versioned modules (``ruleset_610`` is absent
+    from 4.1.1, the oldest release pyproject allows: ``scripts/check_mlperf_logging.py``
+    imports a log written by it); refrun imports only the logger package ``mllog``."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "refrun"
+    used = set()
+    for p in src.rglob("*.py"):
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("mlperf_logging"):
+                used.add(n.module)
+            elif isinstance(n, ast.Import):
+                used |= {a.name for a in n.names if a.name.startswith("mlperf_logging")}
+    assert used == {"mlperf_logging.mllog", "mlperf_logging.mllog.mllog"}
+
+
+def test_mlperf_lines_read_as_the_compliance_checker_reads_them(tmp_path: Path) -> None:
+    """Every ``:::MLLOG`` line of a log with rank prefixes and noise between the lines is
+    read as mlperf-logging's compliance checker reads it (its public ``parse_file``)."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    from refrun.importers.mlperf import _lines
+
+    log = tmp_path / "result_0.txt"
+    _write_mlperf(log, 32, [(320, 0.5), (640, 0.6)])
+    prefixed = "".join(f"{k % 2}: {line}\nnot a log line\n" for k, line in
+                       enumerate(log.read_text().splitlines()))
+    log.write_text(prefixed)
+    ours = [(d["key"], d["value"], d["metadata"], float(d["time_ms"]))
+            for _, d in _lines(log, prefixed)[0]]
+    loglines, errors = parse_file(str(log), ruleset="4.1.0")
+    assert errors == []
+    theirs = [(ll.key, ll.value["value"], ll.value["metadata"], ll.timestamp)
+              for ll in loglines]
+    assert ours == theirs and len(ours) >= 10

@@ -1,8 +1,14 @@
 """MLPerf Training result logs: the ``:::MLLOG`` lines of a run's log.
 
-Each line is read with mlperf-logging's own parser (``mlp_parser``'s ``parse_line``; text
-before ``:::MLLOG`` on a line, e.g. a rank prefix, is dropped as its ``strip_and_dedup``
-does), keeping the file's line numbers for errors.  What becomes of the keys:
+A result log's line is what mlperf-logging's logger writes (``mllog``: its
+``LOG_TEMPLATE``, ``:::MLLOG {json}``): the JSON after the token is read with the standard
+library, text before the token on a line (e.g. a rank prefix) is dropped as the compliance
+checker does, and the file's line numbers are kept for errors.  Only mlperf-logging's
+public logger package (``mlperf_logging.mllog``: the line template and the key names of
+``mllog.constants``) is used, in every release pyproject allows (>= 4.1.1, the oldest on
+the index; ``scripts/check_mlperf_logging.py`` imports logs written by a given release).
+The compliance checker's parsers are versioned modules (``mlp_parser.ruleset_610``
+exists from a later 4.1 release on) and are not imported.  What becomes of the keys:
 
 * ``eval_accuracy`` -> metric ``eval/accuracy``; any other ``eval_<x>`` key with a number
   and a progress field -> ``eval/<x>``; ``train_loss`` -> ``loss``.  A point's progress is
@@ -37,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mlperf_logging.compliance_checker.mlp_parser.ruleset_610 import TOKEN, parse_line
 from mlperf_logging.mllog import constants as mlc
+from mlperf_logging.mllog.mllog import LOG_TEMPLATE
 
 from refrun import schema
 from refrun.errors import RefrunInputError
@@ -46,6 +52,7 @@ from refrun.importers.curves import ImportedCurves, check_name, read_text
 from refrun.importers.record import create_run
 
 FORMAT = "mlperf"
+TOKEN = LOG_TEMPLATE.split("{", 1)[0]  # ":::MLLOG ", as the logger writes it
 PARAM_PREFIX = "mlperf."
 # MLPerf keys with a fixed refrun metric name; other eval_<x> keys become eval/<x>.
 METRICS = {mlc.EVAL_ACCURACY: schema.EVAL_PREFIX + "accuracy", "train_loss": schema.M_LOSS}
@@ -78,7 +85,7 @@ def _lines(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], int]:
             continue
         line = raw[i:].strip()
         try:
-            doc = parse_line(line)
+            doc = json.loads(line[len(TOKEN):])
             if not isinstance(doc, dict) or "key" not in doc or "time_ms" not in doc:
                 raise ValueError("expected an object with key, value, time_ms")
             float(doc["time_ms"])
