@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         if assessment is not None:
             print(f"acceptance {row['candidate']}: verdict {assessment['verdict']}, "
                   f"highest level {assessment['highest_level'] or 'none'}")
-            for warning in assessment.get("warnings", []):  # cross-workload, unused scope
+            for warning in assessment.get("warnings", []):  # to act on: cross-workload ...
                 print(f"WARNING: {warning}")
         if run_id:
             log_report(path, run_id, uri)
