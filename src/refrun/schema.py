@@ -151,6 +151,44 @@ M_SYS_CPU_PCT = "sys/cpu_pct"  # system-wide CPU busy since the previous sample,
 M_SYS_RUN_CPU_CORES = "sys/run_cpu_cores"
 M_SYS_OTHERS_CPU_CORES = "sys/others_cpu_cores"
 M_SYS_LOGICAL_CPUS = "sys/logical_cpus"
+# This process's host memory: resident set less the device mappings it holds (an
+# accelerator's BARs mapped into the process: a TPU's ``anon_inode:[vfio-device]``,
+# ``/dev/accel*``, NVIDIA's ``/dev/nvidia*``), and those device mappings' resident bytes
+# (refrun.probes.host_memory).
+M_SYS_RSS_BYTES = "sys/rss_bytes"
+M_SYS_DEVICE_MAPPED_BYTES = "sys/device_mapped_bytes"
+# The sys/* readings a monitor found contradicted and no longer records, with why ("sys/
+# cpu_pct, sys/others_cpu_cores: /proc/stat did not advance while this process used 2.9
+# CPU seconds"): a reading that is not recorded is not known, never zero.
+TAG_SYS_UNAVAILABLE = "refrun.sys.unavailable"
+# Per-device readings are named sys/<platform><i><suffix>: sys/tpu0_duty_cycle_pct,
+# sys/gpu0_util_pct, sys/tpu0_mem_bytes (device_metric below).  Chip utilisation:
+# DUTY_CYCLE_SUFFIX, the share of wall time the device executed programs, %, over libtpu's
+# sample period or a sampled profiler window (refrun.probes.chip_busy); UTIL_SUFFIX, NVML's
+# GPU utilisation, %.  Device memory from the runtime (jax ``memory_stats()``): in use, its
+# peak, the limit.
+DUTY_CYCLE_SUFFIX = "_duty_cycle_pct"
+UTIL_SUFFIX = "_util_pct"
+MEM_SUFFIX = "_mem_bytes"
+MEM_PEAK_SUFFIX = "_mem_peak_bytes"
+MEM_LIMIT_SUFFIX = "_mem_limit_bytes"
+# Where a run's chip utilisation came from, as "<source>: <detail>" with <source> one of
+# CHIP_BUSY_SOURCES, or why there is none: "unavailable: <each source's reason>" (e.g.
+# "unavailable: libtpu: returned no data for duty_cycle_pct; profiler: no device plane
+# (cpu)").  Set by every probe whose monitors can read a chip; readers take a run without
+# it, or with CHIP_BUSY_UNAVAILABLE, as "utilisation not known", never as idle.
+TAG_CHIP_BUSY_SOURCE = "refrun.chip.busy_source"
+CHIP_BUSY_SOURCES = ("libtpu", "profiler", "nvml")
+CHIP_BUSY_UNAVAILABLE = "unavailable"
+TAG_CHIP_BUSY_WINDOWS = "refrun.chip.busy_windows"  # profiler windows sampled (int)
+
+
+def device_metric(platform: str, index: int, suffix: str) -> str:
+    """``sys/<platform><index><suffix>``: ``device_metric("tpu", 0, DUTY_CYCLE_SUFFIX)`` is
+    ``sys/tpu0_duty_cycle_pct``."""
+    return f"{SYS_PREFIX}{platform}{int(index)}{suffix}"
+
+
 # Per-step counters are deltas for that step; these prefixes name them (compared as counts,
 # never as measurements).
 COUNTER_PREFIXES = ("compile/", "xfer/", "fallback/", "exec/", "health/")
@@ -166,7 +204,7 @@ M_PROGRESS_SAMPLES = "progress/samples"
 M_PROGRESS_TOKENS = "progress/tokens"
 PROGRESS_PREFIX = "progress/"  # axis metrics: never compared as measurements
 # Step time, as the probes summarise it at the end of a run.
-TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"  # cuda_event | wall | ready
+TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"  # cuda_event | wall | ready | interval
 TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"  # steady-state median, seconds
 TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
 TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"  # step times left out of median/p90
@@ -201,6 +239,9 @@ TAG_JAX_TRANSFERS = "refrun.jax.h2d_transfers"  # total implicit h2d transfers c
 # Which host reads of jax.Arrays inside the step are counted as xfer/host_syncs
 # ("counted: ...", or "off (...)"): refrun.probes.host_reads.
 TAG_JAX_HOST_READS = "refrun.jax.host_reads"
+# Names logged with probe.log whose arrays the loop donated (or deleted) after logging them;
+# their values are copied on the device when logged, so they stay exact (comma-separated).
+TAG_JAX_DONATED_LOGGED = "refrun.jax.donated_logged"
 # Whether the PyTorch probe counts CUDA host syncs inside the step as xfer/host_syncs
 # ("counted: ..." on CUDA, "off (...)" elsewhere): refrun.probes.torch.CudaSyncCounter.
 TAG_TORCH_CUDA_SYNCS = "refrun.torch.cuda_syncs"
