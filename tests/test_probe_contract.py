@@ -159,7 +159,9 @@ def test_jax_records_sys_metrics_by_default(store) -> None:
 
     run = start(store, backend="jax")
     probe = refrun.jax.instrument(run, params=jnp.zeros(3))
-    assert [m.name for m in probe.monitors] == ["psutil"]  # as torch on a CPU machine
+    # psutil as torch on a CPU machine, and the chip monitor (it says why a CPU has no
+    # chip utilisation: refrun.chip.busy_source)
+    assert [m.name for m in probe.monitors] == ["psutil", "chip_busy"]
     with probe.step(0):
         probe.log(loss=jnp.float32(1.0))
     probe.close()

@@ -987,10 +987,14 @@ def test_tpu_monitor_is_off_cleanly_on_pjrt_cpu(store) -> None:
     assert TpuMonitor.create(DEV) is None
     run = start(store)
     probe = refrun.xla.instrument(run, model=make(width=27)[0])
-    assert [m.name for m in probe.monitors] == ["psutil"]  # the shared sys/* sampler only
+    # the shared sys/* sampler, and the chip monitor saying why there is no utilisation
+    assert [m.name for m in probe.monitors] == ["psutil", "chip_busy"]
     probe.close()
     run.close()
     assert artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"] == []
+    source = store.client().get_run(run.run_id).data.tags[schema.TAG_CHIP_BUSY_SOURCE]
+    assert source.startswith("unavailable: libtpu: "), source
+    assert "profiler: no device plane in the trace (cpu devices;" in source
 
 
 # --- pure parts and bad input --------------------------------------------------------------

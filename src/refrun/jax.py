@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from refrun.errors import RefrunInputError
+from refrun.probes.chip_busy import BusySampling, ChipBusyMonitor, jax_sessions
 from refrun.probes.jax import (
     TRANSFER_LEVELS,
     JaxBackend,
@@ -53,6 +54,7 @@ def instrument(
     memory: bool = True,
     fresh_caches: bool = True,
     count_host_reads: bool = True,
+    chip_busy: BusySampling | bool = True,
     **keywords: Any,
 ) -> JaxProbe:
     """Wrap a JAX training loop's recording in a :class:`JaxProbe`.
@@ -77,15 +79,24 @@ def instrument(
     ``count_host_reads``: count host reads of ``jax.Array`` values inside the step
     (``float(x)``, ``np.asarray(x)``, printing ...) as ``xfer/host_syncs``, on every
     platform (:mod:`refrun.probes.host_reads`); False records no such counter.
+    ``chip_busy``: with ``monitors="auto"``, also record chip utilisation
+    (``sys/<platform><i>_duty_cycle_pct``, tag ``refrun.chip.busy_source``): from libtpu
+    where it answers, else from sampled device-only profiler windows
+    (:mod:`refrun.probes.chip_busy`); a :class:`~refrun.probes.chip_busy.BusySampling`
+    sets their length and period; False: not recorded.
 
     Raises :class:`RefrunInputError` for an unknown ``transfer_guard`` level, a
-    ``step_fns`` entry that is neither a function nor a name, or a bad option.
+    ``step_fns`` entry that is neither a function nor a name, a ``chip_busy`` that is
+    neither a bool nor a ``BusySampling``, or a bad option.
     """
     opts = probe_options(options, keywords, f"{__name__}.instrument")
     require_session(run)
     if transfer_guard is not None and transfer_guard not in TRANSFER_LEVELS:
         raise RefrunInputError(f"transfer_guard: {transfer_guard!r} is not one of "
                                f"{', '.join(TRANSFER_LEVELS)}")
+    if not isinstance(chip_busy, bool | BusySampling):
+        raise RefrunInputError(f"chip_busy: expected True, False or a BusySampling, got "
+                               f"{chip_busy!r}")
     fns = list(step_fns)
     for f in fns:
         if not (isinstance(f, str) or getattr(f, "__name__", None)):
@@ -95,10 +106,16 @@ def instrument(
                          mesh=mesh, fresh_caches=fresh_caches,
                          count_host_reads=count_host_reads)
     backend.observe(params=params, batch=batch)
-    mons = resolve_monitors(opts.monitors, [JaxMemoryMonitor.available] if memory else [])
+    own: list[Any] = [JaxMemoryMonitor.available] if memory else []
+    if chip_busy is not False:
+        sampling = chip_busy if isinstance(chip_busy, BusySampling) else None
+        own.append(lambda: ChipBusyMonitor.create(jax_sessions(), jax.default_backend(),
+                                                  opts.warmup_steps, sampling))
+    mons = resolve_monitors(opts.monitors, own)
     warn_if_not_a_job(run, jax.process_count(), "jax.process_count()")
     return JaxProbe(run=run, backend=backend, warmup_steps=opts.warmup_steps, monitors=mons,
                     sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
 
 
-__all__ = ["JaxProbe", "ProbeOptions", "flatten_pytree", "instrument", "optimizer_metrics"]
+__all__ = ["BusySampling", "JaxProbe", "ProbeOptions", "flatten_pytree", "instrument",
+           "optimizer_metrics"]

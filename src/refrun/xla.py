@@ -48,8 +48,10 @@ def instrument(
     (``hardware``, ``warmup_steps``, ``monitors``, ``sample_interval_s``,
     ``recheck_every``), or the same fields as keywords; ``warmup_steps`` also bounds the
     "compilations after warm-up" count of the end-of-run summary.
-    ``tpu_monitor``: with ``monitors="auto"``, also sample TPU duty cycle / HBM where a
-    source answers (off elsewhere).
+    ``tpu_monitor``: with ``monitors="auto"``, also sample HBM where a source answers
+    and chip utilisation (``sys/tpu<i>_duty_cycle_pct`` from libtpu where it answers,
+    else from sampled windows of torch_xla's profiler; the tag ``refrun.chip.busy_source``
+    says which, or why neither: :mod:`refrun.probes.chip_busy`).
 
     Raises :class:`RefrunInputError` for a ``model`` that is not a ``torch.nn.Module``,
     an ``optimizer`` that is not a ``torch.optim.Optimizer``, or a bad option.
@@ -58,6 +60,7 @@ def instrument(
     require_session(run)
     import torch
 
+    from refrun.probes.chip_busy import ChipBusyMonitor, torch_xla_sessions
     from refrun.probes.torch import check_torch_objects
     from refrun.probes.tpu_monitor import TpuMonitor
     from refrun.probes.xla import XlaBackend
@@ -68,11 +71,23 @@ def instrument(
     backend = XlaBackend(model=model, optimizer=optimizer, device=device,
                          declared_hardware=opts.declared(run), warmup_steps=opts.warmup_steps,
                          arm_interval_s=run.config.options.flush_interval_s)
-    own = [lambda: TpuMonitor.create(backend.device)] if tpu_monitor else []
+    own = [lambda: TpuMonitor.create(backend.device),
+           lambda: ChipBusyMonitor.create(torch_xla_sessions(), _platform(),
+                                          opts.warmup_steps)] if tpu_monitor else []
     all_monitors = resolve_monitors(opts.monitors, own)
     warn_if_not_a_job(run, _process_count(torch), "the XLA runtime's process count")
     return Probe(run, backend, warmup_steps=opts.warmup_steps, monitors=all_monitors,
                  sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
+
+
+def _platform() -> str:
+    """The PJRT device type in lower case (``tpu``, ``cpu``); ``""`` when unknown."""
+    try:
+        import torch_xla.runtime as xr
+
+        return str(xr.device_type() or "").lower()
+    except Exception:
+        return ""
 
 
 def _process_count(torch: Any) -> int:

@@ -160,7 +160,14 @@ class BackendBase:
 
 
 class Monitor(Protocol):
-    """One source of utilisation samples (psutil, NVML, TPU runtime ...)."""
+    """One source of utilisation samples (psutil, NVML, TPU runtime ...).
+
+    Optional, looked up by the probe: ``tags()`` (tags describing the source, such as
+    ``refrun.chip.busy_source`` or ``refrun.sys.unavailable``: recorded with the backend's
+    description, at start, at each placement re-check and at close), ``attach(progress)``
+    (called once before sampling starts; ``progress()`` returns ``(steps done, step
+    compilations so far)``, for a monitor that samples only a steady loop) and ``stop()``
+    (end background work before the probe's last sample at close)."""
 
     name: str
 
@@ -245,6 +252,10 @@ class Probe:
         self.run.add_close_hook(self.close)
         tags = self._guard(lambda: dict(self.run.tags)) or {}
         self._progress_defaults(tags)
+        for m in self.monitors:  # sampling sources started before their tags are read
+            attach = getattr(m, "attach", None)
+            if attach is not None:
+                self._guard(lambda a=attach: a(self.progress_marker))
         self._describe()
         self._numerics = numerics.setting_tags(tags)
         self._numerics_changes = numerics.changes_of(tags)
@@ -272,6 +283,12 @@ class Probe:
     def closed(self) -> bool:
         """Whether :meth:`close` ran (the probe records nothing more)."""
         return self._closed
+
+    def progress_marker(self) -> tuple[int, int]:
+        """``(steps done, step compilations so far)``, read by a monitor's thread to tell
+        a steady loop (steps advancing, nothing compiling); this probe counts no
+        compilations of its own (a backend that does overrides it)."""
+        return self._steps_done, 0
 
     def step(self, n: int) -> _StepScope:
         """Context manager around training step ``n``: times it and records counter deltas."""
@@ -656,7 +673,11 @@ class Probe:
     def _describe(self) -> None:
         """Record the backend's description as tags (only those that changed); a placement
         warning also becomes a run warning, once per distinct text."""
-        desc = self._guard(self.backend.describe)
+        desc = dict(self._guard(self.backend.describe) or {})
+        for m in self.monitors:
+            tags_of = getattr(m, "tags", None)
+            if tags_of is not None:
+                desc.update(self._guard(tags_of) or {})
         if not desc:
             return
         tags = _describe_tags(desc)
@@ -759,10 +780,16 @@ class Probe:
         self._stop_sampler.set()
         if self._sampler is not None:
             self._sampler.join(timeout=5)
+        for m in self.monitors:  # background sampling ends before the last sample
+            stop = getattr(m, "stop", None)
+            if stop is not None:
+                self._guard(stop)
         if self.monitors:
             self.sample_now()  # short runs get at least one sample
             with self._sample_lock:
                 self._flush_samples()
+        for m in self.monitors:  # before the description: their final tags
+            self._guard(m.close)
         self._flush_rows()
         self._drain(block=True)
         self._describe()
@@ -773,8 +800,6 @@ class Probe:
             tags[schema.TAG_STEP_TIME_P90] = f"{stats.p90_s:.6g}"
             tags[schema.TAG_WARMUP_STEPS] = stats.warmup_steps
             tags[schema.TAG_STEADY_STEPS] = stats.count
-        for m in self.monitors:
-            self._guard(m.close)
         if self._lrs is not None:
             self._guard(self._lrs.unfollow)
         self._guard(self.backend.close)

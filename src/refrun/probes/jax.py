@@ -750,10 +750,13 @@ def memory_peak_bytes() -> int | None:
 
 
 class JaxMemoryMonitor:
-    """``sys/<platform><id>_mem_bytes`` and ``..._mem_peak_bytes`` from
-    ``device.memory_stats()`` (bytes); only built where a device reports them."""
+    """``sys/<platform><id>_mem_bytes``, ``..._mem_peak_bytes`` and ``..._mem_limit_bytes``
+    from ``device.memory_stats()`` (``bytes_in_use``, ``peak_bytes_in_use``,
+    ``bytes_limit``; bytes); only built where a device reports them (not the CPU)."""
 
     name = "jax_memory"
+    _FIELDS = (("bytes_in_use", schema.MEM_SUFFIX), ("peak_bytes_in_use", schema.MEM_PEAK_SUFFIX),
+               ("bytes_limit", schema.MEM_LIMIT_SUFFIX))
 
     def __init__(self, devices: list[Any]) -> None:
         self.devices = devices
@@ -767,11 +770,9 @@ class JaxMemoryMonitor:
         out: dict[str, float] = {}
         for d in self.devices:
             stats = d.memory_stats() or {}
-            key = f"{schema.SYS_PREFIX}{d.platform}{d.id}"
-            if "bytes_in_use" in stats:
-                out[f"{key}_mem_bytes"] = float(stats["bytes_in_use"])
-            if "peak_bytes_in_use" in stats:
-                out[f"{key}_mem_peak_bytes"] = float(stats["peak_bytes_in_use"])
+            for key, suffix in self._FIELDS:
+                if key in stats:
+                    out[schema.device_metric(d.platform, d.id, suffix)] = float(stats[key])
         return out
 
     def close(self) -> None:

@@ -3,16 +3,17 @@
 Two sources, each used only when it answers at creation:
 
 * libtpu's monitoring SDK (``from libtpu.sdk import tpumonitoring``, on TPU VMs):
-  ``duty_cycle_pct`` (share of time the TensorCores were busy, per chip) and
   ``hbm_capacity_usage`` / ``hbm_capacity_total`` (bytes, per chip), the numbers the
-  ``tpu-info`` tool shows;
+  ``tpu-info`` tool shows (its ``duty_cycle_pct`` is read by
+  :class:`refrun.probes.chip_busy.ChipBusyMonitor`, with the profiler's device timeline
+  where libtpu gives no data);
 * ``xm.get_memory_info(device)`` (``bytes_used``, ``bytes_limit``), which PJRT answers on
   TPU and GPU; on PJRT CPU it raises ``UNIMPLEMENTED``, so that source stays off.
 
-Samples are keyed ``sys/tpu<i>_duty_cycle_pct``, ``sys/tpu<i>_hbm_used_bytes``,
-``sys/tpu<i>_hbm_total_bytes`` (per chip) and ``sys/xla_mem_used_bytes``,
-``sys/xla_mem_limit_bytes`` (the probe's device).  The sampler thread calls
-:meth:`TpuMonitor.sample`; it never touches tensors, so it never syncs the training step.
+Samples are keyed ``sys/tpu<i>_hbm_used_bytes``, ``sys/tpu<i>_hbm_total_bytes`` (per
+chip) and ``sys/xla_mem_used_bytes``, ``sys/xla_mem_limit_bytes`` (the probe's device).
+The sampler thread calls :meth:`TpuMonitor.sample`; it never touches tensors, so it never
+syncs the training step.
 """
 
 from __future__ import annotations
@@ -21,23 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from refrun.probes.chip_busy import numbers
+
 _LIBTPU_METRICS = {
-    "duty_cycle_pct": "duty_cycle_pct",
     "hbm_capacity_usage": "hbm_used_bytes",
     "hbm_capacity_total": "hbm_total_bytes",
 }
-
-
-def _floats(values: Any) -> list[float]:
-    """libtpu returns one string per chip (sometimes ``"chip: value"``); keep the numbers."""
-    out: list[float] = []
-    for v in values or ():
-        s = str(v).rsplit(":", 1)[-1].strip().rstrip("%")
-        try:
-            out.append(float(s))
-        except ValueError:
-            continue
-    return out
 
 
 def libtpu_reader() -> Callable[[], dict[str, float]] | None:
@@ -51,7 +41,7 @@ def libtpu_reader() -> Callable[[], dict[str, float]] | None:
         out: dict[str, float] = {}
         for metric, suffix in _LIBTPU_METRICS.items():
             try:
-                values = _floats(tpumonitoring.get_metric(metric).data())
+                values = numbers(tpumonitoring.get_metric(metric).data())
             except Exception:  # one metric unsupported on this TPU generation
                 continue
             for i, v in enumerate(values):

@@ -1,0 +1,231 @@
+"""Chip utilisation from the device's own timeline (issue 51, item 3).
+
+* refrun's own XSpace reader, on real TPU v5e traces (tests/fixtures/tpu/), gives the same
+  ``XLA Modules`` events as JAX's ``ProfileData`` (the independent reading), and the busy
+  fraction of the known matmul loads (~100 % dense, 17.7 % with sleeps between) equals the
+  one computed here from ``ProfileData``'s events;
+* on the CPU a real device-only profiler window finds no device plane, and a JAX run's
+  ``refrun.chip.busy_source`` says so (``unavailable: ...``), with no utilisation metric;
+* windows are taken only once the loop is steady, never while the user's own trace runs,
+  and never break it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.profiler import ProfileData
+
+import refrun
+import refrun.jax
+from refrun import schema
+from refrun.errors import RefrunInputError
+from refrun.probes.chip_busy import (
+    BusySampling,
+    ChipBusyMonitor,
+    ProfilerWindows,
+    jax_sessions,
+    window_busy,
+)
+from refrun.probes.xspace import XSpaceError, busy_fraction, read_timeline
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tpu"
+
+
+def xspace(name: str) -> bytes:
+    return gzip.decompress((FIXTURES / f"{name}.xspace.pb.gz").read_bytes())
+
+
+def profile_data_modules(raw: bytes) -> tuple[int, list[tuple[float, float]]]:
+    """JAX's own reading: the session start and ``XLA Modules`` events of TPU 0."""
+    pd = ProfileData.from_serialized_xspace(raw)
+    start = dict(pd.find_plane_with_name("Task Environment").stats)["profile_start_time"]
+    plane = pd.find_plane_with_name("/device:TPU:0")
+    # (ProfileData gives float nanoseconds of whole values: kept exact as ints)
+    events = [(int(e.start_ns), int(e.start_ns + e.duration_ns)) for line in plane.lines
+              if line.name == "XLA Modules" for e in line.events]
+    return start, events
+
+
+@pytest.mark.parametrize(("name", "expected"), [("mm_dense", 0.9987), ("mm_sparse", 0.177)])
+def test_busy_fraction_of_known_matmul_loads_on_a_real_tpu_trace(name: str,
+                                                                 expected: float) -> None:
+    raw = xspace(name)
+    tl = read_timeline(raw)
+    start, events = profile_data_modules(raw)
+    assert tl.start_ns == start
+    (dev,) = tl.devices
+    assert (dev.platform, dev.index, dev.plane) == ("tpu", 0, "/device:TPU:0")
+    # the same 20 programs, to the nanosecond, on the session's clock
+    assert len(events) == 20
+    assert [(s - start, e - start) for s, e in dev.modules] == events
+    # busy over the span of the 20 programs, computed here from ProfileData's events
+    # (one program at a time on the chip: the sum of durations over the span)
+    span = (min(s for s, _ in events), max(e for _, e in events))
+    want = sum(e - s for s, e in events) / (span[1] - span[0])
+    window = (span[0] + start, span[1] + start)
+    assert busy_fraction(dev.modules, window) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(expected, abs=0.001)  # the recorded loads: ~100 %, 17.7 %
+    # a window over the first half of the span: each event clipped to it
+    half = (span[0], (span[0] + span[1]) // 2)
+    clipped = sum(max(0.0, min(e, half[1]) - max(s, half[0])) for s, e in events)
+    assert busy_fraction(dev.modules, (half[0] + start, half[1] + start)) == pytest.approx(
+        clipped / (half[1] - half[0]), rel=1e-12)
+    # the metric the monitor records for that window
+    busy, why = window_busy(tl, window)
+    assert busy == {"sys/tpu0_duty_cycle_pct": pytest.approx(100 * want)} and why == ""
+
+
+def test_busy_fraction_counts_overlaps_once_and_clips_to_the_window() -> None:
+    # [0,4) and [2,6) overlap on [2,4): their union is [0,6); [8,12) is clipped at 10
+    assert busy_fraction([(2, 6), (0, 4), (8, 12)], (0, 10)) == pytest.approx(8 / 10)
+    assert busy_fraction([(0, 3)], (5, 10)) == 0.0
+    assert busy_fraction([], (0, 1)) == 0.0
+    assert busy_fraction([(-5, 50)], (0, 10)) == 1.0
+    with pytest.raises(ValueError, match="empty"):
+        busy_fraction([(0, 1)], (3, 3))
+
+
+def test_a_truncated_trace_is_an_error_not_a_value() -> None:
+    raw = xspace("mm_dense")
+    with pytest.raises(XSpaceError):
+        read_timeline(raw[: len(raw) // 2])
+
+
+def test_the_reader_is_cheaper_than_profile_data_on_a_large_trace() -> None:
+    """Not a speed target, a property: lines the reader does not need are jumped over,
+    so reading the 20 modules of a trace does not grow with its other lines' events."""
+    raw = xspace("mm_sparse")
+    tl = read_timeline(raw)
+    assert len(tl.devices[0].modules) == 20
+    assert tl.planes[-1] == "Task Environment" and "/host:CPU" in tl.planes
+
+
+def test_sampling_options_are_validated() -> None:
+    for bad, match in (({"window_s": 0}, "window_s"), ({"budget": 1.5}, "budget"),
+                       ({"min_period_s": 50, "max_period_s": 10}, "min_period_s"),
+                       ({"window_s": 20.0}, "shorter")):
+        with pytest.raises(RefrunInputError, match=match):
+            BusySampling(**bad)
+    s = BusySampling(budget=0.002, min_period_s=10, max_period_s=300)
+    assert s.period_s(0.001) == 10  # cheap windows: the least period
+    assert s.period_s(0.1) == pytest.approx(50)  # 0.1 s of profiler calls per 50 s
+    assert s.period_s(5.0) == 300  # dear windows: the longest period
+
+
+def cpu_sessions():
+    src = jax_sessions()
+    assert src is not None
+    return src
+
+
+def test_a_real_window_on_the_cpu_finds_no_device_plane() -> None:
+    w = ProfilerWindows(cpu_sessions(), BusySampling(), discover_at_start=True,
+                        platform="cpu")
+    w.start()
+    w._thread.join(timeout=30)  # one window, then it stops: nothing to read on the CPU
+    assert not w._thread.is_alive() and w.stopped and w.completed == 0
+    assert w.why_not.startswith("no device plane in the trace (cpu devices; planes: ")
+    assert "/host:CPU" in w.why_not
+    assert w.take() == []
+
+
+def test_windows_wait_for_a_steady_loop() -> None:
+    """No window while the loop has not run its warm-up steps or stands still; one as
+    soon as steps advance without compiling (here: a real loop on the CPU)."""
+    steps = {"n": 0, "compiles": 0}
+    w = ProfilerWindows(cpu_sessions(), BusySampling(steady_poll_s=0.05), warmup_steps=5,
+                        progress=lambda: (steps["n"], steps["compiles"]), platform="cpu")
+    f = jax.jit(lambda x: x * 2.0)
+    x = jnp.ones(3)
+    w.start()
+    try:
+        time.sleep(0.3)  # standing still at step 0: not steady
+        assert w.why_not.startswith("no window yet") and not w.stopped
+        deadline = time.monotonic() + 30
+        while not w.stopped and time.monotonic() < deadline:
+            x = f(x)
+            steps["n"] += 1
+            time.sleep(0.001)
+        assert w.stopped, "no window was taken in a steady loop"
+        assert steps["n"] > 5
+        assert w.why_not.startswith("no device plane")
+    finally:
+        w.close()
+
+
+def test_the_users_own_trace_is_never_disturbed(tmp_path: Path) -> None:
+    jax.profiler.start_trace(str(tmp_path / "trace"))
+    try:
+        w = ProfilerWindows(cpu_sessions(), BusySampling(min_period_s=0.5, window_s=0.1),
+                            discover_at_start=True, platform="cpu")
+        w.start()
+        deadline = time.monotonic() + 10
+        while w.why_not != "the user's own profiler trace was running":
+            assert time.monotonic() < deadline, w.why_not
+            time.sleep(0.01)
+        w.close()
+    finally:
+        jax.profiler.stop_trace()  # the user's trace ends normally and is written
+    assert list((tmp_path / "trace").rglob("*.xplane.pb"))
+    # and a user trace started during a window waits for it, then runs
+    w = ProfilerWindows(cpu_sessions(), BusySampling(window_s=0.3), discover_at_start=True,
+                        platform="cpu")
+    w.start()
+    time.sleep(0.05)
+    done = threading.Event()
+
+    def user() -> None:
+        jax.profiler.start_trace(str(tmp_path / "trace2"))
+        jax.profiler.stop_trace()
+        done.set()
+
+    t = threading.Thread(target=user)
+    t.start()
+    t.join(timeout=30)
+    w.close()
+    assert done.is_set() and list((tmp_path / "trace2").rglob("*.xplane.pb"))
+
+
+def test_a_cpu_run_says_why_it_has_no_chip_utilisation(store) -> None:
+    run = refrun.start_run("chip-busy", "candidate", hardware="cpu", backend="jax",
+                           tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                           snapshot_environment=False)
+    f = jax.jit(lambda x: x * 0.5 + 1.0)
+    x = jnp.ones(3)
+    probe = refrun.jax.instrument(run, step_fns=[f], sample_interval_s=0.05)
+    mon = next(m for m in probe.monitors if isinstance(m, ChipBusyMonitor))
+    for n in range(20):
+        with probe.step(n):
+            x = f(x)
+            probe.log(loss=x[0])
+    mon.windows._thread.join(timeout=30)  # the discovery window at start
+    probe.close()
+    run.close()
+    tags = store.client().get_run(run.run_id).data.tags
+    source = tags[schema.TAG_CHIP_BUSY_SOURCE]
+    assert source.startswith("unavailable: libtpu: "), source
+    assert "; profiler: no device plane in the trace (cpu devices; planes:" in source
+    assert schema.TAG_CHIP_BUSY_WINDOWS not in tags
+    metrics = store.client().get_run(run.run_id).data.metrics
+    assert not [k for k in metrics if k.endswith(schema.DUTY_CYCLE_SUFFIX)], sorted(metrics)
+    assert any(k.startswith(schema.SYS_PREFIX) for k in metrics)  # psutil sampled
+
+
+def test_chip_busy_off_and_bad_values(store) -> None:
+    run = refrun.start_run("chip-busy", "candidate", hardware="cpu", backend="jax",
+                           tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                           snapshot_environment=False)
+    with pytest.raises(RefrunInputError, match="chip_busy"):
+        refrun.jax.instrument(run, chip_busy="yes")
+    probe = refrun.jax.instrument(run, chip_busy=False)
+    assert not [m for m in probe.monitors if isinstance(m, ChipBusyMonitor)]
+    probe.close()
+    run.close()
+    assert schema.TAG_CHIP_BUSY_SOURCE not in store.client().get_run(run.run_id).data.tags
