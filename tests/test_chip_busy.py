@@ -113,7 +113,15 @@ def test_sampling_options_are_validated() -> None:
                        ({"window_s": 20.0}, "shorter")):
         with pytest.raises(RefrunInputError, match=match):
             BusySampling(**bad)
+    with pytest.raises(RefrunInputError, match="window_steps"):
+        BusySampling(window_steps=0)
+    with pytest.raises(RefrunInputError, match="min_window_s"):
+        BusySampling(min_window_s=0.5, window_s=0.2)
     s = BusySampling(budget=0.002, min_period_s=10, max_period_s=300)
+    # a window spans 50 steps, within [10 ms, 0.2 s]
+    assert s.window_for(0.001) == pytest.approx(0.05)
+    assert s.window_for(1e-5) == 0.01 and s.window_for(0.5) == 0.2
+    assert s.window_for(None) == 0.2
     assert s.period_s(0.001) == 10  # cheap windows: the least period
     assert s.period_s(0.1) == pytest.approx(50)  # 0.1 s of profiler calls per 50 s
     assert s.period_s(5.0) == 300  # dear windows: the longest period

@@ -16,8 +16,8 @@ why none did (never a blank, never a zero in place of "not known"):
    to read and the tag says so.
 
 **When windows are taken** (:class:`BusySampling`): the first once the loop is steady
-(past its warm-up steps, steps advancing, no step compilation between two looks half a
-second apart: a window over a compilation measures the compiler), then again after
+(past its warm-up steps, steps advancing, no step compilation between two looks 50 ms
+apart: a window over a compilation measures the compiler), then again after
 ``max(min_period_s, cost / budget)`` capped at ``max_period_s``, where ``cost`` is the wall
 time the last window spent in profiler calls (open, stop, read).  Those calls may hold
 Python's lock and take the training thread's time; bounding their sum by ``budget`` (0.2 %)
@@ -25,9 +25,12 @@ of the run's wall time keeps the sampler within the probe's 1 % whatever they co
 given machine: on the TPU v5e VM a session with default options took 50 ms to open and
 0.55-0.96 s to stop; device-only sessions on the CPU take 0.02 ms and 0.07 ms.  A window
 that starts at a time unrelated to the step's phase measures the duty cycle without bias
-whatever its length; short windows (0.2 s: ~200 steps of a 1 ms step) keep the trace
-small.  The windows' values are means over a window each: average them (the L4 busy
-fraction), do not take a median of them.
+whatever its length; short windows keep the trace small.  The windows' values are means
+over a window each: average them (the L4 busy fraction), do not take a median of them.
+A window spans ``window_steps`` (50) steps at the rate the last look saw, within
+``[min_window_s, window_s]`` (10 ms, 0.2 s), so that a loop of a few hundred
+sub-millisecond steps gets a window that ends before it does; a window during which the
+loop stopped or compiled is dropped.
 
 A window never disturbs the user's own profiling: it is taken under JAX's (or
 torch_xla's) profiler lock, skipped while the user's trace is running, and a user trace
@@ -57,18 +60,33 @@ class BusySampling:
     """How often and how long the device's timeline is sampled (see the module doc)."""
 
     window_s: float = 0.2
-    """Length of one profiler window, seconds."""
+    """Longest profiler window, seconds."""
+    window_steps: int = 50
+    """Steps a window spans when the loop is faster (its length: this many steps at the
+    rate the last look saw, at least ``min_window_s``): a short loop gets a window that
+    ends before it does."""
+    min_window_s: float = 0.01
+    """Shortest profiler window, seconds."""
     budget: float = 0.002
     """Largest share of wall time spent in profiler calls (open, stop, read)."""
     min_period_s: float = 10.0
     """Least time between two windows' starts, seconds."""
     max_period_s: float = 300.0
     """Most time between two windows' starts, seconds (however dear a window was)."""
-    steady_poll_s: float = 0.5
-    """Seconds between two looks at the loop's progress when waiting for a steady loop."""
+    steady_poll_s: float = 0.05
+    """Seconds between two looks at the loop's progress when waiting for a steady loop
+    (a sleeping thread woken 20 times a second only until it takes a window)."""
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "min_period_s", "max_period_s", "steady_poll_s"):
+        if isinstance(self.window_steps, bool) or not isinstance(self.window_steps, int) \
+                or self.window_steps < 1:
+            raise RefrunInputError(f"BusySampling.window_steps: expected an integer >= 1, "
+                                   f"got {self.window_steps!r}")
+        if self.min_window_s > self.window_s:
+            raise RefrunInputError(f"BusySampling: min_window_s {self.min_window_s} > "
+                                   f"window_s {self.window_s}")
+        for name in ("window_s", "min_window_s", "min_period_s", "max_period_s",
+                     "steady_poll_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise RefrunInputError(f"BusySampling.{name}: expected seconds > 0, got {v!r}")
@@ -81,6 +99,13 @@ class BusySampling:
         if self.window_s >= self.min_period_s:
             raise RefrunInputError(f"BusySampling: window_s {self.window_s} must be shorter "
                                    f"than min_period_s {self.min_period_s}")
+
+    def window_for(self, step_s: float | None) -> float:
+        """The window's length for steps of ``step_s`` seconds (None: not known):
+        ``window_steps`` of them within ``[min_window_s, window_s]``."""
+        if step_s is None or not step_s > 0:
+            return self.window_s
+        return min(self.window_s, max(self.min_window_s, self.window_steps * step_s))
 
     def period_s(self, cost_s: float) -> float:
         """Seconds from one window's start to the next: ``cost_s / budget`` within
@@ -191,7 +216,8 @@ class ProfilerWindows:
     _done: list[WindowResult] = field(default_factory=list, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
-    _last: tuple[int, int] | None = field(default=None, repr=False)
+    _last: tuple[int, int, float] | None = field(default=None, repr=False)
+    _step_s: float | None = field(default=None, repr=False)
 
     @property
     def running(self) -> bool:
@@ -234,15 +260,22 @@ class ProfilerWindows:
                 return
 
     def _steady(self) -> bool:
+        """One look at the loop: steady when more than ``warmup_steps`` steps are done,
+        steps advanced since the previous look, and nothing compiled in between (the
+        seconds per step of that stretch are kept for the window's length)."""
         if self.progress is None:
             return True
         try:
             now = self.progress()
         except Exception:
             return False
-        last, self._last = self._last, now
-        return (last is not None and now[0] > self.warmup_steps and now[0] > last[0]
-                and now[1] == last[1])
+        t = time.monotonic()
+        last, self._last = self._last, (now[0], now[1], t)
+        if last is None or not (now[0] > self.warmup_steps and now[0] > last[0]
+                                and now[1] == last[1]):
+            return False
+        self._step_s = (t - last[2]) / (now[0] - last[0])
+        return True
 
     def _wait_steady(self) -> bool:
         """Until the loop is steady (True) or the sampler stops (False)."""
@@ -257,6 +290,7 @@ class ProfilerWindows:
         """One window; the seconds spent in profiler calls, None when skipped."""
         state = self.source.state
         lock = getattr(state, "lock", None)
+        length = self.sampling.window_for(self._step_s)
         with lock if lock is not None else contextlib.nullcontext():
             if state is not None and getattr(state, "profile_session", None) is not None:
                 if self.completed == 0:
@@ -270,7 +304,9 @@ class ProfilerWindows:
                 return self._failed(f"{self.source.what}: session refused ({exc})", t0)
             start_ns = time.time_ns()
             opened = time.perf_counter()
-            self._stop.wait(self.sampling.window_s)
+            before = self._look()
+            self._stop.wait(length)
+            after = self._look()
             end_ns = time.time_ns()
             stopping = time.perf_counter()
             try:
@@ -286,10 +322,22 @@ class ProfilerWindows:
         if not busy:  # this machine's traces have no device timeline: no later window
             self.why_not, self.stopped = why, True
             return cost
+        if before is not None and after is not None and (after[0] <= before[0]
+                                                         or after[1] != before[1]):
+            # the loop stopped or compiled during the window: not the steady loop's share
+            return cost
         self.completed += 1
         self.why_not = None
         self._done.append(WindowResult(busy, start_ns, end_ns, cost))
         return cost
+
+    def _look(self) -> tuple[int, int] | None:
+        if self.progress is None:
+            return None
+        try:
+            return self.progress()
+        except Exception:
+            return None
 
     def _failed(self, why: str, t0: float) -> float:
         if self.completed == 0:
@@ -383,8 +431,9 @@ class ChipBusyMonitor:
         if w is not None and w.reported:
             s = w.sampling
             return (f"profiler: busy time of the device timeline's 'XLA Modules' over "
-                    f"{s.window_s:g} s windows (every {s.min_period_s:g}-{s.max_period_s:g} "
-                    f"s; {w.source.what}); {libtpu}")
+                    f"windows of {s.window_steps} steps ({s.min_window_s:g}-{s.window_s:g} "
+                    f"s, every {s.min_period_s:g}-{s.max_period_s:g} s; "
+                    f"{w.source.what}); {libtpu}")
         why = w.why_not if w is not None else self.profiler_why
         if w is not None and w.reported == 0 and w.running:
             return f"pending: {why}; {libtpu}"
