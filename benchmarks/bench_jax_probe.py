@@ -15,7 +15,7 @@ active, against the same read without hooks: what the counter adds to a read a s
 drift by several percent between rounds, so the table also gives the median of the
 per-round ratios (on and off alternate which runs first) and the counter's own cost
 measured directly: the backend's per-step calls (``begin_step``, ``end_step``,
-``counters``) with and without counting, and that difference over the unwrapped step.
+``cumulative``) with and without counting, and that difference over the unwrapped step.
 
 Expected before the first run (written with the counter): ratio counter on / off within
 the rounds' noise of 1.00 (no read happens in the step, so the counter adds two
@@ -111,13 +111,15 @@ def read_costs() -> list[tuple[str, float, float]]:
 
 def bookkeeping_us(backend, n: int = 20000) -> float:
     """Median over 5 repeats of one step's backend calls with nothing in the step
-    (``begin_step``, ``end_step``, ``counters``), microseconds."""
+    (``begin_step``, ``end_step``, ``cumulative``: what the probe calls per step),
+    microseconds."""
     out = []
     for _ in range(5):
         t0 = time.perf_counter()
         for i in range(n):
-            backend.end_step(i, backend.begin_step(i))
-            backend.counters()
+            backend.begin_step(i)
+            backend.end_step()
+            backend.cumulative()
         out.append((time.perf_counter() - t0) / n * 1e6)
     return statistics.median(out)
 

@@ -227,7 +227,7 @@ def test_keras_callback_keeps_batch_ends_async_and_times_steps_by_readiness(stor
     assert history(store, rid, "loss") == [(n, pytest.approx(v)) for n, v in
                                            enumerate(expected)]
     assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(6))
-    assert store.client().get_run(rid).data.tags[schema.TAG_STEP_TIME_KIND] == "ready"
+    assert store.client().get_run(rid).data.tags[schema.TAG_STEP_TIME_KIND] == "interval"
 
 
 def test_keras_callback_puts_the_train_function_back_when_fit_raises(store) -> None:

@@ -103,7 +103,7 @@ def test_compilations_per_step_values_and_pytrees(store, named: bool) -> None:
     assert len(times) == len(rows) and all(0 < t < 60 for t in times)
 
     tags = store.client().get_run(rid).data.tags
-    assert tags["refrun.perf.step_time_kind"] == "ready"
+    assert tags["refrun.perf.step_time_kind"] == "interval"  # entry to next entry
     assert tags[schema.TAG_EXEC_HARDWARE] == "cpu"
     art = store.client().download_artifacts(rid, "refrun/jax_compilations.json",
                                             str(store.tmp))

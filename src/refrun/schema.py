@@ -209,7 +209,9 @@ TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"  # steady-state median, 
 TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
 TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"  # step times left out of median/p90
 TAG_STEADY_STEPS = "refrun.perf.steady_steps"
-TAG_STEP_TIME_WALL_STEPS = "refrun.perf.step_time_wall_steps"  # JAX steps timed by wall
+# JAX steps timed by wall: written by refrun 0.1.0 (kind ready); JAX steps are now all timed
+# from entry to entry (kind interval).
+TAG_STEP_TIME_WALL_STEPS = "refrun.perf.step_time_wall_steps"
 # Where it executed (device truth) and where its state lives.
 TAG_EXEC_HARDWARE = "refrun.exec.hardware"  # hardware that actually executed
 TAG_EXEC_DEVICES = "refrun.exec.devices"  # number of devices used

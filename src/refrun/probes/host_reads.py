@@ -28,8 +28,8 @@ Counting is one thread-local attribute read and an integer increment, and only w
 happens: a step that reads nothing runs no refrun code at all.  The read already waits for
 the value; the counter adds no synchronisation, no dispatch and no compilation.  Only the
 thread that activated a :class:`ReadCount` (the training thread, between ``begin_step`` and
-``end_step``) counts; the probe's own reads of logged values happen between steps and are
-made with counting suspended (:func:`suspended`).
+``end_step``) counts; the probe's own reads of logged values happen on its collector
+thread, or at close with counting suspended (:func:`suspended`).
 """
 
 from __future__ import annotations
@@ -83,6 +83,13 @@ def activate(sink: ReadCount | None) -> ReadCount | None:
     prev = getattr(_TLS, "sink", None)
     _TLS.sink = sink
     return prev
+
+
+def thread_state() -> threading.local:
+    """The thread-local whose ``sink`` attribute is the counting thread's open
+    :class:`ReadCount` (None: not counting): what :func:`activate` sets, for a caller that
+    sets it on every step without a function call."""
+    return _TLS
 
 
 @contextlib.contextmanager

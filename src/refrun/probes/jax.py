@@ -2,17 +2,20 @@
 
 What it measures, and how, without adding a host sync to the loop:
 
-* **Values** given to ``probe.log``: ``copy_to_host_async()`` is started at once; the value
-  is read when ``arr.is_ready()`` says the device is done (checked at the next step
-  entry), blockingly only at close.
-* **Step time** (``perf/step_time_s``, kind ``ready``): JAX dispatch is asynchronous, so the
-  wall time of the Python step body is only the dispatch time.  The probe notes the wall
-  time at step entry, and a watcher thread notes the time at which the step's logged
-  device values became ready (it waits on them off the training thread).  The step
-  time is ``ready_n - max(entry_n, ready_{n-1})``: from when step ``n`` could start on
-  the device (entered, and the previous step's outputs done) to when its outputs were
-  done.  A step that logs no device value gets the wall time of its body (kind
-  ``wall``); the tag ``refrun.perf.step_time_kind`` says which was measured.
+* **Values** given to ``probe.log``: the array is kept as the step returned it (appended
+  to a list: nothing is read, copied or handed to a thread on the training thread); a
+  collector thread reads a block of them once per flush interval in one stacked transfer
+  (:mod:`refrun.probes.jax_blocks`).  An array the loop donates (or deletes) after logging
+  it would be gone by then, so the first value of every name is copied on the device and
+  the name watched: if the original is deleted by the end of the next step, every value
+  of that name is copied when logged (tag ``refrun.jax.donated_logged``); otherwise none
+  is.  A value found deleted later anyway is lost, said in a warning, and its name copied
+  from then on.
+* **Step time** (``perf/step_time_s``, kind ``interval``): the time from a step's entry to
+  the next step's entry (the last step's: to ``probe.close()``), one clock read per step on
+  the training thread.  Exact for a host-bound loop; a device-bound loop is paced by the
+  runtime's queue of dispatched work once it is full (see
+  :mod:`refrun.probes.jax_blocks`).
 * **Compilations** through :mod:`jax.monitoring`: every XLA compilation emits
   ``/jax/core/compile/backend_compile_duration`` with ``fun_name`` (``jit(train_step)``),
   a start scalar before it and ``/jax/compilation_cache/cache_hits`` inside it when the
@@ -36,7 +39,8 @@ What it measures, and how, without adding a host sync to the loop:
   platform, CPU included (:mod:`refrun.probes.host_reads`: the array type's read entry
   points are wrapped while the probe is open and count into a thread-local; the read
   already waits, the count adds no sync).  The probe's own reads of logged values are
-  made between steps with counting suspended and are never counted.
+  made on its collector thread (or at close with counting suspended) and are never
+  counted.
 * **Placement** (``refrun.placement``, ``refrun.exec.*`` tags) from the devices and
   shardings of the parameters and batches, and ``refrun.placement.warning`` when the
   run declared an accelerator but the arrays live on the CPU.
@@ -47,26 +51,36 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
-import queue
 import re
 import select
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
+from jax._src.array import ArrayImpl
 
 from refrun import limits, schema
 from refrun.probes import host_reads
-from refrun.probes.base import BackendBase, Probe
+from refrun.probes.base import BackendBase, Probe, _flush_interval, _StepScope
 from refrun.probes.hardware import is_accelerator
+from refrun.probes.jax_blocks import (
+    LOST,
+    BlockCollector,
+    LostValue,
+    Tree,
+    counter_deltas,
+    precompile,
+    read_arrays,
+    step_intervals,
+    take,
+)
 from refrun.probes.optim import lr_names
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -84,12 +98,8 @@ _USER_ENTRY_FILES = ("pjit.py", "pmap.py")
 _WRAPPED_NAME = re.compile(r"^\w+\((.*)\)$")
 MAX_COMPILE_EVENTS = 10_000
 
-
-class LostValue(float):
-    """A value that could not be read (deleted or donated buffer); never emitted."""
-
-
-LOST = LostValue("nan")
+__all__ = ["LOST", "CompileTracker", "JaxBackend", "JaxMemoryMonitor", "JaxProbe",
+           "LostValue", "flatten_pytree"]
 
 
 # --- compilation attribution -------------------------------------------------------------
@@ -202,6 +212,21 @@ class CompileTracker:
             return False
         return called_from_user_jit(frame)
 
+    def ignore_this_thread(self, ignore: bool = True) -> None:
+        """Count no compilation made on the calling thread (the probe's own: its collector
+        compiles the stack that reads logged values)."""
+        self._tls.ignore = ignore
+
+    @contextlib.contextmanager
+    def ignoring(self) -> Iterator[None]:
+        """:meth:`ignore_this_thread` for the duration of a ``with`` block."""
+        prev = getattr(self._tls, "ignore", False)
+        self._tls.ignore = True
+        try:
+            yield
+        finally:
+            self._tls.ignore = prev
+
     def _stack(self) -> list[_Compile]:
         st = getattr(self._tls, "stack", None)
         if st is None:
@@ -209,19 +234,19 @@ class CompileTracker:
         return st
 
     def _on_start(self, event: str, value: float, **kw: Any) -> None:
-        if event != BACKEND_COMPILE_EVENT:
+        if event != BACKEND_COMPILE_EVENT or getattr(self._tls, "ignore", False):
             return
         name = str(kw.get("fun_name", "?"))
         self._stack().append(_Compile(name, self.is_step(name, sys._getframe(1))))
 
     def _on_event(self, event: str, **kw: Any) -> None:
-        if event == CACHE_HIT_EVENT:
+        if event == CACHE_HIT_EVENT and not getattr(self._tls, "ignore", False):
             st = self._stack()
             if st:
                 st[-1].cache_hit = True
 
     def _on_duration(self, event: str, secs: float, **kw: Any) -> None:
-        if event != BACKEND_COMPILE_EVENT:
+        if event != BACKEND_COMPILE_EVENT or getattr(self._tls, "ignore", False):
             return
         name = str(kw.get("fun_name", "?"))
         st = self._stack()
@@ -389,56 +414,6 @@ class StderrLineCounter:
                                  f"{schema.ARTIFACT_JAX_TRANSFERS}\n")
 
 
-# --- step time to readiness ----------------------------------------------------------------
-@dataclass
-class PendingStepTime:
-    """Step time resolved by the watcher thread once the step's outputs are ready."""
-
-    step: int
-    entry_s: float
-    exit_s: float
-    arrays: list[Any]
-    value: float | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-class ReadyWatcher:
-    """Waits, off the training thread, for each step's logged outputs and computes
-    ``ready_n - max(entry_n, ready_{n-1})`` (seconds, ``time.perf_counter`` clock)."""
-
-    def __init__(self) -> None:
-        self._q: queue.SimpleQueue[PendingStepTime | None] = queue.SimpleQueue()
-        self._prev_ready = -math.inf
-        self.failures = 0
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="refrun-jax-ready")
-        self._thread.start()
-
-    def submit(self, p: PendingStepTime) -> None:
-        self._q.put(p)
-
-    def _run(self) -> None:
-        while True:
-            p = self._q.get()
-            if p is None:
-                return
-            try:
-                for a in p.arrays:
-                    a.block_until_ready()  # this thread only; releases the GIL
-                ready = time.perf_counter()
-                p.value = ready - max(p.entry_s, self._prev_ready)
-                self._prev_ready = ready
-            except Exception:  # a deleted/donated output: fall back to the wall time
-                self.failures += 1
-                p.value = p.exit_s - p.entry_s
-            p.arrays = []
-            p.done.set()
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=10)
-
-
 # --- placement ----------------------------------------------------------------------------
 def _sharding_text(s: Any) -> str:
     return re.sub(r"\s+", " ", str(s))
@@ -505,7 +480,12 @@ def placement_warnings(declared: str | None, backend: str,
 
 # --- the backend ---------------------------------------------------------------------------
 class JaxBackend(BackendBase):
-    """:class:`refrun.probes.base.Backend` for JAX; see the module doc for what it records."""
+    """:class:`refrun.probes.base.Backend` for JAX; see the module doc for what it records.
+
+    :class:`JaxProbe` drives it: :meth:`begin_step` / :meth:`end_step` around the user's
+    step (compilation attribution, transfer guard, host-read counting), and
+    :meth:`cumulative` -- the cumulative counters of :attr:`cumulative_names` as a tuple --
+    kept per step and turned into per-step deltas off the training thread."""
 
     name = "jax"
 
@@ -522,17 +502,15 @@ class JaxBackend(BackendBase):
         self.declared_hardware = hardware
         self.mesh = mesh
         self.placement: dict[str, dict[str, Any]] = {}
-        self.ready_steps = 0
-        self.wall_steps = 0
         self.lost_values = 0
-        self._step_arrays: list[Any] | None = None
+        # Logged names -> whether the loop donates (deletes) their arrays after logging
+        # them: True copies each value when logged, False never; absent/None: not known
+        # yet (the first value is copied and watched: JaxProbe).
+        self.donated: dict[str, bool | None] = {}
         self._guard_cm: Any = None
         self._h2d: StderrLineCounter | None = None
         self._h2d_checked = 0
-        self._h2d_last = 0
         self._h2d_by_step: dict[int, int] = {}
-        self._ended_step: int | None = None
-        self._watcher = ReadyWatcher()
         self.compiles.install()
         # Host reads inside the step (xfer/host_syncs); None when not counted.
         self._reads: host_reads.ReadCount | None = None
@@ -545,103 +523,66 @@ class JaxBackend(BackendBase):
                 host_reads.remove()
         if transfer_guard in ("log", "log_explicit"):
             self._h2d = StderrLineCounter()
+        self.cumulative_names, self.cumulative = self._counter_reader()
+
+    def _counter_reader(self) -> tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]]:
+        """The names of the cumulative counters and a reader of them as one tuple, built
+        once for this configuration (one tuple per step, no dictionary)."""
+        c, reads, h2d = self.compiles, self._reads, self._h2d
+        names: tuple[str, ...] = (schema.M_COMPILE_GRAPHS, schema.M_COMPILE_RECOMPILES,
+                                  schema.M_COMPILE_CACHE_HITS, M_COMPILE_OTHER,
+                                  schema.M_COMPILE_TIME)
+        if reads is not None:
+            names += (schema.M_HOST_SYNCS,)
+        if self.transfer_guard is not None:
+            names += (schema.M_XFER_H2D,)
+        if reads is not None and h2d is None and self.transfer_guard is None:
+            return names, lambda: (c.graphs, c.recompiles, c.cache_hits, c.other, c.time_s,
+                                   reads.n)
+        if reads is None and self.transfer_guard is None:
+            return names, lambda: (c.graphs, c.recompiles, c.cache_hits, c.other, c.time_s)
+
+        def read() -> tuple[Any, ...]:  # with a transfer guard: the diagnostic mode
+            row: tuple[Any, ...] = (c.graphs, c.recompiles, c.cache_hits, c.other, c.time_s)
+            if reads is not None:
+                row += (reads.n,)
+            # "log": the lines the runtime wrote (drained so each step gets its own);
+            # "disallow": 0, a completed step had no implicit transfer
+            return (*row, h2d.count() if h2d is not None else 0)
+
+        return names, read
 
     # --- step ---------------------------------------------------------------------------
-    def begin_step(self, step: int) -> float:
+    def begin_step(self, step: int) -> None:
         self.compiles.current_step = step
         self.compiles.in_step = True
         if self._h2d is not None:
             self._h2d.step = step  # transfer sites first seen from now on
-        self._step_arrays = []
         if self.transfer_guard is not None:
             cm = jax.transfer_guard(self.transfer_guard)
             cm.__enter__()
             self._guard_cm = cm
         if self._reads is not None:
             host_reads.activate(self._reads)  # last: only the user's step is counted
-        return time.perf_counter()
 
-    def end_step(self, step: int, token: float) -> PendingStepTime | float:
-        now = time.perf_counter()
+    def end_step(self) -> None:
         if self._reads is not None:
             host_reads.activate(None)
         self.compiles.in_step = False  # until the next step: "between steps"
-        self._ended_step = step
         if self._guard_cm is not None:
             cm, self._guard_cm = self._guard_cm, None
             cm.__exit__(None, None, None)
-            if self.transfer_guard.startswith("disallow"):
+            if self.transfer_guard.startswith("disallow"):  # type: ignore[union-attr]
                 self._h2d_checked += 1  # a completed step had no implicit transfer
-        arrays, self._step_arrays = self._step_arrays or [], None
-        if not arrays:
-            self.wall_steps += 1
-            return now - token
-        self.ready_steps += 1
-        p = PendingStepTime(step, token, now, arrays)
-        self._watcher.submit(p)
-        return p
 
-    # --- values -------------------------------------------------------------------------
-    def fetch(self, value: Any) -> Any:
-        if isinstance(value, jax.Array):
-            if value.size != 1:
-                raise ValueError(f"probe.log takes scalars; got a jax array of shape "
-                                 f"{value.shape} (reduce it first)")
-            value.copy_to_host_async()
-            if self._step_arrays is not None:
-                self._step_arrays.append(value)
-            return value
-        if isinstance(value, np.ndarray | np.generic):
-            return float(np.asarray(value).reshape(()))
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise TypeError(f"probe.log: cannot record a value of type {type(value).__name__}")
-
-    def ready(self, pending: Any) -> float | None:
-        if isinstance(pending, PendingStepTime):
-            return pending.value
-        if isinstance(pending, float):
-            return pending
-        prev = host_reads.activate(None)  # the probe's own read is never the user's
-        try:
-            if not pending.is_ready():
-                return None
-            return float(np.asarray(pending).reshape(()))
-        except Exception:  # deleted or donated before it was read
-            self.lost_values += 1
-            return LOST
-        finally:
-            host_reads.activate(prev)
-
-    def wait(self, pending: Any) -> float:
-        if isinstance(pending, PendingStepTime):
-            pending.done.wait(timeout=60)
-            return pending.value if pending.value is not None else LOST
-        if isinstance(pending, float):
-            return pending
-        prev = host_reads.activate(None)
-        try:
-            return float(np.asarray(pending).reshape(()))
-        except Exception:
-            self.lost_values += 1
-            return LOST
-        finally:
-            host_reads.activate(prev)
+    def transfers_at(self, step: int, count: float) -> None:
+        """The implicit transfers counted at ``step`` (the transfer summary's per_step)."""
+        if count > 0:
+            self._h2d_by_step[step] = int(count)
 
     # --- counters and description ---------------------------------------------------------
     def counters(self) -> dict[str, float]:
-        out = self.compiles.counters()
-        if self._reads is not None:
-            out[schema.M_HOST_SYNCS] = float(self._reads.n)
-        if self._h2d is not None:
-            total = self._h2d.count()
-            if self._ended_step is not None and total > self._h2d_last:
-                self._h2d_by_step[self._ended_step] = total - self._h2d_last
-            self._h2d_last = total
-            out[schema.M_XFER_H2D] = total
-        elif self.transfer_guard is not None:
-            out[schema.M_XFER_H2D] = 0.0
-        return out
+        return dict(zip(self.cumulative_names, map(float, self.cumulative()), strict=True))
 
     def observe(self, **trees: Any) -> None:
         """Record where the given pytrees' arrays live (``params=``, ``batch=`` ...)."""
@@ -650,16 +591,13 @@ class JaxBackend(BackendBase):
                 self.placement[what] = placement_summary(tree)
 
     def step_time_kind(self) -> str:
-        if self.ready_steps and self.wall_steps:
-            return "ready+wall"
-        return "wall" if self.wall_steps and not self.ready_steps else "ready"
-
+        return "interval"
 
     def describe(self) -> dict[str, Any]:
         devices = jax.devices()
         used: set[str] = set()
         meshes: list[dict[str, int]] = []
-        for p in self.placement.values():
+        for p in dict(self.placement).values():  # a copy: observe() may run meanwhile
             used.update(p["devices"])
             meshes.extend(m for m in p["meshes"] if m not in meshes)
         mesh = mesh_of(self.mesh) if self.mesh is not None and not isinstance(
@@ -676,7 +614,6 @@ class JaxBackend(BackendBase):
                 {"default_backend": jax.default_backend(), **self.placement},
                 sort_keys=True)[:limits.TAG_VALUE_LENGTH],
             schema.TAG_STEP_TIME_KIND: self.step_time_kind(),
-            schema.TAG_STEP_TIME_WALL_STEPS: self.wall_steps,
             schema.TAG_JAX_TRANSFER_GUARD: self.transfer_guard or "off",
             schema.TAG_JAX_FRESH_CACHES: str(self.fresh_caches).lower(),
             schema.TAG_JAX_HOST_READS: self.read_coverage.text(),
@@ -685,6 +622,9 @@ class JaxBackend(BackendBase):
         }
         if mesh:
             desc[schema.TAG_MESH] = json.dumps(mesh)
+        donated = sorted(k for k, v in dict(self.donated).items() if v)
+        if donated:
+            desc[schema.TAG_JAX_DONATED_LOGGED] = ",".join(donated)
         desc[schema.TAG_PLACEMENT_WARNING] = placement_warnings(
             self.declared_hardware, jax.default_backend(), self.placement)
         peak = memory_peak_bytes()
@@ -703,7 +643,6 @@ class JaxBackend(BackendBase):
             self._guard_cm = None
         if self._h2d is not None:
             self._h2d.close()
-        self._watcher.close()
 
     def summary_tags(self) -> Mapping[str, Any]:
         if self._h2d is None:
@@ -779,26 +718,147 @@ class JaxMemoryMonitor:
         self.devices = []
 
 
-# --- the probe: pytrees in log(), placement again with observe() -------------------------
+# --- the probe ---------------------------------------------------------------------------
+_MISSING = object()
+_SCALAR_TYPES = (float, int)
+
+
 @dataclass
 class JaxProbe(Probe):
-    """A :class:`Probe` whose ``log`` also accepts pytrees (tuples, lists, dataclasses
-    registered with JAX ...) and which can record placement again with :meth:`observe`."""
+    """A :class:`Probe` for JAX whose training-thread work per step is two list appends
+    and a few attribute reads (see :mod:`refrun.probes.jax_blocks`); its ``log`` also
+    accepts pytrees (tuples, lists, dicts, dataclasses registered with JAX ...), and it can
+    record placement again with :meth:`observe`."""
+
+    _step_rows: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
+    _logged: list[tuple[int, str, Any]] = field(default_factory=list, repr=False)
+    _entry: float = field(default=0.0, repr=False)
+    _scope: Any = field(default=None, repr=False)
+    _collector: BlockCollector | None = field(default=None, repr=False)
+    _pending_row: tuple[Any, ...] | None = field(default=None, repr=False)
+    _last_cum: tuple[Any, ...] = field(default=(), repr=False)
+    _wall_offset: float = field(default=0.0, repr=False)
+    _close_entry: float | None = field(default=None, repr=False)
+    _rows_seen: int = field(default=0, repr=False)
+    # (logged name, the arrays as logged, steps done when the decision is due)
+    _probing: list[tuple[str, list[Any], int]] = field(default_factory=list, repr=False)
+    _leaf_names: dict[tuple[str, Any], list[str]] = field(default_factory=dict, repr=False)
+    _donated: dict[str, bool | None] = field(default_factory=dict, repr=False)
+    # Steps done at the next numerics reading (on the training thread: JAX's precision
+    # contexts are thread-local): the first step's end, then every recheck_every steps.
+    _numerics_due: int = field(default=1, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        self._last_cum = tuple(self._guard(backend.cumulative) or ())
+        self._donated = backend.donated  # the same dict, one attribute read less per log
+        self._wall_offset = time.time() - time.perf_counter()
+        self._scope = _JaxStep(self)
+        with backend.compiles.ignoring():  # the probe's own compilation, not the run's
+            self._guard(precompile)
+        self._collector = BlockCollector(self._collect, _flush_interval(self.run))
+        self._collector.start(backend.compiles.ignore_this_thread)
+
+    # --- the loop surface ------------------------------------------------------------
+    def step(self, n: int) -> Any:
+        """Context manager around training step ``n`` (see :class:`_JaxStep`)."""
+        if self._in_step or self._closed:
+            return _StepScope(self, n) if not self._closed else _ClosedStep(self, n)
+        scope = self._scope
+        scope.n = n
+        return scope
+
+    def progress_marker(self) -> tuple[int, int]:
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        return self._steps_done, backend.compiles.graphs
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Record scalars for ``step`` (default: the current step).  Values may be jax
         arrays of one element, numbers, or pytrees of them; a pytree leaf is named by its
-        path (``grads/0/w``)."""
-        if all(isinstance(v, jax.Array | float | int) for v in metrics.values()):
-            super().log(step, **metrics)  # fast path: nothing to flatten
+        path (``grads/0/w``).  Nothing is read here: values are read off the training
+        thread once per flush interval."""
+        n = self._step if step is None else step
+        if n is None:
+            self.run.warn_once("probe-nostep", "probe.log called before any probe.step(); "
+                               "pass step= explicitly", None)
             return
+        append = self._logged.append
+        donated = self._donated
+        for name, v in metrics.items():
+            t = type(v)
+            if t is ArrayImpl and not (v.shape and v.size != 1):
+                if donated.get(name, _MISSING) is not False:
+                    v = self._protected(name, [v])[0]
+                append((n, name, v))
+            elif t in _SCALAR_TYPES:
+                append((n, name, v))
+            else:
+                self._guard(lambda name=name, v=v: self._log_other(n, name, v))
+
+    def _log_other(self, n: int, name: str, value: Any) -> None:
+        """A value off the fast path: numpy scalars (read now: they are mutable), pytrees
+        (flattened now, named off the thread), and what cannot be recorded (warned)."""
+        if isinstance(value, bool):
+            raise TypeError(f"probe.log: cannot record a value of type bool ({name})")
+        if isinstance(value, np.ndarray | np.generic):
+            self._logged.append((n, name, _host_scalar(name, value)))
+            return
+        if isinstance(value, jax.Array):
+            _check_scalar(name, value)
+            self._logged.append((n, name, value))
+            return
+        leaves, treedef = jax.tree_util.tree_flatten(value)
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # a leaf of another type
+            raise TypeError(f"probe.log: cannot record a value of type "
+                            f"{type(value).__name__} ({name})")
+        out: list[Any] = []
+        arrays: list[int] = []
+        for leaf in leaves:
+            if isinstance(leaf, jax.Array):
+                _check_scalar(name, leaf)
+                arrays.append(len(out))
+                out.append(leaf)
+            elif isinstance(leaf, np.ndarray | np.generic):
+                out.append(_host_scalar(name, leaf))
+            elif isinstance(leaf, bool) or not isinstance(leaf, int | float):
+                raise TypeError(f"probe.log: cannot record a leaf of type "
+                                f"{type(leaf).__name__} in {name}")
+            else:
+                out.append(leaf)
+        donated = self.backend.donated  # type: ignore[attr-defined]
+        if arrays and donated.get(name, _MISSING) is not False:
+            copies = self._protected(name, [out[i] for i in arrays])
+            for i, c in zip(arrays, copies, strict=True):
+                out[i] = c
+        self._logged.append((n, name, Tree(treedef, out)))
+
+    def _protected(self, name: str, arrays: list[Any]) -> list[Any]:
+        """Copies of ``arrays`` on their devices, made now (before the loop can donate
+        them); the first time ``name`` is seen its arrays are also watched, to learn
+        whether the loop donates them (decided at the end of the next step)."""
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        if backend.donated.get(name, _MISSING) is _MISSING:
+            backend.donated[name] = None
+            self._probing.append((name, arrays,
+                                  self._steps_done + (1 if self._in_step else 0)))
         try:
-            flat = flatten_pytree(metrics)
-        except Exception as exc:
-            self.run.warn_once("jax-log-flatten", f"probe.log: values not recorded: {exc}",
-                               self._step)
-            return
-        super().log(step, **flat)
+            with jax.transfer_guard("allow"):  # a device-side copy, never the user's
+                return list(jax.device_put(arrays, may_alias=False))
+        except Exception as exc:  # a probe must never break the loop: keep the original
+            self._warn_exc(exc)
+            return arrays
+
+    def _decide_donation(self) -> None:
+        """At a step's exit: the watched names whose next step has run are decided."""
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        waiting = []
+        for name, arrays, due in self._probing:
+            if self._steps_done < due + 1:
+                waiting.append((name, arrays, due))
+            else:
+                backend.donated[name] = any(a.is_deleted() for a in arrays)
+        self._probing = waiting
 
     def observe(self, **trees: Any) -> None:
         """Record where ``params=``, ``batch=`` (any pytrees) live; cheap enough for an
@@ -807,12 +867,242 @@ class JaxProbe(Probe):
         self._guard(lambda: backend.observe(**trees))
         self._describe()  # changed tags; a placement warning also becomes a run warning
 
+    def _numerics_now(self) -> None:
+        """At a step's exit, on the training thread (where a precision context set around
+        the loop applies): the numerics configuration, as every probe reads it at the end
+        of the first step and every ``recheck_every`` steps."""
+        first = self._steps_done == 1
+        self._read_numerics(before_training=first)
+        every = self.recheck_every
+        self._numerics_due = ((self._steps_done // every + 1) * every if every > 0
+                              else -1)
+
+    # --- off the training thread ---------------------------------------------------------
+    def _collect(self, final: bool) -> None:
+        """One block (the collector thread), or the last one (``final``, at close): the
+        rows' step times, counter deltas and progress, and the logged values, handed to
+        the session.  Never raises."""
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        try:
+            block = take(self._step_rows, self._logged)
+            with backend.compiles.ignoring(), host_reads.suspended(), \
+                    jax.transfer_guard("allow"):
+                self._emit_rows(block.rows, final)
+                self._emit_values(block.values)
+            self._record_backend_warnings()
+            if self.recheck_every > 0 and self._rows_seen // self.recheck_every \
+                    > (self._rows_seen - len(block.rows)) // self.recheck_every:
+                self._describe()
+        except Exception as exc:  # a probe must never break the loop
+            self._warn_exc(exc)
+
+    def _emit_rows(self, rows: list[tuple[Any, ...]], final: bool) -> None:
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        self._rows_seen += len(rows)
+        if self._pending_row is not None:
+            rows = [self._pending_row, *rows]
+        if not rows:
+            return
+        if final:
+            self._pending_row = None
+            done, nxt = rows, self._close_entry or time.perf_counter()
+        else:  # the last row's interval ends at the next entry, not seen yet
+            self._pending_row = rows[-1]
+            done, nxt = rows[:-1], rows[-1][1]
+        if not done:
+            return
+        steps = [r[0] for r in done]
+        times = step_intervals([r[1] for r in done], nxt)
+        deltas = counter_deltas(self._last_cum, [r[2] for r in done])
+        self._last_cum = done[-1][2]
+        columns: dict[str, list[float]] = {schema.M_STEP_TIME: times}
+        for j, name in enumerate(backend.cumulative_names):
+            columns[name] = [float(d[j]) for d in deltas]
+        h2d = columns.get(schema.M_XFER_H2D)
+        if h2d is not None and backend._h2d is not None:
+            for n, c in zip(steps, h2d, strict=True):
+                backend.transfers_at(n, c)
+        columns.update(self._progress_columns(done))
+        self._step_times.extend(times)
+        offset = self._wall_offset
+        self.run.log_columns(steps, columns, [int((r[1] + offset) * 1000) for r in done])
+
+    def _progress_columns(self, rows: list[tuple[Any, ...]]) -> dict[str, list[float]]:
+        """Cumulative ``progress/samples`` and ``progress/tokens`` at each row (host
+        integers: the declared batch, or what :meth:`progress` said for that step)."""
+        if self.global_batch is None and not any(r[3] for r in rows):
+            return {}
+        samples: list[float] = []
+        tokens: list[float] = []
+        for r in rows:
+            over = r[3] or {}
+            s = over.get("samples", self.global_batch)
+            t = over.get("tokens")
+            if t is None and s is not None and self.tokens_per_sample is not None:
+                t = s * self.tokens_per_sample
+            if s is not None:
+                self._samples += s
+                samples.append(float(self._samples))
+            if t is not None:
+                self._tokens += t
+                tokens.append(float(self._tokens))
+        out = {}
+        if len(samples) == len(rows):
+            out[schema.M_PROGRESS_SAMPLES] = samples
+        if len(tokens) == len(rows):
+            out[schema.M_PROGRESS_TOKENS] = tokens
+        return out
+
+    def _emit_values(self, values: list[tuple[int, str, Any]]) -> None:
+        if not values:
+            return
+        flat: list[tuple[int, str, Any, str]] = []
+        for n, name, v in values:
+            if type(v) is Tree:
+                names = self._names_of(name, v.treedef)
+                flat.extend((n, leaf_name, leaf, name)
+                            for leaf_name, leaf in zip(names, v.leaves, strict=True))
+            else:
+                flat.append((n, name, v, name))
+        where = [i for i, f in enumerate(flat) if isinstance(f[2], jax.Array)]
+        read = read_arrays([flat[i][2] for i in where])
+        got: dict[int, float] = dict(zip(where, read, strict=True))
+        ready: list[tuple[int, str, float]] = []
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        for i, (n, name, v, logged_as) in enumerate(flat):
+            value = got.get(i, v)
+            if isinstance(value, LostValue):
+                backend.lost_values += 1
+                backend.donated[logged_as] = True  # copied from now on
+            if self._take(n, name, value):
+                ready.append((n, name, float(value)))
+        if ready:
+            self._emit(ready)
+
+    def _names_of(self, name: str, treedef: Any) -> list[str]:
+        """The leaf names of a pytree logged as ``name`` (made once per structure)."""
+        key = (name, treedef)
+        names = self._leaf_names.get(key)
+        if names is None:
+            shape = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+            names = self._leaf_names[key] = list(flatten_pytree({name: shape}))
+        return names
+
     def _take(self, n: int, name: str, value: Any) -> bool:
         if isinstance(value, LostValue):
             self.run.warn_once(f"jax-lost:{name}", f"{name} at step {n} could not be read "
-                               "(its buffer was deleted or donated before it was ready)", n)
+                               "(its buffer was deleted or donated before the probe read "
+                               "it); later values of it are copied when logged", n)
             return False
         return super()._take(n, name, value)
+
+    # --- end ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Collect what is left (waiting for the last values: training is over), then
+        close as every probe does."""
+        if self._closed:
+            return
+        self._close_entry = time.perf_counter()
+        if self._in_step:  # closed inside a step: that step ends here
+            self._scope.__exit__(None, None, None)
+        if self._collector is not None:
+            self._guard(self._collector.finish)
+        super().close()
+
+
+class _JaxStep:
+    """What ``probe.step(n)`` returns (one object per probe, re-armed per step): at entry
+    the backend's step flags and one clock read; at exit the flags back and one row
+    ``(step, entry time, cumulative counters, progress)`` appended.  Without a transfer
+    guard (the usual configuration) the backend's :meth:`JaxBackend.begin_step` and
+    :meth:`JaxBackend.end_step` are done here inline: the same assignments, a tenth of a
+    microsecond less a step."""
+
+    __slots__ = ("_backend", "_compiles", "_cumulative", "_guarded", "_probe", "_reads",
+                 "_rows", "_tls", "n")
+
+    def __init__(self, probe: JaxProbe) -> None:
+        self._probe = probe
+        b: JaxBackend = probe.backend  # type: ignore[assignment]
+        self._backend = b
+        self._compiles = b.compiles
+        self._cumulative = b.cumulative
+        self._guarded = b.transfer_guard is not None
+        self._reads = b._reads
+        self._tls = host_reads.thread_state()
+        self._rows = probe._step_rows
+        self.n = 0
+
+    def __enter__(self) -> JaxProbe:
+        p = self._probe
+        p._in_step = True
+        p._step = n = self.n
+        p._entry = time.perf_counter()
+        if self._guarded:
+            try:
+                self._backend.begin_step(n)
+            except Exception as exc:  # a probe must never break the loop
+                p._warn_exc(exc)
+            return p
+        c = self._compiles
+        c.current_step = n
+        c.in_step = True
+        if self._reads is not None:
+            self._tls.sink = self._reads  # last: only the user's step is counted
+        return p
+
+    def __exit__(self, *exc: object) -> None:
+        p = self._probe
+        if not p._in_step:
+            return
+        if self._guarded:
+            try:
+                self._backend.end_step()
+            except Exception as e:  # a probe must never break the loop
+                p._warn_exc(e)
+        else:
+            if self._reads is not None:
+                self._tls.sink = None
+            self._compiles.in_step = False
+        p._in_step = False
+        over = p._progress_override
+        if over:
+            p._progress_override = {}
+        self._rows.append((self.n, p._entry, self._cumulative(), over or None))
+        p._steps_done += 1
+        if p._steps_done == p._numerics_due:
+            p._numerics_now()
+        if p._probing:
+            p._decide_donation()
+
+
+class _ClosedStep:
+    """``probe.step(n)`` after ``close()``: the step runs, nothing is recorded."""
+
+    def __init__(self, probe: JaxProbe, n: int) -> None:
+        probe.run.warn_once("probe-closed", f"probe.step({n}) after probe.close(): not "
+                            "recorded", n)
+        self._probe = probe
+
+    def __enter__(self) -> JaxProbe:
+        return self._probe
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _check_scalar(name: str, value: Any) -> None:
+    if value.size != 1:
+        raise ValueError(f"probe.log takes scalars; got a jax array of shape {value.shape} "
+                         f"for {name} (reduce it first)")
+
+
+def _host_scalar(name: str, value: Any) -> float:
+    a = np.asarray(value)
+    if a.size != 1:
+        raise ValueError(f"probe.log takes scalars; got an array of shape {a.shape} for "
+                         f"{name} (reduce it first)")
+    return float(a.reshape(()))
 
 
 # --- the optimizer's state: learning rates and update count (optax) -----------------------

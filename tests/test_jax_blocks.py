@@ -1,0 +1,226 @@
+"""The JAX probe's amortised hot path (issue 51, item 5), on real JAX (CPU):
+
+* values read in blocks off the training thread are exact and in order, over many
+  blocks (a short flush interval), pytrees and host numbers included;
+* a value the loop donates after logging it is still exact (the probe copies it on the
+  device when it learns the name is donated), and one deleted later than the next step
+  is said lost in a warning, its later values exact;
+* the probe's own compilations (the stack that reads values of a new dtype) are never
+  counted: the run's counts equal what this thread saw JAX compile;
+* ``perf/step_time_s`` is the interval from a step's entry to the next one's (the last
+  step's to ``close``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import refrun
+import refrun.jax
+from refrun import schema
+from refrun.probes.jax_blocks import counter_deltas, step_intervals
+
+
+def start(store, **kw) -> refrun.RunSession:
+    return refrun.start_run("jax-blocks", "candidate", hardware="cpu", backend="jax",
+                            tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                            snapshot_environment=False, **kw)
+
+
+def history(store, run_id: str, metric: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in
+                  store.client().get_metric_history(run_id, metric))
+
+
+def values(store, run_id: str, metric: str) -> list[float]:
+    return [v for _, v in history(store, run_id, metric)]
+
+
+def test_pure_parts() -> None:
+    assert step_intervals([1.0, 1.5, 3.0], None) == [0.5, 1.5]
+    assert step_intervals([1.0, 1.5, 3.0], 3.25) == [0.5, 1.5, 0.25]
+    assert step_intervals([], 2.0) == []
+    assert counter_deltas((1, 0), [(1, 2), (4, 2), (4, 5)]) == [[0, 2], [3, 0], [0, 3]]
+
+
+def test_values_over_many_blocks_are_exact_and_in_order(store) -> None:
+    run = start(store, flush_interval_s=0.05)  # many blocks in a short loop
+    f = jax.jit(lambda w, x: (w * 0.99 + x, jnp.sum(w * x)))
+    w = jnp.ones(4)
+    probe = refrun.jax.instrument(run, params=w, step_fns=[f], monitors=None)
+    losses = []
+    n_steps = 600
+    for n in range(n_steps):
+        x = jnp.full(4, n / 100, jnp.float32)
+        with probe.step(n):
+            w, loss = f(w, x)
+            # a float32 array, a pytree with an int32 array and a host number, a bf16 one
+            tree = {"i": jnp.int32(n * 3), "h": n / 7}
+            probe.log(loss=loss, tree=tree, half=loss.astype(jnp.bfloat16))
+        losses.append(loss)
+        if n % 100 == 0:
+            time.sleep(0.06)  # let a block be collected while the loop runs
+    probe.close()
+    run.close()
+    rid = run.run_id
+    assert history(store, rid, "loss") == [(n, float(v)) for n, v in enumerate(losses)]
+    assert values(store, rid, "tree/i") == [float(3 * n) for n in range(n_steps)]
+    assert values(store, rid, "tree/h") == [n / 7 for n in range(n_steps)]
+    assert values(store, rid, "half") == [float(v.astype(jnp.bfloat16)) for v in losses]
+    assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(n_steps))
+    assert values(store, rid, schema.M_COMPILE_GRAPHS) == [1.0] + [0.0] * (n_steps - 1)
+    assert run.warnings == []
+
+
+def test_a_logged_value_the_loop_donates_stays_exact(store) -> None:
+    run = start(store)
+
+    @jax.jit
+    def _step(state):
+        t, w = state
+        w = w * 0.5 + t
+        return (t + 1.0, w), jnp.sum(w)
+
+    step = jax.jit(_step, donate_argnums=0)
+    state = (jnp.float32(0.0), jnp.ones(3))
+    probe = refrun.jax.instrument(run, step_fns=["_step"], monitors=None)
+    ts, losses, deleted = [], [], []
+    for n in range(6):
+        with probe.step(n):
+            state, loss = step(state)
+            probe.log(t=state[0], loss=loss)  # t is donated by the next step
+        ts.append(float(state[0]))  # read now, before the next step donates it
+        losses.append(float(loss))
+        deleted.append(state[0])
+    probe.close()
+    run.close()
+    # the premise: the loop did donate every logged t but the last
+    assert [a.is_deleted() for a in deleted] == [True] * 5 + [False]
+    assert values(store, run.run_id, "t") == ts == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert values(store, run.run_id, "loss") == losses
+    assert run.warnings == []
+    tags = store.client().get_run(run.run_id).data.tags
+    assert tags[schema.TAG_JAX_DONATED_LOGGED] == "t"  # loss is not donated: never copied
+    assert probe.backend.donated == {"t": True, "loss": False}
+
+
+def test_a_value_deleted_later_is_said_lost_and_its_name_copied_after(store) -> None:
+    run = start(store)
+    f = jax.jit(lambda x: x + 1.0)
+    x = jnp.float32(0.0)
+    probe = refrun.jax.instrument(run, step_fns=[f], monitors=None)
+    kept = []
+    for n in range(8):
+        with probe.step(n):
+            x = f(x)
+            probe.log(v=x)
+        kept.append((x, float(x)))
+        if n == 4:  # step 0's decision (not donated) is made; now the loop deletes it
+            x.delete()
+            x = jnp.float32(kept[-1][1])
+    probe.close()
+    run.close()
+    got = history(store, run.run_id, "v")
+    assert [n for n, _ in got] == [0, 1, 2, 3, 5, 6, 7]  # step 4's value was gone
+    assert [v for _, v in got] == [kept[n][1] for n in (0, 1, 2, 3, 5, 6, 7)]
+    assert any("v at step 4 could not be read" in w["message"] for w in run.warnings)
+    assert probe.backend.donated["v"] is True
+
+
+def test_the_probes_own_compilations_are_not_counted(store) -> None:
+    """Values of dtypes the stack was not compiled for (int32, bfloat16, weak-typed) make
+    the collector compile; the run's compilation counts are exactly what this thread saw
+    JAX compile (an independent listener, on this thread only)."""
+    seen: list[str] = []
+    me = threading.get_ident()
+
+    def on_compile(ev: str, secs: float, **kw: object) -> None:
+        if ev.endswith("backend_compile_duration") and threading.get_ident() == me:
+            seen.append(str(kw.get("fun_name")))
+
+    run = start(store, flush_interval_s=0.05)
+    f = jax.jit(lambda x: (x * 2.0, jnp.int32(3) + x.astype(jnp.int32)))
+    x = jnp.ones((), jnp.float32)
+    probe = refrun.jax.instrument(run, step_fns=[f], monitors=None)
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    try:
+        for n in range(40):
+            with probe.step(n):
+                x, i = f(x)
+                probe.log(i=i, h=x.astype(jnp.bfloat16), w=jnp.asarray(2.0) * n)
+            time.sleep(0.005)
+        probe.close()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_compile)
+    run.close()
+    counted = (sum(values(store, run.run_id, schema.M_COMPILE_GRAPHS))
+               + sum(values(store, run.run_id, schema.M_COMPILE_OTHER)))
+    assert counted == len(seen) > 0
+    assert values(store, run.run_id, "w") == [2.0 * n for n in range(40)]
+
+
+def test_step_time_is_the_interval_between_entries(store) -> None:
+    run = start(store)
+    probe = refrun.jax.instrument(run, monitors=None)
+    body, between = 0.02, 0.01
+    t_first = t_entered = 0.0
+    for n in range(5):
+        if n == 0:
+            t_first = time.perf_counter()
+        with probe.step(n):
+            if n == 0:
+                t_entered = time.perf_counter()
+            time.sleep(body)
+        time.sleep(between)
+    t_before_close = time.perf_counter()
+    probe.close()
+    t_closed = time.perf_counter()
+    run.close()
+    times = values(store, run.run_id, schema.M_STEP_TIME)
+    assert len(times) == 5
+    # each covers its body and what the loop did before the next entry
+    assert all(t >= body + between for t in times[:4]), times
+    # together: from the first entry to close
+    assert t_before_close - t_entered <= sum(times) <= t_closed - t_first
+    tags = store.client().get_run(run.run_id).data.tags
+    assert tags[schema.TAG_STEP_TIME_KIND] == "interval"
+
+
+def test_hot_path_keeps_no_device_read_and_no_thread_handoff(store) -> None:
+    """The step's entry and exit append to lists and read attributes: no thread is woken
+    per step (the collector wakes on its timer), nothing is read on the training thread."""
+    run = start(store, flush_interval_s=30.0)  # no collection during the loop
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, 30, lambda i, b: jnp.tanh(b @ b), x).sum())
+    a = jnp.ones((300, 300), jnp.float32) / 300
+    f(a).block_until_ready()
+    probe = refrun.jax.instrument(run, step_fns=[f], monitors=None, fresh_caches=False)
+    ready = []
+    for n in range(3):
+        with probe.step(n):
+            r = f(a)
+            probe.log(loss=r)
+        ready.append(r.is_ready())  # the probe read nothing: still computing
+        assert len(probe._step_rows) == n + 1 and len(probe._logged) == n + 1
+    assert ready == [False, False, False]
+    probe.close()
+    run.close()
+    assert len(values(store, run.run_id, "loss")) == 3
+
+
+@pytest.mark.parametrize("bad", [jnp.ones(4), np.ones(3), True, "text"])
+def test_what_cannot_be_logged_is_warned_and_skipped(store, bad) -> None:
+    run = start(store)
+    probe = refrun.jax.instrument(run, monitors=None)
+    with probe.step(0):
+        probe.log(bad=bad, ok=jnp.float32(2.0))
+    probe.close()
+    run.close()
+    assert values(store, run.run_id, "ok") == [2.0]
+    assert history(store, run.run_id, "bad") == []
+    assert len(run.warnings) == 1 and "bad" in run.warnings[0]["message"]
