@@ -179,7 +179,7 @@ def test_keras_jax_callback_records_compilations_by_step(store) -> None:
     assert history(store, rid, schema.M_PROGRESS_SAMPLES)[-1] == (7, 128.0)
 
 
-def test_keras_callback_keeps_batch_ends_async_and_times_steps_by_readiness(store) -> None:
+def test_keras_callback_keeps_batch_ends_async_and_times_every_step(store) -> None:
     """With only refrun's callback, Keras keeps dispatching batch ends off the training
     thread (no per-batch ``pythonify_logs`` sync on it), yet every batch's loss is
     recorded (the train function's device value) and step times come from readiness."""
