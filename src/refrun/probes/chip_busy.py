@@ -248,8 +248,8 @@ class ProfilerWindows:
 
     # -- the thread --
     def _run(self) -> None:
-        if self.discover_at_start:
-            self._window()
+        if self.discover_at_start:  # only to see the trace's planes: the shortest window
+            self._window(self.sampling.min_window_s)
         while not self.stopped and self._wait_steady():
             began = time.monotonic()
             cost = self._window()
@@ -286,11 +286,14 @@ class ProfilerWindows:
             self._stop.wait(self.sampling.steady_poll_s)
         return False
 
-    def _window(self) -> float | None:
-        """One window; the seconds spent in profiler calls, None when skipped."""
+    def _window(self, length: float | None = None) -> float | None:
+        """One window (of ``length`` seconds; default: ``window_steps`` steps, see
+        :meth:`BusySampling.window_for`); the seconds spent in profiler calls, None when
+        skipped."""
         state = self.source.state
         lock = getattr(state, "lock", None)
-        length = self.sampling.window_for(self._step_s)
+        if length is None:
+            length = self.sampling.window_for(self._step_s)
         with lock if lock is not None else contextlib.nullcontext():
             if state is not None and getattr(state, "profile_session", None) is not None:
                 if self.completed == 0:
