@@ -1,0 +1,709 @@
+"""What refrun's JAX probe costs a training step, measured paired in one process.
+
+    python benchmarks/tpu/probe_cost.py [--rounds 12] [--steps 350] [--quick]
+        [--workloads gru,gru-small,digits,charlm,markov] [--json FILE] [--timeline] [--known-load]
+
+Runs on whatever JAX finds (the TPU on a TPU VM, the CPU elsewhere: the mechanism can be
+checked without a chip) and needs only numpy, jax and refrun's recording core (the
+``mlflow-skinny`` install of a TPU VM; no torch, no scipy needed).
+
+Workloads (each a real training step, state donated as the pipelines donate it):
+
+* ``gru``: a GRU language model (embedding, ``lax.scan`` GRU, softmax head, Adam; the
+  lead's reconnaissance model) sized to about 1 ms on a TPU v5e (``--gru-size``, default
+  ``V,E,H,T,B = 96,64,768,64,128`` on a TPU, the reconnaissance's ``96,64,128,64,32`` on
+  the CPU);
+* ``gru-small``: the reconnaissance's size on every platform (0.06 ms on the chip, a
+  host-bound 0.29 ms step on the TPU VM: the probe's worst case);
+* ``digits``, ``charlm``, ``markov``: the pipelines' JAX ports (their own ``make_train_step``
+  on a one-device mesh, their configuration), on synthetic batches of their shapes (the
+  probe's cost does not depend on the data's values), logging ``loss`` and ``grad_norm``
+  every step as the pipelines do.
+
+Arms, each a block of ``--steps`` steps per round, in an order drawn at random per round
+(seeded), every block ending when the device is done:
+
+* ``plain``: the loop without refrun;
+* ``probed``: ``refrun.jax.instrument`` as a user gets it (psutil, device memory, chip
+  utilisation) with ``probe.step`` + ``probe.log`` each step;
+* ``no-monitors``: the same with ``monitors=None`` (the hot path, collector and delivery
+  alone);
+* ``no-log``: ``probe.step`` only (``monitors=None``);
+* ``window``: ``no-monitors`` plus one profiler window of the chip-utilisation sampler
+  forced into the middle of every block (what one window costs the training thread);
+* ``burn``: plain plus 1 % of the plain step of thread CPU in Python after each step (the
+  positive control: does the design resolve a 1 % cost on this machine now?).
+
+Each arm's block over the same round's plain block is one paired sample; the table gives
+their geometric mean with a 95 % t-interval and the Hodges-Lehmann estimate with its
+signed-rank interval (docs/research/xla-probe-cost.md, benchmarks/bench_xla_probe.py).
+Also: the probe's own thread CPU per step (an empty step with one logged scalar), reading
+logged scalars (``jax.device_get`` of a list against the probe's stacked read, per
+value), one psutil sample, and the chip-utilisation source the ``probed`` runs recorded.
+
+``--known-load`` checks the chip sampler's windows against bf16 matmuls run back to back
+(~100 % busy expected) and with ``block_until_ready`` and a 2 ms sleep after each (one
+matmul's wall time over a step's: a figure that does not come from the profiler).
+
+``--timeline`` also records, for the ``plain`` and ``probed`` arms of every workload,
+each step's dispatch entry and exit and the time its loss became ready (a watcher thread
+waits on each), and one device-only profiler window's programs: whether the runtime
+blocks dispatch when it is far ahead (the queue depth: steps dispatched but not ready),
+and the device time per step.  The step-time definition ``interval`` (docs/jax.md) is
+exact for a device-bound loop only with that back-pressure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+for p in (REPO / "src", REPO):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import refrun  # noqa: E402
+import refrun.jax  # noqa: E402
+from refrun import schema  # noqa: E402
+from refrun.probes.chip_busy import BusySampling, ProfilerWindows, jax_sessions  # noqa: E402
+from refrun.probes.jax_blocks import precompile, read_arrays  # noqa: E402
+from refrun.probes.monitors import PsutilMonitor  # noqa: E402
+
+ARMS = ("plain", "probed", "no-monitors", "no-log", "window", "burn")
+PROBED_ARMS = ("probed", "no-monitors", "no-log", "window")
+
+
+# --- statistics --------------------------------------------------------------------------------
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+         16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
+         40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t975(df: int) -> float:
+    """The 97.5 % point of Student's t with ``df`` degrees of freedom (a table; the next
+    smaller tabulated ``df`` above 20, which errs wide)."""
+    if df in _T975:
+        return _T975[df]
+    return _T975[max(k for k in _T975 if k <= df)] if df > 1 else float("nan")
+
+
+def geometric_ratio(arm: list[float], plain: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of ``arm[i] / plain[i]`` with its 95 % t-interval: ``exp`` of the
+    mean of ``y_i = log(arm_i / plain_i)`` and of its interval (the arithmetic mean of
+    ratios is biased up by ``sigma^2 / 2``: benchmarks/bench_xla_probe.py)."""
+    y = [math.log(a / p) for a, p in zip(arm, plain, strict=True)]
+    m = statistics.fmean(y)
+    if len(y) < 2:
+        return math.exp(m), float("nan"), float("nan")
+    half = t975(len(y) - 1) * statistics.stdev(y) / len(y) ** 0.5
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+
+def hodges_lehmann(arm: list[float], plain: list[float]) -> tuple[float, float, float]:
+    """Hodges-Lehmann estimate of the paired log ratio with its Wilcoxon signed-rank 95 %
+    interval, as ratios (Hollander & Wolfe 1999, sec. 3.2-3.3; normal approximation)."""
+    y = np.log(np.asarray(arm) / np.asarray(plain))
+    n = len(y)
+    i, j = np.triu_indices(n)
+    w = np.sort((y[i] + y[j]) / 2)
+    c = math.floor(len(w) / 2 - 1.959964 * math.sqrt(n * (n + 1) * (2 * n + 1) / 24))
+    if c < 0:
+        return math.exp(float(np.median(w))), float("nan"), float("nan")
+    return (math.exp(float(np.median(w))), math.exp(float(w[c])),
+            math.exp(float(w[len(w) - 1 - c])))
+
+
+# --- workloads ---------------------------------------------------------------------------------
+@dataclass
+class Workload:
+    """A training step: ``init()`` a fresh state, ``step(state, n)`` one step (its host
+    work included) returning ``(state, loss, norms or None)``; ``fns``: the jitted step."""
+
+    name: str
+    what: str
+    init: Callable[[], Any]
+    step: Callable[[Any, int], tuple[Any, Any, Any]]
+    fns: list[Any]
+
+
+def gru(size: tuple[int, int, int, int, int], name: str = "gru") -> Workload:
+    """The reconnaissance's GRU language model (Adam, state donated)."""
+    V, E, H, T, B = size
+
+    def init_params(key: jax.Array) -> dict[str, jax.Array]:
+        k = jax.random.split(key, 4)
+        return {"emb": jax.random.normal(k[0], (V, E)) * 0.1,
+                "wx": jax.random.normal(k[1], (E, 3 * H)) / math.sqrt(E),
+                "wh": jax.random.normal(k[2], (H, 3 * H)) / math.sqrt(H),
+                "b": jnp.zeros(3 * H),
+                "wo": jax.random.normal(k[3], (H, V)) / math.sqrt(H), "bo": jnp.zeros(V)}
+
+    def loss_fn(p: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        xs = jnp.einsum("bte,eg->tbg", p["emb"][x], p["wx"]) + p["b"]
+
+        def cell(h: jax.Array, xg: jax.Array) -> tuple[jax.Array, jax.Array]:
+            hg = h @ p["wh"]
+            r = jax.nn.sigmoid(xg[:, :H] + hg[:, :H])
+            z = jax.nn.sigmoid(xg[:, H:2 * H] + hg[:, H:2 * H])
+            n = jnp.tanh(xg[:, 2 * H:] + r * hg[:, 2 * H:])
+            h = (1 - z) * n + z * h
+            return h, h
+
+        _, hs = jax.lax.scan(cell, jnp.zeros((x.shape[0], H)), xs)
+        logits = jnp.einsum("tbh,hv->btv", hs, p["wo"]) + p["bo"]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], -1))
+
+    def gru_step(p, m, v, t, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+        m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
+        v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, g)
+        p = jax.tree.map(lambda p, m, v: p - 1e-3 * (m / (1 - 0.9 ** t))
+                         / (jnp.sqrt(v / (1 - 0.999 ** t)) + 1e-8), p, m, v)
+        return p, m, v, t + 1, loss
+
+    fn = jax.jit(gru_step, donate_argnums=(0, 1, 2))
+    rng = np.random.default_rng(0)
+    data = [jnp.asarray(rng.integers(0, V, (B, T + 1)), jnp.int32) for _ in range(16)]
+    batches = [(d[:, :-1], d[:, 1:]) for d in data]
+
+    def init() -> Any:
+        p = init_params(jax.random.PRNGKey(0))
+        return (p, jax.tree.map(jnp.zeros_like, p), jax.tree.map(jnp.zeros_like, p),
+                jnp.float32(1.0))
+
+    def step(state: Any, n: int) -> tuple[Any, Any, Any]:
+        p, m, v, t = state
+        p, m, v, t, loss = fn(p, m, v, t, *batches[n % 16])
+        return (p, m, v, t), loss, None
+
+    return Workload(name, f"GRU LM V,E,H,T,B={V},{E},{H},{T},{B}, Adam", init, step, [fn])
+
+
+def one_device_mesh() -> Any:
+    from jax.sharding import Mesh
+    return Mesh(np.array(jax.devices()[:1]), ("data",))
+
+
+def replicated(mesh: Any, tree: Any) -> Any:
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+def digits() -> Workload:
+    from pipelines.digits.config import load_config
+    from pipelines.digits.model import init_params, layer_names
+    from pipelines.digits.train_jax import make_train_step
+
+    cfg = load_config()
+    mesh = one_device_mesh()
+    names = tuple(layer_names(cfg.sizes))
+    fn = make_train_step(mesh, names, cfg.lr, cfg.momentum, cfg.clip_norm, reduction="mean",
+                         clip_per_device=False, block_first=False)
+    rng = np.random.default_rng(0)
+    xs = rng.random((16, cfg.batch, cfg.sizes[0]), dtype=np.float32)
+    ys = rng.integers(0, cfg.sizes[-1], (16, cfg.batch)).astype(np.int32)
+
+    def init() -> Any:
+        p = replicated(mesh, {k: jnp.asarray(v) for k, v in init_params(cfg.sizes, 0).items()})
+        return p, replicated(mesh, {k: jnp.zeros_like(v) for k, v in p.items()})
+
+    def step(state: Any, n: int) -> tuple[Any, Any, Any]:
+        params, mom, loss, norms = fn(*state, xs[n % 16], ys[n % 16])  # NumPy batches
+        return (params, mom), loss, norms
+
+    return Workload("digits", f"pipelines.digits JAX port, MLP {cfg.sizes}, batch "
+                    f"{cfg.batch}, SGD momentum", init, step, [fn])
+
+
+def charlm() -> Workload:
+    from pipelines.charlm.config import load_config, schedule
+    from pipelines.charlm.data import VOCAB, dropout_mask
+    from pipelines.charlm.model import init_params
+    from pipelines.charlm.train_jax import make_train_step
+
+    cfg = load_config()
+    mesh = one_device_mesh()
+    fn = make_train_step(mesh, cfg, frozenset())
+    rng = np.random.default_rng(0)
+    xs = rng.integers(0, VOCAB, (16, cfg.batch, cfg.context + 1)).astype(np.int32)
+    keeps = [dropout_mask(0, n, (cfg.batch, cfg.context, cfg.d_model), cfg.dropout)
+             for n in range(16)]
+
+    def init() -> Any:
+        w = init_params(VOCAB, cfg.context, cfg.d_model, cfg.n_layer, cfg.mlp_ratio, 0)
+        p = replicated(mesh, {k: jnp.asarray(v) for k, v in w.items()})
+        m = replicated(mesh, {k: jnp.zeros_like(v) for k, v in p.items()})
+        return p, m, replicated(mesh, {k: jnp.zeros_like(v) for k, v in p.items()})
+
+    def step(state: Any, n: int) -> tuple[Any, Any, Any]:
+        w = xs[n % 16]
+        params, m, v, loss, norms = fn(*state, w[:, :-1], w[:, 1:], keeps[n % 16],
+                                       schedule(cfg, n % cfg.steps, True))
+        return (params, m, v), loss, norms
+
+    return Workload("charlm", f"pipelines.charlm JAX port, transformer d={cfg.d_model} "
+                    f"L={cfg.n_layer} T={cfg.context}, batch {cfg.batch}, Adam", init, step,
+                    [fn])
+
+
+def markov() -> Workload:
+    from pipelines.markov.config import load_config, schedule
+    from pipelines.markov.model import init_params
+    from pipelines.markov.train_jax import make_train_step
+
+    cfg = load_config()
+    mesh = one_device_mesh()
+    fn = make_train_step(mesh, cfg, frozenset())
+    rng = np.random.default_rng(0)
+    xs = rng.integers(0, cfg.symbols, (16, cfg.batch, cfg.length)).astype(np.int32)
+    ys = rng.integers(0, cfg.classes, (16, cfg.batch)).astype(np.int32)
+
+    def init() -> Any:
+        w = init_params(cfg.symbols, cfg.embed, cfg.hidden, cfg.classes, 0)
+        p = replicated(mesh, {k: jnp.asarray(v) for k, v in w.items()})
+        m = replicated(mesh, {k: jnp.zeros_like(v) for k, v in p.items()})
+        return p, m, replicated(mesh, {k: jnp.zeros_like(v) for k, v in p.items()})
+
+    def step(state: Any, n: int) -> tuple[Any, Any, Any]:
+        params, m, v, loss, norms = fn(*state, xs[n % 16], ys[n % 16], schedule(cfg, n))
+        return (params, m, v), loss, norms
+
+    return Workload("markov", f"pipelines.markov JAX port, GRU E={cfg.embed} H={cfg.hidden} "
+                    f"T={cfg.length}, batch {cfg.batch}, Adam", init, step, [fn])
+
+
+SMALL_GRU = (96, 64, 128, 64, 32)
+TPU_GRU = (96, 64, 768, 64, 128)
+
+
+def make_workload(name: str, gru_size: tuple[int, ...] | None) -> Workload:
+    if name == "gru":
+        size = gru_size or (TPU_GRU if jax.default_backend() == "tpu" else SMALL_GRU)
+        return gru(tuple(size), "gru")  # type: ignore[arg-type]
+    if name == "gru-small":
+        return gru(SMALL_GRU, "gru-small")
+    return {"digits": digits, "charlm": charlm, "markov": markov}[name]()
+
+
+# --- arms ----------------------------------------------------------------------------------------
+def burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU in Python (the positive control)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@dataclass
+class Arm:
+    name: str
+    state: Any
+    probe: Any = None
+    run: Any = None
+    log: bool = True
+    step_no: int = 0
+    blocks: list[float] = field(default_factory=list)
+
+
+def open_arm(name: str, w: Workload, store: str, spool: str) -> Arm:
+    arm = Arm(name, w.init())
+    if name in PROBED_ARMS:
+        arm.run = refrun.start_run(f"probe-cost-{w.name}", "candidate",
+                                   hardware=jax.default_backend(), backend="jax", seed=0,
+                                   tracking_uri=store, spool_dir=spool,
+                                   snapshot_environment=False, run_name=f"{w.name}-{name}")
+        kw: dict[str, Any] = {} if name == "probed" else {"monitors": None}
+        arm.probe = refrun.jax.instrument(arm.run, step_fns=w.fns, **kw)
+        arm.log = name != "no-log"
+    return arm
+
+
+def run_block(w: Workload, arm: Arm, steps: int, burn_s: float = 0.0,
+              window: Callable[[], None] | None = None) -> float:
+    """Seconds per step of one block (ends when the device is done)."""
+    state, probe = arm.state, arm.probe
+    t0 = time.perf_counter()
+    mid = steps // 2
+    taking = None
+    for i in range(steps):
+        n = arm.step_no + i
+        if window is not None and i == mid:
+            taking = threading.Thread(target=window, daemon=True)
+            taking.start()
+        if probe is None:
+            state, loss, norms = w.step(state, n)
+            if burn_s:
+                burn(burn_s)
+        else:
+            with probe.step(n):
+                state, loss, norms = w.step(state, n)
+                if arm.log:
+                    if norms is None:
+                        probe.log(loss=loss)
+                    else:
+                        probe.log(loss=loss, grad_norm=norms)
+    jax.block_until_ready(state)
+    dt = (time.perf_counter() - t0) / steps
+    arm.state, arm.step_no = state, arm.step_no + steps
+    if taking is not None:  # a window that outlasts its block ends before the next block
+        taking.join()
+    return dt
+
+
+def forced_window() -> tuple[Callable[[], None], ProfilerWindows | None, list[float]]:
+    """A profiler window as the chip sampler takes one (its own session source and
+    defaults), to run on a thread of its own; the wall seconds of its profiler calls."""
+    src = jax_sessions()
+    costs: list[float] = []
+    if src is None:
+        return (lambda: None), None, costs
+    w = ProfilerWindows(src, BusySampling(), platform=jax.default_backend())
+
+    def take() -> None:
+        cost = w._window()
+        if cost is not None:
+            costs.append(cost)
+
+    return take, w, costs
+
+
+# --- diagnostics ---------------------------------------------------------------------------------
+def hot_path_us(store: str, spool: str) -> float:
+    """Thread CPU per step of an empty probed step that logs one ready scalar."""
+    run = refrun.start_run("probe-cost-hot", "candidate", hardware=jax.default_backend(),
+                           backend="jax", tracking_uri=store, spool_dir=spool,
+                           snapshot_environment=False)
+    probe = refrun.jax.instrument(run, monitors=None)
+    x = jax.jit(lambda: jnp.float32(1.0))()
+    n, reps = 0, []
+    for _ in range(5):
+        t0 = time.thread_time()
+        for _ in range(5000):
+            with probe.step(n):
+                probe.log(loss=x)
+            n += 1
+        reps.append((time.thread_time() - t0) / 5000 * 1e6)
+    probe.close()
+    run.close()
+    return statistics.median(reps)
+
+
+def read_costs(count: int = 512) -> tuple[float, float]:
+    """Microseconds per value: ``jax.device_get`` of a list of ``count`` ready scalars, and
+    the probe's stacked read of them."""
+    f = jax.jit(lambda x: (x * 1.0001, (x * 2).sum()))
+    x, vals = jnp.ones(8), []
+    for _ in range(count):
+        x, loss = f(x)
+        vals.append(loss)
+    jax.block_until_ready(vals)
+    precompile()
+    read_arrays(vals[:64])
+
+    def best(fn: Callable[[], Any]) -> float:
+        out = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return min(out) / count * 1e6
+
+    return best(lambda: jax.device_get(vals)), best(lambda: read_arrays(vals))
+
+
+def psutil_sample_ms() -> float:
+    mon = PsutilMonitor.create()
+    if mon is None:
+        return float("nan")
+    mon.sample()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        mon.sample()
+    return (time.perf_counter() - t0) / 5 * 1e3
+
+
+def timeline(w: Workload, arm: Arm, steps: int) -> dict[str, Any]:
+    """Per step: dispatch entry and exit, and when its loss was ready (a watcher thread
+    waits on each in order), seconds from the block's start; and one profiler window's
+    programs over the block's middle (device milliseconds per program)."""
+    import queue
+
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    ready: list[float] = []
+    t0 = time.perf_counter()
+
+    def watch() -> None:
+        while (a := q.get()) is not None:
+            a.block_until_ready()
+            ready.append(time.perf_counter() - t0)
+
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    src = jax_sessions()
+    lock = getattr(getattr(src, "state", None), "lock", None)
+    session = None
+    device: list[dict[str, Any]] = []
+    win0 = 0
+    entries, exits = [], []
+    state, probe = arm.state, arm.probe
+    for i in range(steps):
+        n = arm.step_no + i
+        if src is not None and i == steps // 4:
+            if lock is not None:  # as the chip sampler's windows: one session at a time
+                lock.acquire()
+            session = src.open()
+            win0 = time.time_ns()
+        entries.append(time.perf_counter() - t0)
+        if probe is None:
+            state, loss, _ = w.step(state, n)
+        else:
+            with probe.step(n):
+                state, loss, _ = w.step(state, n)
+                probe.log(loss=loss)
+        exits.append(time.perf_counter() - t0)
+        q.put(loss)
+        if session is not None and i == 3 * steps // 4:
+            win1 = time.time_ns()
+            try:
+                xs = session.stop()
+            finally:
+                session = None
+                if lock is not None:
+                    lock.release()
+            from refrun.probes.xspace import busy_fraction, read_timeline
+            tl = read_timeline(xs)
+            device = [{"plane": d.plane, "programs": len(d.modules or ()),
+                       "busy": busy_fraction(d.modules, (win0, win1)) if d.modules else None,
+                       "ms_per_program": (sum(e - s for s, e in d.modules) / len(d.modules)
+                                          / 1e6 if d.modules else None)}
+                      for d in tl.devices]
+    q.put(None)
+    th.join()
+    jax.block_until_ready(state)
+    arm.state, arm.step_no = state, arm.step_no + steps
+    e, r = np.array(entries), np.array(ready)
+    depth = [int((e <= t).sum() - (r <= t).sum()) for t in e]
+    half = steps // 2
+    return {"entry": entries, "exit": exits, "ready": ready,
+            "max_in_flight": max(depth),
+            "entry_interval_ms_median_2nd_half": float(np.median(np.diff(e[half:])) * 1e3),
+            "ready_interval_ms_median_2nd_half": float(np.median(np.diff(r[half:])) * 1e3),
+            "device": device}
+
+
+def known_load(seconds: float = 3.0) -> dict[str, Any]:
+    """The chip sampler's windows over a known load, against a figure computed without the
+    profiler: bf16 matmuls back to back (expected ~100 % busy) and the same with
+    ``block_until_ready`` and a 2 ms sleep after each (expected: one matmul's time, timed
+    back to back by the wall clock, over the mean wall time of such a step)."""
+    n = 4096 if jax.default_backend() == "tpu" else 512
+    mm = jax.jit(lambda a, b: a @ b)
+    a = jnp.ones((n, n), jnp.bfloat16)
+    b = jnp.ones((n, n), jnp.bfloat16)
+    mm(a, b).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        c = mm(a, b)
+    c.block_until_ready()
+    t_mm = (time.perf_counter() - t0) / 50
+    out: dict[str, Any] = {"matmul": f"bf16 {n}x{n} @ {n}x{n}",
+                           "matmul_ms_back_to_back": t_mm * 1e3}
+    src = jax_sessions()
+    for kind in ("dense", "sparse"):
+        steps = [0]
+        w = ProfilerWindows(src, BusySampling(min_period_s=0.5), platform=jax.default_backend(),
+                            progress=lambda s=steps: (s[0], 0)) if src else None
+        if w is not None:
+            w.start()
+        t0, end = time.perf_counter(), time.monotonic() + seconds
+        while time.monotonic() < end:
+            c = mm(a, b)
+            if kind == "sparse":
+                c.block_until_ready()
+                time.sleep(0.002)
+            steps[0] += 1
+        c.block_until_ready()
+        step_s = (time.perf_counter() - t0) / steps[0]
+        if w is not None:
+            w.close()
+        got = [r.busy_pct for r in (w.take() if w is not None else [])]
+        out[kind] = {"steps": steps[0], "step_ms": step_s * 1e3,
+                     "expected_busy_pct": 100.0 if kind == "dense" else 100 * t_mm / step_s,
+                     "windows": got, "why_not": None if got else (w.why_not if w else "no "
+                                                                  "profiler")}
+    return out
+
+
+# --- the benchmark -------------------------------------------------------------------------------
+def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
+          ) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    arms = {name: open_arm(name, w, store, spool) for name in ARMS}  # probes first: each
+    # clears JAX's caches once; then everything compiles once
+    for arm in arms.values():
+        run_block(w, arm, args.warmup)
+    plain_step = statistics.median(run_block(w, arms["plain"], args.steps) for _ in range(3))
+    burn_s = args.burn * plain_step
+    take_window, windows, window_costs = forced_window()
+    rng = random.Random(args.seed)
+    orders = []
+    for _ in range(args.rounds):
+        order = list(ARMS)
+        rng.shuffle(order)
+        orders.append(order)
+        for name in order:
+            arm = arms[name]
+            arm.blocks.append(run_block(w, arm, args.steps,
+                                        burn_s=burn_s if name == "burn" else 0.0,
+                                        window=take_window if name == "window" else None))
+    tl = {}
+    if args.timeline:
+        tl = {name: timeline(w, arms[name], args.steps) for name in ("plain", "probed")}
+    source = None
+    for name in PROBED_ARMS:
+        arm = arms[name]
+        arm.probe.close()
+        arm.run.close()
+        if name == "probed":  # the tag the run recorded, as the monitor wrote it
+            source = next((m.tags()[schema.TAG_CHIP_BUSY_SOURCE] for m in arm.probe.monitors
+                           if m.name == "chip_busy"), None)
+    plain = arms["plain"].blocks
+    out: dict[str, Any] = {
+        "workload": w.name, "what": w.what, "steps": args.steps, "rounds": args.rounds,
+        "seconds": time.perf_counter() - t_start, "orders": orders,
+        "blocks": {name: arm.blocks for name, arm in arms.items()},
+        "plain_step_ms": statistics.median(plain) * 1e3,
+        "burn_fraction": args.burn, "chip_busy_source": source,
+        "window_cost_s": window_costs,
+        "ratios": {name: {"geometric": geometric_ratio(arms[name].blocks, plain),
+                          "hodges_lehmann": hodges_lehmann(arms[name].blocks, plain)}
+                   for name in ARMS if name != "plain"},
+    }
+    if windows is not None:
+        out["window_note"] = windows.why_not
+    if tl:
+        out["timeline"] = tl
+    return out
+
+
+def fmt(r: tuple[float, float, float]) -> str:
+    return f"{r[0]:.4f} [{r[1]:.4f}, {r[2]:.4f}]"
+
+
+def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
+    head = ("workload", "plain step", *[f"{a} / plain" for a in ARMS if a != "plain"])
+    rows = [head]
+    for r in results:
+        rows.append((r["workload"], f"{r['plain_step_ms']:.3f} ms",
+                     *[fmt(r["ratios"][a]["geometric"]) for a in ARMS if a != "plain"]))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print("  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)))
+    print("\n(geometric mean of paired block ratios [95 % t-interval]; Hodges-Lehmann in "
+          "the JSON)")
+    for r in results:
+        hl = r["ratios"]["probed"]["hodges_lehmann"]
+        costs = r["window_cost_s"]
+        win = (f"; one profiler window: {statistics.median(costs) * 1e3:.1f} ms in profiler "
+               f"calls" if costs else f"; no window ({r.get('window_note')})")
+        print(f"{r['workload']}: {r['what']}; {r['rounds']} rounds x {r['steps']} steps, "
+              f"{r['seconds']:.0f} s; probed Hodges-Lehmann {fmt(hl)}; burn = "
+              f"{r['burn_fraction']:.0%} of the plain step{win}")
+        print(f"  chip utilisation source of the probed run: {r['chip_busy_source']}")
+        t = r.get("timeline")
+        if t:
+            for arm, d in t.items():
+                dev = "; ".join(f"{x['plane']}: {x['programs']} programs, "
+                                f"{(x['ms_per_program'] or 0):.3f} ms each, busy "
+                                f"{(x['busy'] or 0):.1%}" for x in d["device"]) or "no device"
+                print(f"  timeline {arm}: at most {d['max_in_flight']} steps in flight; "
+                      f"2nd half medians: entry interval "
+                      f"{d['entry_interval_ms_median_2nd_half']:.3f} ms, ready interval "
+                      f"{d['ready_interval_ms_median_2nd_half']:.3f} ms; {dev}")
+    for k, v in extra.items():
+        print(f"{k}: {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=350, help="steps per block")
+    ap.add_argument("--warmup", type=int, default=30, help="steps per arm before the rounds")
+    ap.add_argument("--quick", action="store_true", help="4 rounds of 100 steps")
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated (default: gru,gru-small,digits,charlm,markov; on "
+                         "the CPU gru-small is gru)")
+    ap.add_argument("--gru-size", default=None, help="V,E,H,T,B of the gru workload")
+    ap.add_argument("--burn", type=float, default=0.01,
+                    help="the positive control's thread CPU per step, share of the plain step")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the block orders")
+    ap.add_argument("--json", default=None,
+                    help="write the results here (default: $OUT/probe_cost.json or "
+                         "./probe_cost.json)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also record per-step entry/exit/ready times (back-pressure)")
+    ap.add_argument("--store", default=None, help="tracking URI (default: a temporary sqlite)")
+    ap.add_argument("--known-load", action="store_true",
+                    help="also check the chip sampler against bf16 matmuls, dense and with "
+                         "2 ms sleeps (3 s each)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rounds, args.steps, args.warmup = 4, 100, 10
+    names = (args.workloads.split(",") if args.workloads else
+             ["gru", "gru-small", "digits", "charlm", "markov"] if jax.default_backend() != "cpu"
+             else ["gru", "digits", "charlm", "markov"])
+    gru_size = tuple(int(v) for v in args.gru_size.split(",")) if args.gru_size else None
+    tmp = tempfile.mkdtemp(prefix="refrun-probe-cost-")
+    store = args.store or f"sqlite:///{tmp}/mlflow.db"
+    spool = f"{tmp}/spool"
+    dev = jax.devices()[0]
+    print(f"JAX {jax.__version__} on {jax.default_backend()} ({dev.device_kind}), "
+          f"{len(jax.devices())} device(s); Python {platform.python_version()}; "
+          f"{os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}", flush=True)
+    extra = {"probe's own thread CPU per step (empty step, one logged scalar)":
+             f"{hot_path_us(store, spool):.2f} us"}
+    dg, st = read_costs()
+    extra["reading logged scalars, per value: jax.device_get(list) / the probe's stack"] = \
+        f"{dg:.2f} us / {st:.2f} us"
+    extra["one psutil sample (sampler thread, once a second)"] = f"{psutil_sample_ms():.2f} ms"
+    if args.known_load:
+        extra["known load (chip sampler's windows vs a wall-clock expectation)"] = \
+            json.dumps(known_load())
+    results = []
+    for name in names:
+        w = make_workload(name, gru_size)
+        print(f"[{name}] {w.what}", flush=True)
+        results.append(bench(w, args, store, spool))
+    print()
+    print_table(results, extra)
+    path = Path(args.json or Path(os.environ.get("OUT", ".")) / "probe_cost.json")
+    path.write_text(json.dumps({
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "platform": jax.default_backend(), "device_kind": dev.device_kind,
+        "jax": jax.__version__, "load": os.getloadavg()[0], "args": vars(args),
+        "extra": extra, "results": results}, indent=1, default=str))
+    print(f"\nwritten: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
