@@ -5,7 +5,7 @@
   fraction of the known matmul loads (~100 % dense, 17.7 % with sleeps between) equals the
   one computed here from ``ProfileData``'s events;
 * on the CPU a real device-only profiler window finds no device plane, and a JAX run's
-  ``refrun.chip.busy_source`` says so (``unavailable: ...``), with no utilisation metric;
+  ``refrun.exec.utilization_source`` says so (``unavailable: ...``), with no utilisation metric;
 * windows are taken only once the loop is steady, never while the user's own trace runs,
   and never break it.
 """
@@ -217,10 +217,10 @@ def test_a_cpu_run_says_why_it_has_no_chip_utilisation(store) -> None:
     probe.close()
     run.close()
     tags = store.client().get_run(run.run_id).data.tags
-    source = tags[schema.TAG_CHIP_BUSY_SOURCE]
+    source = tags[schema.TAG_UTILIZATION_SOURCE]
     assert source.startswith("unavailable: libtpu: "), source
     assert "; profiler: no device plane in the trace (cpu devices; planes:" in source
-    assert schema.TAG_CHIP_BUSY_WINDOWS not in tags
+    assert schema.TAG_UTILIZATION_WINDOWS not in tags
     metrics = store.client().get_run(run.run_id).data.metrics
     assert not [k for k in metrics if k.endswith(schema.DUTY_CYCLE_SUFFIX)], sorted(metrics)
     assert any(k.startswith(schema.SYS_PREFIX) for k in metrics)  # psutil sampled
@@ -236,4 +236,4 @@ def test_chip_busy_off_and_bad_values(store) -> None:
     assert not [m for m in probe.monitors if isinstance(m, ChipBusyMonitor)]
     probe.close()
     run.close()
-    assert schema.TAG_CHIP_BUSY_SOURCE not in store.client().get_run(run.run_id).data.tags
+    assert schema.TAG_UTILIZATION_SOURCE not in store.client().get_run(run.run_id).data.tags

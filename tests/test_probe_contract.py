@@ -160,7 +160,7 @@ def test_jax_records_sys_metrics_by_default(store) -> None:
     run = start(store, backend="jax")
     probe = refrun.jax.instrument(run, params=jnp.zeros(3))
     # psutil as torch on a CPU machine, and the chip monitor (it says why a CPU has no
-    # chip utilisation: refrun.chip.busy_source)
+    # chip utilisation: refrun.exec.utilization_source)
     assert [m.name for m in probe.monitors] == ["psutil", "chip_busy"]
     with probe.step(0):
         probe.log(loss=jnp.float32(1.0))

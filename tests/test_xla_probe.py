@@ -992,7 +992,7 @@ def test_tpu_monitor_is_off_cleanly_on_pjrt_cpu(store) -> None:
     probe.close()
     run.close()
     assert artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"] == []
-    source = store.client().get_run(run.run_id).data.tags[schema.TAG_CHIP_BUSY_SOURCE]
+    source = store.client().get_run(run.run_id).data.tags[schema.TAG_UTILIZATION_SOURCE]
     assert source.startswith("unavailable: libtpu: "), source
     assert "profiler: no device plane in the trace (cpu devices;" in source
 

@@ -584,7 +584,7 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         arm.probe.close()
         arm.run.close()
         if name == "probed":  # the tag the run recorded, as the monitor wrote it
-            source = next((m.tags()[schema.TAG_CHIP_BUSY_SOURCE] for m in arm.probe.monitors
+            source = next((m.tags()[schema.TAG_UTILIZATION_SOURCE] for m in arm.probe.monitors
                            if m.name == "chip_busy"), None)
     plain = arms["plain"].blocks
     out: dict[str, Any] = {

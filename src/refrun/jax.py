@@ -80,7 +80,7 @@ def instrument(
     (``float(x)``, ``np.asarray(x)``, printing ...) as ``xfer/host_syncs``, on every
     platform (:mod:`refrun.probes.host_reads`); False records no such counter.
     ``chip_busy``: with ``monitors="auto"``, also record chip utilisation
-    (``sys/<platform><i>_duty_cycle_pct``, tag ``refrun.chip.busy_source``): from libtpu
+    (``sys/<platform><i>_duty_cycle_pct``, tag ``refrun.exec.utilization_source``): from libtpu
     where it answers, else from sampled device-only profiler windows
     (:mod:`refrun.probes.chip_busy`); a :class:`~refrun.probes.chip_busy.BusySampling`
     sets their length and period; False: not recorded.

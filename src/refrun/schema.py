@@ -172,15 +172,6 @@ UTIL_SUFFIX = "_util_pct"
 MEM_SUFFIX = "_mem_bytes"
 MEM_PEAK_SUFFIX = "_mem_peak_bytes"
 MEM_LIMIT_SUFFIX = "_mem_limit_bytes"
-# Where a run's chip utilisation came from, as "<source>: <detail>" with <source> one of
-# CHIP_BUSY_SOURCES, or why there is none: "unavailable: <each source's reason>" (e.g.
-# "unavailable: libtpu: returned no data for duty_cycle_pct; profiler: no device plane
-# (cpu)").  Set by every probe whose monitors can read a chip; readers take a run without
-# it, or with CHIP_BUSY_UNAVAILABLE, as "utilisation not known", never as idle.
-TAG_CHIP_BUSY_SOURCE = "refrun.chip.busy_source"
-CHIP_BUSY_SOURCES = ("libtpu", "profiler", "nvml")
-CHIP_BUSY_UNAVAILABLE = "unavailable"
-TAG_CHIP_BUSY_WINDOWS = "refrun.chip.busy_windows"  # profiler windows sampled (int)
 
 
 def device_metric(platform: str, index: int, suffix: str) -> str:
@@ -222,10 +213,17 @@ TAG_EXEC_DEVICE_TYPE = "refrun.exec.device_type"  # torch_xla.runtime.device_typ
 TAG_EXEC_XLA_DEVICE = "refrun.exec.xla_device"
 TAG_EXEC_MEMORY_PEAK = "refrun.exec.memory_peak_bytes"
 # Where a run's chip busy fraction (sys/gpu<i>_util_pct, sys/tpu<i>_duty_cycle_pct) came
-# from, or why the chip monitor recorded none ("unavailable: ..."): written by the probes'
-# chip monitors, read by L4 across hardware (refrun.acceptance.performance), which shows
-# it in place of a busy fraction the run lacks.
+# from, or why the chip monitor recorded none: written by the probes' chip monitors
+# (refrun.probes.chip_busy, the NVML monitor) as "<source>: <detail>" with <source> one of
+# UTILIZATION_SOURCES, or "unavailable: <each source's reason>" (e.g. "unavailable:
+# libtpu: returned no data for duty_cycle_pct; profiler: no device plane in the trace (cpu
+# devices; ...)"); read by L4 across hardware (refrun.acceptance.performance), which shows
+# it in place of a busy fraction the run lacks.  A run without a busy fraction is
+# "utilisation not known", never idle.
 TAG_UTILIZATION_SOURCE = "refrun.exec.utilization_source"
+UTILIZATION_SOURCES = ("libtpu", "profiler", "nvml")
+UTILIZATION_UNAVAILABLE = "unavailable"
+TAG_UTILIZATION_WINDOWS = "refrun.exec.utilization_windows"  # profiler windows sampled (int)
 TAG_DECLARED_ACCELERATOR = "refrun.exec.declared_accelerator"  # "true" | "false"
 TAG_MESH = "refrun.exec.mesh"
 TAG_PLACEMENT = "refrun.placement"  # JSON summary of where params/state live

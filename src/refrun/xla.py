@@ -50,7 +50,7 @@ def instrument(
     "compilations after warm-up" count of the end-of-run summary.
     ``tpu_monitor``: with ``monitors="auto"``, also sample HBM where a source answers
     and chip utilisation (``sys/tpu<i>_duty_cycle_pct`` from libtpu where it answers,
-    else from sampled windows of torch_xla's profiler; the tag ``refrun.chip.busy_source``
+    else from sampled windows of torch_xla's profiler; the tag ``refrun.exec.utilization_source``
     says which, or why neither: :mod:`refrun.probes.chip_busy`).
 
     Raises :class:`RefrunInputError` for a ``model`` that is not a ``torch.nn.Module``,

@@ -163,7 +163,7 @@ class Monitor(Protocol):
     """One source of utilisation samples (psutil, NVML, TPU runtime ...).
 
     Optional, looked up by the probe: ``tags()`` (tags describing the source, such as
-    ``refrun.chip.busy_source`` or ``refrun.sys.unavailable``: recorded with the backend's
+    ``refrun.exec.utilization_source`` or ``refrun.sys.unavailable``: recorded with the backend's
     description, at start, at each placement re-check and at close), ``attach(progress)``
     (called once before sampling starts; ``progress()`` returns ``(steps done, step
     compilations so far)``, for a monitor that samples only a steady loop) and ``stop()``

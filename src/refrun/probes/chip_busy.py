@@ -1,7 +1,7 @@
 """Chip utilisation from a source that answers: ``sys/<platform><i>_duty_cycle_pct``.
 
 The share of wall time a device executed programs, per device, from the first source
-that works on this machine, and the tag ``refrun.chip.busy_source`` saying which one, or
+that works on this machine, and the tag ``refrun.exec.utilization_source`` saying which one, or
 why none did (never a blank, never a zero in place of "not known"):
 
 1. **libtpu's runtime metrics** (``libtpu.sdk.tpumonitoring.get_metric("duty_cycle_pct")``),
@@ -386,7 +386,7 @@ def numbers(values: Any) -> list[float]:
 @dataclass
 class ChipBusyMonitor:
     """:class:`refrun.probes.base.Monitor` of chip utilisation: libtpu where it answers,
-    else profiler windows; :meth:`tags` gives ``refrun.chip.busy_source`` (and the window
+    else profiler windows; :meth:`tags` gives ``refrun.exec.utilization_source`` (and the window
     count).  The probe calls :meth:`attach` with its progress before sampling starts."""
 
     libtpu: Callable[[], dict[str, float]] | None = None
@@ -426,7 +426,7 @@ class ChipBusyMonitor:
         return out
 
     def source(self) -> str:
-        """The ``refrun.chip.busy_source`` text (see :mod:`refrun.schema`)."""
+        """The ``refrun.exec.utilization_source`` text (see :mod:`refrun.schema`)."""
         if self.libtpu is not None:
             return "libtpu: duty_cycle_pct"
         libtpu = f"libtpu: {self.libtpu_why}"
@@ -440,12 +440,12 @@ class ChipBusyMonitor:
         why = w.why_not if w is not None else self.profiler_why
         if w is not None and w.reported == 0 and w.running:
             return f"pending: {why}; {libtpu}"
-        return f"{schema.CHIP_BUSY_UNAVAILABLE}: {libtpu}; profiler: {why}"
+        return f"{schema.UTILIZATION_UNAVAILABLE}: {libtpu}; profiler: {why}"
 
     def tags(self) -> dict[str, Any]:
-        out: dict[str, Any] = {schema.TAG_CHIP_BUSY_SOURCE: self.source()}
+        out: dict[str, Any] = {schema.TAG_UTILIZATION_SOURCE: self.source()}
         if self.windows is not None and self.windows.reported:
-            out[schema.TAG_CHIP_BUSY_WINDOWS] = self.windows.reported
+            out[schema.TAG_UTILIZATION_WINDOWS] = self.windows.reported
         return out
 
     def stop(self) -> None:

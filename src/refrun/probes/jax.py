@@ -1128,9 +1128,9 @@ def optimizer_metrics(opt_state: Any) -> dict[str, Any]:
         params, opt_state, loss, opt = train_step(params, opt_state, batch)
         probe.log(loss=loss, **opt)
 
-    The values are then fresh outputs of the step: the probe copies them to the host
-    asynchronously like the loss (no host sync, no extra compilation, and they survive
-    the state being donated to the next step).  Nothing is kept between calls: a state
+    The values are then fresh outputs of the step: the probe reads them off the training
+    thread a block at a time like the loss (no host sync, no extra compilation, and they
+    survive the state being donated to the next step).  Nothing is kept between calls: a state
     restored from a checkpoint into a new pytree is read as it is.  Only optax's
     structure is walked (tuples, named tuples, dicts of states), never a pytree of
     parameters (moments)."""
