@@ -1,0 +1,237 @@
+"""Assess the runs ``record.py`` made on a TPU, here, against CPU references, with criteria
+from ``refrun calibrate`` alone (plus the declared L4 goals).
+
+    .venv/bin/python benchmarks/tpu/assess.py --tpu-store /tmp/tpu-store --store /tmp/tpu-assess
+        [--jobs 2] [--markdown table.md] [--goal digits=eval/val_accuracy>=0.9]
+
+For each workload (``plan.WORKLOADS``):
+
+1. trains the detection benchmark's reference seeds (PyTorch on this CPU, ``--quick``:
+   the runs the TPU recorded are quick ones) and its known-good same-seed evidence into
+   ``--store``/tpu-assess.db (``--reuse``: runs already there are kept);
+2. merges the TPU store into it (``refrun merge``: identity, points and artifacts as
+   recorded there) and records the pipeline's gradient check for each TPU run whose
+   workload requires one (the port's derivative, checked on this CPU);
+3. ``refrun calibrate`` over the reference seeds (``--goal`` as given, and the L4 goals of
+   :data:`L4_GOALS`), then assesses every TPU run against the first ``group size`` seeds;
+4. prints one row per TPU run: the precision it ran at, the verdict, the criteria that
+   failed (for a defect: whether one watches what it was built to disturb, its intended
+   reason from the detection benchmark), and the L4 measurements (throughput and cost
+   against the references, chip busy fraction and HBM as recorded on the chip).
+
+Expected outcomes are written in docs/tpu.md before each run of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+for p in (str(HERE), str(REPO), str(REPO / "benchmarks")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import bench_detection as det  # noqa: E402
+import plan  # noqa: E402
+
+# The L4 goals a team migrating to a TPU would declare (the migration study's questions:
+# is it at least as fast, at most as costly, and is the chip kept busy).
+L4_GOALS: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: plan.TpuVariant
+    run_id: str | None
+    outcome: det.Outcome | None
+    intent: tuple[str, ...]
+    chip: dict[str, str]
+    error: str | None = None
+
+
+def merge(tpu_db: Path, uri: str) -> str:
+    """``refrun merge`` of the TPU store into ``uri``; its output."""
+    proc = subprocess.run([sys.executable, "-m", "refrun", "merge", str(tpu_db), "--into", uri],
+                          capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"refrun merge failed (exit {proc.returncode}): "
+                         f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+    return proc.stdout
+
+
+def tpu_ids(uri: str, workload: str) -> dict[str, str]:
+    """Variant name -> merged run id, for the TPU runs of ``workload`` (``pipeline.variant``
+    tag, newest finished)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(workload)
+    out: dict[str, str] = {}
+    if exp is None:
+        return out
+    for r in client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'",
+                                order_by=["attributes.start_time ASC"], max_results=5000):
+        name = r.data.tags.get("pipeline.variant", "")
+        if name.startswith("tpu-"):
+            out[name] = r.info.run_id
+    return out
+
+
+def chip_figures(uri: str, run_id: str) -> dict[str, str]:
+    """What the run recorded about the chip: mean busy fraction of its samples, the
+    busy-fraction source, peak HBM; "-" where nothing was recorded."""
+    from mlflow.tracking import MlflowClient
+
+    from refrun import schema
+
+    run = MlflowClient(uri).get_run(run_id)
+    m, t = run.data.metrics, run.data.tags
+    busy = [v for k, v in m.items() if k.startswith(schema.SYS_PREFIX) and
+            k.endswith("_duty_cycle_pct")]
+    hbm = [v for k, v in m.items() if k.startswith(schema.SYS_PREFIX) and
+           k.endswith("mem_peak_bytes")]
+    src = next((v for k, v in t.items() if k.endswith("busy_source")), "-")
+    return {"busy_pct": f"{sum(busy) / len(busy):.1f}" if busy else "-",
+            "busy_source": src,
+            "hbm_peak_mib": f"{max(hbm) / 2**20:.0f}" if hbm else "-",
+            "precision": t.get("refrun.numerics.matmul_precision", "-")}
+
+
+def run_workload(name: str, tpu_db: Path, store: Path, *, jobs: int, reuse: bool,
+                 goal: str | None) -> tuple[list[Row], Path | None, str | None]:
+    from pipelines.demo import init_store, train_all
+
+    w = det.WORKLOADS[name](0)
+    uri = f"sqlite:///{store / 'tpu-assess.db'}"
+    init_store(uri, w.name)
+    base = replace(w, candidates=[], held_out=[])
+    ids = det.ids_from_store(base, uri, missing_ok=True) if reuse else {}
+    todo = replace(base, references=[v for v in base.references if v.name not in ids],
+                   evidence=[v for v in base.evidence if v.name not in ids])
+    ids |= train_all(todo, quick=True, uri=uri, spool_dir=str(store / "spool"),  # type: ignore[arg-type]
+                     jobs=jobs)
+    tpu = tpu_ids(uri, w.name)
+    variants = plan.plan(name)
+    cands = [v.base for v in variants if v.name in tpu]
+    if w.gradcheck and cands:
+        # the gradient check of each TPU run: its port's derivative, checked here
+        gw = replace(w, candidates=[replace(v.base, name=v.name) for v in variants
+                                    if v.name in tpu], held_out=[])
+        det.record_gradchecks(gw, {v.name: tpu[v.name] for v in variants if v.name in tpu},
+                              uri, quick=True, spool_dir=str(store / "spool"))
+    ref_ids = [ids[v.name] for v in w.references]
+    crit = store / f"{w.name}.toml"
+    crit.unlink(missing_ok=True)
+    goals = [g for g in (goal,) if g] + list(L4_GOALS)
+    error = det.calibrate(ref_ids, uri, crit, gradcheck=bool(w.gradcheck),
+                          goal=goals[0] if goals else None)
+    if error is not None:
+        return [], None, error
+    group = ref_ids[: det.group_size(crit, len(ref_ids))]
+    rows = []
+    for v in variants:
+        intent = tuple(w.intent.get(v.base.name, ())) if v.kind == "defect" else ()
+        rid = tpu.get(v.name)
+        if rid is None:
+            rows.append(Row(v, None, None, intent, {}, "not recorded on the TPU"))
+            continue
+        out = det.assess_one(crit, group, replace(v.base, name=v.name), rid, uri)
+        rows.append(Row(v, rid, out, intent, chip_figures(uri, rid)))
+    return rows, crit, None
+
+
+def short(reason: str, width: int = 90) -> str:
+    """A criterion's reason cut to its first clause (the table's cell; the JSON keeps it
+    whole)."""
+    first = reason.split("; ")[0]
+    return first if len(first) <= width else first[: width - 1] + "…"
+
+
+def table(rows: list[Row], markdown: bool) -> str:
+    head = ("workload", "TPU run", "precision", "kind", "verdict", "as intended",
+            "failing criteria (intended reason)", "busy %", "HBM peak MiB")
+    body = []
+    for r in rows:
+        o = r.outcome
+        if o is None:
+            body.append((r.variant.workload, r.variant.name, r.variant.precision, r.variant.kind,
+                         "-", "NO", r.error or "-", "-", "-"))
+            continue
+        if r.variant.kind == "defect":
+            caught = o.caught_by(r.intent)
+            ok = "yes" if caught else "NO"
+        else:
+            ok = "yes" if o.accepted else "-"
+        failing = "; ".join(f"{cid} ({short(reason)})" for cid, reason, _ in o.failing) or \
+            ("not evaluable: " + ", ".join(o.not_evaluable) if o.not_evaluable else "-")
+        if r.intent:
+            failing += f" [intended: {', '.join(r.intent)}]"
+        body.append((r.variant.workload, r.variant.name, r.variant.precision, r.variant.kind,
+                     o.verdict, ok, failing, r.chip.get("busy_pct", "-"),
+                     r.chip.get("hbm_peak_mib", "-")))
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in row) + " |"
+                  for row in body]
+        return "\n".join(lines)
+    return "\n".join("  ".join(str(c) for c in row) for row in [head, *body])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tpu-store", required=True, type=Path,
+                    help="the folder record.py wrote (mlflow.db, mlruns/, manifest.json)")
+    ap.add_argument("--store", required=True, type=Path, help="where the CPU runs go")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--reuse", action="store_true", help="keep CPU runs already in --store")
+    ap.add_argument("--only", action="append", choices=plan.WORKLOADS, default=[])
+    ap.add_argument("--goal", action="append", default=[], metavar="WORKLOAD=GOAL")
+    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    goals = dict(g.split("=", 1) for g in args.goal)
+    args.store.mkdir(parents=True, exist_ok=True)
+    tpu_db = args.tpu_store / "mlflow.db"
+    if not tpu_db.is_file():
+        raise SystemExit(f"{tpu_db}: no TPU store there (unpack record.py's folder)")
+    t0 = time.perf_counter()
+    uri = f"sqlite:///{args.store / 'tpu-assess.db'}"
+    from pipelines.demo import init_store
+
+    for name in plan.WORKLOADS:
+        init_store(uri, det.WORKLOADS[name](0).name)
+    print(merge(tpu_db, uri), flush=True)
+    rows: list[Row] = []
+    for name in args.only or plan.WORKLOADS:
+        got, _crit, error = run_workload(name, tpu_db, args.store, jobs=args.jobs,
+                                        reuse=args.reuse, goal=goals.get(name))
+        if error:
+            print(f"[{name}] refrun calibrate wrote no criteria: {error}", flush=True)
+        rows += got
+        print(table(got, markdown=False), flush=True)
+    text = table(rows, markdown=True)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    if args.json:
+        args.json.write_text(json.dumps([{
+            "variant": r.variant.name, "workload": r.variant.workload,
+            "precision": r.variant.precision, "kind": r.variant.kind, "run_id": r.run_id,
+            "verdict": r.outcome.verdict if r.outcome else None,
+            "failing": [list(f[:2]) for f in r.outcome.failing] if r.outcome else [],
+            "intent": list(r.intent), "chip": r.chip, "error": r.error} for r in rows],
+            indent=1))
+    print(f"\n{len(rows)} TPU runs assessed in {time.perf_counter() - t0:.0f} s "
+          f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
