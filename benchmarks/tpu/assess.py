@@ -42,9 +42,13 @@ for p in (str(HERE), str(REPO), str(REPO / "benchmarks")):
 import bench_detection as det  # noqa: E402
 import plan  # noqa: E402
 
-# The L4 goals a team migrating to a TPU would declare (the migration study's questions:
-# is it at least as fast, at most as costly, and is the chip kept busy).
-L4_GOALS: tuple[str, ...] = ()
+# The L4 goals of the second table (the migration study's questions: is the port at least
+# as fast as the reference, at most 1.2 times as costly per run, and is the chip kept busy)
+# and the list prices that cost is reckoned with (USD per hour, on demand, us-central1,
+# 2026-12: one TPU v5e chip; the 2-vCPU machine the CPU references run on).  The first
+# table is calibrated without goals: L4 is then shown as measurements only.
+L4_GOALS = ("throughput>=1.0x", "cost<=1.2x", "utilization>=50%")
+PRICES = ("tpu=1.20", "cpu=0.0971")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,37 @@ class Row:
     intent: tuple[str, ...]
     chip: dict[str, str]
     error: str | None = None
+    l4: dict[str, str] | None = None  # throughput and cost against the references
+    goals: det.Outcome | None = None  # the same run judged by the file with L4 goals
+
+
+def assess(crit_path: Path, ref_ids: list[str], name: str, v: plan.TpuVariant, run_id: str,
+           uri: str) -> tuple[det.Outcome, dict[str, str]]:
+    """The detection benchmark's outcome of one run, and its L4 figures (ratios against
+    the references' mean, as ``refrun accept`` prints them)."""
+    from refrun.acceptance.assess import assess_ids
+    from refrun.acceptance.criteria import load_criteria
+
+    crit = load_criteria(crit_path)
+    watched = {c.id: det._watched(c) for c in crit.criteria}
+    a, _ = assess_ids(crit, ref_ids, run_id, uri)
+    failing = [(r.id, r.reason, watched.get(r.id, (r.kind,)))
+               for r in a.results if r.outcome == "fail"]
+    out = det.Outcome(replace(v.base, name=name), a.verdict, a.highest_level or "none",
+                      failing, [r.id for r in a.results if r.outcome == "not_evaluable"])
+    perf = a.performance or {}
+    thr, cost, busy = (perf.get(k) or {} for k in ("throughput", "cost", "busy"))
+
+    def ratio(d: dict, why: str) -> str:
+        r = d.get("ratio")
+        return f"{r:.3g}x" if isinstance(r, int | float) else \
+            f"n/a ({d.get(why) or perf.get('unit_note') or 'not a migration'})"
+
+    return out, {"throughput": ratio(thr, "candidate_why"), "cost": ratio(cost, "candidate_why"),
+                 "unit": str(perf.get("unit") or "-"),
+                 "busy_pct": f"{busy['candidate_pct']:.1f}"
+                 if isinstance(busy.get("candidate_pct"), int | float)
+                 else f"n/a ({busy.get('candidate_why') or '-'})"}
 
 
 def merge(tpu_db: Path, uri: str) -> str:
@@ -129,12 +164,19 @@ def run_workload(name: str, tpu_db: Path, store: Path, *, jobs: int, reuse: bool
                               uri, quick=True, spool_dir=str(store / "spool"))
     ref_ids = [ids[v.name] for v in w.references]
     crit = store / f"{w.name}.toml"
-    crit.unlink(missing_ok=True)
-    goals = [g for g in (goal,) if g] + list(L4_GOALS)
-    error = det.calibrate(ref_ids, uri, crit, gradcheck=bool(w.gradcheck),
-                          goal=goals[0] if goals else None)
+    crit_goals = store / f"{w.name}-l4-goals.toml"
+    for c in (crit, crit_goals):
+        c.unlink(missing_ok=True)  # never judge with an earlier run's file
+    error = calibrate(ref_ids, uri, crit, gradcheck=bool(w.gradcheck),
+                      extra=["--goal", goal] if goal else [])
     if error is not None:
         return [], None, error
+    l4 = [a for g in L4_GOALS for a in ("--goal", g)] + \
+        [a for p in PRICES for a in ("--price", p)]
+    error_goals = calibrate(ref_ids, uri, crit_goals, gradcheck=bool(w.gradcheck),
+                            extra=(["--goal", goal] if goal else []) + l4)
+    if error_goals is not None:
+        print(f"[{name}] the L4-goals file was not written: {error_goals}", flush=True)
     group = ref_ids[: det.group_size(crit, len(ref_ids))]
     rows = []
     for v in variants:
@@ -143,9 +185,26 @@ def run_workload(name: str, tpu_db: Path, store: Path, *, jobs: int, reuse: bool
         if rid is None:
             rows.append(Row(v, None, None, intent, {}, "not recorded on the TPU"))
             continue
-        out = det.assess_one(crit, group, replace(v.base, name=v.name), rid, uri)
-        rows.append(Row(v, rid, out, intent, chip_figures(uri, rid)))
+        out, figures = assess(crit, group, v.name, v, rid, uri)
+        judged = assess(crit_goals, group, v.name, v, rid, uri)[0] \
+            if error_goals is None else None
+        rows.append(Row(v, rid, out, intent, chip_figures(uri, rid), l4=figures,
+                        goals=judged))
     return rows, crit, None
+
+
+def calibrate(ref_ids: list[str], uri: str, out: Path, *, gradcheck: bool,
+              extra: list[str]) -> str | None:
+    """``refrun calibrate --reference ... -o out`` with ``extra`` options (goals, prices):
+    the one source of the criteria; None, or the one-line reason it wrote no file."""
+    cmd = [sys.executable, "-m", "refrun", "calibrate", "--reference", *ref_ids,
+           "--tracking-uri", uri, "-o", str(out),
+           *(["--require-gradcheck"] if gradcheck else []), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.exists():
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        return f"exit {proc.returncode}: " + (lines[-1] if lines else "no message")
+    return None
 
 
 def short(reason: str, width: int = 90) -> str:
@@ -157,13 +216,14 @@ def short(reason: str, width: int = 90) -> str:
 
 def table(rows: list[Row], markdown: bool) -> str:
     head = ("workload", "TPU run", "precision", "kind", "verdict", "as intended",
-            "failing criteria (intended reason)", "busy %", "HBM peak MiB")
+            "failing criteria (intended reason)", "throughput vs refs", "cost vs refs",
+            "chip busy %", "HBM peak MiB", "with L4 goals")
     body = []
     for r in rows:
         o = r.outcome
         if o is None:
             body.append((r.variant.workload, r.variant.name, r.variant.precision, r.variant.kind,
-                         "-", "NO", r.error or "-", "-", "-"))
+                         "-", "NO", r.error or "-", "-", "-", "-", "-", "-"))
             continue
         if r.variant.kind == "defect":
             caught = o.caught_by(r.intent)
@@ -174,9 +234,14 @@ def table(rows: list[Row], markdown: bool) -> str:
             ("not evaluable: " + ", ".join(o.not_evaluable) if o.not_evaluable else "-")
         if r.intent:
             failing += f" [intended: {', '.join(r.intent)}]"
+        l4 = r.l4 or {}
+        g = r.goals
+        added = [cid for cid, _, _ in g.failing if cid not in {c for c, _, _ in o.failing}] \
+            if g is not None else []
+        goals = "-" if g is None else g.verdict + (f": {', '.join(added)}" if added else "")
         body.append((r.variant.workload, r.variant.name, r.variant.precision, r.variant.kind,
-                     o.verdict, ok, failing, r.chip.get("busy_pct", "-"),
-                     r.chip.get("hbm_peak_mib", "-")))
+                     o.verdict, ok, failing, l4.get("throughput", "-"), l4.get("cost", "-"),
+                     l4.get("busy_pct", "-"), r.chip.get("hbm_peak_mib", "-"), goals))
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in row) + " |"
@@ -226,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
             "precision": r.variant.precision, "kind": r.variant.kind, "run_id": r.run_id,
             "verdict": r.outcome.verdict if r.outcome else None,
             "failing": [list(f[:2]) for f in r.outcome.failing] if r.outcome else [],
-            "intent": list(r.intent), "chip": r.chip, "error": r.error} for r in rows],
+            "intent": list(r.intent), "chip": r.chip, "l4": r.l4,
+            "with_goals": (r.goals.verdict, [list(f[:2]) for f in r.goals.failing])
+            if r.goals else None, "error": r.error} for r in rows],
             indent=1))
     print(f"\n{len(rows)} TPU runs assessed in {time.perf_counter() - t0:.0f} s "
           f"(load {os.getloadavg()[0]:.1f})", flush=True)
