@@ -36,13 +36,13 @@ case "$mode" in
     store=/tmp/tpu-store
     rm -rf "$store"
     python3 benchmarks/tpu/record.py --store "$store" "$@" 2>&1 \
-      | grep -v -e "transparent hugepages" -e "^WARNING:root"
+      | grep --line-buffered -v -e "transparent hugepages" -e "^WARNING:root"
     rc=${PIPESTATUS[0]}
     tar czf "$OUT/tpu-store.tgz" -C /tmp tpu-store
     ;;
   cost)
-    python3 benchmarks/tpu/probe_cost.py --json "$OUT/probe_cost.json" "$@" 2>&1 \
-      | grep -v -e "transparent hugepages" -e "^WARNING:root"
+    python3 benchmarks/tpu/probe_cost.py --json "$OUT/probe_cost.json" "$@" 2>&1 | tee "$OUT/cost.log" \
+      | grep --line-buffered -v -e "transparent hugepages" -e "^WARNING:root"
     rc=${PIPESTATUS[0]}
     ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
