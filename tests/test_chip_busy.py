@@ -144,6 +144,37 @@ def test_a_real_window_on_the_cpu_finds_no_device_plane() -> None:
     assert w.take() == []
 
 
+def test_on_an_accelerator_one_window_without_the_device_is_not_the_answer() -> None:
+    """On a TPU v5e about half the runs' first window held no device plane, and that one
+    window left the whole run without a busy fraction.  A window without the device's
+    programs on an accelerator is looked at again (``empty_windows`` times in all), not
+    taken as the machine's answer; the CPU's real traces (no device plane) stand in for
+    such windows here, with the platform named as an accelerator's."""
+    steps = {"n": 0}
+    sampling = BusySampling(min_period_s=0.2, window_s=0.05, min_window_s=0.01,
+                            steady_poll_s=0.01, empty_windows=3)
+    w = ProfilerWindows(cpu_sessions(), sampling, progress=lambda: (steps["n"], 0),
+                        platform="tpu")
+    w.start()
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while not w.stopped and time.monotonic() < deadline:
+            steps["n"] += 1  # a loop that keeps stepping
+            seen.add(w.why_not or "")
+            time.sleep(0.002)
+        assert w.stopped, w.why_not
+    finally:
+        w.close()
+    assert w.empty == 3 and w.completed == 0 and w.take() == []
+    assert w.why_not.startswith("no device plane in the trace (tpu devices; planes: ")
+    assert w.why_not.endswith("(in each of 3 windows)")
+    # while it looked again, it said so
+    assert any(x.endswith("(window 1; another follows)") for x in seen)
+    with pytest.raises(RefrunInputError, match="empty_windows"):
+        BusySampling(empty_windows=0)
+
+
 def test_windows_wait_for_a_steady_loop() -> None:
     """No window while the loop has not run its warm-up steps or stands still; one as
     soon as steps advance without compiling (here: a real loop on the CPU)."""

@@ -10,7 +10,7 @@ calibrate`` writes the criteria from the references alone, with the
 project's L4 goals (``--goal throughput>=0.9x --goal cost<=1.2x``) and prices
 (``--price``), or without goals.
 
-* The clean port is faster per step (its chip's 1 ms against the GPU's 2 ms, and JAX's
+* The clean port is faster per step (its chip's 1 ms against the GPU's 4 ms, and JAX's
   compiled step against PyTorch's eager one) and priced ten times higher: it passes its
   throughput goal and fails its cost goal, after passing L0-L3 with the calibrated
   criteria.
@@ -60,10 +60,13 @@ REF_HW, CAND_HW = "nvidia-l4", "tpu-v5e"
 # the PyTorch step, as a CUDA sync waits) and the port's TPU program (a sleep inside the
 # jitted step, through jax.pure_callback, which XLA:CPU runs synchronously).  Waits, not
 # computation, so that other processes on the machine move no figure much.
-REF_DEVICE_S, CAND_DEVICE_S = 0.002, 0.001
+# The references' 4 ms against the port's 1 ms: the port stays faster per step however
+# much a busy machine stretches each sleep and the steps' own work (2 ms against 1 ms did
+# not: 0.99x with two other test workers and two helpers' processes on 2 cores).
+REF_DEVICE_S, CAND_DEVICE_S = 0.004, 0.001
 # The host check runs the model's first layer on HOST_CHECKS x the validation set in
-# every step (~10 ms on the quiet 2-core test machine, against the steps' ~1.5-3 ms).
-HOST_CHECKS = 16
+# every step (~20 ms on the quiet 2-core test machine, against the steps' ~1.5-5 ms).
+HOST_CHECKS = 32
 PRICES = {REF_HW: 0.71, CAND_HW: 7.1}  # per hour: the candidate's hardware 10x the price
 
 
@@ -368,11 +371,14 @@ def test_without_goals_the_figures_are_measured_and_change_no_verdict(world: Wor
     # Measured: the same figures as with goals ...
     assert clean.performance["throughput"]["ratio"] == pytest.approx(tp, rel=1e-9)
     assert clean.performance["cost"]["ratio"] == pytest.approx(cost, rel=1e-6)
-    # ... chip busy said, never blank: these runs executed on the CPU
+    # ... chip busy said, never blank: the port's probe says why it has none (no device
+    # timeline on the CPU); the references' probe wrote nothing, and they executed on the CPU
     busy = clean.performance["busy"]
     assert busy["candidate_pct"] is None and busy["reference_pct"] is None
-    assert "executed on the CPU" in busy["candidate_why"]
-    assert world.cands["clean"] in busy["candidate_why"]
+    assert busy["candidate_why"].startswith(
+        f"run {world.cands['clean']}: unavailable: libtpu: not installed; profiler: no device "
+        "plane in the trace (cpu devices"), busy["candidate_why"]
+    assert "executed on the CPU" in busy["reference_why"]
     # ... and no verdict: a cost 10x the references' judges nothing without a goal.
     assert cost > 1.2
     assert not [r for r in clean.results if r.kind in ("throughput", "cost", "utilization")]
@@ -398,8 +404,10 @@ def test_accept_prints_the_figures_judged_or_measured(
                                    f"tpu-v5e x1): {head}"), lines[i]
         assert lines[i + 1].startswith(f"  throughput {tp:.3f}x: candidate ")
         assert lines[i + 2].startswith(f"  cost per run {cost:.3f}x: candidate ")
-        assert re.match(r"  chip busy candidate not measured: run \w+ executed on the CPU",
-                        lines[i + 3])
+        assert re.match(r"  chip busy candidate not measured: run \w+: unavailable: libtpu: "
+                        r"not installed; profiler: no device plane in the trace .*; "
+                        r"references not measured: run \w+ executed on the CPU", lines[i + 3]), \
+            lines[i + 3]
 
 
 def test_a_candidate_on_the_references_configuration_is_judged_by_step_time_alone(

@@ -101,10 +101,13 @@ def test_reduced_pipeline_catches_every_defect_and_passes_benign(
     # exactly those whose scope leaves JAX out
     from refrun.acceptance.criteria import load_criteria
 
-    off_jax = {c.id for c in load_criteria(CRITERIA_QUICK).criteria
-               if c.backends is not None and "jax" not in c.backends}
+    criteria = load_criteria(CRITERIA_QUICK).criteria
+    off_jax = {c.id for c in criteria if c.backends is not None and "jax" not in c.backends}
     assert "no-cpu-fallback" in off_jax and "opt-lr-envelope" in off_jax
-    assert set(by_name["jax-1dev"].not_applicable) == off_jax
+    # and the restore criterion, on every candidate: none of them resumed
+    restore = {c.id for c in criteria if c.kind == "restore"}
+    assert restore == {"resume-reproduces"}
+    assert set(by_name["jax-1dev"].not_applicable) == off_jax | restore
     text = table(outcomes)
     assert all(o.variant.name in text for o in outcomes) and " NO " not in text
 

@@ -108,6 +108,8 @@ def train(store, tmp: Path, *, seed: int = 0, role: str = "reference", resume: s
                 opt.step()
                 opt.zero_grad()
                 probe.log(loss=loss.detach())
+                if xla:  # a step's graph cut where a PyTorch/XLA loop cuts it (without it
+                    torch_xla.sync()  # the whole run is one graph, compiled at close)
             sched.step()
             if resume and n == CHECKPOINT and not crashed:
                 state = {"model": model.state_dict(), "opt": opt.state_dict(),

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -170,13 +169,43 @@ def _jax_tags(jax: Any, env: Mapping[str, str]) -> dict[str, str]:
             schema.TAG_NUMERICS_JAX_PLATFORM: platform}
 
 
-@functools.cache
+_CPU_BF16_SEEN: dict[tuple[str, str], bool] = {}
+
+
 def _cpu_bf16(torch: Any) -> bool:
-    """Whether oneDNN has bfloat16 matmul kernels on this CPU (what ``medium`` uses)."""
+    """Whether the setting in force computes float32 matmuls on this CPU in bfloat16: oneDNN
+    has bfloat16 matmul kernels here, the setting asks for them (``medium``, or
+    ``mkldnn.matmul`` = ``bf16``), and a 64x256 @ 256x64 product made with it errs like
+    one bfloat16 pass against float64 (above 7e-3: one pass errs ~1e-1 there, float32 or
+    three bfloat16 passes ~1e-5).  Measured once per
+    setting and process: an AMD EPYC with avx512_bf16 reports the kernels, yet its
+    ``medium`` products err 1.4x float32's, not the ~1000x of a bfloat16 pass; asking
+    oneDNN alone named such a run's float32 arithmetic bfloat16.  The product is made on
+    the calling thread with CPU tensors and its own generator (no global state touched)."""
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        precision = str(torch.get_float32_matmul_precision())
+        mm = str(getattr(getattr(getattr(torch.backends, "mkldnn", None), "matmul", None),
+                         "fp32_precision", ""))
     except Exception:
         return False
+    if precision != "medium" and mm != "bf16":
+        return False
+    key = (precision, mm)
+    if key not in _CPU_BF16_SEEN:
+        try:
+            g = torch.Generator().manual_seed(5)
+            a = torch.randn(64, 256, generator=g)
+            b = torch.randn(256, 64, generator=g)
+            with torch.no_grad():
+                err = float((a @ b - a.double() @ b.double()).abs().max())
+            # 256 unit-variance products: float32 errs ~1e-5, a bfloat16 pass (8-bit
+            # mantissa: 2^-9 relative per operand) ~1e-1; 7.3e-3 lies between, far from both
+            _CPU_BF16_SEEN[key] = err > 30 * 256 * 2.0 ** -24 * 16
+        except Exception:
+            return False
+    return _CPU_BF16_SEEN[key]
 
 
 # torch >= 2.9's fp32_precision settings (ieee | tf32 | bf16 | none: as the parent says).

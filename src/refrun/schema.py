@@ -433,8 +433,9 @@ TAG_NUMERICS_JAX_PLATFORM = "refrun.numerics.jax.platform"
 # PyTorch: torch.get_float32_matmul_precision(), the TF32 switches of cuBLAS and cuDNN, the
 # fp32_precision settings of torch >= 2.9 (space-separated backend.op=value), whether
 # bfloat16/float16 matmuls may reduce in reduced precision, the default dtype, and where
-# it computes ("cuda 8.0", or "cpu, bf16 matmul kernels" / "cpu" by whether oneDNN has
-# bfloat16 matmul kernels there, which "medium" then uses).
+# it computes ("cuda 8.0", or "cpu, bf16 matmul kernels" / "cpu" by whether the setting in
+# force computes float32 matmuls in bfloat16 there: oneDNN's kernels, asked for, and seen
+# rounding like a bfloat16 pass in one measured product; refrun.numerics._cpu_bf16).
 TAG_NUMERICS_TORCH_MATMUL = "refrun.numerics.torch.float32_matmul_precision"
 TAG_NUMERICS_TORCH_CUDA_TF32 = "refrun.numerics.torch.cuda_matmul_allow_tf32"
 TAG_NUMERICS_TORCH_CUDNN_TF32 = "refrun.numerics.torch.cudnn_allow_tf32"

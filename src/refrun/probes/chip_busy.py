@@ -73,6 +73,9 @@ class BusySampling:
     """Least time between two windows' starts, seconds."""
     max_period_s: float = 300.0
     """Most time between two windows' starts, seconds (however dear a window was)."""
+    empty_windows: int = 3
+    """Windows without any device's programs after which an accelerator's timeline is
+    taken to be unreadable here (on the CPU the first one decides)."""
     steady_poll_s: float = 0.05
     """Seconds between two looks at the loop's progress when waiting for a steady loop
     (a sleeping thread woken 20 times a second only until it takes a window)."""
@@ -82,6 +85,10 @@ class BusySampling:
                 or self.window_steps < 1:
             raise RefrunInputError(f"BusySampling.window_steps: expected an integer >= 1, "
                                    f"got {self.window_steps!r}")
+        if isinstance(self.empty_windows, bool) or not isinstance(self.empty_windows, int) \
+                or self.empty_windows < 1:
+            raise RefrunInputError(f"BusySampling.empty_windows: expected an integer >= 1, "
+                                   f"got {self.empty_windows!r}")
         if self.min_window_s > self.window_s:
             raise RefrunInputError(f"BusySampling: min_window_s {self.min_window_s} > "
                                    f"window_s {self.window_s}")
@@ -213,6 +220,8 @@ class ProfilerWindows:
     """Windows handed over by :meth:`take` (the values a run records)."""
     why_not: str | None = "no window yet: the first is taken once the loop is steady"
     stopped: bool = False
+    empty: int = 0
+    """Windows whose trace held no device's programs."""
     _done: list[WindowResult] = field(default_factory=list, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -254,7 +263,7 @@ class ProfilerWindows:
             began = time.monotonic()
             cost = self._window()
             if cost is None:
-                continue  # skipped (the user's trace): look again later
+                continue  # skipped (the user's trace, or a window without the device)
             if self._stop.wait(max(0.0, began + self.sampling.period_s(cost)
                                    - time.monotonic())):
                 return
@@ -322,9 +331,20 @@ class ProfilerWindows:
             return self._failed(f"unreadable trace ({exc})", t0)
         cost = (opened - t0) + (time.perf_counter() - stopping)
         busy, why = window_busy(timeline, (start_ns, end_ns), self.platform)
-        if not busy:  # this machine's traces have no device timeline: no later window
-            self.why_not, self.stopped = why, True
-            return cost
+        if not busy:
+            self.empty += 1
+            if self.discover_at_start or self.empty >= self.sampling.empty_windows:
+                # this machine's traces have no device timeline: no later window
+                self.why_not, self.stopped = (why if self.empty == 1 else
+                                              f"{why} (in each of {self.empty} windows)"), True
+                return cost
+            # On an accelerator a trace without the device's programs is one window's
+            # accident (seen on a TPU v5e: about half the runs' first window), not the
+            # machine's answer: look again after the shortest period.
+            if self.completed == 0:
+                self.why_not = f"{why} (window {self.empty}; another follows)"
+            self._stop.wait(self.sampling.min_period_s)
+            return None
         if before is not None and after is not None and (after[0] <= before[0]
                                                          or after[1] != before[1]):
             # the loop stopped or compiled during the window: not the steady loop's share

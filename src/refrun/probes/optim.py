@@ -79,7 +79,10 @@ class LearningRates:
     def __init__(self, optimizer: Any) -> None:
         self._optimizer = optimizer  # param_groups is looked up on it at every read
         self._hook: Any = None
-        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers not followed
+        # ids of optimizers not followed: a set of ints is tested in C, so another
+        # optimizer's step (a GAN's second one) runs no extra Python call; each id leaves
+        # the set when its optimizer is collected, before the id can be reused
+        self._others: set[int] = set()
         self._on_switch: Callable[[Any], None] | None = None
         self._names: tuple[str, ...] = ()
         self._with_steps: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
@@ -166,10 +169,11 @@ class LearningRates:
             self._hook = None
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if optimizer is self._optimizer or optimizer in self._others:
+        if optimizer is self._optimizer or id(optimizer) in self._others:
             return  # the followed optimizer's own step: the hot path
         if not _same_parameters(optimizer, self._optimizer):
-            self._others.add(optimizer)
+            self._others.add(id(optimizer))
+            weakref.finalize(optimizer, self._others.discard, id(optimizer))
             return
         self._optimizer = optimizer
         if self._on_switch is not None:

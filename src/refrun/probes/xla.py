@@ -742,6 +742,7 @@ class XlaBackend(BackendBase):
             if not pending.sent:
                 if pending.event is not None:
                     pending.event.wait(timeout=60)
+                self._materialise_waiting()
                 self._send(len(self._waiting))
             self._copier.wait_done(pending)
         if pending.error is not None:
@@ -750,6 +751,17 @@ class XlaBackend(BackendBase):
             raise RuntimeError(f"a logged value was not copied to the host within "
                                f"{COPY_WAIT_S:g} s (the device does not answer); not recorded")
         return pending.value
+
+    def _materialise_waiting(self) -> None:
+        """Run, on the closing thread and with no time limit, the graph of the waiting
+        values no sync materialised (a loop that never syncs is one lazy graph over the
+        whole run).  Copied as IR values they would run that graph inside the copier's
+        bounded wait: compiling a run-long graph on a busy machine took over
+        ``COPY_WAIT_S`` and lost the values ("the device does not answer")."""
+        n = self._materialised()
+        if n < len(self._waiting):
+            self._xla._XLAC._xla_sync_multi([h.tensor for h in self._waiting[n:]],
+                                            devices=[], wait=True)
 
     def _materialised(self) -> int:
         """How many waiting values, from the first in log order, hold device data (a sync
