@@ -20,13 +20,13 @@ TIMINGS ?= test-artifacts/timings.json
 test:
 	@scripts/bootstrap.sh --with-test-deps
 	@$(PY) -m ruff check src tests pipelines benchmarks
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 --timings $(TIMINGS) $(ARGS)
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 --timings $(TIMINGS) $(ARGS)
 
 ## Everything but the end-to-end pipelines (marker e2e): the inner loop, a few minutes.
 test-quick:
 	@scripts/bootstrap.sh --with-test-deps
 	@$(PY) -m ruff check src tests pipelines benchmarks
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e" --durations=30 --timings $(TIMINGS) $(ARGS)
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e" --durations=30 --timings $(TIMINGS) $(ARGS)
 
 lint:
 	@$(PY) -m ruff check src tests pipelines benchmarks
