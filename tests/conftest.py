@@ -244,7 +244,7 @@ def shared_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
     test itself wrote (other tests of the worker write there too)."""
     root = tmp_path_factory.mktemp("shared-server")
     server = MlflowServer(root, free_port())
-    server.start()
+    server.start(timeout=240)  # first use may land beside a training build
     try:
         yield server
     finally:
