@@ -131,13 +131,21 @@ def train(seed: int, quick: bool, uri: str) -> str:
     return run.group(1)
 
 
-def make(quick: bool, out: Path, jobs: int = 2) -> None:
-    """Train the seeds, calibrate, write ``out`` (only once calibrate succeeded)."""
+def make(quick: bool, out: Path, jobs: int = 2,
+         trained: tuple[str, list[str]] | None = None) -> None:
+    """Train the seeds, calibrate, write ``out`` (only once calibrate succeeded).
+
+    ``trained``: (tracking URI, run ids) of the reference seeds ``SEEDS`` already trained
+    by the same training code (``--quick`` or not as ``quick`` says; the test suite's
+    cached store), calibrated instead of training them again."""
     with tempfile.TemporaryDirectory(prefix="refrun-criteria-") as tmp:
-        uri = f"sqlite:///{tmp}/refs.db"
-        ids = [train(SEEDS[0], quick, uri)]  # creates the store before parallel writers
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            ids += pool.map(lambda s: train(s, quick, uri), SEEDS[1:])
+        if trained is not None:
+            uri, ids = trained
+        else:
+            uri = f"sqlite:///{tmp}/refs.db"
+            ids = [train(SEEDS[0], quick, uri)]  # creates the store before parallel writers
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                ids += pool.map(lambda s: train(s, quick, uri), SEEDS[1:])
         written = Path(tmp) / "criteria.toml"
         cal = subprocess.run([sys.executable, "-m", "refrun", "calibrate", "--reference",
                               *ids, "--tracking-uri", uri, *CALIBRATE_ARGS,
@@ -154,9 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="where to write (default: the committed file)")
     ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
+    ap.add_argument("--trained", nargs="+", metavar=("URI", "RUN_ID"), default=None,
+                    help=f"calibrate these {len(SEEDS)} reference runs of store URI, already "
+                         "trained (seeds in order), instead of training them")
     args = ap.parse_args(argv)
     out = args.out or target(args.quick)
-    make(args.quick, out, args.jobs)
+    trained = None
+    if args.trained is not None:
+        if len(args.trained) != 1 + len(SEEDS):
+            ap.error(f"--trained takes a store URI and {len(SEEDS)} run ids "
+                     f"(got {len(args.trained) - 1})")
+        trained = (args.trained[0], args.trained[1:])
+    make(args.quick, out, args.jobs, trained)
     print(f"wrote {out}")
     return 0
 

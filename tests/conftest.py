@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import json
 import os
 import shutil
 import socket
@@ -34,19 +36,81 @@ os.environ.setdefault("REFRUN_START_WAIT_S", "120")
 os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 
+DURATIONS = Path(__file__).with_name("durations.json")
+# A file that durations.json does not know yet (a new one): guessed from its markers.
+_GUESS_SLOW_S, _GUESS_S = 60.0, 5.0
+
+
+def file_durations() -> dict[str, float]:
+    """Seconds each test file took in a measured run of the whole suite, by path relative
+    to the repository (tests/durations.json; `benchmarks/bench_suite.py --write` makes it)."""
+    try:
+        return json.loads(DURATIONS.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Files with a slow test first (stable otherwise): `make test` hands whole files to two
-    # workers in collection order, and a long file picked up last leaves one worker idle
-    # while the other finishes it.
+    # Slowest files first (stable within a file): `make test` hands whole files to two
+    # workers in collection order (--dist loadfile, so a module's fixtures run once), and a
+    # long file picked up last leaves one worker idle while the other finishes it.  The
+    # order comes from measured seconds; a file not measured yet counts as slow if it has
+    # a slow test.
+    known = file_durations()
+    root = Path(str(config.rootpath))
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+
+    def seconds(path: Path) -> float:
+        rel = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        if rel in known:
+            return known[rel]
+        return _GUESS_SLOW_S if path in slow_files else _GUESS_S
+
+    cost = {path: seconds(path) for path in {item.path for item in items}}
+    items.sort(key=lambda item: -cost[item.path])
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--timings", metavar="PATH", default=None,
+                     help="write every test phase's worker, start, stop and duration to "
+                          "PATH (JSON; benchmarks/bench_suite.py reads it)")
+
+
+_TIMINGS: list[dict] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Recorded by the controlling process (under xdist each report comes with the worker
+    # that ran it); a worker's own call of this hook has no `node` and is left out there.
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", None)
+    if node is None and os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _TIMINGS.append({"nodeid": report.nodeid, "when": report.when,
+                     "worker": worker or "main", "outcome": report.outcome,
+                     "start": getattr(report, "start", None),
+                     "stop": getattr(report, "stop", None),
+                     "duration": report.duration})
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = session.config.getoption("--timings")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER") and _TIMINGS:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"tests": _TIMINGS}), encoding="utf-8")
     # The interpreter's last collection walks the whole heap the suite built (torch, jax,
     # MLflow: ~3 GB, about 1.5 min on a busy machine) only to free memory the process is
     # about to return anyway; frozen objects are skipped by it.
     gc.freeze()
+
+
+@pytest.fixture(scope="session")
+def digits_quick():  # -> builds.TrainedStore
+    """The digits pipeline's --quick runs (the plan and reference seeds 0-7), trained once
+    into a cached store (tests/builds.py); a test that records into it uses a copy."""
+    from builds import digits_quick_store
+
+    return digits_quick_store()
 
 
 @dataclass
@@ -161,10 +225,26 @@ class MlflowServer:
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
+    """A server of the test's own: for tests that stop, kill or break it."""
     root = tmp_path / "server"
     root.mkdir()
     server = MlflowServer(root, free_port())
     server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture(scope="session")
+def shared_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One server per worker process, started on first use (each start imports MLflow in
+    a new process: 5-20 s on a busy 2-core machine).  For tests that only record into it
+    and read back; never stop or break it (use ``mlflow_server``), and read only what the
+    test itself wrote (other tests of the worker write there too)."""
+    root = tmp_path_factory.mktemp("shared-server")
+    server = MlflowServer(root, free_port())
+    server.start(timeout=240)  # first use may land beside a training build
     try:
         yield server
     finally:
@@ -176,17 +256,19 @@ def _postgres_bin() -> Path | None:
     return found[0].parent if found else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Postgres:
-    """A throw-away PostgreSQL cluster on 127.0.0.1 (Debian's server binaries)."""
+    """A throw-away PostgreSQL cluster on 127.0.0.1 (Debian's server binaries), and the
+    database ``db`` in it that a test uses."""
 
     bindir: Path
     data: Path
     port: int
+    db: str = "mlflow"
 
     @property
     def uri(self) -> str:
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/mlflow"
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{self.db}"
 
     def _run(self, *cmd: str) -> None:
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -199,8 +281,11 @@ class Postgres:
         self._run(str(b / "pg_ctl"), "-D", str(self.data / "db"), "-l",
                   str(self.data / "log"), "-w", "-o",
                   f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1", "start")
-        self._run(str(b / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
-                  "postgres", "mlflow")
+        self.create_database(self.db)
+
+    def create_database(self, name: str) -> None:
+        self._run(str(self.bindir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                  "-U", "postgres", name)
 
     def stop(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError):
@@ -209,7 +294,21 @@ class Postgres:
 
 
 @pytest.fixture
-def postgres() -> Iterator[Postgres]:
+def postgres(postgres_cluster: Postgres, request: pytest.FixtureRequest) -> Postgres:
+    """A new, empty database of the worker's cluster for each test (what MLflow sees of
+    a new PostgreSQL server: no tables yet).  The cluster itself is started once per
+    worker (initdb and start: several seconds); no test stops it."""
+    name = f"t{len(_PG_DATABASES)}"
+    _PG_DATABASES.append(request.node.nodeid)
+    postgres_cluster.create_database(name)
+    return dataclasses.replace(postgres_cluster, db=name)
+
+
+_PG_DATABASES: list[str] = []  # the tests that got a database of this worker's cluster
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Postgres]:
     bindir = _postgres_bin()
     if bindir is None:
         if os.environ.get("CI"):

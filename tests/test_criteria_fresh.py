@@ -4,7 +4,8 @@ The --quick file is made anew in a scratch directory and compared with the commi
 a change of calibrate that the committed criteria do not have fails here, naming the
 entries.  The 600-step file (``make demo``) is made by the same script from the same
 calibrate; making it too would add ~2 minutes of training to the suite, so the failure
-names both commands."""
+names both commands.  The seeds' training is the session's cached store's
+(tests/builds.py), the same runs tests/test_pipeline.py assesses."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builds import TrainedStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,13 +31,20 @@ def _script() -> Any:  # a module loaded from scripts/
     return mod
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_committed_criteria_are_what_calibrate_writes_now(tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # its setup may train the cached digits runs (tests/builds.py)
+def test_committed_criteria_are_what_calibrate_writes_now(
+        tmp_path: Path, digits_quick: TrainedStore) -> None:
     gen = _script()
     out = tmp_path / "criteria.toml"
+    # The reference seeds come trained from the session's cached store (tests/builds.py:
+    # the pipeline's reference runs of seeds 0-7, --quick); the subject here is calibrate.
+    # A copy: calibrate only reads, but the cache is shared by every test.
+    uri = digits_quick.copy_to(tmp_path / "refs")
+    ids = [digits_quick.ids[f"reference-seed{s}"] for s in gen.SEEDS]
     made = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_criteria.py"),
-                           "--out", str(out), "--quick"],
+                           "--out", str(out), "--quick", "--trained", uri, *ids],
                           cwd=ROOT, capture_output=True, text=True, timeout=840)
     assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
     committed = gen.target(True).read_text(encoding="utf-8")

@@ -61,6 +61,7 @@ def reassessed(tmp: Path, monkeypatch: pytest.MonkeyPatch,
     return before, after
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_example_store_is_what_the_current_code_makes(tmp_path: Path,
@@ -82,6 +83,7 @@ def test_example_store_is_what_the_current_code_makes(tmp_path: Path,
     assert ex.digest(after) == committed_digest
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_code_change_after_generation_is_caught(tmp_path: Path,
@@ -132,6 +134,7 @@ def _regenerable(description: dict) -> dict:
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_store_made_now_records_what_the_committed_one_does(tmp_path: Path) -> None:

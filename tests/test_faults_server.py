@@ -23,12 +23,12 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import MlflowServer, free_port
+from conftest import MlflowServer
 
 import refrun
 from refrun import schema
@@ -62,14 +62,11 @@ TRAINER = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    root = tmp_path_factory.mktemp("server")
-    server = MlflowServer(root, free_port())
-    server.start(timeout=240)
-    try:
-        yield server
-    finally:
-        server.kill()
+def mlflow_server(shared_mlflow_server: MlflowServer) -> MlflowServer:
+    # The worker's shared server: the faults here are the client's (a full disk, a proxy
+    # in front of the server that the test owns), never the server's; every read is by
+    # the test's own run id.
+    return shared_mlflow_server
 
 
 @pytest.mark.slow  # an mlflow server and two interpreters importing MLflow: ~60 s loaded

@@ -137,6 +137,7 @@ def test_cli_bad_usage_exits_2(capsys):
     assert "no such case" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_cli_full_self_test_catches_everything():
     proc = subprocess.run([sys.executable, "-m", "refrun.cli", "gradcheck", "--self-test"],

@@ -30,7 +30,7 @@ from refrun.acceptance.criteria import load_criteria  # noqa: E402
 from refrun.cli import main  # noqa: E402
 
 # Seven real runs (3 references, 4 ports) in the module fixture: ~30 s on a quiet machine.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 WORKLOAD = "xfer-judged"
 STEPS, EVAL_EVERY, IN, WIDTH, ROWS = 24, 6, 4, 8, 16

@@ -49,7 +49,7 @@ from refrun.acceptance.criteria import load_criteria
 from refrun.cli import main
 
 # Four references and four ports in the module fixture: ~1 min on a quiet machine.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 WORKLOAD = "l4-migration"
 STEPS, EVAL_EVERY, BATCH, IN, WIDTH, CLASSES = 150, 25, 32, 16, 64, 4

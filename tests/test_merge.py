@@ -174,7 +174,11 @@ def test_sqlite_into_sqlite(tpu_store: dict, tmp_path: Path) -> None:
     assert merged_lines(back) == {"merged": 0, "present": 5, "left out": 0}, back.stdout
 
 
-def test_into_a_tracking_server(tpu_store: dict, mlflow_server, tmp_path: Path) -> None:
+def test_into_a_tracking_server(tpu_store: dict, shared_mlflow_server,
+                                tmp_path: Path) -> None:
+    # The worker's shared server: the only test that merges this store into it, so the
+    # server holds no other copy of these runs (check_merged reads every experiment).
+    mlflow_server = shared_mlflow_server
     proc = cli("merge", tpu_store["source"], "--into", mlflow_server.url)
     assert proc.returncode == 0, proc.stderr
     ids = check_merged(tpu_store, mlflow_server.url, tmp_path)

@@ -73,6 +73,7 @@ def test_committed_notebook_shows_its_plots_and_matches_the_store() -> None:
     assert "/work/" not in json.dumps(nb) and str(ROOT) not in json.dumps(nb)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_explore_notebook_executes_on_the_example_store(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builds import TrainedStore
 
 from pipelines.digits.config import load_config
 from pipelines.digits.data import batch_indices, load
@@ -63,22 +64,21 @@ def test_initial_weights_are_torch_default_init_by_name() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.e2e
+@pytest.mark.timeout(1200)  # its setup may train the cached digits runs (tests/builds.py)
 def test_reduced_pipeline_catches_every_defect_and_passes_benign(
-        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path, monkeypatch: pytest.MonkeyPatch, digits_quick: TrainedStore) -> None:
     from mlflow.tracking import MlflowClient
 
-    from pipelines.demo import CRITERIA_QUICK, assess_all, init_store, table, train_all
+    from pipelines.demo import CRITERIA_QUICK, assess_all, table
 
     monkeypatch.chdir(tmp_path)  # nothing may land in the repository's working tree
-    # In-process delivery in the training subprocesses (they inherit the environment): the
-    # subject here is detection; a delivery process per run adds an MLflow import each.
-    # `make demo` keeps the default (a delivery process); tests/test_durability.py tests it.
-    monkeypatch.setenv("REFRUN_DELIVERY", "thread")
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # The plan's runs come trained from the session's cached store (tests/builds.py: the
+    # same train_all, in-process delivery, --quick); the subject here is detection, so the
+    # candidates are assessed into a copy of it.
     p = plan()
-    init_store(uri)
-    ids = train_all(p, quick=True, uri=uri, spool_dir=str(tmp_path / "spool"), jobs=2)
+    uri = digits_quick.copy_to(tmp_path)
+    ids = {v.name: digits_quick.ids[v.name] for v in p.all}
     outcomes = assess_all(p, ids, uri=uri, reports=tmp_path / "reports",
                           criteria=CRITERIA_QUICK)
     by_name = {o.variant.name: o for o in outcomes}
@@ -112,6 +112,9 @@ def test_reduced_pipeline_catches_every_defect_and_passes_benign(
     assert all(o.variant.name in text for o in outcomes) and " NO " not in text
 
     # every artifact is next to the store, none in the working tree of the repository
+    # (init_store put them next to the store it trained into; the copy keeps that layout)
+    built = MlflowClient(digits_quick.uri).get_experiment_by_name("digits-mlp")
+    assert built.artifact_location.startswith((digits_quick.path / "mlruns").as_uri())
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("digits-mlp")
     assert exp.artifact_location.startswith((tmp_path / "mlruns").as_uri())

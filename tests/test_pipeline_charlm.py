@@ -260,6 +260,7 @@ def _series(run_id: str, tmp: Path, metric: str) -> dict[int, float]:
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_defects_show_and_benign_ports_stay_in_the_seeds_spread(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],

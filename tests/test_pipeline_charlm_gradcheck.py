@@ -14,7 +14,7 @@ from pipelines.charlm.gradcheck import TOL, check
 
 # Imports and compiles JAX and PyTorch models (~15 s quiet, ~70 s on the loaded 2-core
 # machine); the three later checks reuse the compiled functions' caches (~3-6 s each).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")

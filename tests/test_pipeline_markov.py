@@ -180,6 +180,7 @@ def _train(module: str, tmp: Path, *args: str, devices: int = 1) -> str:
     return _run_id(out.stdout)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ports_of_one_seed_track_the_reference_and_bf16_does_not(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, BATCH = 8, 16  # reference: 8 steps of 16; candidate: 2 ranks x 16, 4 steps
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_scaling_demo_aligns_callback_reference_and_torchrun_candidate_by_samples(
         store) -> None:

@@ -163,6 +163,7 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # PostgreSQL, an S3 server, an mlflow server, 8 trainers: ~1 min quiet
 def test_eight_trainers_through_postgres_and_s3_survive_an_object_store_outage(
         postgres, object_store: TcpGate, tmp_path: Path) -> None:
