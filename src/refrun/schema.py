@@ -126,6 +126,10 @@ M_OPT_STEPS = "opt/steps"
 # there, never incomplete.
 OPT_BACKENDS = ("torch", "torch_xla")
 M_STEP_TIME = "perf/step_time_s"  # seconds, device-true where the backend allows
+# CPU seconds the training thread used inside the step scope (time.thread_time): a thread
+# that waits for a core accrues none, so neighbours that share the machine inflate it only
+# through hardware they share, unlike the wall time (refrun.acceptance.kinds.step_time).
+M_STEP_CPU = "perf/step_cpu_s"
 M_COMPILE_GRAPHS = "compile/graphs"  # new graphs compiled during the step
 M_COMPILE_RECOMPILES = "compile/recompiles"  # of which recompilations of a known function
 M_COMPILE_GRAPH_BREAKS = "compile/graph_breaks"
@@ -337,6 +341,10 @@ EV_FIRST_DIVERGENCE_STEP = "first_divergence_step"
 # How busy other processes kept the machine during a step_time judgement
 # (refrun.acceptance.criterion_evidence.Contention).
 EV_CONTENTION = "contention"
+# A step_time result on a busy machine: how far the candidate's own CPU time per step
+# bounds its step-time ratio from below, whatever the neighbours took
+# (refrun.acceptance.kinds.step_time.CpuFloor).
+EV_CPU_FLOOR = "cpu_floor"
 # A failing per-step criterion's reason ends with this, then the axis value and side.
 FIRST_LEFT_REASON = "; first left the band at "
 

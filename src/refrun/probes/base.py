@@ -231,8 +231,12 @@ class Probe:
     # a time.
     _counter_row: Any = field(default=None, repr=False)
     _rows: list[tuple[int, int, float | None, tuple[float, ...] | None,
-                      tuple[tuple[str, ...], tuple[float, ...]] | None]] = field(
+                      tuple[tuple[str, ...], tuple[float, ...]] | None, float]] = field(
         default_factory=list, repr=False)
+    # The training thread's CPU clock at the open step's entry (time.thread_time): the
+    # step's CPU seconds (schema.M_STEP_CPU) tell slower code from a busier machine, since
+    # a thread waiting for a core accrues no CPU time (refrun.acceptance.kinds.step_time).
+    _cpu_start: float = 0.0
     _rows_last: tuple[float, ...] = field(default=(), repr=False)
     _rows_due: float = 0.0
     _rows_every_s: float = 1.0
@@ -302,6 +306,7 @@ class Probe:
         self._step = n
         if self._lrs is not None:  # the rate this step's update uses: read before it
             self._step_lrs = self._read_lrs(self._lrs)
+        self._cpu_start = time.thread_time()
         try:
             return self.backend.begin_step(n)
         except Exception as exc:  # a probe must never break the loop
@@ -318,14 +323,16 @@ class Probe:
         except Exception as exc:
             self._warn_exc(exc)
             pending_time = None
+        cpu = time.thread_time() - self._cpu_start
         if self._counter_row is not None:
             if type(pending_time) is float:
-                self._keep_row(n, pending_time)
+                self._keep_row(n, pending_time, cpu)
             else:  # a backend whose step times are pending: they go in log order
                 if pending_time is not None:
                     self._pending.append((n, schema.M_STEP_TIME, pending_time))
-                self._keep_row(n, None)
+                self._keep_row(n, None, cpu)
         else:
+            batch[schema.M_STEP_CPU] = cpu
             if pending_time is not None:
                 if type(pending_time) is float and not self._pending \
                         and schema.M_STEP_TIME not in batch:
@@ -348,7 +355,7 @@ class Probe:
             self._describe()
             self._read_numerics(before_training=False)
 
-    def _keep_row(self, n: int, step_time: float | None) -> None:
+    def _keep_row(self, n: int, step_time: float | None, cpu: float) -> None:
         """The block path's step exit: the step time (when already seconds) and the
         backend's raw cumulative counters are kept as one tuple; :meth:`_flush_rows` turns
         a block of them into per-step deltas in one session call, once per flush
@@ -365,7 +372,7 @@ class Probe:
                 self._rows_last = row
             row = None  # the step has no deltas
         lrs = self._optimizer_row() if self._lrs is not None else None
-        self._rows.append((n, _now_ms(), step_time, row, lrs))
+        self._rows.append((n, _now_ms(), step_time, row, lrs, cpu))
         if step_time is not None:
             self._step_times.append(step_time)
         if len(self._rows) >= MAX_BLOCK_ROWS or time.monotonic() >= self._rows_due:
@@ -391,6 +398,7 @@ class Probe:
                 column = [c[j] for c in cums]  # type: ignore[index]
                 counts[name] = [b - a for a, b in itertools.pairwise(column)]
         times = {schema.M_STEP_TIME: [r[2] for r in timed]} if timed else {}
+        cpus = {schema.M_STEP_CPU: [r[5] for r in rows]}
         # Rates by their names tuple (one object while the number of groups is the same).
         by_names: dict[tuple[str, ...], list[Any]] = {}
         for r in rows:
@@ -401,10 +409,10 @@ class Probe:
                 and len(rated) in (0, len(rows)):
             # the usual case: one call
             self.run.log_columns([r[0] for r in rows],
-                                 {**times, **counts, **_rate_columns(rated)},
+                                 {**times, **cpus, **counts, **_rate_columns(rated)},
                                  [r[1] for r in rows])
             return
-        groups = [(timed, times), (counted, counts),
+        groups = [(timed, times), (rows, cpus), (counted, counts),
                   *((g, _rate_columns(g)) for g in by_names.values())]
         for group, columns in groups:
             if columns:
