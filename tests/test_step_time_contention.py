@@ -344,3 +344,146 @@ def test_neighbours_busy_on_a_saturated_machine_make_a_slow_step_not_evaluable(
         cont = Contention.of_result(r.evidence)
         assert r.outcome == "fail" and a.verdict == "fail", (kw, r.reason)
         assert cont is not None and cont.known and not cont.took_cpu, kw
+
+
+# --- issue 52, item 4: a slowdown contention cannot explain fails on a busy machine ------
+
+# The floor of a 3x candidate is at most 3 / (1 + others/CPUs): with two spinners on two
+# CPUs and whatever else shares the machine, others reach 1.6-1.7 of 2 (floor 1.5-1.6,
+# measured here at load 7), so calibrate's 1.5 would leave no margin; 1.3 does, and the
+# identical candidate's floor (about 0.55) stays far under it.
+MAX_RATIO = 1.3
+FLOOR_CRITERIA = GOAL_CLAIM + f"""
+[[criteria]]
+id = "speed"
+level = "L4"
+kind = "step_time"
+max_ratio = {MAX_RATIO}
+low_quantile = 0.05
+"""
+STEPS = 60
+WORK = 300_000  # Python additions per unit of a step's work (milliseconds of one thread)
+
+
+def _train(uri: str, spool: Path, role: str, seed: int, units: int) -> str:
+    """A real run through refrun's torch probe (psutil monitor sampling every 0.1 s): a
+    step is ``units`` times the same single-threaded CPU work; its run id."""
+    import refrun
+    from refrun.torch import instrument
+
+    run = refrun.start_run("contention-floor", role, hardware="cpu", backend="torch",
+                           seed=seed, chips=1, tracking_uri=uri, spool_dir=spool,
+                           planned_steps=STEPS, snapshot_environment=False,
+                           delivery="thread")
+    with run:
+        probe = instrument(run, sample_interval_s=0.1)
+        for step in range(STEPS):
+            with probe.step(step):
+                acc = 0
+                for _ in range(units):
+                    for i in range(WORK):
+                        acc += i
+                probe.log(loss=1.0 / (step + 1) + (acc % 7) * 1e-9)
+        probe.close()
+    return run.run_id
+
+
+def _spinning(pids: list[int]) -> None:
+    """Wait until every spinner has used a quarter second of CPU (it runs)."""
+    procs = [psutil.Process(p) for p in pids]
+    start = [p.cpu_times().user for p in procs]
+    deadline = time.monotonic() + 60
+    while any(p.cpu_times().user - s < 0.25 for p, s in zip(procs, start, strict=True)):
+        assert time.monotonic() < deadline, "a spinner did not run"
+        time.sleep(0.05)
+
+
+def test_a_slowdown_contention_cannot_explain_fails_beside_busy_neighbours(
+        store, tmp_path: Path) -> None:
+    """Two (or one per CPU, to saturate a larger machine) CPU-busy processes beside the
+    candidate: one doing 3x the work per step is rejected (its own CPU time per step,
+    divided by what neighbours of the measured size can inflate it by, is still over the
+    limit), the identical one is not (pass, or not_evaluable with the floor in its
+    evidence)."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    refs = [_train(uri, spool, "reference", s, 1) for s in (0, 1)]
+    crit = load_criteria(write_criteria(tmp_path, FLOOR_CRITERIA))
+    pids = [_detached_spinner() for _ in range(max(2, psutil.cpu_count() or 2))]
+    try:
+        _spinning(pids)
+        slow = _train(uri, spool, "candidate", 7, 3)
+        same = _train(uri, spool, "candidate", 8, 1)
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+    a, _ = assess_ids(crit, refs, slow, uri)
+    r = a.result("speed")
+    cont = Contention.of_result(r.evidence)
+    floor = r.evidence.get(schema.EV_CPU_FLOOR)
+    assert cont is not None and cont.known and cont.took_cpu, r.reason  # the busy machine
+    assert r.outcome == "fail" and a.verdict == "fail", r.reason
+    assert floor is not None and floor["usable"] and floor["lower_ratio"] > MAX_RATIO, floor
+    assert "contention cannot explain it" in r.reason
+    # The floor by hand: the candidate's fastest 5 % of CPU seconds per steady step over
+    # 1 + (others' cores / logical CPUs), against the references' fastest 5 % of steps.
+    from refrun.comparison import load_runs
+    runs = {x.run_id: x for x in load_runs([*refs, slow], tracking_uri=uri, progress=False)}
+    start = r.evidence["warmup_end_step"]
+
+    def steady(rid: str, metric: str) -> np.ndarray:
+        steps, values, _ = runs[rid].series(metric)
+        return values[steps >= start]
+
+    cpu = np.quantile(steady(slow, schema.M_STEP_CPU), 0.05)
+    ref = np.quantile(np.concatenate([steady(x, schema.M_STEP_TIME) for x in refs]), 0.05)
+    others = float(np.median(runs[slow].series(OTHERS)[1]))
+    want = cpu / (1 + min(1.0, others / psutil.cpu_count())) / ref
+    assert floor["lower_ratio"] == pytest.approx(want, rel=1e-6)
+
+    a, _ = assess_ids(crit, refs, same, uri)
+    r = a.result("speed")
+    assert r.outcome in ("pass", "not_evaluable") and a.verdict != "fail", r.reason
+    if r.outcome == "not_evaluable":  # contention explains it: the floor says why
+        assert r.evidence[schema.EV_CPU_FLOOR]["lower_ratio"] <= MAX_RATIO, r.reason
+        assert f"<= {MAX_RATIO}" in r.reason
+
+
+def test_the_cpu_floor_fails_only_on_a_clock_that_resolves_the_step(
+        store, tmp_path: Path) -> None:
+    """Logged values (the rule is the subject): a candidate 4x slower on a busier machine
+    whose CPU seconds per step are 3.8x the references' step fails with the floor in its
+    evidence; the same values read off a clock that moves in 10 ms ticks (multiples of
+    0.01 s: gVisor-like sandboxes), or no CPU figures at all, leave it not_evaluable."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    refs = [record(uri, spool, "reference", _metrics(s, 0.10, 0.2), seed=s) for s in (0, 1)]
+    ref_ids = [r.run_id for r in refs]
+    crit = load_criteria(write_criteria(tmp_path, CRITERIA))
+    rng = np.random.default_rng(5)
+    fine = 0.38 * (1 + rng.normal(0, 0.01, N))
+
+    def judge(seed: int, cpu: np.ndarray | None):
+        m = _metrics(seed, 0.40, 1.8)
+        if cpu is not None:
+            m[schema.M_STEP_CPU] = cpu
+        cand = record(uri, spool, "candidate", m, seed=seed)
+        a, _ = assess_ids(crit, ref_ids, cand.run_id, uri)
+        return cand, a.result("speed")
+
+    cand, r = judge(40, fine)
+    floor = r.evidence[schema.EV_CPU_FLOOR]
+    assert r.outcome == "fail", r.reason
+    others = float(np.median(cand.metrics[OTHERS]))
+    ref_med = float(np.median(np.concatenate(
+        [x.metrics[schema.M_STEP_TIME][r.evidence["warmup_end_step"]:] for x in refs])))
+    cpu_med = float(np.median(fine[r.evidence["warmup_end_step"]:]))
+    assert floor["inflation_bound"] == pytest.approx(1 + others / 2)
+    assert floor["lower_ratio"] == pytest.approx(cpu_med / (1 + others / 2) / ref_med)
+    assert floor["lower_ratio"] > 1.5 and "contention cannot explain it" in r.reason
+    _, r = judge(41, np.round(fine / 0.01) * 0.01)
+    floor = r.evidence[schema.EV_CPU_FLOOR]
+    assert r.outcome == "not_evaluable" and not floor["usable"], r.reason
+    assert floor["clock_step_s"] == pytest.approx(0.01)
+    assert "thread CPU clock moves in steps of up to 0.01 s" in r.reason, r.reason
+    _, r = judge(42, None)
+    assert r.outcome == "not_evaluable", r.reason
+    assert f"no steady {schema.M_STEP_CPU} values" in r.reason, r.reason

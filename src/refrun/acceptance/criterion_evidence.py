@@ -38,17 +38,19 @@ from typing import Any, Literal
 from refrun import schema
 from refrun.acceptance.paired import PairJudgement
 
-VERSION = "6"
+VERSION = "7"
 # Result evidence keys each evidence format version added (none before 3); a dotted key
 # names a key inside one (version 5: the second contention rule's figures; version 6: a
-# paired result's numerics, refrun.acceptance.precision).
+# paired result's numerics, refrun.acceptance.precision; version 7: a step_time result's
+# CPU floor on a busy machine, refrun.acceptance.kinds.step_time.CpuFloor).
 ADDED_IN: dict[str, tuple[str, ...]] = {
     "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
     "4": (schema.EV_CONTENTION,),
     "5": tuple(f"{schema.EV_CONTENTION}.{k}" for k in (
         "share_margin_cores", "candidate_starved", "candidate_run_cores",
         "reference_run_cores", "shared_fraction", "candidate_shared")),
-    "6": ("numerics",)}
+    "6": ("numerics",),
+    "7": (schema.EV_CPU_FLOOR,)}
 
 Side = Literal["above", "below"]
 
