@@ -78,6 +78,14 @@ def test_twice_the_batch_passes_by_samples_and_the_axis_is_recorded(
     assert main([*base, "--no-record", "--json", str(tmp_path / "step.json")]) == 1
     by_step = json.loads((tmp_path / "step.json").read_text())
     assert by_step["alignment"] == {"axis": "step", "source": "default"}
+    # ... and the assessment says so in one line, with the axis that would compare them
+    # as meant (issue 52 item 5); printed as a warning.
+    hint = [w for w in by_step["warnings"] if "global batch" in w]
+    assert hint == [f"the candidate's global batch ({schema.TAG_GLOBAL_BATCH}) is 64, the "
+                    "references' 32, and runs are aligned by step: step n of each has seen "
+                    "different numbers of samples; --axis samples compares them at equal "
+                    "samples seen"], by_step["warnings"]
+    assert f"WARNING: {hint[0]}" in capsys.readouterr().out
 
     out = tmp_path / "samples.json"
     assert main([*base, "--axis", "samples", "--json", str(out)]) == 0
@@ -85,6 +93,7 @@ def test_twice_the_batch_passes_by_samples_and_the_axis_is_recorded(
     assert "aligned on samples (from --axis)" in text
     data = json.loads(out.read_text())
     assert data["verdict"] == "pass"
+    assert not [w for w in data["warnings"] if "global batch" in w]  # aligned as meant
     assert data["alignment"] == {"axis": "samples", "source": "--axis"}
     comp = text.split("recorded on comparison run ")[1].split()[0]
     client = MlflowClient(store.tracking_uri)
@@ -141,3 +150,21 @@ def test_report_with_criteria_names_its_run_like_accept(
     assert "**Verdict: FAIL**" in run.data.tags["mlflow.note.content"]
     assert "`loss-close`" in run.data.tags["mlflow.note.content"]  # the failing criterion
     assert run.data.tags["refrun.hardware"] == "cpu"
+
+
+def test_batch_hint_only_where_data_per_step_differs_on_the_step_axis() -> None:
+    """(global batch, tokens per sample) per run: a hint for another batch or another
+    number of tokens per step on the step axis; none on another axis, for equal data per
+    step, or where a run is not tagged."""
+    from refrun.acceptance.alignment import batch_hint
+
+    assert "--axis samples" in batch_hint("step", (64, None), [(32, None), (32, None)])
+    assert "16, 32" in batch_hint("step", (64, None), [(32, None), (16, None)])
+    tokens = batch_hint("step", (32, 256), [(32, 128)])
+    assert tokens.startswith("the candidate processes 8192 tokens per step, the "
+                             "references 4096") and "--axis tokens" in tokens
+    assert batch_hint("samples", (64, None), [(32, None)]) == ""
+    assert batch_hint("step", (32, 128), [(32, 128), (32, 128)]) == ""
+    assert batch_hint("step", (32, 256), [(32, None)]) == ""  # tokens not known everywhere
+    assert batch_hint("step", (None, None), [(32, None)]) == ""
+    assert batch_hint("step", (64, None), [(None, None)]) == ""

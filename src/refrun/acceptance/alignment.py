@@ -21,6 +21,7 @@ import dataclasses
 import tomllib
 from typing import Any, Literal
 
+from refrun import schema
 from refrun.acceptance.criteria import CriteriaFile, locate
 from refrun.errors import RefrunInputError
 from refrun.schema import AXES
@@ -79,3 +80,34 @@ def recorded_axis(assessment: dict[str, Any]) -> str | None:
     if isinstance(al, dict) and al.get("source") == "--axis":
         return al.get("axis")
     return None
+
+
+def batch_hint(axis: str, candidate: tuple[int | None, int | None],
+               references: list[tuple[int | None, int | None]]) -> str:
+    """One line when runs aligned by step process different amounts of data per step,
+    else "".  Each run is ``(global batch, tokens per sample)`` (the ``refrun.global_batch``
+    and ``refrun.tokens_per_sample`` tags; None where not tagged).  On the step axis, step n
+    of a candidate with twice the references' global batch has seen twice their samples:
+    its curves are compared at another point of training than the user means, and
+    ``--axis samples`` (or ``tokens``) compares them at equal data seen.  Tokens per step
+    (batch x tokens per sample) are compared when every run has both tags and the global
+    batches agree.  Runs without the tags say nothing (no hint)."""
+    if axis != "step" or not references or candidate[0] is None \
+            or any(b is None for b, _ in references):
+        return ""
+    ref_b = sorted({b for b, _ in references if b is not None})
+    if ref_b != [candidate[0]]:
+        return (f"the candidate's global batch ({schema.TAG_GLOBAL_BATCH}) is "
+                f"{candidate[0]}, the references' {', '.join(map(str, ref_b))}, and runs are "
+                "aligned by step: step n of each has seen different numbers of samples; "
+                "--axis samples compares them at equal samples seen")
+    if candidate[1] is None or any(t is None for _, t in references):
+        return ""
+    ref_t = sorted({b * t for b, t in references if b is not None and t is not None})
+    cand_t = candidate[0] * candidate[1]
+    if ref_t != [cand_t]:
+        return (f"the candidate processes {cand_t} tokens per step, the references "
+                f"{', '.join(map(str, ref_t))} ({schema.TAG_GLOBAL_BATCH} x "
+                f"{schema.TAG_TOKENS_PER_SAMPLE}), and runs are aligned by step; "
+                "--axis tokens compares them at equal tokens seen")
+    return ""

@@ -19,7 +19,8 @@ from typing import Any
 from refrun import identity, numerics, schema
 from refrun.acceptance import checks, levels, performance, precision
 from refrun.acceptance import paired as pairs
-from refrun.acceptance.alignment import alignment_of
+from refrun.acceptance import runview as rv
+from refrun.acceptance.alignment import alignment_of, batch_hint
 from refrun.acceptance.comparing import compare_options, run_comparison  # noqa: F401 (re-export)
 from refrun.acceptance.criteria import CriteriaFile, Criterion, calibration_digest, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
@@ -187,6 +188,10 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
     held = held_back(crit, gate)
     if held:
         warnings.append(held)
+    hint = batch_hint(crit.settings.axis, _data_per_step(candidate),
+                      [_data_per_step(r) for r in refs])
+    if hint:
+        warnings.append(hint)
     if cross:
         warnings.insert(0, cross)
     measured = performance.measure(candidate, refs, crit.prices, crit.settings)
@@ -205,6 +210,12 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
                               pair=pair_run(pair, refs), twin=twin_run(pair))
     return dataclasses.replace(assessment, evidence_sha256=sha256_of(evidence),
                                calibration_sha256=calibration_digest(crit)), evidence
+
+
+def _data_per_step(run: RunData) -> tuple[int | None, int | None]:
+    """``(global batch, tokens per sample)`` as the run's tags say (None: not tagged)."""
+    return (rv.tag_int(run, schema.TAG_GLOBAL_BATCH),
+            rv.tag_int(run, schema.TAG_TOKENS_PER_SAMPLE))
 
 
 def held_back(crit: CriteriaFile, gate: str) -> str:

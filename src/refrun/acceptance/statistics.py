@@ -12,7 +12,10 @@
   AR(1) model with run-long seed levels and scales, by Monte Carlo (a per-step
   envelope's width); :func:`ar1` and :func:`unit_draws` are its pieces,
   :func:`ar1_mean_variance` and :func:`log_mad_null` the moments its seed effects are
-  estimated with.
+  estimated with;
+* :func:`window_mean_error` and :func:`window_mean_prediction`: a final window mean's own
+  sampling error (AR(1) effective sample size) and the prediction bound of one more
+  seed's window mean from N references (calibrate's final-window tolerance floor).
 
 No function here reads a run; the checks and the calibration pass arrays in.
 """
@@ -349,3 +352,90 @@ def log_mad_null(n: int, steps: int, lag: float) -> float:
     r = (d - d.mean(1, keepdims=True)) / d.std(1, ddof=1, keepdims=True)
     mad = np.median(np.abs(r - np.median(r, axis=2, keepdims=True)), axis=2)
     return float(np.mean(np.var(np.log(mad), axis=1, ddof=1)))
+
+
+# The lag-1 autocorrelation of a window's residuals is clamped to [0, WINDOW_MAX_LAG]: a
+# negative one would shrink the standard error below the white-noise one (an
+# over-differenced estimate, not a property to bank on), and at 1 the AR(1) variance has no
+# finite effective sample size.
+WINDOW_MAX_LAG = 0.95
+
+
+@dataclass(frozen=True)
+class WindowMeanError:
+    """The sampling error of one run's window mean (:func:`window_mean_error`)."""
+
+    se: float  # standard error of the window mean
+    sd: float  # per-point scatter about the window's straight-line trend
+    lag1: float  # lag-1 autocorrelation of that scatter (clamped to [0, WINDOW_MAX_LAG])
+    n_eff: float  # effective number of independent points: sd^2 / se^2
+    points: int
+
+
+def window_mean_error(values: np.ndarray) -> WindowMeanError:
+    """The standard error of the mean of ``values`` (one run's final window), as a
+    stationary AR(1) series about a straight line.
+
+    The window's least-squares line is removed (a loss still falls over its final window:
+    the trend is the run's, not noise), leaving residuals ``r`` of ``k`` points with
+    ``sd^2 = sum r^2 / (k - 2)`` and lag-1 autocorrelation ``rho = r1 + (1 + 3 r1) / k``,
+    ``r1 = sum r_t r_{t+1} / sum r_t^2`` (the sample lag-1 of a short series is biased
+    low by about ``(1 + 3 rho) / k``: Kendall, Biometrika 41:403, 1954), clamped to
+    [0, :data:`WINDOW_MAX_LAG`].  The variance of the mean of
+    ``k`` consecutive values of an AR(1) series is ``sd^2 (1/k)[1 + 2 sum_{j=1}^{k-1}
+    (1 - j/k) rho^j]`` (:func:`ar1_mean_variance`; Box, Jenkins & Reinsel, *Time Series
+    Analysis*, 4th ed., eq. 2.1.13), i.e. ``sd^2 / n_eff``: a smoothed metric (a running
+    mean, momentum) has far fewer independent points than logged ones (von Storch &
+    Zwiers, *Statistical Analysis in Climate Research*, 1999, section 6.6.7 "equivalent
+    sample size").  Simulated (2000 windows), the estimate is within 10 % of the true
+    spread of window means for k >= 30 at rho <= 0.6 and errs low for short, strongly
+    autocorrelated windows (k = 20, rho = 0.8: 0.6 of it), where the removed line takes
+    some of the slow noise.  Fewer than 3 finite points: no estimate (se 0)."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    k = len(x)
+    if k < 3:
+        return WindowMeanError(0.0, 0.0, 0.0, float(k), k)
+    t = np.arange(k, dtype=float)
+    slope, icept = np.polyfit(t, x, 1)
+    r = x - (slope * t + icept)
+    ss = float(np.sum(r * r))
+    if ss <= 0:
+        return WindowMeanError(0.0, 0.0, 0.0, float(k), k)
+    sd = math.sqrt(ss / (k - 2))
+    r1 = float(np.sum(r[:-1] * r[1:]) / ss)
+    lag = min(WINDOW_MAX_LAG, max(0.0, r1 + (1 + 3 * r1) / k))
+    v = ar1_mean_variance(k, lag)
+    return WindowMeanError(sd * math.sqrt(v), sd, lag, 1.0 / v, k)
+
+
+def window_mean_prediction(means: np.ndarray, ses: np.ndarray, coverage: float) -> float:
+    """Half-width of a two-sided prediction bound, at ``coverage``, for ``d`` = one new
+    run's window mean minus the mean of the ``N`` reference runs' window ``means`` (each
+    with its sampling standard error ``ses``, :func:`window_mean_error`).
+
+    Model: a run's window mean is ``mu + b + e``, ``b`` its seed's level (variance
+    ``tau^2``), ``e`` the window's sampling error (variance ``se^2``, the references'
+    mean ``se^2``; the new run logs like them).  Then ``Var d = (1 + 1/N)(tau^2 + se^2)``.
+    The sample variance ``s^2`` (ddof 1) of the ``N`` means estimates ``tau^2 + se^2``
+    with ``N - 1`` degrees of freedom; ``se^2`` is estimated from every logged point of
+    every reference (many degrees of freedom).  So the between-seed part
+    ``tau^2 = max(0, s^2 - se^2)`` is taken at Student's ``t_{1-a/2, N-1}`` (the normal
+    prediction interval for one future observation: Hahn, Meeker & Escobar, *Statistical
+    Intervals*, 2nd ed., 2017, eq. 4.7) and the sampling part at the normal
+    ``z_{1-a/2}``, added in quadrature:
+    ``sqrt((1 + 1/N)(t^2 tau^2 + z^2 se^2))``, ``a = 1 - coverage``.  With no sampling
+    error it is eq. 4.7 itself (``t s sqrt(1 + 1/N)``); with references whose means
+    agree better than their own windows' noise allows (unlucky seeds: ``s^2 < se^2``) it
+    is still ``z se sqrt(1 + 1/N)``.  N >= 2."""
+    m = np.asarray(means, dtype=float)
+    n = len(m)
+    if n < 2:
+        raise ValueError(f"a prediction bound needs >= 2 references, got {n}")
+    a = 1.0 - coverage
+    st = _scipy_stats()
+    se2 = float(np.mean(np.asarray(ses, dtype=float) ** 2))
+    tau2 = max(0.0, float(np.var(m, ddof=1)) - se2)
+    t = float(st.t.ppf(1.0 - a / 2.0, n - 1))
+    z = float(st.norm.ppf(1.0 - a / 2.0))
+    return math.sqrt((1.0 + 1.0 / n) * (t * t * tau2 + z * z * se2))

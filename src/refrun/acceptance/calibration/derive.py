@@ -37,6 +37,8 @@ from refrun.acceptance.statistics import (
     symmetric_limit,
     tost,
     upper_limit,
+    window_mean_error,
+    window_mean_prediction,
 )
 from refrun.comparison import RunData, warmup_end
 from refrun.comparison.divergence import is_parameter_metric
@@ -584,6 +586,42 @@ def final_window_tol(series: list[_Series], opts: CalibrationOptions, g: int, co
 
 
 @dataclass(frozen=True)
+class WindowBound:
+    """The final-window tolerance's floor (:func:`window_bound`): ``rel``, the prediction
+    bound of one more seed's window mean relative to |the references' mean|; ``se_rel``,
+    the references' root-mean-square window-mean standard error, relative; ``n_eff``, the
+    mean effective number of independent points of a window; ``points``: its points."""
+
+    rel: float
+    se_rel: float
+    n_eff: float
+    points: int
+
+
+def window_bound(series: list[_Series], opts: CalibrationOptions, cov: float) -> WindowBound:
+    """The floor of a final-window tolerance (issue 52: unlucky seeds): the held-out
+    limit rests on N window means, which a few references can place closer together than
+    their own windows' noise allows.  Each reference's final window (the last ``K``
+    common steps, as the check takes it) gives its mean and that mean's standard error
+    (:func:`refrun.acceptance.statistics.window_mean_error`); the bound is
+    :func:`refrun.acceptance.statistics.window_mean_prediction` of them at ``cov``,
+    relative to |the mean of the means|."""
+    st = opts.settings
+    common = _all_common(series)
+    k = final_window_size(len(common), st.final_fraction, st.final_points)
+    wins = [s.values[np.searchsorted(s.steps, common[-k:])] for s in series]
+    means = np.array([float(w.mean()) for w in wins])
+    errs = [window_mean_error(w) for w in wins]
+    ses = np.array([e.se for e in errs])
+    scale = max(abs(float(means.mean())), st.eps)
+    if len(series) < 2:
+        return WindowBound(0.0, 0.0, float(k), k)
+    rel = window_mean_prediction(means, ses, cov) / scale
+    return WindowBound(rel, math.sqrt(float(np.mean(ses ** 2))) / scale,
+                       float(np.mean([e.n_eff for e in errs])), k)
+
+
+@dataclass(frozen=True)
 class WindowNoise:
     """The per-point noise of a metric in the final window (see :func:`window_noise`)."""
 
@@ -1062,7 +1100,8 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
             out.append(_envelope(m, env, opts, len(runs), g, exact))
         if has_final_window(m, evals):
             out.append(_final_window(m, final_window_tol(series, opts, g, cov), opts,
-                                     len(runs), window_noise(series, opts, cov)))
+                                     len(runs), window_noise(series, opts, cov),
+                                     window_bound(series, opts, cov)))
     notes: list[str] = []
     for m in quantile_metrics:
         series = [_series(r, m, keep) for r in runs]
@@ -1364,9 +1403,10 @@ def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,
 
 
 def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: CalibrationOptions,
-                  n: int, noise: WindowNoise | None = None) -> Derived:
-    tol, worst, _ = fw
-    tol = _round_up(max(tol, 1e-12))
+                  n: int, noise: WindowNoise | None = None,
+                  bound: WindowBound | None = None) -> Derived:
+    held, worst, _ = fw
+    tol = _round_up(max(held, bound.rel if bound else 0.0, 1e-12))
     s = opts.settings
     det = (f"a change of the final-window mean by more than {tol:.3g} x the reference's "
            f"(window of {noise.points} points; wider for a candidate logging less often)"
@@ -1382,6 +1422,17 @@ def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: Calibration
              "calibration": {"worst": clean_float(worst), "margin": clean_float(tol - worst),
                              "seeds": n, "detectable_shift": clean_float(tol)}}
     comment = [_held_out_line(worst, tol - worst, n, "relative window mean difference")]
+    if bound is not None:
+        table["calibration"].update(held_out_limit=clean_float(held),
+                                    prediction_bound=clean_float(bound.rel),
+                                    window_se=clean_float(bound.se_rel),
+                                    window_n_eff=clean_float(bound.n_eff))
+        comment.append(
+            f"{'decided by ' if bound.rel > held else ''}the prediction bound of one more "
+            f"seed's window mean {bound.rel:.3g} (Student t on {n - 1} dof for the seeds' "
+            f"spread, plus each window mean's own sampling error {bound.se_rel:.3g} x "
+            f"|mean|, {bound.n_eff:.3g} effective of {bound.points} points) vs the "
+            f"held-out limit {held:.3g}")
     if noise and noise.rel > 0:
         table.update(window_noise_rel=_round_up(noise.rel),
                      window_calibrated_points=noise.points,
