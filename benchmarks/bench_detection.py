@@ -15,7 +15,8 @@ Per workload:
 
 1. trains the reference seeds (PyTorch), the benign candidates (another seed, JAX on 1 and
    4 devices, PyTorch/XLA, another logging cadence, another evaluation cadence, a resume
-   with replayed steps, a port of a reference seed), the
+   with replayed steps, a port of a reference seed, the reference code at twice the
+   global batch), the
    silent defects, and ``--held-out`` further reference seeds recorded as candidates, one
    subprocess each, into one sqlite store (``--store``; a temporary one by default);
 2. runs ``refrun calibrate --reference <the reference seeds> -o <workload>.toml``
@@ -23,7 +24,10 @@ Per workload:
    digits=eval/val_accuracy>=0.9``): the criteria come from the reference seeds alone,
    before any candidate is looked at;
 3. assesses every candidate and every held-out seed with that file against the first
-   ``group size`` reference seeds (``refrun calibrate``'s default group size, N - 1);
+   ``group size`` reference seeds (``refrun calibrate``'s default group size, N - 1); a
+   candidate whose assessment warns that it processes another amount of data per step
+   (another global batch, aligned by step) is assessed again on the axis the warning
+   names (``--axis samples``), as a user following it would;
 4. prints a table: each benign candidate accepted or not, each defect rejected and by which
    criterion (and whether that criterion watches the metric or counter the defect was built
    to disturb: its intended reason), and the false-alarm rate over the held-out seeds with
@@ -238,6 +242,14 @@ def assess_one(crit_path: Path, ref_ids: list[str], v: digits.Variant, run_id: s
     crit = load_criteria(crit_path)
     watched = {c.id: _watched(c) for c in crit.criteria}
     a, _ = assess_ids(crit, ref_ids, run_id, uri)
+    # A candidate processing another amount of data per step is compared as the user
+    # would after accept's one-line hint: again, on the axis it names (issue 52).
+    axis = next((ax for w in a.warnings for ax in ("samples", "tokens")
+                 if f"--axis {ax} compares" in w), None)
+    if axis is not None:
+        from refrun.acceptance.alignment import with_axis
+
+        a, _ = assess_ids(with_axis(crit, axis), ref_ids, run_id, uri)
     failing = [(r.id, r.reason, watched.get(r.id, (r.kind,)))
                for r in a.results if r.outcome == "fail"]
     return Outcome(v, a.verdict, a.highest_level or "none", failing,

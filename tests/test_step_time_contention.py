@@ -487,3 +487,33 @@ def test_the_cpu_floor_fails_only_on_a_clock_that_resolves_the_step(
     _, r = judge(42, None)
     assert r.outcome == "not_evaluable", r.reason
     assert f"no steady {schema.M_STEP_CPU} values" in r.reason, r.reason
+
+
+def test_on_the_samples_axis_another_batch_is_timed_per_sample(
+        store, tmp_path: Path) -> None:
+    """Issue 52: a candidate with twice the global batch takes about twice as long per step
+    (0.19 s vs 0.10 s).  Aligned by step that is a 1.9x slower step (fail); aligned by
+    samples, as the user means, it is 0.95x the time per sample (pass), and the evidence
+    says per what."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    batch = {schema.TAG_GLOBAL_BATCH: "32"}
+    refs = [record(uri, spool, "reference", _metrics(s, 0.10, None), seed=s, tags=batch)
+            for s in (0, 1)]
+    ref_ids = [r.run_id for r in refs]
+    cand = record(uri, spool, "candidate", _metrics(50, 0.19, None), seed=50,
+                  tags={schema.TAG_GLOBAL_BATCH: "64"})
+    by_step = load_criteria(write_criteria(tmp_path, CRITERIA))
+    r = assess_ids(by_step, ref_ids, cand.run_id, uri)[0].result("speed")
+    assert r.outcome == "fail" and r.evidence["ratio"] == pytest.approx(1.9, rel=0.02)
+    assert "per" not in r.evidence
+    samples = CRITERIA.replace("[[criteria]]", '[settings]\naxis = "samples"\n\n[[criteria]]',
+                               1)
+    by_samples = load_criteria(write_criteria(tmp_path, samples, "samples.toml"))
+    r = assess_ids(by_samples, ref_ids, cand.run_id, uri)[0].result("speed")
+    assert r.outcome == "pass", r.reason
+    start = r.evidence["warmup_end_step"]
+    want = float(np.median(cand.metrics[schema.M_STEP_TIME][start:] / 64))
+    assert r.evidence["candidate_median_s"] == pytest.approx(want)
+    assert r.evidence["ratio"] == pytest.approx(0.95, rel=0.02)
+    assert r.evidence["per"] == "sample" and r.evidence["reference_per_step"] == [32, 32]
+    assert "per sample: the candidate processes 64 per step, the references 32" in r.reason

@@ -70,6 +70,10 @@ BENIGN = [
             mirrors="another logging cadence: the reference code logging every 10 steps"),
     Variant("charlm-torch-eval50", "torch", 12, extra_args=("--eval-every", "50"),
             mirrors="another evaluation cadence: validation every 50 steps (not 25)"),
+    Variant("charlm-torch-batch2x", "torch", 13, extra_args=("--batch", "32"),
+            mirrors="twice the global batch (32 for 16): the reference code seeing twice "
+                    "the samples per step, compared at equal samples seen (--axis "
+                    "samples, as accept's one-line hint asks; issue 52)"),
     Variant("charlm-jax-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0: same initial weights, batches and "
                     "dropout masks (declared pair)"),

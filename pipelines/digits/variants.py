@@ -158,6 +158,10 @@ DETECTION_BENIGN = [
     Variant("torch-resume", "torch", 6, extra_args=("--resume", "150,180"),
             mirrors="resumed mid-run: checkpoint at step 150, restart after step 180 "
                     "(steps 151-180 logged twice)"),
+    Variant("torch-batch2x", "torch", 8, extra_args=("--batch", "128"),
+            mirrors="twice the global batch (128 for 64): the reference code seeing twice "
+                    "the samples per step, compared at equal samples seen (--axis "
+                    "samples, as accept's one-line hint asks; issue 52)"),
     Variant("jax-pair-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0 declaring its same-seed pair"),
     # Added 2026-12-02 11:20 UTC, expected outcomes written before their first assessment:

@@ -105,6 +105,9 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--log-every", type=int, default=None)
     ap.add_argument("--eval-every", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="global batch (default: the config's): another batch is another "
+                         "amount of data per step (compare it with --axis samples)")
     ap.add_argument("--resume", type=_resume, default=None, metavar="K,M",
                     help="checkpoint after step K, stop after step M, restart from the "
                          "checkpoint (steps K+1..M are logged again)")
@@ -125,7 +128,7 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     if ns.known_good is not None and not ns.pair:
         ap.error("--known-good needs --pair (known-good evidence is a same-seed pair)")
     cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
-                      eval_every=ns.eval_every)
+                      eval_every=ns.eval_every, batch=ns.batch)
     if cfg.batch % ns.devices:
         ap.error(f"--devices {ns.devices} does not divide the global batch {cfg.batch}")
     if ns.resume is not None and ns.resume.interrupt >= cfg.steps:

@@ -87,6 +87,10 @@ BENIGN = [
     Variant("markov-jax-resume", "jax", 11, extra_args=("--resume", "100,120"),
             mirrors="resumed mid-run: checkpoint at step 100, restart after step 120 "
                     "(steps 101-120 logged twice)"),
+    Variant("markov-torch-batch2x", "torch", 12, extra_args=("--batch", "64"),
+            mirrors="twice the global batch (64 for 32): the reference code seeing twice "
+                    "the samples per step, compared at equal samples seen (--axis "
+                    "samples, as accept's one-line hint asks; issue 52)"),
     Variant("markov-jax-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0: same initial weights and batches "
                     "(declared pair)"),

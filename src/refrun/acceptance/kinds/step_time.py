@@ -179,10 +179,11 @@ class CpuFloor:
 
 
 def cpu_floor(candidate: RunData, c: StepTime, keep: str, start: int, ref_time: float,
-              cont: Contention) -> CpuFloor:
+              cont: Contention, per_step: float = 1.0) -> CpuFloor:
     """The :class:`CpuFloor` of a candidate whose step time contention made not
     judgeable: its steady ``perf/step_cpu_s`` (same steps as its step times, the
-    criterion's statistic) against the references' ``ref_time``."""
+    criterion's statistic; divided by ``per_step`` where times are per sample or token)
+    against the references' ``ref_time``."""
     q = c.low_quantile
     stat = "median" if q is None else f"fastest {q:.0%}"
     base: dict[str, Any] = {"metric": schema.M_STEP_CPU, "statistic": stat,
@@ -190,7 +191,7 @@ def cpu_floor(candidate: RunData, c: StepTime, keep: str, start: int, ref_time: 
                             "others_cores": cont.candidate_cores,
                             "logical_cpus": cont.logical_cpus}
     cpu = rv.steady_step_times(candidate, schema.M_STEP_CPU, c.compile_metrics, keep,
-                               start)[1]
+                               start)[1] / per_step
     if not len(cpu):
         return CpuFloor(False, why=f"no steady {schema.M_STEP_CPU} values", **base)
     if cont.candidate_cores is None or not cont.logical_cpus:
@@ -232,6 +233,28 @@ def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont:
                       f"fail: {reason}{tail}); re-run the candidate on a machine as idle "
                       "as the references'", ev)
     return result(c, outcome, reason, ev)
+
+
+def data_per_step(axis: str, candidate: RunData, references: list[RunData]
+                  ) -> tuple[int, tuple[int, ...], str] | None:
+    """``(candidate's, references' data per step, unit)`` when runs aligned on samples
+    (tokens) process different amounts of it per step, else None: then step time is
+    judged per sample (token), what a user comparing a run with twice the global batch by
+    samples means (issue 52).  Data per step: ``refrun.global_batch`` (times
+    ``refrun.tokens_per_sample`` for tokens); None when a run lacks a tag or on the step
+    axis (a ratio of step times, as before)."""
+    if axis not in ("samples", "tokens"):
+        return None
+
+    def per(run: RunData) -> int | None:
+        b = rv.tag_int(run, schema.TAG_GLOBAL_BATCH)
+        t = rv.tag_int(run, schema.TAG_TOKENS_PER_SAMPLE) if axis == "tokens" else 1
+        return b * t if b and t else None
+
+    cand, refs = per(candidate), [per(r) for r in references]
+    if cand is None or any(r is None for r in refs) or set(refs) == {cand}:
+        return None
+    return cand, tuple(int(r) for r in refs if r is not None), axis.rstrip("s")
 
 
 def _backend_key(run: RunData) -> str | None:
@@ -296,6 +319,12 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     refs = [rv.steady_step_times(r, c.metric, c.compile_metrics, ctx.keep, start)
             for r in ctx.references]
     cand = rv.steady_step_times(ctx.candidate, c.metric, c.compile_metrics, ctx.keep, start)
+    per = data_per_step(ctx.criteria.settings.axis, ctx.candidate, list(ctx.references))
+    if per is not None:  # seconds per sample (token): the runs do different work per step
+        refs = [(s[0], s[1] / n, s[2]) for s, n in zip(refs, per[1], strict=True)]
+        cand = (cand[0], cand[1] / per[0], cand[2])
+        scope = {**scope, "per": per[2], "candidate_per_step": per[0],
+                 "reference_per_step": list(per[1])}
     m = step_time_ratio(np.concatenate([s[0] for s in refs]),
                         np.concatenate([s[1] for s in refs]), cand[0], cand[1], start)
     ev = {**scope, "warmup_end_step": start, "reference_median_s": m.reference_median,
@@ -307,11 +336,15 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
         return result(c, NOT_EVALUABLE, f"no steady {c.metric!r} value after step {start} "
                       f"(reference n={m.reference_n}, candidate n={m.candidate_n})", ev)
     tail = f"({cand[2]} compilation step(s) of the candidate left out)"
+    if per is not None:
+        tail += (f"; per {per[2]}: the candidate processes {per[0]} per step, the "
+                 f"references {', '.join(map(str, sorted(set(per[1]))))}")
     cont = contention(ctx.candidate, list(ctx.references), ctx.keep)
     if c.low_quantile is None:
         ok = m.ratio <= c.max_ratio
         floor = None if ok or not cont.took_cpu or m.reference_median is None else \
-            cpu_floor(ctx.candidate, c, ctx.keep, start, m.reference_median, cont)
+            cpu_floor(ctx.candidate, c, ctx.keep, start, m.reference_median, cont,
+                      per[0] if per is not None else 1.0)
         return judged(c, PASS if ok else FAIL,
                        f"steady median step time {rv.fnum(m.candidate_median)} s vs "
                        f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
@@ -324,7 +357,8 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     ev.update(low_quantile=c.low_quantile, reference_low_s=ref_low, candidate_low_s=cand_low,
               low_quantile_ratio=low, judged_ratio=low)
     floor = None if ok or not cont.took_cpu else \
-        cpu_floor(ctx.candidate, c, ctx.keep, start, ref_low, cont)
+        cpu_floor(ctx.candidate, c, ctx.keep, start, ref_low, cont,
+                  per[0] if per is not None else 1.0)
     return judged(c, PASS if ok else FAIL,
                    f"fastest {c.low_quantile:.0%} of the steady steps "
                    f"{rv.fnum(cand_low)} s vs {rv.fnum(ref_low)} s: ratio {low:.3f} "
