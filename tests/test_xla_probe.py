@@ -729,6 +729,12 @@ def test_step_counters_reach_the_session_a_flush_interval_at_a_time(store,
     assert per_step(store, run.run_id, schema.M_COMPILE_CACHE_HITS, 8) == [o["cached"]
                                                                            for o in own]
     assert len(history(store, run.run_id, schema.M_STEP_TIME)) == len(rows)
+    # ... and the training thread's CPU seconds of every step, in the same block (issue
+    # 52): the 20 ms each step sleeps is no CPU time, so the steady steps' median is
+    # under it (the first steps compile on this thread).
+    cpu = history(store, run.run_id, schema.M_STEP_CPU)
+    assert len(cpu) == len(rows) and min(cpu) >= 0
+    assert sorted(cpu[2:])[len(cpu[2:]) // 2] < 0.02, cpu
 
 
 def test_a_step_whose_counters_cannot_be_read_has_none_never_zeros(store) -> None:
