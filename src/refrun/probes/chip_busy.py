@@ -333,7 +333,8 @@ class ProfilerWindows:
         busy, why = window_busy(timeline, (start_ns, end_ns), self.platform)
         if not busy:
             self.empty += 1
-            if self.discover_at_start or self.empty >= self.sampling.empty_windows:
+            if self.discover_at_start or self.platform == "cpu" \
+                    or self.empty >= self.sampling.empty_windows:
                 # this machine's traces have no device timeline: no later window
                 self.why_not, self.stopped = (why if self.empty == 1 else
                                               f"{why} (in each of {self.empty} windows)"), True
