@@ -29,6 +29,12 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 # Likewise start_run's wait for a server. Tests of the bounded waits pass them explicitly.
 os.environ.setdefault("REFRUN_CLOSE_TIMEOUT_S", "300")
 os.environ.setdefault("REFRUN_START_WAIT_S", "120")
+# The delivery process yields the CPU to training (nice +10) in use; beside two CPU-bound
+# processes at nice 0 it then gets ~10 % of a core and every test that waits for delivery
+# waits on it (a fresh-clone suite beside two spinners passed a third of its tests in 42
+# min).  The tests not about that priority run it at the trainer's; test_delivery_priority
+# checks the default.
+os.environ.setdefault("REFRUN_DELIVERY_NICE", "0")
 # `mlflow server` (3.x) starts seven job-runner processes (huey consumers for MLflow's GenAI
 # jobs), each importing MLflow: ~5 s more to start and ~15-20 s of CPU per server on two
 # cores.  refrun never submits such a job; the tracking and artifact APIs the tests use are

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from refrun.recording.process import DELIVERY_NICE, LOG_FILE
 from tests.test_durability import wait_for
 
@@ -46,8 +48,9 @@ def test_delivery_process_yields_cpu_and_outlives_ctrl_c_and_hangup(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {k: v for k, v in os.environ.items() if k != "REFRUN_DELIVERY_NICE"}  # the default
     trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, uri, str(tmp_path / "spool")],
+        [sys.executable, "-c", TRAINER, uri, str(tmp_path / "spool")], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     pid = None
     try:
@@ -91,3 +94,17 @@ def test_delivery_process_yields_cpu_and_outlives_ctrl_c_and_hangup(tmp_path):
     assert run.info.status == "KILLED"
     steps = sorted(m.step for m in client.get_metric_history(run_id, "loss"))
     assert len(steps) >= 50 and steps == list(range(len(steps)))
+
+
+def test_the_delivery_nice_setting_is_checked(monkeypatch) -> None:
+    from refrun.errors import RefrunInputError
+    from refrun.settings import DEFAULT_DELIVERY_NICE, delivery_nice, settings
+
+    monkeypatch.delenv("REFRUN_DELIVERY_NICE", raising=False)
+    assert delivery_nice() == DEFAULT_DELIVERY_NICE == DELIVERY_NICE == 10
+    monkeypatch.setenv("REFRUN_DELIVERY_NICE", "0")
+    assert delivery_nice() == 0
+    for bad in ("20", "-1", "ten", "1.5"):
+        monkeypatch.setenv("REFRUN_DELIVERY_NICE", bad)
+        with pytest.raises(RefrunInputError, match="REFRUN_DELIVERY_NICE"):
+            settings()  # refused where a run starts, in one line

@@ -28,6 +28,10 @@ variable                            default    meaning
 ``REFRUN_SQLITE_DIRECT``            ``1``      ``0``: a local sqlite store is always read and
                                                written through MLflow's client, never by
                                                :mod:`refrun.store.direct`
+``REFRUN_DELIVERY_NICE``            ``10``     added to the delivery process's nice value
+                                               (0-19): it yields the CPU to training; 0
+                                               where nothing is to be yielded to (a test
+                                               suite beside CPU-bound processes)
 ``REFRUN_JOB_ID``                   (derived)  id shared by every process of one multi-process
                                                job (see :func:`job_identity`)
 ``RANK`` / ``WORLD_SIZE``           unset      this process's rank and the job's process count
@@ -96,6 +100,7 @@ def settings() -> Settings:
     delivery = os.environ.get("REFRUN_DELIVERY") or "process"
     if delivery not in DELIVERIES:
         raise RefrunInputError(f"$REFRUN_DELIVERY={delivery!r}: use 'process' or 'thread'")
+    delivery_nice()  # a malformed value is refused where the run starts, not in delivery
     return Settings(
         spool_root=Path(os.environ.get("REFRUN_SPOOL_DIR") or DEFAULT_SPOOL_ROOT).absolute(),
         delivery=delivery,  # type: ignore[arg-type]  # checked against DELIVERIES above
@@ -116,6 +121,21 @@ def sqlite_direct() -> bool:
     if raw not in ("", "0", "1"):
         raise RefrunInputError(f"$REFRUN_SQLITE_DIRECT={raw!r}: use 0 or 1")
     return raw != "0"
+
+
+DEFAULT_DELIVERY_NICE = 10
+
+
+def delivery_nice() -> int:
+    """``$REFRUN_DELIVERY_NICE``: how much the delivery process lowers its CPU priority
+    (default 10: CFS then gives it ~10 % of a core against one CPU-bound process at nice
+    0, so it only uses CPU the training does not)."""
+    raw = os.environ.get("REFRUN_DELIVERY_NICE", "").strip()
+    if not raw:
+        return DEFAULT_DELIVERY_NICE
+    if not raw.isdigit() or not 0 <= int(raw) <= 19:
+        raise RefrunInputError(f"$REFRUN_DELIVERY_NICE={raw!r}: use an integer from 0 to 19")
+    return int(raw)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from refrun import settings as settings_mod
+from refrun.errors import RefrunInputError
 from refrun.recording import delivery
 from refrun.recording.spool import Spool, SpoolMeta, unlock
 from refrun.settings import settings
@@ -248,16 +250,23 @@ def _end_in_store(spool: Spool, ending: delivery.Ending | None, why: OSError) ->
         _say(f"could not terminate the run in the store: {exc!r}")
 
 
-DELIVERY_NICE = 10  # added to the delivery process's nice value: see _yield_to_training
+DELIVERY_NICE = settings_mod.DEFAULT_DELIVERY_NICE  # see _yield_to_training
 
 
 def _yield_to_training() -> None:
-    """Lower this process's CPU priority (``DELIVERY_NICE``) and ignore the terminal's
-    hang-up: delivery must only use CPU the training does not (its spool holds what it
-    has not delivered yet), and it outlives a closed terminal as it did in a session of
-    its own.  Where the priority cannot be changed, it stays as it was."""
+    """Lower this process's CPU priority (``$REFRUN_DELIVERY_NICE``, default
+    ``DELIVERY_NICE``) and ignore the terminal's hang-up: delivery must only use CPU the
+    training does not (its spool holds what it has not delivered yet), and it outlives a
+    closed terminal as it did in a session of its own.  Where the priority cannot be
+    changed, it stays as it was; a malformed setting is not this process's to refuse
+    (the trainer goes on): the default applies."""
+    try:
+        nice = settings_mod.delivery_nice()
+    except RefrunInputError:
+        nice = DELIVERY_NICE
     with contextlib.suppress(OSError, AttributeError):
-        os.nice(DELIVERY_NICE)
+        if nice:
+            os.nice(nice)
     with contextlib.suppress(OSError, ValueError, AttributeError):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
