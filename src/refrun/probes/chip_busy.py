@@ -81,14 +81,11 @@ class BusySampling:
     (a sleeping thread woken 20 times a second only until it takes a window)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.window_steps, bool) or not isinstance(self.window_steps, int) \
-                or self.window_steps < 1:
-            raise RefrunInputError(f"BusySampling.window_steps: expected an integer >= 1, "
-                                   f"got {self.window_steps!r}")
-        if isinstance(self.empty_windows, bool) or not isinstance(self.empty_windows, int) \
-                or self.empty_windows < 1:
-            raise RefrunInputError(f"BusySampling.empty_windows: expected an integer >= 1, "
-                                   f"got {self.empty_windows!r}")
+        for name in ("window_steps", "empty_windows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise RefrunInputError(f"BusySampling.{name}: expected an integer >= 1, "
+                                       f"got {v!r}")
         if self.min_window_s > self.window_s:
             raise RefrunInputError(f"BusySampling: min_window_s {self.min_window_s} > "
                                    f"window_s {self.window_s}")
