@@ -175,6 +175,42 @@ def test_on_an_accelerator_one_window_without_the_device_is_not_the_answer() -> 
         BusySampling(empty_windows=0)
 
 
+def test_before_the_first_reading_a_window_not_read_is_retried_soon() -> None:
+    """A run of a few seconds on a TPU v5e had no reading when the try after an empty or
+    dropped window waited ``min_period_s`` (11 of 23 runs): until one window is read the
+    next try follows after ``retry_s``, for ``quick_retries`` tries; a read window, or a
+    loop that keeps compiling, falls back to the budget's period."""
+    s = BusySampling(retry_s=0.5, quick_retries=4, min_period_s=10, max_period_s=300,
+                     budget=0.002)
+    for outcome in ("empty", "dropped"):
+        assert s.wait_after(outcome, 1.5, read=0, tries=1) == 0.5
+        assert s.wait_after(outcome, 1.5, read=0, tries=4) == 0.5
+        assert s.wait_after(outcome, 1.5, read=0, tries=5) == 300  # 1.5 / 0.002 = 750
+        assert s.wait_after(outcome, 0.001, read=1, tries=2) == 10  # after a reading
+    assert s.wait_after("read", 0.1, read=1, tries=1) == 50
+    assert s.wait_after("failed", 0.1, read=0, tries=1) == 50
+    for bad in ({"retry_s": 0}, {"quick_retries": 0}, {"quick_retries": 1.5}):
+        with pytest.raises(RefrunInputError, match=next(iter(bad))):
+            BusySampling(**bad)
+
+
+def test_a_run_that_ended_unread_says_what_its_windows_found() -> None:
+    steps = {"n": 0}
+    w = ProfilerWindows(cpu_sessions(), BusySampling(retry_s=30, window_s=0.05,
+                                                     min_window_s=0.01, steady_poll_s=0.01),
+                        progress=lambda: (steps["n"], 0), platform="tpu")
+    w.start()
+    deadline = time.monotonic() + 30
+    while w.tries == 0 and time.monotonic() < deadline:
+        steps["n"] += 1
+        time.sleep(0.002)
+    w.close()  # the run ends during the wait before the second try
+    assert w.tries == 1 and w.empty == 1 and w.completed == 0
+    assert w.why_not.startswith("the run ended before a window was read: 1 taken, "
+                                "1 without the device's programs (no device plane in the "
+                                "trace (tpu devices; planes: "), w.why_not
+
+
 def test_windows_wait_for_a_steady_loop() -> None:
     """No window while the loop has not run its warm-up steps or stands still; one as
     soon as steps advance without compiling (here: a real loop on the CPU)."""

@@ -76,12 +76,20 @@ class BusySampling:
     empty_windows: int = 3
     """Windows without any device's programs after which an accelerator's timeline is
     taken to be unreadable here (on the CPU the first one decides)."""
+    retry_s: float = 0.5
+    """Seconds before the next window while none has been read and the last one was not
+    (no device's programs in it, or the loop compiled or paused during it): a run of a
+    few seconds still gets its reading (on a TPU v5e 11 of 23 runs of 2-9 s had none
+    when the next try waited ``min_period_s``)."""
+    quick_retries: int = 4
+    """Tries after ``retry_s`` before the first reading; past them the period rule
+    applies (a loop that compiles all the time is not profiled over and over)."""
     steady_poll_s: float = 0.05
     """Seconds between two looks at the loop's progress when waiting for a steady loop
     (a sleeping thread woken 20 times a second only until it takes a window)."""
 
     def __post_init__(self) -> None:
-        for name in ("window_steps", "empty_windows"):
+        for name in ("window_steps", "empty_windows", "quick_retries"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise RefrunInputError(f"BusySampling.{name}: expected an integer >= 1, "
@@ -90,7 +98,7 @@ class BusySampling:
             raise RefrunInputError(f"BusySampling: min_window_s {self.min_window_s} > "
                                    f"window_s {self.window_s}")
         for name in ("window_s", "min_window_s", "min_period_s", "max_period_s",
-                     "steady_poll_s"):
+                     "steady_poll_s", "retry_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise RefrunInputError(f"BusySampling.{name}: expected seconds > 0, got {v!r}")
@@ -115,6 +123,16 @@ class BusySampling:
         """Seconds from one window's start to the next: ``cost_s / budget`` within
         ``[min_period_s, max_period_s]``."""
         return min(self.max_period_s, max(self.min_period_s, cost_s / self.budget))
+
+    def wait_after(self, outcome: str, cost_s: float, read: int, tries: int) -> float:
+        """Seconds from a window's start to the next one's, after a window whose
+        ``outcome`` is ``"read"``, ``"empty"`` (no device's programs), ``"dropped"`` (the
+        loop compiled or paused during it) or ``"failed"``, when ``read`` windows have
+        been read and ``tries`` windows taken in all: ``retry_s`` while nothing was read
+        and the quick tries last, else :meth:`period_s`."""
+        if outcome in ("empty", "dropped") and read == 0 and tries <= self.quick_retries:
+            return self.retry_s
+        return self.period_s(cost_s)
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,10 @@ class ProfilerWindows:
     stopped: bool = False
     empty: int = 0
     """Windows whose trace held no device's programs."""
+    dropped: int = 0
+    """Windows dropped because the loop compiled or paused during them."""
+    tries: int = 0
+    """Windows taken (read, empty, dropped or failed)."""
     _done: list[WindowResult] = field(default_factory=list, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -248,9 +270,8 @@ class ProfilerWindows:
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self.completed == 0 and not self.stopped:
-            self.why_not = ("the run ended before a window was taken (windows start once "
-                            f"the loop has run {self.warmup_steps} warm-up steps and steps "
-                            "advance without compiling)")
+            self.why_not = ended_unread(self.warmup_steps, self.empty, self.dropped,
+                                        self.why_not if self.empty else None)
 
     # -- the thread --
     def _run(self) -> None:
@@ -258,11 +279,15 @@ class ProfilerWindows:
             self._window(self.sampling.min_window_s)
         while not self.stopped and self._wait_steady():
             began = time.monotonic()
-            cost = self._window()
-            if cost is None:
-                continue  # skipped (the user's trace, or a window without the device)
-            if self._stop.wait(max(0.0, began + self.sampling.period_s(cost)
-                                   - time.monotonic())):
+            taken = self._window()
+            if taken is None:
+                continue  # skipped: the user's own trace was running
+            cost, outcome = taken
+            self.tries += 1
+            if self.stopped:
+                return
+            wait = self.sampling.wait_after(outcome, cost, self.completed, self.tries)
+            if self._stop.wait(max(0.0, began + wait - time.monotonic())):
                 return
 
     def _steady(self) -> bool:
@@ -292,10 +317,10 @@ class ProfilerWindows:
             self._stop.wait(self.sampling.steady_poll_s)
         return False
 
-    def _window(self, length: float | None = None) -> float | None:
+    def _window(self, length: float | None = None) -> tuple[float, str] | None:
         """One window (of ``length`` seconds; default: ``window_steps`` steps, see
-        :meth:`BusySampling.window_for`); the seconds spent in profiler calls, None when
-        skipped."""
+        :meth:`BusySampling.window_for`): the seconds spent in profiler calls and the
+        outcome (see :meth:`BusySampling.wait_after`), None when skipped."""
         state = self.source.state
         lock = getattr(state, "lock", None)
         if length is None:
@@ -335,22 +360,22 @@ class ProfilerWindows:
                 # this machine's traces have no device timeline: no later window
                 self.why_not, self.stopped = (why if self.empty == 1 else
                                               f"{why} (in each of {self.empty} windows)"), True
-                return cost
+                return cost, "empty"
             # On an accelerator a trace without the device's programs is one window's
             # accident (seen on a TPU v5e: about half the runs' first window), not the
-            # machine's answer: look again after the shortest period.
+            # machine's answer: look again (BusySampling.wait_after).
             if self.completed == 0:
                 self.why_not = f"{why} (window {self.empty}; another follows)"
-            self._stop.wait(self.sampling.min_period_s)
-            return None
+            return cost, "empty"
         if before is not None and after is not None and (after[0] <= before[0]
                                                          or after[1] != before[1]):
             # the loop stopped or compiled during the window: not the steady loop's share
-            return cost
+            self.dropped += 1
+            return cost, "dropped"
         self.completed += 1
         self.why_not = None
         self._done.append(WindowResult(busy, start_ns, end_ns, cost))
-        return cost
+        return cost, "read"
 
     def _look(self) -> tuple[int, int] | None:
         if self.progress is None:
@@ -360,10 +385,27 @@ class ProfilerWindows:
         except Exception:
             return None
 
-    def _failed(self, why: str, t0: float) -> float:
+    def _failed(self, why: str, t0: float) -> tuple[float, str]:
         if self.completed == 0:
             self.why_not = why
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, "failed"
+
+
+def ended_unread(warmup_steps: int, empty: int, dropped: int, empty_why: str | None) -> str:
+    """Why a run that ended has no window read: never taken (the loop was not steady
+    long enough), or taken and not read (each kind counted)."""
+    if not empty and not dropped:
+        return ("the run ended before a window was taken (windows start once the loop "
+                f"has run {warmup_steps} warm-up steps and steps advance without compiling)")
+    parts = []
+    if empty:
+        first = (empty_why or "").split(" (window ")[0]
+        parts.append(f"{empty} without the device's programs" + (f" ({first})" if first
+                                                                 else ""))
+    if dropped:
+        parts.append(f"{dropped} dropped (the loop compiled or paused during it)")
+    return f"the run ended before a window was read: {empty + dropped} taken, " \
+        + ", ".join(parts)
 
 
 # --- the monitor ---------------------------------------------------------------------------
