@@ -31,7 +31,7 @@ Arms, each a block of ``--steps`` steps per round, in an order drawn at random p
 * ``no-log``: ``probe.step`` only (``monitors=None``);
 * ``window``: ``no-monitors`` plus one profiler window of the chip-utilisation sampler
   forced into the middle of every block (what one window costs the training thread);
-* ``burn``: plain plus 1 % of the plain step of thread CPU in Python after each step (the
+* ``burn``: plain plus 1 % of the plain step of Python work after each step (the
   positive control: does the design resolve a 1 % cost on this machine now?).
 
 Each arm's block over the same round's plain block is one paired sample; the table gives
@@ -56,6 +56,7 @@ exact for a device-bound loop only with that back-pressure.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -307,10 +308,26 @@ def make_workload(name: str, gru_size: tuple[int, ...] | None) -> Workload:
 
 # --- arms ----------------------------------------------------------------------------------------
 def burn(seconds: float) -> None:
-    """Spend ``seconds`` of this thread's CPU in Python (the positive control)."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
+    """Spend about ``seconds`` in a Python loop on this thread (the positive control).
+    Counted in loop iterations calibrated once against ``time.perf_counter``, not timed
+    with ``time.thread_time``: under gVisor (the TPU v5e VM) that clock advances in ticks
+    of milliseconds, and a burn of 9 us waited for the next tick (the first TPU run's
+    control read 11.6x the plain step instead of 1.01x)."""
+    for _ in range(round(seconds * _spins_per_second())):
         pass
+
+
+@functools.cache
+def _spins_per_second() -> float:
+    """Iterations of an empty Python loop per second here: the fastest of five timings
+    of a loop long enough (~20 ms) for ``perf_counter``'s resolution."""
+    n, best = 200_000, float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pass
+        best = min(best, time.perf_counter() - t0)
+    return n / best
 
 
 @dataclass
