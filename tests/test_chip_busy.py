@@ -205,10 +205,12 @@ def test_a_run_that_ended_unread_says_what_its_windows_found() -> None:
         steps["n"] += 1
         time.sleep(0.002)
     w.close()  # the run ends during the wait before the second try
+    w.close()  # (the monitor's stop and the run's close both close it)
     assert w.tries == 1 and w.empty == 1 and w.completed == 0
     assert w.why_not.startswith("the run ended before a window was read: 1 taken, "
                                 "1 without the device's programs (no device plane in the "
                                 "trace (tpu devices; planes: "), w.why_not
+    assert w.why_not.count("the run ended") == 1 and w.why_not.endswith("))"), w.why_not
 
 
 def test_windows_wait_for_a_steady_loop() -> None:

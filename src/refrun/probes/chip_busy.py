@@ -246,6 +246,7 @@ class ProfilerWindows:
     _thread: threading.Thread | None = field(default=None, repr=False)
     _last: tuple[int, int, float] | None = field(default=None, repr=False)
     _step_s: float | None = field(default=None, repr=False)
+    _empty_why: str | None = field(default=None, repr=False)
 
     @property
     def running(self) -> bool:
@@ -271,7 +272,7 @@ class ProfilerWindows:
             self._thread.join(timeout=10)
         if self.completed == 0 and not self.stopped:
             self.why_not = ended_unread(self.warmup_steps, self.empty, self.dropped,
-                                        self.why_not if self.empty else None)
+                                        self._empty_why)
 
     # -- the thread --
     def _run(self) -> None:
@@ -355,6 +356,7 @@ class ProfilerWindows:
         busy, why = window_busy(timeline, (start_ns, end_ns), self.platform)
         if not busy:
             self.empty += 1
+            self._empty_why = why
             if self.discover_at_start or self.platform == "cpu" \
                     or self.empty >= self.sampling.empty_windows:
                 # this machine's traces have no device timeline: no later window
@@ -399,9 +401,8 @@ def ended_unread(warmup_steps: int, empty: int, dropped: int, empty_why: str | N
                 f"has run {warmup_steps} warm-up steps and steps advance without compiling)")
     parts = []
     if empty:
-        first = (empty_why or "").split(" (window ")[0]
-        parts.append(f"{empty} without the device's programs" + (f" ({first})" if first
-                                                                 else ""))
+        parts.append(f"{empty} without the device's programs"
+                     + (f" ({empty_why})" if empty_why else ""))
     if dropped:
         parts.append(f"{dropped} dropped (the loop compiled or paused during it)")
     return f"the run ended before a window was read: {empty + dropped} taken, " \
