@@ -397,3 +397,25 @@ migration_only = true
     assert why == f"run {quiet}: {silent[schema.TAG_UTILIZATION_SOURCE]}"
     assert a.performance["busy"]["candidate_pct"] is None
     assert a.result("goal-utilization").outcome == "not_evaluable"
+
+
+def test_a_chip_busy_fraction_read_once_at_the_end_of_a_short_run_is_measured(
+        store) -> None:
+    """On the TPU v5e a run of a few seconds has one profiler window, logged at its last
+    step.  Its warm-up ends where the run's steps say (10 % of steps 0..N-1), so that one
+    value is the run's busy fraction; a value logged during the run's warm-up is not."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    refs = [record(uri, spool, "reference", _metrics(s, 0.01), seed=s).run_id for s in (0, 1)]
+    once = np.full(N, None, dtype=object)
+    once[N - 1] = 7.25
+    early = once.copy()
+    early[2] = 90.0  # before the run's warm-up end (step 10)
+    crit = load_criteria(write_criteria(Path(store.spool_dir).parent, GOALS))
+    for busy in (once, early):
+        cand = record(uri, spool, "candidate",
+                      {**_metrics(7, 0.005), "sys/tpu0_duty_cycle_pct": busy}, seed=7,
+                      hardware="tpu-v5e", backend="jax").run_id
+        a, _ = assess_ids(crit, refs, cand, uri)
+        assert a.performance["busy"]["candidate_pct"] == pytest.approx(7.25, rel=1e-12), \
+            a.performance["busy"]
+

@@ -145,17 +145,31 @@ def steady_step_times(run: RunData, metric: str, compile_metrics: list[str], kee
 UTIL_PATTERN = re.compile(r"^sys/(gpu|tpu)\d+_(util|duty_cycle)_pct$")
 
 
+def run_step_span(run: RunData) -> np.ndarray | None:
+    """``[first step, last step]`` over every point the run logged (None: no point)."""
+    steps = run.curves.get("step")
+    if steps is None or not len(steps):
+        return None
+    return np.array([int(steps.min()), int(steps.max())], dtype=np.int64)
+
+
 def busy_means(run: RunData, metrics: Sequence[str], keep: str,
                start_of: Callable[[np.ndarray], int]
                ) -> tuple[dict[str, float], dict[str, int]]:
     """``({metric: mean after warm-up}, {metric: warm-up end step})`` for each chip
     utilisation metric of ``run`` (default: every ``sys/gpu<i>_util_pct`` and
-    ``sys/tpu<i>_duty_cycle_pct`` it recorded) with a finite value at or after its
-    warm-up end (``start_of(steps)``).  A chip's busy fraction is the mean of its
-    samples: each is the share of the sampling period the chip was busy."""
+    ``sys/tpu<i>_duty_cycle_pct`` it recorded) with a finite value at or after the run's
+    warm-up end (``start_of`` of the run's first and last step).  A chip's busy fraction
+    is the mean of its samples: each is the share of the sampling period the chip was
+    busy."""
     names = list(metrics) or [m for m in run.metric_names if UTIL_PATTERN.match(m)]
     means: dict[str, float] = {}
     starts: dict[str, int] = {}
+    # The warm-up ends where the run's own steps say, not a chip metric's: a sampler that
+    # reads the device's timeline now and then logs a few points (one, at the last step,
+    # in a run of seconds on a TPU v5e), whose own first-to-last span would put the
+    # warm-up end past its only point.
+    span = run_step_span(run)
     for m in names:
         r = resolved(run, m, keep)
         if r is None:
@@ -163,7 +177,7 @@ def busy_means(run: RunData, metrics: Sequence[str], keep: str,
         f = finite(r)
         if not len(f.values):
             continue
-        start = start_of(f.steps)
+        start = start_of(span if span is not None else f.steps)
         v = f.values[f.steps >= start]
         if len(v):
             means[m], starts[m] = float(v.mean()), start
