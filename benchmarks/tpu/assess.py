@@ -167,12 +167,13 @@ def run_workload(name: str, tpu_db: Path, store: Path, *, jobs: int, reuse: bool
     crit_goals = store / f"{w.name}-l4-goals.toml"
     for c in (crit, crit_goals):
         c.unlink(missing_ok=True)  # never judge with an earlier run's file
+    # prices are facts, not goals: both files carry them, so the first table measures cost
+    prices = [a for p in PRICES for a in ("--price", p)]
     error = calibrate(ref_ids, uri, crit, gradcheck=bool(w.gradcheck),
-                      extra=["--goal", goal] if goal else [])
+                      extra=(["--goal", goal] if goal else []) + prices)
     if error is not None:
         return [], None, error
-    l4 = [a for g in L4_GOALS for a in ("--goal", g)] + \
-        [a for p in PRICES for a in ("--price", p)]
+    l4 = [a for g in L4_GOALS for a in ("--goal", g)] + prices
     error_goals = calibrate(ref_ids, uri, crit_goals, gradcheck=bool(w.gradcheck),
                             extra=(["--goal", goal] if goal else []) + l4)
     if error_goals is not None:
