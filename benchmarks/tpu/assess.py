@@ -215,6 +215,15 @@ def short(reason: str, width: int = 90) -> str:
     return first if len(first) <= width else first[: width - 1] + "…"
 
 
+def as_intended(r: Row) -> bool:
+    """A benign run accepted; a defect rejected by a criterion watching what it was built
+    to disturb (the detection benchmark's intent)."""
+    o = r.outcome
+    if o is None:
+        return False
+    return bool(o.caught_by(r.intent)) if r.variant.kind == "defect" else o.accepted
+
+
 def table(rows: list[Row], markdown: bool) -> str:
     head = ("workload", "TPU run", "precision", "kind", "verdict", "as intended",
             "failing criteria (intended reason)", "throughput vs refs", "cost vs refs",
@@ -226,11 +235,7 @@ def table(rows: list[Row], markdown: bool) -> str:
             body.append((r.variant.workload, r.variant.name, r.variant.precision, r.variant.kind,
                          "-", "NO", r.error or "-", "-", "-", "-", "-", "-"))
             continue
-        if r.variant.kind == "defect":
-            caught = o.caught_by(r.intent)
-            ok = "yes" if caught else "NO"
-        else:
-            ok = "yes" if o.accepted else "-"
+        ok = "yes" if as_intended(r) else "NO"
         failing = "; ".join(f"{cid} ({short(reason)})" for cid, reason, _ in o.failing) or \
             ("not evaluable: " + ", ".join(o.not_evaluable) if o.not_evaluable else "-")
         if r.intent:
@@ -291,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "variant": r.variant.name, "workload": r.variant.workload,
             "precision": r.variant.precision, "kind": r.variant.kind, "run_id": r.run_id,
             "verdict": r.outcome.verdict if r.outcome else None,
+            "as_intended": as_intended(r),
             "failing": [list(f[:2]) for f in r.outcome.failing] if r.outcome else [],
             "intent": list(r.intent), "chip": r.chip, "l4": r.l4,
             "with_goals": (r.goals.verdict, [list(f[:2]) for f in r.goals.failing])
