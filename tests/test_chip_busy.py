@@ -223,7 +223,10 @@ def test_windows_wait_for_a_steady_loop() -> None:
     x = jnp.ones(3)
     w.start()
     try:
-        time.sleep(0.3)  # standing still at step 0: not steady
+        deadline = time.monotonic() + 30
+        while w.looks < 6 and time.monotonic() < deadline:  # standing still at step 0
+            time.sleep(0.01)
+        assert w.looks >= 6 and w.tries == 0, (w.looks, w.tries)  # looked; not steady
         assert w.why_not.startswith("no window yet") and not w.stopped
         deadline = time.monotonic() + 30
         while not w.stopped and time.monotonic() < deadline:
@@ -252,14 +255,19 @@ def test_the_users_own_trace_is_never_disturbed(tmp_path: Path) -> None:
         jax.profiler.stop_trace()  # the user's trace ends normally and is written
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))
     # and a user trace started during a window waits for it, then runs
-    w = ProfilerWindows(cpu_sessions(), BusySampling(window_s=0.3), discover_at_start=True,
-                        platform="cpu")
+    w = ProfilerWindows(cpu_sessions(), BusySampling(window_s=0.3, min_window_s=0.3),
+                        discover_at_start=True, platform="cpu")
     w.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 30
+    while not w.in_window and time.monotonic() < deadline:  # the window has begun
+        time.sleep(0.001)
+    assert w.in_window
     done = threading.Event()
+    during: list[bool] = []
 
     def user() -> None:
         jax.profiler.start_trace(str(tmp_path / "trace2"))
+        during.append(w.in_window)  # the user's trace began only once the window ended
         jax.profiler.stop_trace()
         done.set()
 
@@ -268,6 +276,7 @@ def test_the_users_own_trace_is_never_disturbed(tmp_path: Path) -> None:
     t.join(timeout=30)
     w.close()
     assert done.is_set() and list((tmp_path / "trace2").rglob("*.xplane.pb"))
+    assert during == [False]
 
 
 def test_a_cpu_run_says_why_it_has_no_chip_utilisation(store) -> None:

@@ -241,6 +241,10 @@ class ProfilerWindows:
     """Windows dropped because the loop compiled or paused during them."""
     tries: int = 0
     """Windows taken (read, empty, dropped or failed)."""
+    looks: int = 0
+    """Looks at the loop's progress while waiting for it to be steady."""
+    in_window: bool = False
+    """A profiler session of the sampler's is open now."""
     _done: list[WindowResult] = field(default_factory=list, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -297,6 +301,7 @@ class ProfilerWindows:
         seconds per step of that stretch are kept for the window's length)."""
         if self.progress is None:
             return True
+        self.looks += 1
         try:
             now = self.progress()
         except Exception:
@@ -337,17 +342,21 @@ class ProfilerWindows:
                 session = self.source.open()
             except Exception as exc:
                 return self._failed(f"{self.source.what}: session refused ({exc})", t0)
-            start_ns = time.time_ns()
-            opened = time.perf_counter()
-            before = self._look()
-            self._stop.wait(length)
-            after = self._look()
-            end_ns = time.time_ns()
-            stopping = time.perf_counter()
+            self.in_window = True
             try:
-                xspace = session.stop()
-            except Exception as exc:
-                return self._failed(f"{self.source.what}: stop failed ({exc})", t0)
+                start_ns = time.time_ns()
+                opened = time.perf_counter()
+                before = self._look()
+                self._stop.wait(length)
+                after = self._look()
+                end_ns = time.time_ns()
+                stopping = time.perf_counter()
+                try:
+                    xspace = session.stop()
+                except Exception as exc:
+                    return self._failed(f"{self.source.what}: stop failed ({exc})", t0)
+            finally:
+                self.in_window = False
         try:
             timeline = read_timeline(xspace)
         except XSpaceError as exc:
