@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 from refrun._version import __version__
 from refrun.errors import RefrunInputError
+from refrun.util.outputs import OutputRefused
 
 # name -> (module, help).  One line per sub-command; keep the help in step with the
 # module's own ``add_parser(..., help=...)`` (tests/test_comparison_cli.py checks both).
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with wait_for_runs(args.wait):
                 return int(args.func(args) or 0)
         return int(args.func(args) or 0)
-    except RefrunInputError as exc:
+    except (RefrunInputError, OutputRefused) as exc:
         from refrun.util.printable import escape
 
         # One line, whatever the message quotes (a tag, a file name, a --by value).

@@ -18,7 +18,7 @@ from typing import TypeVar
 from refrun.acceptance.signoff import DECISIONS, sign_off, signed_by, verify
 from refrun.cli import add_tracking_uri
 from refrun.errors import RefrunInputError
-from refrun.util.outputs import check_output, write_output
+from refrun.util.outputs import OutputRefused, check_output, write_output
 from refrun.util.printable import escape
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ def _recorded(comparison: str, call: Callable[[], T]) -> T:
     comparison run, exit 2 (a damaged artifact is never a crash or a verdict)."""
     try:
         return call()
-    except RefrunInputError:
+    except (RefrunInputError, OutputRefused):
         raise
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
         raise RefrunInputError(

@@ -11,6 +11,9 @@ not name), a named pipe, a device node, a socket, a directory, and any path on a
 file system (``/proc``, ``/sys``, ``/dev``: ``/proc/version`` reads as a regular file).
 Before, ``report --html`` onto a FIFO or a symlink turned it into a 5 MB regular file
 (exit 0), and as root ``--html /dev/full`` replaced the device node.
+
+A pure helper (``refrun.util`` imports nothing of refrun): it raises
+:class:`OutputRefused`, a ``ValueError`` the CLI answers like bad input (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import stat
 import tempfile
 from pathlib import Path
 
-from refrun.errors import RefrunInputError
+
+class OutputRefused(ValueError):
+    """An output path refrun will not write (one line naming the option and the path)."""
 
 # File systems whose "files" are kernel interfaces, never a place for a report.
 VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
@@ -39,8 +44,8 @@ def nearest_existing(path: Path) -> Path:
     return p
 
 
-def _refuse(option: str, path: str | os.PathLike[str], why: str) -> RefrunInputError:
-    return RefrunInputError(f"{option} {path}: {why}; refrun writes only a regular file or a "
+def _refuse(option: str, path: str | os.PathLike[str], why: str) -> OutputRefused:
+    return OutputRefused(f"{option} {path}: {why}; refrun writes only a regular file or a "
                             "new path (left as it was)")
 
 
@@ -56,7 +61,7 @@ def _kind(mode: int) -> str | None:
 
 
 def check_output(path: str | os.PathLike[str], option: str) -> Path:
-    """Raise :class:`RefrunInputError` (one line naming ``option`` and the path) unless a
+    """Raise :class:`OutputRefused` (one line naming ``option`` and the path) unless a
     file may be written at ``path`` (see the module docstring); return it as an absolute
     path.  Missing parent directories are fine when they could be created below a
     writable one (they are created only when the file is written)."""
@@ -82,7 +87,7 @@ def check_output(path: str | os.PathLike[str], option: str) -> Path:
     try:  # the only test that also holds for root and read-only mounts
         fd, probe = tempfile.mkstemp(prefix=".refrun-write-check-", dir=base)
     except OSError as exc:
-        raise RefrunInputError(f"{option} {path}: cannot write in {base} "
+        raise OutputRefused(f"{option} {path}: cannot write in {base} "
                                f"({exc.strerror or exc})") from exc
     os.close(fd)
     os.unlink(probe)
@@ -105,7 +110,7 @@ def write_output(path: str | os.PathLike[str], data: str | bytes, option: str) -
         check_output(out, option)  # still a regular file or nothing, just before the rename
         os.replace(tmp, out)
     except OSError as exc:
-        raise RefrunInputError(f"{option} {path}: cannot write "
+        raise OutputRefused(f"{option} {path}: cannot write "
                                f"({exc.strerror or exc})") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
