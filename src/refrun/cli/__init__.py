@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ModuleNotFoundError as exc:
         # An optional framework or extra the command reached: say which extra, not a
-        # traceback.  A module of no extra is refrun's own bug and still raises.
+        # traceback.  A module of no extra is refrun's own bug: unforeseen, exit 2.
         top = (exc.name or "").split(".")[0]
         if top not in EXTRA_OF_MODULE:
             return _unforeseen(args.command, exc)
@@ -199,8 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except Exception as exc:
         # The store failed under the command (corrupt, locked, gone mid-way): one line
-        # naming the store and the cause, not a library's traceback.  refrun's own bugs
-        # still raise.
+        # naming the store and the cause, not a library's traceback.  Anything else is
+        # unforeseen: one line, exit 2 (never Python's exit 1, "the candidate failed").
         from refrun.store.client import store_error
 
         err = store_error(exc)
