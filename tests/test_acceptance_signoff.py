@@ -149,11 +149,13 @@ def test_verify_names_points_switching_from_artifact_to_history(store, signed,
 
     root = Path(client.get_run(cand.run_id).info.artifact_uri.removeprefix("file://"))
     (root / "refrun" / "curves.parquet").unlink()
+    # A refrun run without its curves artifact is not whole (issue 55 item 4): it is never
+    # read from MLflow's bounded metric history again; verify names the missing artifact.
     assert main(["verify", comp]) == 1
     out = capsys.readouterr().out
-    assert (f"[runs] run {cand.run_id} (candidate): points_from: curves artifact "
-            "refrun/curves.parquet") in out
-    assert "-> MLflow metric history" in out
+    assert (f"run {cand.run_id} is not whole: recorded by refrun, but its curves artifact "
+            "refrun/curves.parquet is missing") in out
+    assert "MLflow metric history" not in out.split("is missing")[0]
 
 
 def test_accepting_a_failed_assessment_needs_override(store, tmp_path: Path, capsys) -> None:

@@ -140,7 +140,7 @@ def test_sync_delivers_each_spool_on_its_own_and_names_the_failing_one(store, tm
     (broken / "cursor.json").write_text("not json")  # a damaged spool raises while syncing
     out = subprocess.run([sys.executable, "-m", "refrun", "sync"], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=300)
-    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.returncode == 2, out.stdout + out.stderr  # never 1 ("candidate failed")
     lines = {ln.split()[0]: ln for ln in out.stdout.splitlines() if ln.strip()}
     assert "error" in lines[broken.name] and "JSONDecodeError" in lines[broken.name]
     assert "delivered" in lines[good.name]

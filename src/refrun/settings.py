@@ -32,6 +32,9 @@ variable                            default    meaning
                                                (0-19): it yields the CPU to training; 0
                                                where nothing is to be yielded to (a test
                                                suite beside CPU-bound processes)
+``REFRUN_TRACEBACK``                ``0``      ``1``: a command that fails on an error refrun
+                                               did not foresee (a bug) prints the traceback
+                                               before its one line (exit 2 either way)
 ``REFRUN_JOB_ID``                   (derived)  id shared by every process of one multi-process
                                                job (see :func:`job_identity`)
 ``RANK`` / ``WORLD_SIZE``           unset      this process's rank and the job's process count
@@ -121,6 +124,12 @@ def sqlite_direct() -> bool:
     if raw not in ("", "0", "1"):
         raise RefrunInputError(f"$REFRUN_SQLITE_DIRECT={raw!r}: use 0 or 1")
     return raw != "0"
+
+
+def show_traceback() -> bool:
+    """``$REFRUN_TRACEBACK``: print the traceback of an unforeseen error (default no: one
+    line, exit 2)."""
+    return os.environ.get("REFRUN_TRACEBACK", "").strip() not in ("", "0")
 
 
 DEFAULT_DELIVERY_NICE = 10

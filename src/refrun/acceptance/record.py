@@ -166,9 +166,89 @@ def load_recorded(comparison_id: str, tracking_uri: str | None = None) -> Record
                 return None
             return Path(client.download_artifacts(comparison_id, name, tmp)).read_bytes()
 
-        assessment = json.loads(read(ARTIFACT_ASSESSMENT) or b"{}")
-        evidence = json.loads(read(ARTIFACT_EVIDENCE) or b"{}")
+        assessment = _object(comparison_id, ARTIFACT_ASSESSMENT, read(ARTIFACT_ASSESSMENT),
+                             ASSESSMENT_SHAPE)
+        evidence = _object(comparison_id, ARTIFACT_EVIDENCE, read(ARTIFACT_EVIDENCE) or b"{}",
+                           EVIDENCE_SHAPE)
         crit = read(ARTIFACT_CRITERIA) or b""
         signoff_raw = read(ARTIFACT_SIGNOFF)
-    return Recorded(comparison_id, dict(run.data.tags), assessment, evidence, crit,
-                    json.loads(signoff_raw) if signoff_raw else None)
+    _fields(comparison_id, ARTIFACT_ASSESSMENT + ": criteria", assessment["criteria"],
+            {"sha256": str, "path": str})
+    for key in ("results", "levels", "measurements"):
+        if any(not isinstance(x, dict) for x in assessment.get(key) or []):
+            raise _damaged(comparison_id, ARTIFACT_ASSESSMENT, f"{key}: not a list of objects")
+    try:
+        crit.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _damaged(comparison_id, ARTIFACT_CRITERIA, f"not UTF-8 text ({exc.reason} at "
+                       f"byte {exc.start})") from exc
+    signoff = None
+    if signoff_raw is not None:
+        signoff = _object(comparison_id, ARTIFACT_SIGNOFF, signoff_raw, SIGNOFF_SHAPE,
+                          closed=True)
+    return Recorded(comparison_id, dict(run.data.tags), assessment, evidence, crit, signoff)
+
+
+# The form of the recorded artifacts as refrun writes them: key -> type (a tuple: any of
+# these; a key in REQUIRED must be there).  Checked when they are read back, so a damaged
+# or hand-edited artifact is one line naming it (exit 2), never a traceback (issue 55).
+_Shape = dict[str, "type | tuple[type, ...]"]
+ASSESSMENT_SHAPE: _Shape = {
+    "reference": list, "candidate": str, "criteria": dict, "verdict": str,
+    "highest_level": (str, type(None)), "evidence_sha256": str, "results": list,
+    "levels": list, "measurements": list, "warnings": list, "pair": (dict, type(None)),
+    "cross_workload": (str, bool, type(None))}
+ASSESSMENT_REQUIRED = ("reference", "candidate", "criteria", "evidence_sha256")
+EVIDENCE_SHAPE: _Shape = {"format_version": (str, int), "criteria_sha256": (str, type(None)),
+                          "runs": dict, "results": dict}
+SIGNOFF_SHAPE: _Shape = {
+    "comparison_id": str, "decision": str, "by": str, "time_utc": str, "note": str,
+    "override": bool, "assessment_verdict": str, "highest_level": (str, type(None)),
+    "criteria_sha256": str, "criteria_file": str, "reference_ids": list,
+    "candidate_id": str, "evidence_sha256": str, "assessment_sha256": str,
+    "acceptance_tags": dict, "authentication": str, "by_declared": str,
+    "calibration_sha256": (str, type(None)), "refrun_version": str, "record_sha256": str}
+SIGNOFF_REQUIRED = ("comparison_id", "decision", "by", "time_utc", "note", "override",
+                    "assessment_verdict", "highest_level", "criteria_sha256",
+                    "criteria_file", "reference_ids", "candidate_id", "evidence_sha256")
+_REQUIRED = {ARTIFACT_ASSESSMENT: ASSESSMENT_REQUIRED, ARTIFACT_SIGNOFF: SIGNOFF_REQUIRED}
+
+
+def _damaged(run_id: str, name: str, why: str) -> RefrunInputError:
+    return RefrunInputError(f"comparison run {run_id}: {name}: {why}; the recorded artifact "
+                            "is damaged or was edited (record the assessment again with "
+                            "`refrun accept`)")
+
+
+def _object(run_id: str, name: str, raw: bytes | None, shape: _Shape, *,
+            closed: bool = False) -> dict[str, Any]:
+    """The JSON object of artifact ``name``, checked against ``shape`` (``closed``: no
+    other keys); a one-line :class:`RefrunInputError` naming it otherwise."""
+    try:
+        doc = json.loads((raw or b"").decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _damaged(run_id, name, f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+                       ) from exc
+    except ValueError as exc:  # json.JSONDecodeError, a RecursionError's ValueError kin
+        raise _damaged(run_id, name, f"not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise _damaged(run_id, name, "JSON nested too deep") from exc
+    if not isinstance(doc, dict):
+        raise _damaged(run_id, name, f"a JSON {type(doc).__name__}, not an object")
+    missing = [k for k in _REQUIRED.get(name, ()) if k not in doc]
+    if missing:
+        raise _damaged(run_id, name, f"no {', '.join(missing)}")
+    if closed and set(doc) - set(shape):
+        raise _damaged(run_id, name, f"unknown key {sorted(set(doc) - set(shape))[0]!r}")
+    _fields(run_id, name, doc, shape)
+    return doc
+
+
+def _fields(run_id: str, name: str, doc: Any, shape: _Shape) -> None:
+    if not isinstance(doc, dict):
+        raise _damaged(run_id, name, f"a JSON {type(doc).__name__}, not an object")
+    for key, want in shape.items():
+        if key in doc and not isinstance(doc[key], want):
+            raise _damaged(run_id, name, f"{key}: a {type(doc[key]).__name__} where refrun "
+                           "writes " + (want.__name__ if isinstance(want, type) else
+                                        " or ".join(t.__name__ for t in want)))

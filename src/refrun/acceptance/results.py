@@ -128,11 +128,10 @@ class Assessment:
         })
 
     def write_json(self, path: str | Path) -> Path:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n",
-                     encoding="utf-8")
-        return p
+        from refrun.util.outputs import write_output
+
+        return write_output(path, json.dumps(self.to_dict(), indent=1, allow_nan=False)
+                            + "\n", "--json")
 
     def table(self) -> str:
         """A plain-text table: level, criterion, outcome, reason."""

@@ -47,6 +47,7 @@ from refrun.acceptance.evidence import (
 )
 from refrun.acceptance.record import (
     ARTIFACT_ASSESSMENT,
+    ARTIFACT_CRITERIA,
     ARTIFACT_EVIDENCE,
     ARTIFACT_SIGNOFF,
     TAG_CRITERIA_SHA,
@@ -143,8 +144,12 @@ def signed_by(s: dict[str, Any]) -> str:
 
 def _stored_criteria(rec: Recorded) -> CriteriaFile:
     path = rec.assessment.get("criteria", {}).get("path") or "criteria.toml"
-    return parse_criteria(rec.criteria_bytes.decode("utf-8"), path,
-                          sha256=hashlib.sha256(rec.criteria_bytes).hexdigest())
+    try:
+        return parse_criteria(rec.criteria_bytes.decode("utf-8"), path,
+                              sha256=hashlib.sha256(rec.criteria_bytes).hexdigest())
+    except RefrunInputError as exc:  # the stored copy, not the file at that path now
+        raise RefrunInputError(f"comparison run {rec.run_id}: its stored copy "
+                               f"{ARTIFACT_CRITERIA} does not load: {exc}") from exc
 
 
 def _reassess(rec: Recorded, crit: CriteriaFile, tracking_uri: str | None

@@ -11,8 +11,13 @@ names, e.g. ``signoff`` and ``verify``).  Commands listed in :data:`READS_RUNS` 
 ``--wait SECONDS`` option: how long to wait for a run that is still being recorded
 before refusing it (see :mod:`refrun.comparison.loading`).
 
-Exit codes: 0 success, 1 a negative result (e.g. an acceptance criterion failed), 2 bad
-usage or input (one line on stderr, no traceback).
+Exit codes (docs/reliability.md, "Exit codes"): 0 success, 1 a negative result only (the
+candidate failed a criterion, a verified assessment changed, a gradient check missed a
+defect, a stopping rule fired, a calibration did not validate), 2 anything else: bad usage
+or input, a broken or missing artifact, an unusable store, and an error refrun did not
+foresee (a bug): one line on stderr naming the file, run or store, never a traceback
+(``REFRUN_TRACEBACK=1`` prints it for a bug report).  Python's own exit code for an
+uncaught exception is 1, which would read as "the candidate failed".
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Sequence
 
 from refrun._version import __version__
 from refrun.errors import RefrunInputError
+from refrun.util.outputs import OutputRefused
 
 # name -> (module, help).  One line per sub-command; keep the help in step with the
 # module's own ``add_parser(..., help=...)`` (tests/test_comparison_cli.py checks both).
@@ -175,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with wait_for_runs(args.wait):
                 return int(args.func(args) or 0)
         return int(args.func(args) or 0)
-    except RefrunInputError as exc:
+    except (RefrunInputError, OutputRefused) as exc:
         from refrun.util.printable import escape
 
         # One line, whatever the message quotes (a tag, a file name, a --by value).
@@ -183,28 +189,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ModuleNotFoundError as exc:
         # An optional framework or extra the command reached: say which extra, not a
-        # traceback.  A module of no extra is refrun's own bug and still raises.
+        # traceback.  A module of no extra is refrun's own bug: unforeseen, exit 2.
         top = (exc.name or "").split(".")[0]
         if top not in EXTRA_OF_MODULE:
-            raise
+            return _unforeseen(args.command, exc)
         extra = EXTRA_OF_MODULE[top]
         print(f"refrun {args.command}: error: needs {top} (refrun's {extra!r} extra), not "
               f"installed here: pip install 'refrun[{extra}]'", file=sys.stderr)
         return 2
     except Exception as exc:
         # The store failed under the command (corrupt, locked, gone mid-way): one line
-        # naming the store and the cause, not a library's traceback.  refrun's own bugs
-        # still raise.
+        # naming the store and the cause, not a library's traceback.  Anything else is
+        # unforeseen: one line, exit 2 (never Python's exit 1, "the candidate failed").
         from refrun.store.client import store_error
 
         err = store_error(exc)
         if err is None:
-            raise
+            return _unforeseen(args.command, exc)
         print(f"refrun {args.command}: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("refrun: interrupted", file=sys.stderr)
         return 130
+
+
+def _unforeseen(command: str, exc: BaseException) -> int:
+    """An error refrun did not foresee (a bug, or input no check caught): exit 2 with one
+    line, never Python's exit 1 (which reads as "the candidate failed")."""
+    from refrun.settings import show_traceback
+    from refrun.util.printable import escape
+
+    if show_traceback():
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    text = _one_line(str(exc))[:300]
+    print(f"refrun {command}: error: unforeseen {type(exc).__name__}"
+          f"{': ' + escape(text) if text else ''} (a bug in refrun or an input it does "
+          "not check: please report it; REFRUN_TRACEBACK=1 shows where)", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

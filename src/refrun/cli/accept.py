@@ -73,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from refrun.acceptance.assess import assess_many
     from refrun.acceptance.criteria import load_criteria
     from refrun.store.uri import existing_store_uri
+    from refrun.util.outputs import check_output
 
+    if args.json is not None:  # before anything is read or recorded
+        check_output(args.json, "--json")
     crit = with_axis(load_criteria(args.criteria), args.axis)
     uri = existing_store_uri(args.tracking_uri)
     # Every candidate is assessed before anything is recorded: bad input for any of them
@@ -295,7 +298,7 @@ def _sweep(args: argparse.Namespace, crit: Any, uri: str, done: list[Assessed]) 
                "criteria": {"path": crit.path, "sha256": crit.sha256},
                "reference": list(args.reference), "summary": counts,
                "exit_code": exit_code, "candidates": rows}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n",
-                             encoding="utf-8")
+        from refrun.util.outputs import write_output
+
+        write_output(args.json, json.dumps(doc, indent=1, allow_nan=False) + "\n", "--json")
     return exit_code

@@ -129,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
     from refrun.comparison import load_run
     from refrun.errors import RefrunInputError
     from refrun.store.uri import existing_store_uri
+    from refrun.util.outputs import check_output
 
+    if args.output is not None:  # before any store is opened
+        check_output(args.output, "--output")
     # A bad --check file or --goal is refused before any store is opened (one line, exit 2).
     goals = tuple(parse_goal(g) for g in args.goal)
     hourly: dict[str, float] = {}

@@ -19,6 +19,7 @@ from refrun.comparison.record import record_comparison
 from refrun.errors import RefrunInputError
 from refrun.identity import check_workloads
 from refrun.schema import AXES
+from refrun.util.outputs import check_output, write_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
         if not metrics:
             raise RefrunInputError("--metrics: no metric name given")
+    if args.json:  # before anything is read or recorded
+        check_output(args.json, "--json")
     options = CompareOptions(keep=args.keep, interpolate=args.interpolate, axis=args.axis,
                              final_fraction=args.final_fraction,
                              warmup_steps=args.warmup_steps)
@@ -65,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = cmp.write_json(args.json)
         if note:  # the JSON says so too
-            out.write_text(json.dumps({**json.loads(out.read_text()), "cross_workload": note},
-                                      indent=1) + "\n", encoding="utf-8")
+            write_output(out, json.dumps({**json.loads(out.read_text()),
+                                          "cross_workload": note}, indent=1) + "\n", "--json")
         print(f"\nJSON written to {out}")
     if not args.no_record:
         run_id = record_comparison(cmp, tracking_uri=args.tracking_uri)

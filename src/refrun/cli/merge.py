@@ -27,4 +27,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r.outcome:<9} {r.source_id} -> {r.target_id or '-'}  {r.detail}")
     merged, present, left = (result.count(o) for o in ("merged", "present", "left out"))
     print(f"{merged} merged, {present} already there, {left} left out")
-    return 1 if left else 0
+    # Runs left out (unfinished, no curves artifact): 2, not 1, which only ever means a
+    # negative verdict (docs/reliability.md, "Exit codes").
+    return 2 if left else 0

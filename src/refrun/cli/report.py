@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -282,9 +281,7 @@ def comparison_url(base: str | None, run_id: str, uri: str) -> str | None:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Strict JSON (non-finite numbers as null), written atomically."""
     from refrun.util.jsonsafe import json_safe
+    from refrun.util.outputs import write_output
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(json_safe(data), indent=1, allow_nan=False) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    write_output(path, json.dumps(json_safe(data), indent=1, allow_nan=False) + "\n",
+                 "--json")

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TypeVar
 
 from refrun.acceptance.signoff import DECISIONS, sign_off, signed_by, verify
 from refrun.cli import add_tracking_uri
+from refrun.errors import RefrunInputError
+from refrun.util.outputs import OutputRefused, check_output, write_output
 from refrun.util.printable import escape
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,9 +50,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(func=run_verify)
 
 
+def _recorded(comparison: str, call: Callable[[], T]) -> T:
+    """``call()``; an error from the recorded artifacts' content that their checks
+    (:func:`refrun.acceptance.record.load_recorded`) let through is one line naming the
+    comparison run, exit 2 (a damaged artifact is never a crash or a verdict)."""
+    try:
+        return call()
+    except (RefrunInputError, OutputRefused):
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+        raise RefrunInputError(
+            f"comparison run {comparison}: its recorded artifacts are not in the form "
+            f"refrun writes ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
+            "damaged or edited") from exc
+
+
 def run_signoff(args: argparse.Namespace) -> int:
-    so = sign_off(args.comparison, args.decision, args.by, args.note, args.override,
-                  args.tracking_uri)
+    so = _recorded(args.comparison, lambda: sign_off(
+        args.comparison, args.decision, args.by, args.note, args.override,
+        args.tracking_uri))
     # The name may come from the server (its authenticated user): escaped like verify's.
     print(f"signed off {escape(so.comparison_id)}: {signed_by(asdict(so))}"
           + (" (override of a failed assessment)" if so.override else ""))
@@ -55,10 +77,12 @@ def run_signoff(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    result = verify(args.comparison, args.tracking_uri, args.criteria)
+    if args.json is not None:  # before anything is read
+        check_output(args.json, "--json")
+    result = _recorded(args.comparison,
+                       lambda: verify(args.comparison, args.tracking_uri, args.criteria))
     print(result.text())
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=1) + "\n",
-                             encoding="utf-8")
+        write_output(args.json, json.dumps({**asdict(result), "ok": result.ok}, indent=1)
+                     + "\n", "--json")
     return 0 if result.ok else 1

@@ -36,4 +36,6 @@ def run(args: argparse.Namespace) -> int:
     for cause, n in stores.items():
         print(f"refrun sync: error: {cause} ({n} spool{'s' if n > 1 else ''} kept; run "
               "`refrun sync` again once the store is usable)", file=sys.stderr)
-    return 2 if stores else 1 if failed else 0
+    # 2, not 1: a spool that could not be delivered is not a negative verdict on anything
+    # (exit 1 is kept for "the candidate failed"; docs/reliability.md, "Exit codes").
+    return 2 if stores or failed else 0

@@ -19,6 +19,7 @@ from refrun.acceptance.watcher import watch_run
 from refrun.cli import add_tracking_uri
 from refrun.errors import RefrunInputError
 from refrun.store.uri import existing_store_uri
+from refrun.util.outputs import check_output, write_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         raise RefrunInputError(f"{args.criteria}: no [[stopping]] rules to evaluate")
     if args.every <= 0:
         raise RefrunInputError(f"--every {args.every}: must be > 0")
+    if args.json is not None:  # before the run is watched
+        check_output(args.json, "--json")
     uri = existing_store_uri(args.tracking_uri)
 
     def show(report: StopReport) -> None:
@@ -55,6 +58,5 @@ def run(args: argparse.Namespace) -> int:
                        1 if args.once else args.max_checks, uri, show,
                        args.allow_cross_workload, lambda note: print(f"note: {note}"))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+        write_output(args.json, json.dumps(report.to_dict(), indent=1) + "\n", "--json")
     return 1 if report.investigate else 0

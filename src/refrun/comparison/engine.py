@@ -227,11 +227,10 @@ class Comparison:
 
     def write_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` to ``path`` (strict JSON: non-finite numbers are null)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n",
-                        encoding="utf-8")
-        return path
+        from refrun.util.outputs import write_output
+
+        return write_output(path, json.dumps(self.to_dict(), indent=1, allow_nan=False)
+                            + "\n", "--json")
 
 
 def _asdict(obj: Any) -> dict[str, Any] | None:

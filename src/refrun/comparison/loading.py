@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from refrun import schema
@@ -88,6 +89,10 @@ class RunData:
     latest_metrics: dict[str, float] | None = field(default=None, repr=False)
     """MLflow's latest value of each metric, read with the run's tags (the same request);
     None for a run not loaded from a store."""
+    gap: str | None = None
+    """What this run is missing (points dropped or lost, its curves artifact), stated in
+    :attr:`points_from` and so in every verdict's evidence; None for a whole run.  Only a
+    caller that asked for it (``load_run(allow_gaps=True)``) gets a run with a gap."""
 
     @property
     def points(self) -> int:
@@ -96,7 +101,12 @@ class RunData:
 
     @property
     def points_from(self) -> str:
-        """One sentence saying where the points came from and how many there are."""
+        """One sentence saying where the points came from and how many there are (and
+        what is missing, for a run that is not whole)."""
+        said = self._points_from()
+        return said if self.gap is None else f"{said}; NOT WHOLE: {self.gap}"
+
+    def _points_from(self) -> str:
         n = f"{self.points:,} point{'s' if self.points != 1 else ''}"
         if self.source == "artifact":
             return f"curves artifact {schema.ARTIFACT_CURVES}: {n} (every point)"
@@ -235,9 +245,38 @@ def incomplete_reason(status: str, has_artifact: bool,
     return None
 
 
+def not_whole(tags: Mapping[str, str], curves: pd.DataFrame | None) -> str | None:
+    """What a complete run is missing, or None when it is whole: points dropped while
+    recording (``refrun.dropped``: the in-memory queue or the spool's disk full), points a
+    hard kill took with the trainer (``refrun.lost.estimate``), or, for a run recorded by
+    refrun (``refrun.local_id``), its curves artifact (MLflow's metric history holds a
+    bounded view of it, not every point).  Each with the fraction missing and where."""
+    if curves is None and schema.TAG_LOCAL_ID in tags:
+        why = tags.get(schema.TAG_CURVES_MISSING) or "not in its artifact store"
+        return (f"recorded by refrun, but its curves artifact {schema.ARTIFACT_CURVES} is "
+                f"missing ({' '.join(why.split())[:160]}); MLflow's metric history holds "
+                "only a bounded view of it, not every point")
+    have = 0 if curves is None else len(curves)
+    said = []
+    for tag, what, where in (
+            (schema.TAG_DROPPED, "dropped while recording",
+             "the first step is named in refrun/warnings.json"),
+            (schema.TAG_LOST_ESTIMATE, "estimated lost with the trainer when it was "
+             "killed", "after its last recorded step")):
+        try:
+            n = int(tags.get(tag) or 0)
+        except ValueError:
+            n = 1  # a count that does not read as one is not "none"
+        if n > 0:
+            said.append(f"{n:,} points {what} ({tag}; {n / (n + have):.1%} of "
+                        f"{n + have:,}; {where})")
+    return "; ".join(said) or None
+
+
 def load_run(run_id: str, metrics: Sequence[str] | None = None,
              tracking_uri: str | None = None, progress: bool = True, *,
-             wait_s: float | None = None, allow_partial: bool = False) -> RunData:
+             wait_s: float | None = None, allow_partial: bool = False,
+             allow_gaps: bool = False) -> RunData:
     """Load one run by MLflow run id (curves artifact, else metric history).
 
     A run that is incomplete (:func:`incomplete_reason`) is waited for at most ``wait_s``
@@ -245,8 +284,13 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     with a progress line on stderr every 10 s, then refused.  ``allow_partial=True``
     loads whatever is there now (for watching a run in progress).
 
-    Raises :class:`RefrunInputError` naming the run id when the store does not know it or
-    it stays incomplete.
+    A complete run that is not whole (:func:`not_whole`: points dropped or lost, a refrun
+    run without its curves artifact) is refused, unless ``allow_gaps=True``: then it is
+    loaded with :attr:`RunData.gap` saying what is missing, which every verdict's
+    evidence states (``points_from``).  The CLI never allows gaps.
+
+    Raises :class:`RefrunInputError` naming the run id when the store does not know it,
+    it stays incomplete, or it is not whole.
     """
     client, uri = _client(tracking_uri)
     run = _get_run(client, uri, run_id)
@@ -255,6 +299,10 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     if not allow_partial:
         run, curves = _wait_until_complete(client, uri, run, curves, metrics,
                                            _WAIT_S.get() if wait_s is None else wait_s)
+    gap = None if allow_partial else not_whole(run.data.tags, curves)
+    if gap is not None and not allow_gaps:
+        raise RefrunInputError(f"run {run_id} is not whole: {gap}; refused: refrun never "
+                               "judges a run with a gap as if it were whole")
     source: Source = "artifact"
     if curves is None:
         source = "history"
@@ -266,7 +314,7 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
                    status=run.info.status, start_time_ms=run.info.start_time,
                    end_time_ms=run.info.end_time, curves=curves, source=source,
                    experiment_id=run.info.experiment_id, job=job,
-                   latest_metrics=dict(run.data.metrics))
+                   latest_metrics=dict(run.data.metrics), gap=gap)
 
 
 def _with_job(client: StoreClient, uri: str, run: Run, curves: pd.DataFrame,
@@ -454,7 +502,7 @@ def _read_artifact(client: StoreClient, uri: str, run_id: str, artifact_uri: str
         except OSError as exc:  # unreadable is not absent
             raise RefrunInputError(f"run {run_id}: {path}: cannot read ({exc.strerror})"
                                    ) from exc
-        return read_curves_fast(path, metrics)
+        return _of_run(run_id, lambda: read_curves_fast(path, metrics))
 
     listed = retried(f"run {run_id}: listing its artifacts in {uri}",
                      lambda: _listed(client, uri, run_id, schema.ARTIFACT_DIR))
@@ -467,16 +515,46 @@ def _read_artifact(client: StoreClient, uri: str, run_id: str, artifact_uri: str
                        lambda: mlflow.artifacts.download_artifacts(
                            run_id=run_id, artifact_path=schema.ARTIFACT_CURVES,
                            dst_path=tmp, tracking_uri=uri))
-        return read_curves_fast(Path(path), metrics)
+        return _of_run(run_id, lambda: read_curves_fast(Path(path), metrics))
+
+
+def _of_run(run_id: str, read: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """``read()``, its refusal naming the run whose artifact it is."""
+    try:
+        return read()
+    except RefrunInputError as exc:
+        raise RefrunInputError(f"run {run_id}: {exc}") from exc
 
 
 def read_curves_fast(path: Path, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    """Read a curves artifact keeping ``metric`` categorical (no per-row string objects)."""
+    """Read a curves artifact keeping ``metric`` categorical (no per-row string objects).
+
+    A file that is not a curves artifact (empty or cut short by an interrupted upload, not
+    Parquet, without the columns of :data:`refrun.schema.CURVE_COLUMNS`) is a one-line
+    :class:`RefrunInputError` naming it: a broken artifact is never a verdict."""
     filters = [("metric", "in", list(metrics))] if metrics else None
-    df = pq.read_table(path, filters=filters).to_pandas()
+    try:
+        table = pq.read_table(path, filters=filters)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        size = _size(path)
+        raise RefrunInputError(f"{path}: not a readable curves artifact ({size}; "
+                               f"{' '.join(str(exc).split())[:160]}); refused, nothing "
+                               "compared") from exc
+    missing = [c for c in schema.CURVE_COLUMNS if c not in table.column_names]
+    if missing:
+        raise RefrunInputError(f"{path}: not a curves artifact (no column "
+                               f"{', '.join(missing)}); refused, nothing compared")
+    df = table.to_pandas()
     if not isinstance(df["metric"].dtype, pd.CategoricalDtype):
         df["metric"] = df["metric"].astype("category")
     return df
+
+
+def _size(path: Path) -> str:
+    try:
+        return f"{path.stat().st_size:,} bytes"
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror}"
 
 
 def history_values(values: np.ndarray) -> np.ndarray:

@@ -426,16 +426,9 @@ def build_report(comparison: Comparison, *, assessment: Any = None,
 def write_html(html: str, path: str | os.PathLike[str]) -> Path:
     """Write a built page (:attr:`Report.html`) to ``path`` through a temporary name, so
     a failure never leaves a half-written report."""
-    out = check_writable(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise RefrunInputError(f"--html {path}: cannot write ({exc.strerror or exc})") from exc
-    return out
+    from refrun.util.outputs import write_output
+
+    return write_output(path, html, "--html")
 
 
 def write_report(comparison: Comparison, path: str | os.PathLike[str], **kwargs: Any) -> Path:

@@ -35,6 +35,7 @@ the same calls without importing MLflow; MLflow's client otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -128,6 +129,8 @@ def _open(uri: str, create: bool, s: Settings, direct: bool = False
             return direct_store.DirectClient(
                 uri, path, s.http_timeout_s,
                 workspaces=bool(direct_store.workspaces_enabled()))
+        if not create:
+            _no_tables_to_create(uri, path, s.http_timeout_s)
         return _guarded(uri, lambda: _new_client(uri))
 
     # Checked and opened under the lock a writer holds while MLflow creates and migrates a
@@ -167,6 +170,30 @@ def _flock(fd: int, mode: int, lock: Path, uri: str, timeout_s: float) -> None:
                     "created, or a process that hangs creating it") from None
             time.sleep(pause)  # a lock has no wake-up to wait on; back off to 50 ms
             pause = min(pause * 2, 0.05)
+
+
+def _no_tables_to_create(uri: str, path: Path, timeout_s: float) -> None:
+    """Refuse, for a reader, a sqlite store MLflow's client would add tables to: it
+    creates every table of its ORM that is missing and migrates on opening a store
+    (``mlflow.store.db.utils._all_tables_exist``), which a read command must never do."""
+    import mlflow.store.db.utils  # noqa: F401  (fills Base.metadata with every table)
+    from mlflow.store.db.base_sql_model import Base
+
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s)
+        with contextlib.closing(con):
+            have = {r[0] for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as exc:
+        raise RefrunStoreError(f"tracking store {uri}: {health.cause(exc)}") from exc
+    missing = sorted(set(Base.metadata.tables) - have)
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more"
+                                          if len(missing) > 4 else "")
+        raise RefrunStoreError(
+            f"tracking store {uri}: lacks tables of this MLflow's schema ({shown}); a read "
+            "command never creates or migrates tables: upgrade it with `mlflow db upgrade "
+            f"{uri}` (after a backup) or read it with the MLflow release that wrote it")
 
 
 def _new_client(uri: str) -> MlflowClient:

@@ -54,6 +54,10 @@ def existing_store_uri(uri: str | None) -> str:
     :func:`refrun.store.health.check_sqlite`, run by :func:`refrun.store.client.client`)."""
     resolved = resolve_tracking_uri(uri)
     path = sqlite_path(resolved)
+    if path is not None and path.is_symlink() and not path.exists():
+        raise RefrunStoreError(f"tracking store {resolved}: {path} is a dangling symbolic "
+                               f"link (to {os.readlink(path)}); point it at a store or "
+                               "remove it")
     if path is not None and not path.is_file():
         raise RefrunStoreError(f"tracking store {resolved}: no such store "
                                f"({path} does not exist)")

@@ -119,13 +119,9 @@ def render(c: Calibrated) -> str:
 
 def write_file(c: Calibrated, path: str) -> str:
     """Write the calibrated file atomically after checking it loads (nothing half-written)."""
-    import os
-    from pathlib import Path
+    from refrun.util.outputs import write_output
 
     text = c.text()
     parse_criteria(text, path)  # the file must load with the ordinary loader
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, p)
+    write_output(path, text, "--output")
     return text
