@@ -454,6 +454,14 @@ def test_artifacts_elsewhere_are_left_to_mlflow(feature_stores) -> None:
 _CLI = ("import sys, json\nfrom refrun.cli import main\n"
         "rc = main(sys.argv[1:])\n"
         "print(json.dumps([rc, 'mlflow' in sys.modules]))\n")
+_CLI_MANY = ("import contextlib, io, json, sys\nfrom refrun.cli import main\n"
+             "out = []\n"
+             "for argv in json.loads(sys.argv[1]):\n"
+             "    buf = io.StringIO()\n"
+             "    with contextlib.redirect_stdout(buf):\n"
+             "        rc = main(argv)\n"
+             "    out.append([rc, buf.getvalue()])\n"
+             "print(json.dumps(out))\n")
 _SEEN = """
 import json, sys
 from mlflow.tracking import MlflowClient
@@ -475,6 +483,17 @@ def _cli(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, bool, st
                           text=True, timeout=600, cwd=cwd, env={**os.environ, **env})
     rc, imported = json.loads(proc.stdout.strip().splitlines()[-1])
     return rc, imported, proc.stdout, proc.stderr
+
+
+def _cli_many(commands: list[list[str]], env: dict[str, str], cwd: Path
+              ) -> list[tuple[int, str]]:
+    """Several ``refrun`` commands in one fresh process (set-up steps that are not the
+    subject: one MLflow import for all of them): each one's (exit code, stdout)."""
+    proc = subprocess.run([sys.executable, "-c", _CLI_MANY, json.dumps(commands)],
+                          capture_output=True, text=True, timeout=600, cwd=cwd,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [(rc, out) for rc, out in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
 def _seen(uri: str, env: dict[str, str]) -> dict:
@@ -520,13 +539,13 @@ def test_import_accept_report_with_workspaces_see_and_write_what_mlflow_would(
         uri = f"sqlite:///{root / 'mlflow.db'}"
         env = {**WS_ON, "MLFLOW_WORKSPACE": "teamB", "REFRUN_SQLITE_DIRECT": setting}
         ids = []
-        for k, f in enumerate(files):
-            role = "candidate" if k == len(files) - 1 else "reference"
-            rc, _, out, err = _cli(["import", "csv", str(f), "--workload", EXPERIMENT,
-                                    "--role", role, "--hardware", "cpu", "--seed", str(k),
-                                    "--run-name", f"{role} {k}", "--tracking-uri", uri],
-                                   env, root)
-            assert rc == 0, err[-2000:]
+        imports = [["import", "csv", str(f), "--workload", EXPERIMENT, "--role",
+                    "candidate" if k == len(files) - 1 else "reference", "--hardware", "cpu",
+                    "--seed", str(k), "--run-name",
+                    f"{'candidate' if k == len(files) - 1 else 'reference'} {k}",
+                    "--tracking-uri", uri] for k, f in enumerate(files)]
+        for rc, out in _cli_many(imports, env, root):
+            assert rc == 0, out
             ids.append(out.strip().splitlines()[0].split()[0])
         refs, cand = ids[:-1], ids[-1]
         accept = ["accept", "--criteria", str(crit), "--reference", *refs, "--candidate",
