@@ -200,3 +200,35 @@ def test_every_importer_answers_every_hostile_file(store, tmp_path: Path, capsys
     else:
         assert rc == 0, err[:500]
         assert _run_points(store.tracking_uri) == [expected]
+
+
+@pytest.mark.parametrize("layout", ["file", "directory"])
+def test_tensorboard_honours_the_import_size_limit(store, tmp_path: Path, capsys,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   layout: str) -> None:
+    """$REFRUN_IMPORT_MAX_BYTES bounds the TensorBoard importer like every other: one file
+    over it, or a run whose files together are over it, is refused before it is held."""
+    events = _tb(50)
+    run_dir = tmp_path / "logs" / "run"
+    run_dir.mkdir(parents=True)
+    if layout == "file":
+        path = run_dir / "events.out.tfevents.1.host"
+        path.write_bytes(events)
+    else:  # two files each under the limit, together over it
+        (run_dir / "events.out.tfevents.1.host").write_bytes(events)
+        (run_dir / "events.out.tfevents.2.host").write_bytes(events)
+        path = tmp_path / "logs"
+    limit = len(events) + 10 if layout == "directory" else len(events) - 1
+    monkeypatch.setenv("REFRUN_IMPORT_MAX_BYTES", str(limit))
+    rc = main(["import", "tensorboard", str(path), "--workload", "w", "--role", "reference",
+               "--hardware", "cpu", "--tracking-uri", store.tracking_uri])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "import limit" in err and len(err.splitlines()) == 1, err
+    if layout == "directory":
+        assert "2 event files of" in err and "bytes together" in err, err
+    assert _run_points(store.tracking_uri) == []
+    monkeypatch.setenv("REFRUN_IMPORT_MAX_BYTES", str(2 * len(events) + 10))
+    rc = main(["import", "tensorboard", str(path), "--workload", "w", "--role", "reference",
+               "--hardware", "cpu", "--tracking-uri", store.tracking_uri])
+    assert rc == 0, capsys.readouterr().err
+    assert _run_points(store.tracking_uri) == [50 if layout == "file" else 100]

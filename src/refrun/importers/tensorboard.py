@@ -214,7 +214,13 @@ def parse_run(run: TensorBoardRun, metrics: Sequence[str] | None = None,
     rename = dict(rename or {})
     cols = _Columns([], [], [], [], set())
     # $REFRUN_IMPORT_MAX_BYTES bounds a run's event files together (all are held at once).
-    budget = max_import_bytes()
+    budget = limit = max_import_bytes()
+    if len(run.files) > 1:
+        total = sum(f.stat().st_size for f in run.files if f.is_file())
+        if total > limit:
+            raise RefrunInputError(f"{run.files[0].parent}: {len(run.files)} event files of "
+                                   f"{total:,} bytes together, larger than the import limit "
+                                   f"of {limit:,} bytes ($REFRUN_IMPORT_MAX_BYTES)")
     for f in run.files:
         budget -= _read_file(f, cols, budget)
     if cols.truncated:
