@@ -284,7 +284,7 @@ def test_hostile_files_are_one_line_errors_from_the_cli(store, tmp_path: Path, c
     deep = write(tmp_path, "deep.json", '{"lm loss": ' + "[" * 100_000 + "]" * 100_000 + "}")
     big = write(tmp_path, "big.txt", "".join(f"{i} 1.0\n" for i in range(2_000)))
     for args, needle, limit in [
-        (["megatron", str(deep)], f"{deep}: JSON nested too deeply", None),
+        (["megatron", str(deep)], f"{deep}:1: JSON nested more than 64 levels deep", None),
         (["torchtitan", str(big)], f"{big}: {big.stat().st_size:,} bytes, larger than the "
                                    "import limit of 10,000 bytes", "10000"),
     ]:

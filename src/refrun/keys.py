@@ -47,5 +47,7 @@ def step_problem(step: object) -> str | None:
     if isinstance(step, bool) or not isinstance(step, numbers.Integral):
         return f"step {step!r} is not an integer"
     if not STEP_MIN <= int(step) <= STEP_MAX:
-        return f"step {step} does not fit a signed 64-bit integer"
+        digits = len(str(abs(int(step)))) if abs(int(step)) < 10 ** 4000 else 4000
+        shown = str(step) if digits <= 24 else f"of {digits:,} digits"  # one short line
+        return f"step {shown} does not fit a signed 64-bit integer"
     return None

@@ -94,6 +94,10 @@ TAG_SYNC_PENDING = "refrun.sync.pending"
 # Points a hard kill (SIGKILL, OOM) is estimated to have taken with the trainer: accepted
 # by log() but not yet written to the spool (refrun.recording.delivery.lost_estimate).
 TAG_LOST_ESTIMATE = "refrun.lost.estimate"
+# Spool lines that were not a point when the run was sealed (a NUL block a crash left, a
+# line that is not UTF-8 ...): "<points> points in <lines> lines (<bytes> bytes)"; those
+# points are also counted in refrun.dropped.  Every valid line around them is delivered.
+TAG_SPOOL_DAMAGED = "refrun.spool.damaged"
 TAG_WARNINGS = "refrun.warnings"  # number of warnings (text in refrun/warnings.json)
 TAG_MLFLOW_VIEW = "refrun.mlflow_view"  # how MLflow's history relates to the curves artifact
 
@@ -294,6 +298,16 @@ def rank_artifact(rank: int, name: str) -> str:
     warnings ...): ``refrun/ranks/rank-<k>/<file name>``."""
     return f"{ARTIFACT_RANKS_DIR}/{rank_name(rank)}/{name.rsplit('/', 1)[-1]}"
 
+
+# The tags that say who a run is: set by start_run (validated there: RunIdentity, the
+# job's place), never changed afterwards.  A session refuses a later value that differs
+# from the first (warned, counted in refrun.refused); one not set at start takes its
+# first value (a probe records tokens_per_sample that way), as MLflow params do.
+IDENTITY_TAGS = frozenset({
+    TAG_SCHEMA, TAG_WORKLOAD, TAG_ROLE, TAG_HARDWARE, TAG_BACKEND, TAG_CHIPS, TAG_SEED,
+    TAG_GLOBAL_BATCH, TAG_PLANNED_STEPS, TAG_TOKENS_PER_SAMPLE, TAG_VERSION, TAG_LOCAL_ID,
+    TAG_JOB_ID, TAG_JOB_RANK, TAG_JOB_WORLD_SIZE,
+})
 
 # === 7. imported runs (refrun import ...) =================================================
 TAG_IMPORT_FORMAT = "refrun.import.format"  # megatron | torchtitan | csv | ...

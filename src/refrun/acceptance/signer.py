@@ -15,6 +15,7 @@ name is what ``--by`` says and the record says ``"unauthenticated"``.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlparse
@@ -94,14 +95,44 @@ def experiment_permission(uri: str, username: str, experiment_id: str) -> str:
 
 
 def check_by(by: str | None) -> str:
-    """``--by`` stripped; refused (one line) when it is not printable text: a newline or a
-    terminal escape in a name would forge or hide lines wherever the name is printed."""
-    declared = (by or "").strip()
+    """``--by`` in Unicode normal form NFKC, stripped; refused (one line) when it is not
+    printable text (a newline or a terminal escape in a name would forge or hide lines
+    wherever the name is printed) or when its letters mix scripts (:func:`mixed_scripts`).
+
+    NFKC folds compatibility look-alikes into the letters they stand for (fullwidth
+    "ａdmin" is recorded as "admin", so no name can look like another yet differ from it);
+    a name that mixes scripts (Cyrillic "а" among Latin letters: "аdmin") has no such
+    folding and is refused."""
+    declared = unicodedata.normalize("NFKC", by or "").strip()
     if by is not None and by.strip():
-        problem = name_problem(declared)
+        problem = name_problem(declared) or mixed_scripts(declared)
         if problem is not None:
-            raise RefrunInputError(f"--by {escape(declared)[:80]!r}: {problem}")
+            raise RefrunInputError(f"--by {escape(by.strip())[:80]!r}: {problem}")
     return declared
+
+
+# Scripts one name may combine: Japanese writes Han with kana, Korean Han with Hangul.
+_SCRIPTS_TOGETHER = (frozenset({"CJK", "HIRAGANA", "KATAKANA"}), frozenset({"CJK", "HANGUL"}))
+
+
+def _script(ch: str) -> str | None:
+    """The script of a letter, from its Unicode name ("CYRILLIC SMALL LETTER A" ->
+    CYRILLIC); None for what is not a letter (digits, spaces, punctuation: shared)."""
+    if not unicodedata.category(ch).startswith("L"):
+        return None
+    name = unicodedata.name(ch, "")
+    return name.split(" ", 1)[0] if name else "UNKNOWN"
+
+
+def mixed_scripts(name: str) -> str | None:
+    """Why ``name`` mixes scripts so that it could pass for another name (None when it
+    does not): letters of more than one script, other than the combinations one language
+    writes (Japanese, Korean).  A look-alike such as Cyrillic "аdmin" for "admin"."""
+    scripts = {s for s in map(_script, name) if s is not None}
+    if len(scripts) <= 1 or any(scripts <= ok for ok in _SCRIPTS_TOGETHER):
+        return None
+    return (f"mixes letters of the scripts {', '.join(sorted(scripts))} (a look-alike of "
+            "another name); write it in one script")
 
 
 def resolve_signer(tracking_uri: str, user: tuple[str, bool] | None, by: str | None,

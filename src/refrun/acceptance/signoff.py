@@ -142,6 +142,56 @@ def signed_by(s: dict[str, Any]) -> str:
             f"{escape(s.get('time_utc'))}")
 
 
+def signoff_from_tags(tags: dict[str, str]) -> dict[str, Any] | None:
+    """What the ``refrun.signoff.*`` tags of a run say about its sign-off (the fields of
+    :class:`SignOff` they carry), or None when it has none."""
+    found = {k.removeprefix(TAG_SIGNOFF_PREFIX): v for k, v in tags.items()
+             if k.startswith(TAG_SIGNOFF_PREFIX)}
+    if not found:
+        return None
+    found["override"] = found.get("override") == "true"
+    return found
+
+
+def run_problems(rec: Recorded, tracking_uri: str | None) -> list[dict[str, str]]:
+    """The runs an assessment names (its comparison run, references, candidate, pair and
+    twin) that are deleted in the store (MLflow keeps a deleted run readable until garbage
+    collection, so re-assessing alone would not notice) or not there at all."""
+    from refrun.store.client import refusals
+
+    a = rec.assessment
+    pair = a.get("pair") or {}
+    named = [("comparison run", rec.run_id)]
+    named += [("reference", str(r)) for r in a.get("reference", [])]
+    named += [("candidate", str(a.get("candidate") or "")), ("pair", pair.get("run_id")),
+              ("twin", (pair.get("twin") or {}).get("run_id"))]
+    client = client_for(tracking_uri)
+    out: list[dict[str, str]] = []
+    for role, run_id in named:
+        if not run_id:
+            continue
+        try:
+            stage = client.get_run(run_id).info.lifecycle_stage
+        except refusals():
+            out.append({"what": "runs", "key": f"{role} {run_id}",
+                        "change": "missing from the store"})
+            continue
+        if stage == "deleted":
+            out.append({"what": "runs", "key": f"{role} {run_id}",
+                        "change": "deleted (`mlflow runs delete`); `mlflow runs restore` "
+                                  "brings it back"})
+    return out
+
+
+def missing_artifacts(rec: Recorded) -> list[dict[str, str]]:
+    """Artifacts a signed-off assessment is verified against that are not on its run."""
+    missing = [name for name, present in ((ARTIFACT_EVIDENCE, bool(rec.evidence)),
+                                          (ARTIFACT_CRITERIA, bool(rec.criteria_bytes)))
+               if not present]
+    return [{"what": "artifacts", "key": name, "change": "missing from the comparison run"}
+            for name in missing]
+
+
 def _stored_criteria(rec: Recorded) -> CriteriaFile:
     path = rec.assessment.get("criteria", {}).get("path") or "criteria.toml"
     try:
@@ -253,6 +303,11 @@ def sign_off(comparison_id: str, decision: str, by: str | None, note: str = "",
     if rec.signoff is not None:
         raise RefrunInputError(f"comparison {comparison_id}: already signed off "
                                f"({signed_by(rec.signoff)}); record a new assessment")
+    tagged = signoff_from_tags(rec.tags)
+    if tagged is not None:  # its record deleted: a new one must not replace the old tags
+        raise RefrunInputError(f"comparison {comparison_id}: its tags name a sign-off "
+                               f"({signed_by(tagged)}) whose {ARTIFACT_SIGNOFF} is missing; "
+                               "record a new assessment")
     recorded_sha = rec.assessment.get("criteria", {}).get("sha256")
     crit = _stored_criteria(rec)
     if crit.sha256 != recorded_sha:
@@ -318,10 +373,20 @@ def verify(comparison_id: str, tracking_uri: str | None = None,
     """Recompute the evidence of a signed-off comparison and list every change."""
     rec = load_recorded(comparison_id, tracking_uri)
     if rec.signoff is None:
-        raise RefrunInputError(f"comparison {comparison_id}: not signed off "
-                               "(`refrun signoff --comparison ID ...`)")
+        tagged = signoff_from_tags(rec.tags)
+        if tagged is None:
+            raise RefrunInputError(f"comparison {comparison_id}: not signed off "
+                                   "(`refrun signoff --comparison ID ...`)")
+        # The tags still say who signed: the record was removed, not never made.
+        return Verification(comparison_id, tagged, [{
+            "what": "signoff", "key": ARTIFACT_SIGNOFF,
+            "change": f"missing from the run, while its {TAG_SIGNOFF_PREFIX}* tags still "
+                      f"name the sign-off ({signed_by(tagged)}): the record was deleted"}])
     s = rec.signoff
-    changes: list[dict[str, str]] = []
+    # Runs of the assessment deleted (`mlflow runs delete`) or gone, and artifacts of the
+    # assessment missing: named, whatever the recomputed evidence says.
+    changes: list[dict[str, str]] = [*run_problems(rec, tracking_uri),
+                                     *missing_artifacts(rec)]
     body = {k: v for k, v in s.items() if k != "record_sha256"}
     if sha256_of(body) != s.get("record_sha256"):
         changes.append({"what": "signoff", "key": ARTIFACT_SIGNOFF,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from refrun.importers.curves import (
     parse_step,
     parse_value,
     read_text,
+    shown,
 )
 from refrun.importers.record import create_run
 
@@ -34,6 +36,20 @@ def parse_csv(path: str | os.PathLike[str], step_column: str = "step",
     """
     p, text = read_text(path)
     reader = csv.reader(io.StringIO(text))
+    try:
+        return _parse_rows(p, reader, step_column, metrics)
+    except csv.Error as exc:  # a cell past csv's field limit, a stray quote ...
+        raise RefrunInputError(f"{p}:{reader.line_num}: not valid CSV ({exc})") from None
+
+
+def _columns_shown(header: list[str], limit: int = 10) -> str:
+    """The header's first columns for an error line (a file may have 100,000)."""
+    more = f", ... ({len(header):,} columns)" if len(header) > limit else ""
+    return ", ".join(shown(c, quote=False) for c in header[:limit]) + more
+
+
+def _parse_rows(p: Any, reader: Any, step_column: str,
+                metrics: Sequence[str] | None) -> ImportedCurves:
     header: list[str] | None = None
     for row in reader:
         if any(c.strip() for c in row):
@@ -42,24 +58,29 @@ def parse_csv(path: str | os.PathLike[str], step_column: str = "step",
     if header is None:
         raise RefrunInputError(f"{p}: empty file")
     hline = reader.line_num
-    dup = sorted({c for c in header if header.count(c) > 1})
+    # Linear in the number of columns (a 100,000-column file is read in a second).
+    dup = sorted(c for c, n in Counter(header).items() if n > 1)
     if dup:
-        raise RefrunInputError(f"{p}:{hline}: duplicate column names {dup}")
+        raise RefrunInputError(f"{p}:{hline}: duplicate column names "
+                               f"{[shown(c, quote=False) for c in dup[:10]]}"
+                               + (f" ({len(dup):,} in all)" if len(dup) > 10 else ""))
     if step_column not in header:
         raise RefrunInputError(f"{p}:{hline}: no step column {step_column!r} "
-                               f"(columns: {', '.join(header)})")
+                               f"(columns: {_columns_shown(header)})")
     istep = header.index(step_column)
     cols = [(i, c) for i, c in enumerate(header) if i != istep]
     if metrics:
-        missing = [m for m in metrics if m not in header]
+        present = set(header)
+        missing = [m for m in metrics if m not in present]
         if missing:
             raise RefrunInputError(f"{p}:{hline}: no column {missing[0]!r} "
-                                   f"(columns: {', '.join(header)})")
-        cols = [(i, c) for i, c in cols if c in metrics]
+                                   f"(columns: {_columns_shown(header)})")
+        wanted = set(metrics)
+        cols = [(i, c) for i, c in cols if c in wanted]
     if not cols:
         raise RefrunInputError(f"{p}:{hline}: no metric column besides {step_column!r}")
     for _, name in cols:
-        check_name(name, f"{p}:{hline}: column {name!r}")
+        check_name(name, f"{p}:{hline}: column {shown(name)}")
     names: list[str] = []
     steps: list[int] = []
     values: list[float] = []
@@ -78,8 +99,8 @@ def parse_csv(path: str | os.PathLike[str], step_column: str = "step",
                 continue
             value = parse_value(cell)
             if value is None:
-                raise RefrunInputError(f"{p}:{line}: column {name!r}: {cell!r} is not a "
-                                       "number")
+                raise RefrunInputError(f"{p}:{line}: column {name!r}: {shown(cell)} is not a "
+                                       "number (or out of the range of a float)")
             names.append(name)
             steps.append(step)
             values.append(value)

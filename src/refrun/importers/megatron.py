@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,14 @@ import pandas as pd
 
 from refrun import schema
 from refrun.errors import RefrunInputError
-from refrun.importers.curves import ImportedCurves, check_name, parse_value, read_text
+from refrun.importers.curves import (
+    ImportedCurves,
+    check_name,
+    load_json,
+    parse_value,
+    read_text,
+    shown,
+)
 from refrun.importers.record import create_run
 from refrun.keys import step_problem
 
@@ -61,7 +67,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _load_json(path: str | os.PathLike[str]) -> tuple[Path, Any]:
     p, text = read_text(path)
     try:
-        return p, json.loads(text, object_pairs_hook=_unique_object)
+        return p, load_json(text, p, object_pairs_hook=_unique_object)
     except json.JSONDecodeError as exc:
         raise RefrunInputError(f"{p}:{exc.lineno}: not valid JSON ({exc.msg}, column "
                                f"{exc.colno})") from None
@@ -69,12 +75,6 @@ def _load_json(path: str | os.PathLike[str]) -> tuple[Path, Any]:
         raise RefrunInputError(f'{p}: key "{exc.key}" appears twice in one object (a '
                                "repeated step or metric; refused rather than keeping one "
                                "value silently)") from None
-    except RecursionError:
-        # The format is three levels deep; Python's parser recurses once per level and
-        # gives up near sys.getrecursionlimit().
-        raise RefrunInputError(f"{p}: JSON nested too deeply (more than "
-                               f"{sys.getrecursionlimit()} levels; the format has 3)"
-                               ) from None
 
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps int64, values float64), sorted by step
@@ -121,6 +121,8 @@ def _fast_series(values: dict[str, Any]) -> tuple[np.ndarray | None, np.ndarray 
         vals = np.fromiter(map(float, raw), dtype=np.float64, count=n)
     except (ValueError, OverflowError):
         return None, None
+    if np.isinf(vals).any():  # "inf", or digits past a float's range: the checked path
+        return None, None
     return steps, vals
 
 
@@ -129,7 +131,7 @@ def _checked_series(p: Path, metric: str, values: dict[str, Any]) -> Series:
     steps: list[int] = []
     vals: list[float] = []
     for k, v in values.items():
-        where = f'{p}: key "{metric}".values."{k}"'
+        where = f'{p}: key "{metric}".values."{shown(k, quote=False)}"'
         try:
             step = int(k)
         except ValueError:
@@ -140,7 +142,8 @@ def _checked_series(p: Path, metric: str, values: dict[str, Any]) -> Series:
         value = None if isinstance(v, bool) or not isinstance(v, int | float | str) \
             else parse_value(v)
         if value is None:
-            raise RefrunInputError(f'{where}: {v!r} is not a number or "nan"')
+            raise RefrunInputError(f'{where}: {shown(v)} is not a number (or is out of '
+                                   'the range of a float) nor "nan"')
         steps.append(step)
         vals.append(value)
     return np.array(steps, dtype=np.int64), np.array(vals, dtype=np.float64)

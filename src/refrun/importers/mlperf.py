@@ -36,6 +36,7 @@ complete lines and the cut is counted (param ``import.mlperf.truncated_lines``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections import Counter
@@ -48,7 +49,7 @@ from mlperf_logging.mllog.mllog import LOG_TEMPLATE
 
 from refrun import schema
 from refrun.errors import RefrunInputError
-from refrun.importers.curves import ImportedCurves, check_name, read_text
+from refrun.importers.curves import ImportedCurves, check_name, load_json, read_text, shown
 from refrun.importers.record import create_run
 
 FORMAT = "mlperf"
@@ -61,9 +62,14 @@ NOT_METRICS = {mlc.EVAL_START, mlc.EVAL_STOP, mlc.EVAL_SAMPLES}
 
 
 def _number(v: Any) -> float | None:
+    """A JSON number as a float; None for anything else (or a number no float holds,
+    which :func:`refrun.importers.curves.load_json` has refused already)."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:
+        return None
 
 
 def _metric_name(key: str) -> str | None:
@@ -85,10 +91,14 @@ def _lines(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], int]:
             continue
         line = raw[i:].strip()
         try:
-            doc = json.loads(line[len(TOKEN):])
+            # Nesting bounded and numbers out of a float's range refused, naming the line.
+            doc = load_json(line[len(TOKEN):], p, lineno, object_pairs_hook=_unique_keys)
             if not isinstance(doc, dict) or "key" not in doc or "time_ms" not in doc:
                 raise ValueError("expected an object with key, value, time_ms")
-            float(doc["time_ms"])
+            if not math.isfinite(float(doc["time_ms"])):
+                raise ValueError(f"time_ms {shown(doc['time_ms'])} is not a finite number")
+        except RefrunInputError:  # too deep, or a number out of range: named already
+            raise
         except (ValueError, TypeError) as exc:
             if lineno == len(lines) and not text.endswith("\n"):
                 return out, 1
@@ -97,6 +107,19 @@ def _lines(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], int]:
                                    ) from None
         out.append((lineno, doc))
     return out, 0
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """JSON object hook: a key given twice in one object is refused (``json`` would keep
+    the last silently: which ``value`` or ``samples_count`` the line meant is unknown)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"key {shown(k)} appears twice in one object")
+            seen.add(k)
+    return d
 
 
 def _param_value(v: Any) -> str:
@@ -129,7 +152,7 @@ def parse_mlperf(path: str | os.PathLike[str]) -> ImportedCurves:
             run_stop = time_ms
             status = str(meta.get(mlc.STATUS, "unknown"))
         elif key == mlc.EVAL_ACCURACY and _number(value) is None:
-            raise RefrunInputError(f"{p}:{lineno}: eval_accuracy {value!r} is not a number")
+            raise RefrunInputError(f"{p}:{lineno}: eval_accuracy {shown(value)} is not a number")
         elif name is not None and _number(value) is not None and (
                 _number(meta.get(mlc.SAMPLES_COUNT)) is not None
                 or _number(meta.get(mlc.EPOCH_NUM)) is not None):

@@ -42,7 +42,7 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
 
 from refrun.errors import RefrunInputError
-from refrun.importers.curves import ImportedCurves, check_name
+from refrun.importers.curves import ImportedCurves, check_name, max_import_bytes, read_bytes
 from refrun.importers.record import create_run
 
 FORMAT = "tensorboard"
@@ -63,12 +63,17 @@ class TensorBoardRun:
     files: tuple[Path, ...]
 
 
+# Largest wall time accepted (seconds since the epoch, year ~5138): far past any real
+# event, far inside int64 milliseconds.
+MAX_WALL_TIME_S = 1e11
+
+
 def find_runs(path: str | os.PathLike[str]) -> list[TensorBoardRun]:
     """Runs under ``path`` (an event file: one run of that file), sorted by name."""
     p = Path(path)
     if not p.exists():
         raise RefrunInputError(f"{p}: no such file or directory")
-    if p.is_file():
+    if not p.is_dir():  # an event file; a device, pipe or socket is refused by read_bytes
         return [TensorBoardRun(p.name, (p,))]
     by_dir: dict[Path, list[Path]] = {}
     for dirpath, dirnames, filenames in os.walk(p):
@@ -129,17 +134,15 @@ def _crc_error(p: Path, off: int, what: str) -> RefrunInputError:
                             "TFRecord event file, or corrupted)")
 
 
-def _read_file(p: Path, cols: _Columns) -> None:
-    """Append the scalars of event file ``p`` to ``cols``.
+def _read_file(p: Path, cols: _Columns, limit: int) -> int:
+    """Append the scalars of event file ``p`` (at most ``limit`` bytes, a regular file:
+    :func:`refrun.importers.curves.read_bytes`) to ``cols``; returns its size.
 
     One flat loop over the records (framing, CRCs, ``Event`` decoding, scalar extraction)
     with every name bound locally: this is the import's hot path, ~3.5 us a scalar.  A
     record cut short at the end is counted in ``cols.truncated`` (TensorBoard's own
     reader stops there too)."""
-    try:
-        buf = p.read_bytes()
-    except OSError as exc:
-        raise RefrunInputError(f"{p}: cannot read ({type(exc).__name__}: {exc})") from exc
+    buf = read_bytes(p, limit)[1]
     crc = google_crc32c.value
     unpack = _HEADER.unpack_from
     from_bytes = int.from_bytes
@@ -167,7 +170,7 @@ def _read_file(p: Path, cols: _Columns) -> None:
             raise _crc_error(p, off, "data")
         try:
             ev = parse(data)
-        except DecodeError:
+        except (DecodeError, RecursionError):
             raise RefrunInputError(f"{p}: byte {off}: record is not a TensorBoard Event "
                                    "protobuf") from None
         off = end + 4
@@ -189,6 +192,7 @@ def _read_file(p: Path, cols: _Columns) -> None:
             steps(ev.step)
             values(number)
             wall(ev.wall_time)
+    return n
 
 
 def _check_names(p: TensorBoardRun, names: pd.Categorical,
@@ -209,8 +213,16 @@ def parse_run(run: TensorBoardRun, metrics: Sequence[str] | None = None,
     ``rename``; only ``metrics`` when given, by tag or new name)."""
     rename = dict(rename or {})
     cols = _Columns([], [], [], [], set())
+    # $REFRUN_IMPORT_MAX_BYTES bounds a run's event files together (all are held at once).
+    budget = limit = max_import_bytes()
+    if len(run.files) > 1:
+        total = sum(f.stat().st_size for f in run.files if f.is_file())
+        if total > limit:
+            raise RefrunInputError(f"{run.files[0].parent}: {len(run.files)} event files of "
+                                   f"{total:,} bytes together, larger than the import limit "
+                                   f"of {limit:,} bytes ($REFRUN_IMPORT_MAX_BYTES)")
     for f in run.files:
-        _read_file(f, cols)
+        budget -= _read_file(f, cols, budget)
     if cols.truncated:
         print(f"refrun import: warning: {run.name}: {cols.truncated} event file(s) end in a "
               "truncated record (a writer stopped mid-record); the complete records before "
@@ -247,6 +259,13 @@ def parse_run(run: TensorBoardRun, metrics: Sequence[str] | None = None,
     if rename:
         params["import.tensorboard.rename"] = ", ".join(f"{k}={v}"
                                                          for k, v in sorted(rename.items()))
+    # A wall time no millisecond timestamp holds (NaN, inf, 1e300 s) would become garbage
+    # in the cast below: refused, naming the point.
+    bad = np.flatnonzero(~(np.abs(wall) <= MAX_WALL_TIME_S))
+    if len(bad):
+        i = int(bad[0])
+        raise RefrunInputError(f"{where}: tag {str(names[i])!r} at step {int(steps[i])}: "
+                               f"wall_time {wall[i]!r} s is out of range")
     timestamps = np.rint(wall * 1000.0).astype(np.int64)
     return ImportedCurves.from_columns(FORMAT, list(run.files), names, steps, vals, params,
                                        timestamp_ms=timestamps)

@@ -13,6 +13,7 @@ from refrun.importers.curves import (
     parse_step,
     parse_value,
     read_text,
+    shown,
 )
 from refrun.importers.record import create_run
 
@@ -40,7 +41,8 @@ def parse_torchtitan(path: str | os.PathLike[str], metric: str = schema.M_LOSS
         steps.append(parse_step(fields[0], f"{p}:{lineno}"))
         value = parse_value(fields[1])
         if value is None:
-            raise RefrunInputError(f"{p}:{lineno}: value {fields[1]!r} is not a number")
+            raise RefrunInputError(f"{p}:{lineno}: value {shown(fields[1])} is not a "
+                                   "number (or out of the range of a float)")
         values.append(value)
     return ImportedCurves.from_columns(FORMAT, [p], [metric] * len(steps), steps, values)
 

@@ -501,8 +501,7 @@ class Probe:
         fetched without blocking and logged once ready."""
         n = self._step if step is None else step
         if n is None:
-            self.run.warn_once("probe-nostep", "probe.log called before any probe.step(); "
-                               "pass step= explicitly", None)
+            self._refuse_unstepped(metrics)
             return
         scalar_types = self._scalar_types
         for value in metrics.values():
@@ -521,7 +520,7 @@ class Probe:
             try:
                 handle = fetch(value)
             except Exception as exc:  # a probe must never break the loop
-                self._warn_exc(exc)
+                self._refuse_value(name, n, exc)
                 continue
             if handle is None:
                 continue
@@ -556,7 +555,7 @@ class Probe:
             try:
                 value = backend.wait(handle) if block else backend.ready(handle)
             except Exception as exc:  # a probe must never break the loop
-                self._warn_exc(exc)
+                self._refuse_value(name, n, exc, "not readable")
                 value = None
             else:
                 if value is None and not block:
@@ -730,6 +729,21 @@ class Probe:
         except Exception as exc:  # a probe must never break the loop
             self._warn_exc(exc)
             return None
+
+    def _refuse_value(self, name: str, n: int | None, exc: Exception,
+                      kind: str = "not recordable") -> None:
+        """A logged value the probe cannot record: counted by the session (``refrun.refused``,
+        named in warnings.json) and warned once per metric and reason, like a value the
+        session itself refuses."""
+        self.run.refuse(str(name), f"{self.backend.name} probe: metric {name!r} at step {n}: "
+                        f"{type(exc).__name__}: {exc}", n, kind)
+
+    def _refuse_unstepped(self, metrics: Mapping[str, Any]) -> None:
+        """``probe.log`` before any ``probe.step()`` and without ``step=``: no step to record
+        the values at; each counted as refused."""
+        self.run.refuse(",".join(sorted(map(str, metrics)))[:200],
+                        "probe.log called before any probe.step(); pass step= explicitly",
+                        None, "no step", n=max(1, len(metrics)))
 
     def _warn_exc(self, exc: Exception) -> None:
         self.run.warn_once(f"probe:{type(exc).__name__}:{str(exc)[:40]}",

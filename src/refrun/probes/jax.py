@@ -780,8 +780,7 @@ class JaxProbe(Probe):
         thread once per flush interval."""
         n = self._step if step is None else step
         if n is None:
-            self.run.warn_once("probe-nostep", "probe.log called before any probe.step(); "
-                               "pass step= explicitly", None)
+            self._refuse_unstepped(metrics)
             return
         append = self._logged.append
         donated = self._donated
@@ -794,7 +793,10 @@ class JaxProbe(Probe):
             elif t in _SCALAR_TYPES:
                 append((n, name, v))
             else:
-                self._guard(lambda name=name, v=v: self._log_other(n, name, v))
+                try:
+                    self._log_other(n, name, v)
+                except Exception as exc:  # a probe must never break the loop
+                    self._refuse_value(name, n, exc)
 
     def _log_other(self, n: int, name: str, value: Any) -> None:
         """A value off the fast path: numpy scalars (read now: they are mutable), pytrees

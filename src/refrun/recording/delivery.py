@@ -36,6 +36,7 @@ from refrun.keys import key_problem, step_problem
 from refrun.recording import view
 from refrun.recording.spool import (
     Cursor,
+    Damage,
     Point,
     RunStatus,
     Spool,
@@ -323,7 +324,10 @@ def seal(spool: Spool, status: RunStatus | None = None, end_ms: int | None = Non
     tags = dict(extra_tags or {})
     error: Exception | None = None
     try:
-        df = spool.read_all()
+        # A run sealed here after its process died may have a torn last line: lost too.
+        df, damage = spool.read_all_checked(torn_is_damage=status is None)
+        if damage.lines:
+            _note_damage(spool, damage, tags)
         tags.update(summary_tags(df))
         if status is None and spool.read_meta().status == "RUNNING":  # its process died
             tags[schema.TAG_LOST_ESTIMATE] = str(lost_estimate(spool, df))
@@ -349,6 +353,37 @@ def seal(spool: Spool, status: RunStatus | None = None, end_ms: int | None = Non
     spool.update_meta(change)
     if error is not None:
         raise error
+
+
+def _note_damage(spool: Spool, damage: Damage, tags: dict[str, str]) -> None:
+    """Say what a damaged spool lost: ``refrun.spool.damaged``, the estimated points added
+    to ``refrun.dropped`` (so every reader that asks whether a run is whole sees them),
+    and a warning in warnings.json.  Idempotent: sealing again replaces, never adds."""
+    meta = spool.read_meta()
+    if schema.TAG_DROPPED in tags:  # the session's own count, sent with this seal
+        base = _int(tags[schema.TAG_DROPPED])
+    else:  # an earlier seal's count, without the damage it already added
+        earlier = meta.tags.get(schema.TAG_SPOOL_DAMAGED, "")
+        base = _int(meta.tags.get(schema.TAG_DROPPED, "0")) - _int(earlier.split(" ", 1)[0])
+    tags[schema.TAG_DROPPED] = str(max(0, base) + damage.points)
+    tags[schema.TAG_SPOOL_DAMAGED] = damage.describe()[:limits.TAG_VALUE_LENGTH]
+    path = spool.artifacts_dir / schema.ARTIFACT_WARNINGS
+    with contextlib.suppress(OSError, ValueError):
+        doc = json.loads(path.read_text()) if path.exists() else {"warnings": []}
+        message = (f"{damage.describe()} ({spool.points_path}); every valid line was "
+                   f"delivered; counted in {schema.TAG_DROPPED}")
+        warnings = doc.setdefault("warnings", [])
+        if not any(w.get("message") == message for w in warnings):
+            warnings.append({"time_ms": None, "step": None, "message": message})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(doc, indent=1, default=str))
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
 
 
 def lost_estimate(spool: Spool, df: Any) -> int:

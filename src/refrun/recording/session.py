@@ -108,7 +108,11 @@ class RunSession:
         # What was refused, by (name, reason): first step and count (refrun/warnings.json).
         self._refusals: dict[tuple[str, str], dict[str, Any]] = {}
         self._truncated = 0  # tag/param values cut to MLflow's limit
-        self._params: dict[str, str] = dict(spool.read_meta().params)  # as first logged
+        meta = spool.read_meta()
+        self._params: dict[str, str] = dict(meta.params)  # as first logged
+        # The identity tags as start_run set them: later values that differ are refused.
+        self._identity: dict[str, str] = {k: v for k, v in meta.tags.items()
+                                          if k in schema.IDENTITY_TAGS}
         self._writer = SpoolWriter(spool, flush_interval_s=config.options.flush_interval_s,
                                    max_queue=config.options.max_queue, on_warning=self.warn_once,
                                    deliver_inline=config.options.delivery == "thread")
@@ -235,6 +239,15 @@ class RunSession:
         if entry is not None:
             entry["count"] += n
         self.warn_once(key, f"{reason}; not recorded (counted in {schema.TAG_REFUSED})", step)
+
+    def refuse(self, name: str, reason: str, step: int | None = None, kind: str = "",
+               n: int = 1) -> None:
+        """Count ``n`` values refused outside the session (a probe that cannot read or
+        record a logged value): in ``refrun.refused``, named in warnings.json, warned once
+        per (name, kind).  Never raises."""
+        with contextlib.suppress(Exception):  # accounting must never break the loop
+            self._refuse(f"refused:{kind}:{name}"[:120], reason, n, step,
+                         str(name)[:limits.KEY_LENGTH], kind)
 
     def _accept(self, step: Any, metrics: Mapping[str, Any], timestamp_ms: int | None) -> None:
         # The training thread's per-point cost: plain-int steps and float values skip the
@@ -380,8 +393,34 @@ class RunSession:
 
     # --- tags, params, artifacts ---------------------------------------------
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        """Set run tags (delivered in the background; never blocks on the store)."""
-        self._update_meta(tags=self._valid(tags, "tag key"))
+        """Set run tags (delivered in the background; never blocks on the store).
+
+        Identity tags (:data:`refrun.schema.IDENTITY_TAGS`: role, workload, hardware ...)
+        keep the value start_run gave them: a different one is refused (warned, counted in
+        ``refrun.refused``), the same one is a no-op, and one not set at start takes its
+        first value.  Never raises."""
+        try:
+            self._update_meta(tags=self._unchanged_identity(self._valid(tags, "tag key")))
+        except Exception as exc:  # tags must never crash the loop
+            self.warn_once(f"tags:{type(exc).__name__}", f"tags not recorded: {exc}")
+
+    def _unchanged_identity(self, tags: Mapping[str, Any]) -> dict[str, Any]:
+        """``tags`` without identity tags that would change (each refused)."""
+        out: dict[str, Any] = {}
+        for k, v in tags.items():
+            if k not in schema.IDENTITY_TAGS:
+                out[k] = v
+                continue
+            value = _tag_value(v)[:TAG_VALUE_MAX]
+            old = self._identity.get(k)
+            if old is None:
+                self._identity[k] = out[k] = value
+            elif old != value:
+                self._refuse(f"identity:{k}"[:80], f"identity tag {k!r} is {old[:80]!r} "
+                             f"since start_run; the new value {value[:80]!r} is refused "
+                             "(who a run is never changes after it starts)", 1, None, k,
+                             "identity tag changed")
+        return out
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log params.  MLflow params are immutable, so the first value of a param is
@@ -446,26 +485,58 @@ class RunSession:
             self.warn_once("meta", f"tags/params not recorded: {exc}")
 
     def log_json(self, name: str, obj: Any) -> None:
-        """Write ``obj`` as JSON to artifact ``name`` (uploaded with the run's artifacts)."""
+        """Write ``obj`` as JSON to artifact ``name`` (uploaded with the run's artifacts).
+
+        ``name`` is a relative path inside the run's artifacts: an absolute one, or one
+        with a ``..`` part, is refused (warned, counted in ``refrun.refused``) and nothing
+        is written.  Never raises."""
         try:
-            path = self.spool.artifacts_dir / self._artifact_name(name)
+            path = self._artifact_path(name)
+            if path is None:
+                return
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(obj, indent=1, default=str), encoding="utf-8")
         except Exception as exc:
-            self.warn_once(f"artifact:{name}", f"artifact {name} not written: {exc}")
+            self.refuse(str(name), f"artifact {str(name)[:200]!r} not written: "
+                        f"{type(exc).__name__}: {exc}", kind="artifact not written")
 
     def log_artifact(self, local_path: str | os.PathLike[str], name: str | None = None) -> None:
-        """Copy a file into the run's artifacts (uploaded at the end of the run)."""
-        src = Path(local_path)
-        dest = self.spool.artifacts_dir / self._artifact_name(name or src.name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
+        """Copy a file into the run's artifacts (uploaded at the end of the run).
 
-    def _artifact_name(self, name: str) -> str:
+        A file that cannot be read (missing, a directory, unreadable) or a ``name`` that
+        leaves the run's artifacts (absolute, ``..``) is refused: warned, counted in
+        ``refrun.refused``, never raised into the loop."""
+        try:
+            src = Path(local_path)
+            dest = self._artifact_path(src.name if name is None else name)
+            if dest is None:
+                return
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+        except Exception as exc:
+            self.refuse(str(local_path), f"artifact {str(local_path)[:200]!r} not copied: "
+                        f"{type(exc).__name__}: {exc}", kind="artifact not copied")
+
+    def _artifact_path(self, name: str) -> Path | None:
+        """Where artifact ``name`` goes in the spool, or None (refused and counted) when the
+        name would leave the run's artifacts."""
+        problem = artifact_name_problem(name)
+        if problem is not None:
+            self.refuse(str(name), f"artifact name {str(name)[:200]!r} refused: {problem}; "
+                        "nothing written", kind="artifact name")
+            return None
         # A rank > 0 uploads onto rank 0's run: its files go under refrun/ranks/rank-<k>/.
         if self.config.options.secondary_rank:
-            return schema.rank_artifact(self.config.options.rank or 0, name)
-        return name
+            name = schema.rank_artifact(self.config.options.rank or 0, name)
+        root = self.spool.artifacts_dir
+        path = root / name
+        # The name's own parts are checked above; a directory inside the artifacts that is
+        # a symlink (not one refrun makes) must not lead out either.
+        if not path.parent.resolve().is_relative_to(root.resolve()):
+            self.refuse(str(name), f"artifact name {str(name)[:200]!r} refused: it leads "
+                        "outside the run's artifacts; nothing written", kind="artifact name")
+            return None
+        return path
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` when the run ends, before the final flush (probes close here)."""
@@ -669,6 +740,25 @@ class RunSession:
         }
 
 
+def artifact_name_problem(name: Any) -> str | None:
+    """Why ``name`` is not an artifact path inside a run (None when it is): it must be a
+    non-empty relative path without ``..`` parts (MLflow's own rule for artifact paths) or
+    NUL characters; a name that leaves the run could overwrite any file the process may
+    write."""
+    if not isinstance(name, str) or not name:
+        return "not a non-empty string"
+    if "\0" in name:
+        return "contains a NUL character"
+    if name.startswith(("/", "\\")) or (name[:1].isalpha() and name[1:2] == ":"):
+        return "an absolute path"
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        return "a '..' part leaves the run's artifacts"
+    if all(p in ("", ".") for p in parts) or parts[-1] in ("", "."):
+        return "names no file"
+    return None
+
+
 def _tag_value(v: Any) -> str:
     """A tag or param value as the string MLflow stores (uncut: see ``RunSession._fit``)."""
     return v if isinstance(v, str) else json.dumps(v, default=str) if isinstance(
@@ -716,7 +806,8 @@ def start_run(
     bound_store_waits(settings())
     spool = Spool.create(config.options.spool_root, _spool_meta(config))
     session = RunSession(config, spool, spool.try_lock(SESSION_LOCK))
-    for what, items in (("tag", session._valid(config.tags, "tag key")),
+    user_tags = session._unchanged_identity(session._valid(config.tags, "tag key"))
+    for what, items in (("tag", user_tags),
                         ("param", session._valid(config.params, "param key"))):
         for k, v in items.items():
             session._fit(what, k, v)  # warns about and counts a value cut in _spool_meta
@@ -730,8 +821,10 @@ def _spool_meta(config: RunConfig) -> SpoolMeta:
     opts = config.options
     tags = _run_tags(config)
     # Cut to MLflow's limits here; start_run warns about and counts each cut afterwards.
+    # A user tag never replaces an identity tag start_run set (start_run refuses it).
     tags.update({k: _tag_value(v)[:TAG_VALUE_MAX] for k, v in config.tags.items()
-                 if key_problem(k) is None})
+                 if key_problem(k) is None
+                 and not (k in schema.IDENTITY_TAGS and k in tags)})
     tags.setdefault(schema.TAG_NOTE, mlflow_ui.run_description(tags))
     local_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
     tags[schema.TAG_LOCAL_ID] = local_id

@@ -249,6 +249,9 @@ class Spool:
         """Yield (points, lines_after, bytes_after) batches from the cursor onwards.
 
         Only complete lines are read: a line torn by a kill at write time is left for later.
+        A complete line that is not a point (a NUL block a crash left, bytes that are not
+        UTF-8 ...) is passed over: delivery goes on with the lines after it, and
+        :func:`read_points_file` counts it when the run is sealed.
         """
         cursor = self.read_cursor()
         lines, offset = cursor.lines, cursor.nbytes
@@ -260,7 +263,10 @@ class Spool:
                     break
                 offset += len(raw)
                 lines += 1
-                batch.append(parse_line(raw))
+                point = parse_line(raw)
+                if point is None:
+                    continue
+                batch.append(point)
                 if len(batch) >= max_points:
                     yield batch, lines, offset
                     batch = []
@@ -270,6 +276,11 @@ class Spool:
     def read_all(self) -> pd.DataFrame:
         """Every complete point as the curves table (metric, step, value, timestamp_ms, seq)."""
         return read_points_file(self.points_path)
+
+    def read_all_checked(self, torn_is_damage: bool = True
+                         ) -> tuple[pd.DataFrame, Damage]:
+        """:meth:`read_all` and what of the file was not a point (:class:`Damage`)."""
+        return read_points_checked(self.points_path, torn_is_damage)
 
 
 def unlock(fd: int) -> None:
@@ -304,27 +315,99 @@ def append_points(fd: int, points: list[Point]) -> None:
         raise
 
 
-def parse_line(raw: bytes) -> Point:
-    key, step, ts, value = raw.decode("utf-8").rstrip("\n").split("\t")
-    return key, int(step), int(ts), float(value)
+def parse_line(raw: bytes) -> Point | None:
+    """The point on one spool line, or None when the line is not one (damaged: NUL bytes,
+    not UTF-8, not four tab-separated fields of the right types)."""
+    if b"\0" in raw:
+        return None
+    try:
+        key, step, ts, value = raw.decode("utf-8").rstrip("\n").split("\t")
+        return key, int(step), int(ts), float(value)
+    except ValueError:  # UnicodeDecodeError is one
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """What of a spool points file was not a point."""
+
+    lines: int = 0
+    """Lines (and a torn last line) that were not a point."""
+    nbytes: int = 0
+    points: int = 0
+    """Points those bytes are estimated to have held: a damaged line counts as one, or as
+    its length over the mean length of the file's good lines when longer (a NUL block a
+    crash left in place of several lines)."""
+    first_line: int | None = None
+    """1-based number of the first damaged line."""
+
+    def describe(self) -> str:
+        return (f"{self.points} points in {self.lines} damaged lines ({self.nbytes:,} bytes, "
+                f"first at line {self.first_line}) could not be read from the spool")
 
 
 def read_points_file(path: Path) -> pd.DataFrame:
-    """Parse a spool points file into the long curves table; a torn last line is ignored."""
+    """Parse a spool points file into the long curves table; a torn last line is ignored,
+    and so is every line that is not a point (:func:`read_points_checked` counts them)."""
+    return read_points_checked(path, torn_is_damage=False)[0]
+
+
+def read_points_checked(path: Path, torn_is_damage: bool = True
+                        ) -> tuple[pd.DataFrame, Damage]:
+    """The curves table of a spool points file and the :class:`Damage` passed over; with
+    ``torn_is_damage`` an unterminated last line counts as damage (the writer is gone)."""
     data = Path(path).read_bytes()
     end = data.rfind(b"\n") + 1
-    rows = [line.split("\t") for line in data[:end].decode("utf-8").splitlines()]
-    # A step outside int64 can only come from another writer; it is not a storable point
-    # (delivery skips and counts it too).
-    rows = [r for r in rows if STEP_MIN <= int(r[1]) <= STEP_MAX]
+    try:  # the common, undamaged file: one decode and split
+        if b"\0" in data:
+            raise ValueError("NUL bytes")
+        rows = [line.split("\t") for line in data[:end].decode("utf-8").splitlines()]
+        # A step outside int64 can only come from another writer; it is not a storable
+        # point (delivery skips and counts it too).
+        rows = [r for r in rows if STEP_MIN <= int(r[1]) <= STEP_MAX]
+        if any(len(r) != 4 for r in rows):
+            raise ValueError("a line without four fields")
+        table = _curves_table(rows, [float(r[3]) for r in rows])  # raises on a bad int
+        damage = Damage()
+    except (ValueError, IndexError):
+        rows, damage = _salvage(data[:end])
+        table = _curves_table(rows, [float(r[3]) for r in rows])
+    tail = len(data) - end
+    if torn_is_damage and tail:
+        mean = max(1, end - damage.nbytes) / max(1, len(rows))
+        damage = Damage(damage.lines + 1, damage.nbytes + tail,
+                        damage.points + max(1, round(tail / mean)),
+                        damage.first_line or data[:end].count(b"\n") + 1)
+    return table, damage
+
+
+def _salvage(data: bytes) -> tuple[list[list[str]], Damage]:
+    """Line by line: the lines that are points (as text fields) and the damage."""
+    rows: list[list[str]] = []
+    bad: list[tuple[int, int]] = []  # (line number, bytes)
+    good_bytes = 0
+    for i, raw in enumerate(data.split(b"\n")[:-1], start=1):
+        point = parse_line(raw)
+        if point is None:
+            bad.append((i, len(raw) + 1))
+        elif STEP_MIN <= point[1] <= STEP_MAX:
+            rows.append([point[0], str(point[1]), str(point[2]), repr(point[3])])
+            good_bytes += len(raw) + 1
+    mean = good_bytes / len(rows) if rows else 0.0
+    points = sum(max(1, round(n / mean)) if mean else 1 for _, n in bad)
+    return rows, Damage(len(bad), sum(n for _, n in bad), points,
+                        bad[0][0] if bad else None)
+
+
+def _curves_table(rows: list[list[str]], vals: list[float]) -> pd.DataFrame:
     if not rows:
         return empty_curves()
-    keys, steps, ts, vals = zip(*rows, strict=True)
+    keys, steps, ts, _ = zip(*rows, strict=True)
     return pd.DataFrame(
         {
             "metric": pd.Series(keys, dtype="string"),
             "step": np.asarray(steps, dtype=np.int64),
-            "value": np.asarray([float(v) for v in vals], dtype=np.float64),
+            "value": np.asarray(vals, dtype=np.float64),
             "timestamp_ms": np.asarray(ts, dtype=np.int64),
             "seq": np.arange(len(rows), dtype=np.int64),
         }
