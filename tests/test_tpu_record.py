@@ -93,3 +93,33 @@ def test_the_matmul_cross_check_reads_the_known_busy_share(merged) -> None:
     tags = dict(source_rows(source, f"SELECT key, value FROM tags WHERE run_uuid = "
                                     f"'{checks['matmul-dense']['run_id']}'"))
     assert tags[schema.TAG_UTILIZATION_SOURCE].startswith("profiler: ")
+
+
+def test_the_probe_cost_benchmark_runs_here_and_keeps_each_workload_as_it_ends(
+        tmp_path: Path) -> None:
+    """CI has no TPU, so the chip benchmark's script is run here (JAX on the CPU, tiny
+    blocks): every arm's paired ratio for each workload, written to the JSON after each
+    workload (a command stopped at the device's limit keeps what it finished), the
+    forced profiler window's cost read (it broke unseen once when the sampler's window
+    began to return its outcome)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "cost.json"
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "tpu" / "probe_cost.py"),
+                           "--workloads", "digits", "--rounds", "2", "--steps", "10",
+                           "--warmup", "3", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    (r,) = doc["results"]
+    assert r["workload"] == "digits" and r["rounds"] == 2 and r["steps"] == 10
+    assert set(r["ratios"]) == {"probed", "no-monitors", "no-log", "window", "burn"}
+    assert all(len(v["geometric"]) == 3 for v in r["ratios"].values())
+    assert r["window_cost_s"] and all(isinstance(c, float) for c in r["window_cost_s"])
+    assert r["chip_busy_source"].startswith("unavailable: ")  # no device plane on the CPU
+    assert proc.stdout.count("digits ") >= 2  # its row once measured, then the table

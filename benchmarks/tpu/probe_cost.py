@@ -396,9 +396,9 @@ def forced_window() -> tuple[Callable[[], None], ProfilerWindows | None, list[fl
     w = ProfilerWindows(src, BusySampling(), platform=jax.default_backend())
 
     def take() -> None:
-        cost = w._window()
-        if cost is not None:
-            costs.append(cost)
+        taken = w._window()  # (seconds in profiler calls, outcome), None when skipped
+        if taken is not None:
+            costs.append(taken[0])
 
     return take, w, costs
 
@@ -705,19 +705,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.known_load:
         extra["known load (chip sampler's windows vs a wall-clock expectation)"] = \
             json.dumps(known_load())
-    results = []
+    path = Path(args.json or Path(os.environ.get("OUT", ".")) / "probe_cost.json")
+
+    def write(results: list[dict[str, Any]]) -> None:
+        path.write_text(json.dumps({
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "platform": jax.default_backend(), "device_kind": dev.device_kind,
+            "jax": jax.__version__, "load": os.getloadavg()[0], "args": vars(args),
+            "extra": extra, "results": results}, indent=1, default=str))
+
+    results: list[dict[str, Any]] = []
     for name in names:
         w = make_workload(name, gru_size)
         print(f"[{name}] {w.what}", flush=True)
         results.append(bench(w, args, store, spool))
+        # Each workload's row as soon as it is measured, and the JSON rewritten: a command
+        # stopped at the device's time limit keeps what it finished (a first all-workload
+        # run on the TPU printed nothing in 570 s).
+        print_table(results[-1:], {})
+        write(results)
     print()
     print_table(results, extra)
-    path = Path(args.json or Path(os.environ.get("OUT", ".")) / "probe_cost.json")
-    path.write_text(json.dumps({
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "platform": jax.default_backend(), "device_kind": dev.device_kind,
-        "jax": jax.__version__, "load": os.getloadavg()[0], "args": vars(args),
-        "extra": extra, "results": results}, indent=1, default=str))
+    write(results)
     print(f"\nwritten: {path}")
     return 0
 
