@@ -123,3 +123,35 @@ def test_the_probe_cost_benchmark_runs_here_and_keeps_each_workload_as_it_ends(
     assert r["window_cost_s"] and all(isinstance(c, float) for c in r["window_cost_s"])
     assert r["chip_busy_source"].startswith("unavailable: ")  # no device plane on the CPU
     assert proc.stdout.count("digits ") >= 2  # its row once measured, then the table
+
+
+def test_the_tpu_plan_and_the_summary_of_a_real_assessment(tmp_path: Path) -> None:
+    """record.py's plan (derived from the detection benchmark's variants) names every run
+    the committed TPU store holds, and summary.py turns the committed assessment of that
+    store into one row per run with its verdict and as-intended mark."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+    tpu = root / "benchmarks" / "tpu"
+    plan = subprocess.run([sys.executable, str(tpu / "record.py"), "--store", str(tmp_path),
+                           "--dry-run"], capture_output=True, text=True, timeout=120, env=env)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    planned = {line.split()[1] for line in plan.stdout.splitlines() if line.strip()}
+    with tarfile.open(FIXTURE) as tar:
+        manifest = json.load(tar.extractfile("tpu-store/manifest.json"))
+    recorded = {r["variant"] for r in manifest["runs"]}
+    assert recorded <= planned and len(recorded) == 23, (recorded - planned)
+    results = root / "benchmarks" / "tpu" / "results" / "assess-2026-12-06.json"
+    rows = json.loads(results.read_text(encoding="utf-8"))
+    out = subprocess.run([sys.executable, str(tpu / "summary.py"), str(results)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    body = [ln for ln in out.stdout.splitlines() if ln.startswith("| ")][1:]
+    assert len(body) == len(rows) == 23
+    for line, r in zip(body, rows, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1] == r["variant"].removeprefix("tpu-") and cells[4] == r["verdict"]
+        assert cells[5] == ("yes" if r["as_intended"] else "**no**")
