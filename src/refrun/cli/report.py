@@ -26,9 +26,9 @@ from refrun.report import ARTIFACT_REPORT, Candidate, PageBuilder, log_report, w
 from refrun.report.assessment import assessment_dict
 from refrun.report.downsample import DEFAULT_MAX_POINTS
 from refrun.report.mlflow_summary import log_summary
-from refrun.report.output import check_writable
 from refrun.report.overview import Departure
 from refrun.store.uri import existing_store_uri
+from refrun.util.outputs import check_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -192,8 +192,8 @@ def _describe_assessed(run_id: str, assessment: dict[str, Any], uri: str) -> Non
 def run(args: argparse.Namespace) -> int:
     # Every output is checked before anything is compared or recorded: a report that
     # cannot be written must not leave a comparison run behind.
-    out = check_writable(args.html, "--html")
-    json_out = check_writable(args.json, "--json") if args.json else None
+    out = check_output(args.html, "--html")
+    json_out = check_output(args.json, "--json") if args.json else None
     if json_out is not None and json_out == out:
         raise RefrunInputError(f"--json {args.json}: the same file as --html")
     if args.max_points is None:

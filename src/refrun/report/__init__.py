@@ -52,12 +52,12 @@ from refrun.report.html import (
     script_json,
     tag,
 )
-from refrun.report.output import check_writable
 from refrun.report.overview import Departure
+from refrun.util.outputs import check_output
 
 ARTIFACT_REPORT = schema.ARTIFACT_REPORT
 __all__ = ["ARTIFACT_REPORT", "Candidate", "PageBuilder", "Report", "build_multi_report",
-           "build_report", "check_writable", "log_report", "write_html", "write_multi_report",
+           "build_report", "log_report", "write_html", "write_multi_report",
            "write_report"]
 
 
@@ -437,7 +437,7 @@ def write_report(comparison: Comparison, path: str | os.PathLike[str], **kwargs:
     Keyword arguments are those of :func:`build_report`.  The file is written to a
     temporary name first and renamed, so a failure never leaves a half-written report.
     """
-    check_writable(path)
+    check_output(path, "--html")
     return write_html(build_report(comparison, **kwargs).html, path)
 
 
@@ -445,7 +445,7 @@ def write_multi_report(candidates: list[Candidate], path: str | os.PathLike[str]
                        **kwargs: Any) -> tuple[Path, dict[str, Any]]:
     """Write the page of :func:`build_multi_report` to ``path``; return the path and the
     candidates x criteria matrix (the ``--json`` data)."""
-    check_writable(path)
+    check_output(path, "--html")
     rep = build_multi_report(candidates, **kwargs)
     return write_html(rep.html, path), rep.matrix
 
