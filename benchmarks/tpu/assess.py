@@ -154,7 +154,10 @@ def run_workload(name: str, tpu_db: Path, store: Path, *, jobs: int, reuse: bool
     ids |= train_all(todo, quick=True, uri=uri, spool_dir=str(store / "spool"),  # type: ignore[arg-type]
                      jobs=jobs)
     tpu = tpu_ids(uri, w.name)
-    variants = plan.plan(name)
+    # The TPU's known-good evidence is merged with the rest: calibrate finds it in the store
+    # (refrun.pair.known_good) and writes the TPU's own band from it; it is not assessed.
+    evidence = [v for v in plan.plan(name) if v.kind == "evidence"]
+    variants = [v for v in plan.plan(name) if v.kind != "evidence"]
     cands = [v.base for v in variants if v.name in tpu]
     if w.gradcheck and cands:
         # the gradient check of each TPU run: its port's derivative, checked here
@@ -179,7 +182,9 @@ def run_workload(name: str, tpu_db: Path, store: Path, *, jobs: int, reuse: bool
     if error_goals is not None:
         print(f"[{name}] the L4-goals file was not written: {error_goals}", flush=True)
     group = ref_ids[: det.group_size(crit, len(ref_ids))]
-    rows = []
+    rows = [Row(v, tpu.get(v.name), None, (), {}, "known-good evidence on the TPU, used by "
+                "calibrate (its hardware band), not assessed" if v.name in tpu else
+                "not recorded on the TPU") for v in evidence]
     for v in variants:
         intent = tuple(w.intent.get(v.base.name, ())) if v.kind == "defect" else ()
         rid = tpu.get(v.name)
@@ -215,10 +220,12 @@ def short(reason: str, width: int = 90) -> str:
     return first if len(first) <= width else first[: width - 1] + "…"
 
 
-def as_intended(r: Row) -> bool:
+def as_intended(r: Row) -> bool | None:
     """A benign run accepted; a defect rejected by a criterion watching what it was built
-    to disturb (the detection benchmark's intent)."""
+    to disturb (the detection benchmark's intent); None for known-good evidence."""
     o = r.outcome
+    if r.variant.kind == "evidence":
+        return None
     if o is None:
         return False
     return bool(o.caught_by(r.intent)) if r.variant.kind == "defect" else o.accepted
@@ -233,7 +240,8 @@ def table(rows: list[Row], markdown: bool) -> str:
         o = r.outcome
         if o is None:
             body.append((r.variant.workload, r.variant.name, r.variant.precision, r.variant.kind,
-                         "-", "NO", r.error or "-", "-", "-", "-", "-", "-"))
+                         "-", "-" if as_intended(r) is None else "NO", r.error or "-", "-", "-",
+                         "-", "-", "-"))
             continue
         ok = "yes" if as_intended(r) else "NO"
         failing = "; ".join(f"{cid} ({short(reason)})" for cid, reason, _ in o.failing) or \

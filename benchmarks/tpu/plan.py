@@ -12,7 +12,12 @@ Per workload (digits, charlm, markov), on one TPU chip:
   reason from the variants module (``expect``: the metric, counter or criterion kind it
   must disturb); the bfloat16-matmul port also at the default precision;
 * ``float_loss`` (a host read of the loss in every step) among those defects: rejected by
-  the host-read counter, its throughput cost read from L4.
+  the host-read counter, its throughput cost read from L4;
+* the pipeline's known-good same-seed evidence (its JAX port of reference seed 1, declared
+  ``--known-good``), at ``highest``: recorded on the chip, it is the TPU's own known-good
+  evidence, from which ``refrun calibrate`` writes the band candidates on the TPU are
+  judged by (``hardware_bands``: refrun.acceptance.paired.derive_band).  It is evidence,
+  never assessed; the exact port judged is seed 0's, another seed.
 
 The four-device defect (``clip_per_device``) needs four chips: left out on one chip.
 Imports nothing but the pipelines' variant lists (no JAX, no MLflow): the TPU machine and
@@ -46,7 +51,8 @@ class TpuVariant:
 
     @property
     def kind(self) -> str:
-        return self.base.kind
+        """``evidence`` (known-good, for calibrate), else the base variant's kind."""
+        return "evidence" if "--known-good" in self.base.extra_args else self.base.kind
 
     def argv(self, *, tracking_uri: str, spool_dir: str | None) -> list[str]:
         """The port's ``main(argv)`` arguments (``--quick``: the runs the CPU references
@@ -66,6 +72,13 @@ def _candidates(workload: str) -> list[digits.Variant]:
     return [v for v in cands if v.backend == "jax" and v.devices <= 1]
 
 
+def _evidence(workload: str) -> list[digits.Variant]:
+    """The workload's known-good same-seed evidence of the JAX port (one device)."""
+    ev = digits.DETECTION_EVIDENCE if workload == "digits" else \
+        {"charlm": charlm, "markov": markov}[workload].EVIDENCE
+    return [v for v in ev if v.backend == "jax" and v.devices <= 1]
+
+
 def plan(workload: str) -> list[TpuVariant]:
     """The runs of ``workload`` on the chip (module doc)."""
     cands = _candidates(workload)
@@ -75,6 +88,7 @@ def plan(workload: str) -> list[TpuVariant]:
         raise SystemExit(f"{workload}: expected one paired exact JAX port of seed 0, "
                          f"found {[v.name for v in paired]}")
     out = [TpuVariant(workload, paired[0], p) for p in PRECISIONS]
+    out += [TpuVariant(workload, v, "highest") for v in _evidence(workload)]
     for v in cands:
         if v.kind != "defect":
             continue

@@ -349,15 +349,19 @@ class _Validator:
                 close = ", ".join(sorted(allowed))
                 self.fail((*kp, k), f"unknown key (allowed: {close})", ident)
 
-    def table(self, data: Any, cls: type, kp: tuple[Any, ...]) -> Any:
+    def table(self, data: Any, cls: type, kp: tuple[Any, ...], ident: str | None = None
+              ) -> Any:
         if not isinstance(data, dict):
-            self.fail(kp, f"expected a table, got {_tname(data)}")
+            self.fail(kp, f"expected a table, got {_tname(data)}", ident)
         fields = {f.name: f for f in model_fields(cls)}
-        self.unknown(data, fields, kp)
+        self.unknown(data, fields, kp, ident)
+        for f in fields.values():
+            if is_required(f) and f.name not in data:
+                self.fail((*kp, f.name), f"required key missing ({f.metadata['doc']})", ident)
         hints = type_hints(cls)
         kwargs = {}
         for name, val in data.items():
-            kwargs[name] = self.value(val, fields[name], hints[name], (*kp, name))
+            kwargs[name] = self.value(val, fields[name], hints[name], (*kp, name), ident)
         return cls(**kwargs)
 
     def entries(self, data: Any, kinds: dict[str, type], section: str) -> list[Any]:
@@ -440,6 +444,12 @@ class _Validator:
                 if not isinstance(x, str):
                     self.fail((*kp, k), f"expected a string, got {_show(x)}", ident)
             return dict(val)
+        if origin is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
+            if not isinstance(val, dict):
+                self.fail(kp, f"expected a table of tables, got {_tname(val)}", ident)
+            return {self.name(k, meta, (*kp, k), ident):
+                    self.table(x, typing.get_args(inner)[1], (*kp, k), ident)
+                    for k, x in val.items()}
         if origin is dict:
             if not isinstance(val, dict):
                 self.fail(kp, f"expected a table of numbers, got {_tname(val)}", ident)

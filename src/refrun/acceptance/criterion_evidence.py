@@ -169,11 +169,16 @@ class PairedEvidence:
     pair_seed: int | None = None
     judgement: PairJudgement | None = None
     numerics: dict[str, Any] | None = None
+    # The candidate hardware whose own band judged it (``hardware_bands``); None: the
+    # references' band.  Written only when set, so earlier assessments verify unchanged.
+    band_hardware: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pair": dict(self.pair), "max_ratio": self.max_ratio,
                                "band_first_step": self.band_first_step,
                                "band_last_step": self.band_last_step}
+        if self.band_hardware:
+            out["band_hardware"] = self.band_hardware
         if self.judgement is not None:
             out.update(pair_run=self.pair_run, pair_seed=self.pair_seed,
                        **dataclasses.asdict(self.judgement))
@@ -196,7 +201,8 @@ class PairedEvidence:
                    pair_run=evidence.get("pair_run"), pair_seed=evidence.get("pair_seed"),
                    judgement=judgement,
                    numerics=dict(evidence["numerics"]) if isinstance(
-                       evidence.get("numerics"), Mapping) else None)
+                       evidence.get("numerics"), Mapping) else None,
+                   band_hardware=evidence.get("band_hardware") or None)
 
     @property
     def first_divergence_step(self) -> int | None:

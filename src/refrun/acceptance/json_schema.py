@@ -41,6 +41,9 @@ def _value_schema(tp: Any, meta: Any) -> dict[str, Any]:
         out = {"type": "array", "items": items}
         if meta.get("min_items"):
             out["minItems"] = meta["min_items"]
+    elif origin is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
+        out = {"type": "object",
+               "additionalProperties": _object_schema(typing.get_args(inner)[1])}
     elif origin is dict:
         if typing.get_args(inner)[1] is str:
             out = {"type": "object", "additionalProperties": {"type": "string"}}

@@ -58,12 +58,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from refrun import numerics, schema
+from refrun import identity, numerics, schema
 from refrun.comparison import RunData, resolve_series
 from refrun.comparison.alignment import shift_note, step_shift
 from refrun.errors import RefrunInputError
@@ -402,7 +402,10 @@ NO_PAIR = "no same-seed pair"
 # --- calibration: the band from known-good evidence ---------------------------------------------
 @dataclass(frozen=True)
 class PairedBand:
-    """A calibrated ``paired`` criterion's numbers and where they came from."""
+    """A calibrated ``paired`` criterion's numbers and where they came from.
+
+    ``hardware``: by candidate hardware, the band its own known-good evidence gives
+    (:func:`derive_band`); empty when all the evidence is on the references' hardware."""
 
     metric: str
     band_steps: list[int]
@@ -411,6 +414,7 @@ class PairedBand:
     pairs: list[tuple[str, str, str]]  # (known-good run, its reference run, why benign)
     needs: list[float]  # leave-one-out needs (empty with one pair)
     floor: float
+    hardware: dict[str, PairedBand] = field(default_factory=dict)
 
 
 def reduced_evidence(known_good: RunData, pair: RunData) -> str:
@@ -430,11 +434,49 @@ def reduced_evidence(known_good: RunData, pair: RunData) -> str:
             "a platform's reduced default is judged through its precision twin)")
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """One usable known-good pair: its divergence curve, provenance and hardware."""
+
+    curve: Divergence
+    pair: tuple[str, str, str]
+    hardware: str | None
+
+
+def _band(metric: str, own: Sequence[_Evidence], base: Sequence[_Evidence] = ()
+          ) -> PairedBand:
+    """The band of ``own`` evidence widened by ``base`` (the references' hardware's, for a
+    hardware band): envelope over both, ``max_ratio`` raised only by leave-one-out needs
+    within ``own`` and within ``base`` (a curve of one hardware is never judged against
+    another hardware's envelope: that is the difference this band admits)."""
+    curves = [e.curve for e in (*base, *own)]
+    steps, e, floor = envelope(curves)
+    ks, kv = band_knots(steps, e, floor)
+    needs = leave_one_out_needs([x.curve for x in own]) + leave_one_out_needs(
+        [x.curve for x in base])
+    worst = max(needs) if needs else 0.0
+    ratio = STRUCTURAL_MAX_RATIO if worst <= STRUCTURAL_MAX_RATIO else float(
+        f"{math.ceil(worst * 1.0001 * 100) / 100:.6g}")
+    return PairedBand(metric, ks, kv, ratio, [x.pair for x in (*base, *own)], needs, floor)
+
+
 def derive_band(known_good: Sequence[RunData], references: Sequence[RunData], metric: str,
                 keep: str = "last") -> tuple[PairedBand | None, str]:
     """The paired band from every known-good run whose pair is among ``references``
-    (``(band, "")``), or ``(None, why none)``; the reason also names evidence left out."""
-    curves, used, left = [], [], []
+    (``(band, "")``), or ``(None, why none)``; the reason also names evidence left out.
+
+    **Evidence by hardware.** A port's divergence from its seed depends on the hardware it
+    runs on as well as on the port: a TPU's transcendental functions and summation order
+    differ from a CPU's at float32 precision, and in a chaotic training map that start
+    grows like any other.  Known-good evidence recorded on the references' hardware (or
+    with no hardware tag) gives the band; evidence recorded on another hardware kind ``h``
+    (the same known-good port run there at full precision) gives ``hardware[h]``: the
+    envelope of the references' hardware's evidence and ``h``'s, so a candidate on ``h`` is
+    never judged more strictly than one on the references' hardware.  Evidence on ``h``
+    never widens the band of any other hardware.  When no evidence is on the references'
+    hardware, all of it gives the one band (no hardware bands)."""
+    usable, left = [], []
+    ref_hw = {identity.canonical_hardware(r.hardware) for r in references}
     for kg in known_good:
         found = pair_among(kg, references)
         if found.run is None:
@@ -458,11 +500,12 @@ def derive_band(known_good: Sequence[RunData], references: Sequence[RunData], me
         if not np.all(np.isfinite(div.running)):
             left.append(f"{kg.run_id}: non-finite {metric!r} where its pair is finite")
             continue
-        curves.append(div)
-        used.append((kg.run_id, found.run.run_id,
-                     kg.tags.get(schema.TAG_PAIR_KNOWN_GOOD, "").strip()))
+        hw = identity.canonical_hardware(kg.hardware)
+        usable.append(_Evidence(div, (kg.run_id, found.run.run_id,
+                                      kg.tags.get(schema.TAG_PAIR_KNOWN_GOOD, "").strip()),
+                                None if hw is None or hw in ref_hw else hw))
     tail = f" (left out: {'; '.join(left)})" if left else ""
-    if not curves:
+    if not usable:
         if not known_good:
             return None, (f"no paired criterion: the store holds no known-good same-seed "
                           f"evidence (a finished run tagged {schema.TAG_PAIR_KNOWN_GOOD} with "
@@ -470,10 +513,9 @@ def derive_band(known_good: Sequence[RunData], references: Sequence[RunData], me
                           "the reference with a declared numerical perturbation; "
                           "refrun.pairing.pair_tags)")
         return None, f"no paired criterion: no usable known-good pair{tail}"
-    steps, e, floor = envelope(curves)
-    ks, kv = band_knots(steps, e, floor)
-    needs = leave_one_out_needs(curves)
-    worst = max(needs) if needs else 0.0
-    ratio = STRUCTURAL_MAX_RATIO if worst <= STRUCTURAL_MAX_RATIO else float(
-        f"{math.ceil(worst * 1.0001 * 100) / 100:.6g}")
-    return PairedBand(metric, ks, kv, ratio, used, needs, floor), tail.strip()
+    base = [e for e in usable if e.hardware is None]
+    if not base:
+        return _band(metric, usable), tail.strip()
+    others = sorted({e.hardware for e in usable if e.hardware is not None})
+    bands = {h: _band(metric, [e for e in usable if e.hardware == h], base) for h in others}
+    return replace(_band(metric, base), hardware=bands), tail.strip()

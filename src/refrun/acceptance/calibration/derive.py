@@ -1224,20 +1224,35 @@ def _paired(b: pairs.PairedBand) -> Derived:
               "rounding)" if structural else
               f"max_ratio raised to the known-good pairs' worst leave-one-out need "
               f"{max(b.needs):.4g}"))
+    for hw, hb in b.hardware.items():
+        own = [p for p in hb.pairs if p not in b.pairs]
+        src += (f"; on {hw}: {hb.max_ratio:.4g} x the envelope of those and "
+                + "; ".join(f"{k} vs {r}: {why}" for k, r, why in own))
     cal = {"pairs": float(len(b.pairs)), "floor": clean_float(b.floor),
            "structural": 1.0 if structural else 0.0}
     if b.needs:
         cal["worst"] = clean_float(max(b.needs))
     det = (f"a same-seed port whose divergence from its seed exceeds {b.max_ratio:.3g} x the "
            f"known-good pairs' at any step (e.g. bfloat16 or TF32 matmuls)")
-    return Derived({"id": f"{_slug(b.metric)}-paired", "kind": "paired", "level": "L1",
-                    "metric": b.metric, "max_ratio": b.max_ratio, "band_steps": b.band_steps,
-                    "band_values": [float(f"{v:.4g}") for v in b.band_values],
-                    "description": "a port of one reference seed (same seed, initial weights "
-                                   "and data order) tracks that seed's run as closely as "
-                                   "known-good evidence does; " + src,
-                    "calibration": cal}, max(b.needs) if b.needs else None, None, det,
+    table = {"id": f"{_slug(b.metric)}-paired", "kind": "paired", "level": "L1",
+             "metric": b.metric, "max_ratio": b.max_ratio, "band_steps": b.band_steps,
+             "band_values": _knot_values(b.band_values),
+             "description": "a port of one reference seed (same seed, initial weights "
+                            "and data order) tracks that seed's run as closely as "
+                            "known-good evidence does; " + src,
+             "calibration": cal}
+    if b.hardware:
+        table["hardware_bands"] = {
+            hw: {"band_steps": hb.band_steps, "band_values": _knot_values(hb.band_values),
+                 "max_ratio": hb.max_ratio} for hw, hb in b.hardware.items()}
+    return Derived(table, max(b.needs) if b.needs else None, None, det,
                    [src, f"detects: {det}"], len(b.pairs))
+
+
+def _knot_values(values: Sequence[float]) -> list[float]:
+    """A band's knot values as written: four significant digits (far finer than the
+    band's ``max_ratio`` margin)."""
+    return [float(f"{v:.4g}") for v in values]
 
 
 def _range_comment(worst: float, tol: float, n: int, det: str) -> list[str]:

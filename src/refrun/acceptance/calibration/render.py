@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +45,14 @@ def _toml(v: Any) -> str:
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml(x)}" for k, x in v.items()) + " }"
     raise TypeError(type(v))
+
+
+def _toml_key(k: str) -> str:
+    """A table key: bare when TOML allows it, else quoted (a hardware name such as
+    ``a100.80gb`` written bare would be a dotted key: a nested table)."""
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k, ensure_ascii=False)
 
 
 def _comment(text: str) -> list[str]:
