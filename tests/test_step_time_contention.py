@@ -14,6 +14,9 @@
   format-4 record is recomputed without the new figures);
 * and so is one beside neighbours that kept a saturated machine busy (a tenth of its CPUs
   and half a core) with the same shares as the references had.
+* unless its own CPU time per step puts its ratio over the limit whatever the neighbours
+  did (the CPU floor, issue 52): then it fails; a floor under the limit against
+  references recorded beside busy neighbours says so in its reason.
 
 Real runs through refrun's session into a real sqlite store (in-process delivery); the
 contention figures are logged as values (deterministic) where the rule is the subject.
