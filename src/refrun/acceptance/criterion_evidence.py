@@ -257,6 +257,23 @@ class Contention:
         return min(self.reference_run_cores) if self.reference_run_cores else None
 
     @property
+    def references_beside_neighbours(self) -> float | None:
+        """The most CPU other processes took during a reference (its median,
+        ``reference_max``) when that is a neighbour of the size the third rule counts as
+        busy (at least ``margin_cores`` and ``shared_fraction`` of the candidate machine's
+        CPUs; the margin alone when either is not known); else None.  Such references'
+        step times may include what the neighbours cost them, which no figure refrun
+        records can take back out (docs/acceptance.md, "What contention cannot explain
+        fails"), so a CPU floor that divides by them is weak."""
+        top = self.reference_max
+        if not self.known or top is None:
+            return None
+        need = self.margin_cores
+        if self.shared_fraction is not None and self.logical_cpus:
+            need = max(need, self.shared_fraction * self.logical_cpus)
+        return top if top >= need else None
+
+    @property
     def took_cpu(self) -> bool:
         """A rule held: the machine took CPU from the candidate that it did not take from
         the references, or neighbours kept a saturated machine busy beside it, so a

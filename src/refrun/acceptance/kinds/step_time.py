@@ -209,6 +209,24 @@ def cpu_floor(candidate: RunData, c: StepTime, keep: str, start: int, ref_time: 
     return CpuFloor(True, lower_ratio=cpu_floor_ratio(got, infl, ref_time), **base)
 
 
+def contended_references(cont: Contention, floor: CpuFloor | None) -> str:
+    """The clause a not-judged result adds when its CPU floor was usable but no higher
+    than the limit while the references were themselves recorded beside busy neighbours
+    (:attr:`Contention.references_beside_neighbours`): the floor divides by their step
+    time, which then may include what those neighbours cost them, and nothing refrun
+    records bounds their step time on an idle machine more tightly (their thread CPU
+    seconds do not: a step also waits, for a device, I/O or other threads, and no recorded
+    figure tells that wait from a wait for a core).  Empty otherwise."""
+    top = cont.references_beside_neighbours
+    if floor is None or not floor.usable or top is None:
+        return ""
+    of = f" of {cont.logical_cpus:g} CPUs" if cont.logical_cpus else " cores"
+    return (f"; the references were themselves recorded beside other processes (up to "
+            f"{top:.2f}{of}): their step times, which the floor divides by, may include "
+            "what those neighbours cost them, and no figure refrun records bounds them "
+            "more tightly")
+
+
 def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont: Contention,
            what: str = "step time", floor: CpuFloor | None = None,
            max_ratio: float | None = None) -> CriterionResult:
@@ -230,8 +248,8 @@ def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont:
         tail = "" if floor is None else (
             f"; {floor.summary()}" + (f" <= {max_ratio:g}" if floor.usable else ""))
         return result(c, NOT_EVALUABLE, f"{cont.summary()}: {what} not judged (it would "
-                      f"fail: {reason}{tail}); re-run the candidate on a machine as idle "
-                      "as the references'", ev)
+                      f"fail: {reason}{tail}){contended_references(cont, floor)}; re-run "
+                      "the candidate on a machine as idle as the references'", ev)
     return result(c, outcome, reason, ev)
 
 
