@@ -134,8 +134,8 @@ def test_a_port_is_judged_by_its_own_hardwares_known_good_evidence(world: World)
     r = _paired(world, "cpu_port")
     assert r.outcome == "fail", r.reason
     assert "band_hardware" not in r.evidence
-    first = int(np.argmax(500 * G > STRUCTURAL_MAX_RATIO * _held(
-        *_band(world, None))))
+    band = STRUCTURAL_MAX_RATIO * _held(*_band(world, None))
+    first = int(np.argmax(band < 500 * G))
     assert r.evidence[schema.EV_FIRST_DIVERGENCE_STEP] == first
     # A TPU kind without evidence of its own is judged by the references' band.
     r = _paired(world, "v4_port")
