@@ -339,6 +339,9 @@ class Arm:
     log: bool = True
     step_no: int = 0
     blocks: list[float] = field(default_factory=list)
+    # per block, the median interval between successive steps' returns: the steady step,
+    # without the block's stalls (another thread's profiler window or GC landing in it)
+    medians: list[float] = field(default_factory=list)
 
 
 def open_arm(name: str, w: Workload, store: str, spool: str) -> Arm:
@@ -355,12 +358,15 @@ def open_arm(name: str, w: Workload, store: str, spool: str) -> Arm:
 
 
 def run_block(w: Workload, arm: Arm, steps: int, burn_s: float = 0.0,
-              window: Callable[[], None] | None = None) -> float:
-    """Seconds per step of one block (ends when the device is done)."""
+              window: Callable[[], None] | None = None) -> tuple[float, float]:
+    """Seconds per step of one block (ends when the device is done), and the median
+    interval between successive steps' returns (every arm takes the same one clock read a
+    step, so it costs them alike)."""
     state, probe = arm.state, arm.probe
     t0 = time.perf_counter()
     mid = steps // 2
     taking = None
+    marks = [0.0] * steps
     for i in range(steps):
         n = arm.step_no + i
         if window is not None and i == mid:
@@ -378,12 +384,13 @@ def run_block(w: Workload, arm: Arm, steps: int, burn_s: float = 0.0,
                         probe.log(loss=loss)
                     else:
                         probe.log(loss=loss, grad_norm=norms)
+        marks[i] = time.perf_counter()
     jax.block_until_ready(state)
     dt = (time.perf_counter() - t0) / steps
     arm.state, arm.step_no = state, arm.step_no + steps
     if taking is not None:  # a window that outlasts its block ends before the next block
         taking.join()
-    return dt
+    return dt, float(np.median(np.diff(marks))) if steps > 1 else dt
 
 
 def forced_window() -> tuple[Callable[[], None], ProfilerWindows | None, list[float]]:
@@ -578,7 +585,8 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
     # clears JAX's caches once; then everything compiles once
     for arm in arms.values():
         run_block(w, arm, args.warmup)
-    plain_step = statistics.median(run_block(w, arms["plain"], args.steps) for _ in range(3))
+    plain_step = statistics.median(run_block(w, arms["plain"], args.steps)[0]
+                                   for _ in range(3))
     burn_s = args.burn * plain_step
     take_window, windows, window_costs = forced_window()
     rng = random.Random(args.seed)
@@ -589,9 +597,11 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         orders.append(order)
         for name in order:
             arm = arms[name]
-            arm.blocks.append(run_block(w, arm, args.steps,
-                                        burn_s=burn_s if name == "burn" else 0.0,
-                                        window=take_window if name == "window" else None))
+            mean, median = run_block(w, arm, args.steps,
+                                     burn_s=burn_s if name == "burn" else 0.0,
+                                     window=take_window if name == "window" else None)
+            arm.blocks.append(mean)
+            arm.medians.append(median)
     tl = {}
     if args.timeline:
         tl = {name: timeline(w, arms[name], args.steps) for name in ("plain", "probed")}
@@ -614,6 +624,13 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         "ratios": {name: {"geometric": geometric_ratio(arms[name].blocks, plain),
                           "hodges_lehmann": hodges_lehmann(arms[name].blocks, plain)}
                    for name in ARMS if name != "plain"},
+        # The same pairs on each block's median step interval (added 2026-12-06 after the
+        # ports' blocks of 0.2-0.4 s varied by up to 2x in every arm, the plain one too):
+        # the probe's cost in every step, its occasional costs (a profiler window, a psutil
+        # sample) left to the window arm and the figures printed below the table.
+        "medians": {name: arm.medians for name, arm in arms.items()},
+        "median_ratios": {name: geometric_ratio(arms[name].medians, arms["plain"].medians)
+                          for name in ARMS if name != "plain"},
     }
     if windows is not None:
         out["window_note"] = windows.why_not
@@ -637,6 +654,16 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
         print("  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)))
     print("\n(geometric mean of paired block ratios [95 % t-interval]; Hodges-Lehmann in "
           "the JSON)")
+    if all("median_ratios" in r for r in results):
+        rows = [head]
+        for r in results:
+            rows.append((r["workload"], f"{statistics.median(r['medians']['plain']) * 1e3:.3f} ms",
+                         *[fmt(r["median_ratios"][a]) for a in ARMS if a != "plain"]))
+        print()
+        for row in rows:
+            print("  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)))
+        print("\n(the same pairs on each block's median step interval: the cost in every "
+              "step, a block's stalls left out)")
     for r in results:
         hl = r["ratios"]["probed"]["hodges_lehmann"]
         costs = r["window_cost_s"]
