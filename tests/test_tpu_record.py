@@ -18,11 +18,14 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from refrun import schema
+from refrun import pairing, schema
+from refrun.acceptance.paired import derive_band, divergence_curve, judge
 from refrun.acceptance.performance import run_busy
 from refrun.acceptance.runview import steady_start
+from refrun.comparison import RunData
 from refrun.comparison.loading import load_run
 from refrun.store.merge import merge
 
@@ -155,3 +158,95 @@ def test_the_tpu_plan_and_the_summary_of_a_real_assessment(tmp_path: Path) -> No
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[1] == r["variant"].removeprefix("tpu-") and cells[4] == r["verdict"]
         assert cells[5] == ("yes" if r["as_intended"] else "**no**")
+
+
+# --- the third record: the TPU's own known-good evidence (paired bands by hardware) -------------
+THIRD = Path(__file__).parent / "fixtures" / "tpu" / "record-2026-12-06-third.tgz"
+# The CPU side of that record's assessment: each workload's reference seeds 0 and 1 and its
+# known-good JAX port of seed 1 recorded on this CPU (the loss of each step, as assess.py's
+# store held it: benchmarks/tpu/results/assess-2026-12-06-third.*).
+CPU_PAIRS = Path(__file__).parent / "fixtures" / "tpu" / "cpu-pairs-2026-12-06-third.csv.gz"
+TPU_RUNS = {  # workload -> (exact port of seed 0, known-good port of seed 1, bf16 port)
+    "digits": ("tpu-jax-pair-seed0-highest", "tpu-knowngood-jax-seed1-highest",
+               "tpu-jax-bf16-highest"),
+    "charlm": ("tpu-charlm-jax-seed0-highest", "tpu-charlm-knowngood-jax-seed1-highest",
+               "tpu-charlm-jax-bf16-highest"),
+    "markov": ("tpu-markov-jax-seed0-highest", "tpu-markov-knowngood-jax-seed1-highest",
+               "tpu-markov-jax-bf16-highest"),
+}
+
+
+def _tpu_runs(tmp: Path) -> dict[str, RunData]:
+    """The third record's runs by ``pipeline.variant``: every tag and the loss of each step
+    (its last value), read straight from the chip's sqlite file."""
+    with tarfile.open(THIRD) as tar:
+        tar.extractall(tmp, filter="data")
+    src = tmp / "tpu-store"
+    out = {}
+    for (rid,) in source_rows(src, "SELECT run_uuid FROM runs"):
+        tags = dict(source_rows(src, f"SELECT key, value FROM tags WHERE run_uuid = '{rid}'"))
+        pts = source_rows(src, f"SELECT step, value FROM metrics WHERE run_uuid = '{rid}' "
+                               "AND key = 'loss' ORDER BY step, timestamp")
+        last = dict(pts)
+        df = pd.DataFrame({"metric": "loss", "step": list(last), "value": list(last.values())})
+        out[tags.get("pipeline.variant", rid)] = RunData.from_curves(df, rid, tags)
+    return out
+
+
+def _cpu_runs(workload: str) -> dict[str, RunData]:
+    df = pd.read_csv(CPU_PAIRS)
+    out = {}
+    for variant, d in df[df.workload == workload].groupby("variant"):
+        r = d.iloc[0]
+        tags = {schema.TAG_HARDWARE: r.hardware, schema.TAG_BACKEND: r.backend,
+                schema.TAG_SEED: str(r.seed)}
+        if not pd.isna(r.known_good):
+            tags |= pairing.pair_tags(int(r.pair_seed), known_good=r.known_good)
+        curves = pd.DataFrame({"metric": "loss", "step": d.step, "value": d.loss})
+        name = "knowngood" if not pd.isna(r.known_good) else str(variant).rsplit("-", 1)[-1]
+        out[name] = RunData.from_curves(curves, r.run_id, tags)
+    return out
+
+
+def _running(a: RunData, b: RunData) -> tuple[np.ndarray, np.ndarray]:
+    """Steps both logged and the running max |a - b| there (numpy, not refrun)."""
+    sa, va, _ = a.series("loss")
+    sb, vb, _ = b.series("loss")
+    common, ia, ib = np.intersect1d(sa, sb, return_indices=True)
+    return common, np.maximum.accumulate(np.abs(va[ia] - vb[ib]))
+
+
+def test_the_tpus_own_known_good_evidence_admits_its_exact_port(tmp_path: Path) -> None:
+    """Each pipeline's exact JAX port of seed 0 at ``highest`` on the TPU stays within 90.5 x
+    the envelope of the known-good evidence recorded on the TPU and on the CPU (computed
+    here with numpy), and refrun's hardware band agrees; its bfloat16-matmul port leaves
+    that band on every workload; and markov's exact port leaves the CPU evidence's band
+    alone, the miss the TPU's own evidence corrects (docs/tpu.md, second and third record)."""
+    tpu = _tpu_runs(tmp_path)
+    for workload, (exact, kg, bf16) in TPU_RUNS.items():
+        cpu = _cpu_runs(workload)
+        refs = [cpu["seed0"], cpu["seed1"]]
+        band, note = derive_band([cpu["knowngood"], tpu[kg]], refs, "loss")
+        assert band is not None and set(band.hardware) == {"tpu"}, note
+        hb = band.hardware["tpu"]
+        steps, e_cpu = _running(cpu["knowngood"], cpu["seed1"])
+        steps_t, e_tpu = _running(tpu[kg], cpu["seed1"])
+        assert np.array_equal(steps, steps_t)
+        env = np.maximum(e_cpu, e_tpu)
+        env = np.maximum(env, env[env > 0].min())  # the floor
+        for run, inside in ((exact, True), (bf16, False)):
+            s, d = _running(tpu[run], cpu["seed0"])
+            assert np.array_equal(s, steps)
+            worst = float(np.max(d / env))
+            assert (worst <= hb.max_ratio) is inside, (workload, run, worst)
+            j = judge(divergence_curve(*cpu["seed0"].series("loss")[:2],
+                                       *tpu[run].series("loss")[:2]),
+                      hb.band_steps, hb.band_values, hb.max_ratio)
+            assert (j.first_divergence_step is None) is inside, (workload, run, j)
+            # refrun's knots thin the envelope by at most 10 % between knots
+            assert worst <= j.max_ratio_observed <= worst * 1.1 * (1 + 1e-9)
+        if workload == "markov":  # the CPU's evidence alone rejects the exact port
+            j = judge(divergence_curve(*cpu["seed0"].series("loss")[:2],
+                                       *tpu[exact].series("loss")[:2]),
+                      band.band_steps, band.band_values, band.max_ratio)
+            assert j.first_divergence_step is not None
