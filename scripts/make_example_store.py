@@ -25,6 +25,12 @@ when opened from the store (``mlruns.example/artifacts/<exp>/<run>/artifacts/ref
 report.html`` in a browser); in the MLflow UI's artifact view, where a page cannot reach
 a sibling file (MLflow shows it from a ``blob:`` URL), it falls back to plotly's CDN.
 
+``--trained DIR`` skips the training: ``DIR`` holds the reduced plan's runs trained by
+:func:`train_reduced` (``mlflow.db`` and ``mlruns/``, what it leaves in its directory), and
+a copy of it is assessed and staged as above.  The test suite trains them once per session
+into its cached build (tests/builds.py), which the freshness test and the pipeline's tests
+read alike.
+
 Freshness: the store carries ``DESCRIPTION.json`` and ``DIGEST``, the deterministic
 content that matters (run names, descriptions, acceptance tags, tag/param/metric names,
 each report's structure) and its SHA-256 (``pipelines/example_store.py``);
@@ -85,6 +91,37 @@ def reduced_plan(names: tuple[str, ...] = CANDIDATES) -> Plan:
     return Plan(full.references, [by_name[n] for n in names])
 
 
+def train_reduced(work: Path, jobs: int) -> dict[str, str]:
+    """Train the reduced plan (``--quick``, MLflow every ``MLFLOW_EVERY``-th step) into a
+    new store in ``work``: ``mlflow.db``, the artifacts under ``mlruns/`` (init_store puts
+    them next to the database), the spool under ``spool/``.  Returns variant -> run id."""
+    uri = f"sqlite:///{work}/mlflow.db"
+    init_store(uri)
+    return train_all(reduced_plan(), quick=True, uri=uri, spool_dir=str(work / "spool"),
+                     jobs=jobs, mlflow_every=MLFLOW_EVERY)
+
+
+def copy_trained(src: Path, work: Path) -> None:
+    """Copy the store :func:`train_reduced` left in ``src`` into ``work`` (its database and
+    ``mlruns/``), the artifact locations rewritten to the copy: what ``work`` holds after
+    :func:`train_reduced` there."""
+    shutil.copyfile(src / "mlflow.db", work / "mlflow.db")
+    if (src / "mlruns").is_dir():
+        shutil.copytree(src / "mlruns", work / "mlruns")
+    old, new = src.resolve(), work.resolve()
+    con = sqlite3.connect(work / "mlflow.db")
+    try:
+        # file:// URIs first (init_store's locations), then plain paths (MLflow's default
+        # experiment); neither form of ``new`` contains ``old``.
+        for a, b in ((old.as_uri(), new.as_uri()), (str(old), str(new))):
+            con.execute("UPDATE experiments SET artifact_location = "
+                        "replace(artifact_location, ?, ?)", (a, b))
+            con.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (a, b))
+        con.commit()
+    finally:
+        con.close()
+
+
 def local_dir(uri: str) -> Path:
     """The local directory of a ``file://`` URI or plain path."""
     parsed = urlparse(uri)
@@ -127,13 +164,14 @@ def check_relative(db: Path) -> None:
         raise SystemExit(f"{db}: absolute artifact locations left: {absolute[:3]}")
 
 
-def machine_paths(work: Path) -> dict[str, str]:
+def machine_paths(work: Path, *scratch: Path) -> dict[str, str]:
     """Paths of this machine that may leak into a store, each with what replaces it,
-    longest first (a path inside another is replaced before its parent)."""
-    found = {str(work): "<scratch>", str(work.resolve()): "<scratch>",
-             str(ROOT) + os.sep: "", str(ROOT): ".",
-             sys.prefix: "<python>", sys.base_prefix: "<python>",
-             str(Path.home()): "~"}
+    longest first (a path inside another is replaced before its parent).  ``scratch``:
+    other directories the runs were made in (``--trained``), replaced like ``work``."""
+    found = {str(d): "<scratch>" for w in (work, *scratch) for d in (w, w.resolve())}
+    found |= {str(ROOT) + os.sep: "", str(ROOT): ".",
+              sys.prefix: "<python>", sys.base_prefix: "<python>",
+              str(Path.home()): "~"}
     return dict(sorted(((k, v) for k, v in found.items() if len(k) > 1),
                        key=lambda kv: -len(kv[0])))
 
@@ -198,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
     ap.add_argument("--no-notebook", dest="notebook", action="store_false",
                     help="do not re-execute notebooks/explore.ipynb on the new store")
+    ap.add_argument("--trained", type=Path, metavar="DIR", default=None,
+                    help="assess a copy of the reduced plan's runs that train_reduced left "
+                         "in DIR (mlflow.db, mlruns/) instead of training them again")
     args = ap.parse_args(argv)
+    if args.trained is not None and not (args.trained / "mlflow.db").is_file():
+        ap.error(f"--trained {args.trained}: no mlflow.db there")
     out = args.out.resolve()
     try:
         prefix = out.relative_to(ROOT).as_posix()
@@ -210,9 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="refrun-example-") as tmp:
         work = Path(tmp)
         uri = f"sqlite:///{work}/mlflow.db"
-        init_store(uri)
-        ids = train_all(p, quick=True, uri=uri, spool_dir=str(work / "spool"),
-                        jobs=args.jobs, mlflow_every=MLFLOW_EVERY)
+        scratch: tuple[Path, ...] = ()
+        if args.trained is None:
+            ids = train_reduced(work, args.jobs)
+        else:
+            copy_trained(args.trained, work)
+            scratch = (args.trained,)
+            ids = example_store.training_ids(work)
+            if sorted(ids) != sorted(v.name for v in p.all):
+                ap.error(f"--trained {args.trained}: its training runs are {sorted(ids)}, "
+                         f"not the reduced plan's {sorted(v.name for v in p.all)}")
         outcomes = assess_all(p, ids, uri=uri, reports=work / "reports",
                               criteria=CRITERIA_QUICK.relative_to(ROOT),
                               logged_plotlyjs=PLOTLY_FROM_REPORT)
@@ -227,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         check_relative(staged / "mlflow.db")
         shutil.copyfile(work / "reports" / PLOTLY_NAME, staged / PLOTLY_NAME)
         print(f"reports drawing from the store's {PLOTLY_NAME}: {add_fallbacks(staged)}")
-        paths = machine_paths(work)
+        paths = machine_paths(work, *scratch)
         print(f"machine paths replaced in {len(scrub(staged, paths))} files")
         # after the scrub (it describes what is committed), before the leak check
         description = example_store.describe(

@@ -205,33 +205,101 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _train_digits_quick(d: Path) -> None:
-    from pipelines.demo import init_store, train_all
-
-    uri = f"sqlite:///{d}/mlflow.db"
-    init_store(uri)
+@contextlib.contextmanager
+def _inside(d: Path) -> Iterator[None]:
+    """The working directory is ``d`` while the block runs: the training processes inherit
+    it, and nothing they leave lands in the repository's working tree."""
     cwd = Path.cwd()
+    os.chdir(d)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def _example_generator():  # -> the module scripts/make_example_store.py
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_example_store",
+                                                  ROOT / "scripts" / "make_example_store.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- The runs of mlruns.example: the reduced plan as its generator trains them ------------
+
+# What decides them: the digits runs' sources and the generator, which says which variants
+# and how they are recorded (MLFLOW_EVERY, its train_reduced).
+EXAMPLE_SOURCES = (*DIGITS_SOURCES, ROOT / "scripts" / "make_example_store.py")
+# As `make_example_store.py` trains them: one delivery process per run (refrun's default;
+# the committed store was recorded so), whatever the session's environment says.
+EXAMPLE_ENVIRONMENT = {"REFRUN_DELIVERY": "process"}
+
+
+def _train_example(d: Path) -> None:
+    gen = _example_generator()
+    with _environ(**EXAMPLE_ENVIRONMENT), _inside(d):
+        ids = gen.train_reduced(d, jobs=2)
+    (d / "ids.json").write_text(json.dumps(ids, indent=1), encoding="utf-8")
+
+
+def example_training_store() -> tuple[TrainedStore, str]:
+    """The reduced plan of ``mlruns.example`` (the pipeline's reference seeds 0-2 and the
+    generator's four candidates) trained by the generator's own ``train_reduced`` into a
+    sqlite store, and the key of that build.  ``make_example_store.py --trained <path>``
+    assesses a copy of it (tests/test_example_store_fresh.py), and the digits build below
+    starts from a copy of it: those seven runs are trained once per session, not twice."""
+    gen = _example_generator()
+    config = {"variants": [v.command(quick=True, tracking_uri="<store>", spool_dir="<spool>",
+                                     mlflow_every=gen.MLFLOW_EVERY)[1:]
+                           for v in gen.reduced_plan().all],
+              "environment": EXAMPLE_ENVIRONMENT}
+    b = cached_build("example-training", EXAMPLE_SOURCES, config, _train_example)
+    ids = json.loads((b.path / "ids.json").read_text(encoding="utf-8"))
+    return TrainedStore(b.path, ids), b.key
+
+
+def _train_digits_quick(d: Path, example: TrainedStore) -> None:
+    from pipelines.demo import init_store, train_all
+    from pipelines.digits.variants import Plan
+
+    # The generator's seven runs (recorded as it records them: MLflow every 10th step, a
+    # delivery process; the tests reading this store assess the curves artifact, which
+    # keeps every point either way), then the rest of the plan trained into the copy.
+    example.copy_to(d)
+    uri = f"sqlite:///{d}/mlflow.db"
+    init_store(uri)  # the experiment is there already: nothing to do
+    full = digits_plan()
+    rest = Plan([v for v in full.references if v.name not in example.ids],
+                [v for v in full.candidates if v.name not in example.ids])
     # The training processes inherit the environment and the working directory: delivery
     # in-process (a delivery process per run adds an MLflow import each; the subject of
     # the tests reading this store is what was recorded, tests/test_durability.py tests
-    # the delivery process), and nothing lands in the repository's working tree.
-    os.chdir(d)
-    try:
-        with _environ(REFRUN_DELIVERY="thread"):
-            ids = train_all(digits_plan(), quick=True, uri=uri, spool_dir=str(d / "spool"),
-                            jobs=2)
-    finally:
-        os.chdir(cwd)
+    # the delivery process).
+    with _environ(REFRUN_DELIVERY="thread"), _inside(d):
+        ids = train_all(rest, quick=True, uri=uri, spool_dir=str(d / "spool"), jobs=2)
+    ids = {v.name: {**example.ids, **ids}[v.name] for v in full.all}
     (d / "ids.json").write_text(json.dumps(ids, indent=1), encoding="utf-8")
+
+
+def digits_config(example_key: str) -> dict:
+    """What the digits build is asked: every variant's command line, its environment, and
+    the key of the example build it starts from (a change there rebuilds this too)."""
+    return {"variants": [v.command(quick=True, tracking_uri="<store>", spool_dir="<spool>")[1:]
+                         for v in digits_plan().all],
+            "environment": {"REFRUN_DELIVERY": "thread"},
+            "example_training": example_key}
 
 
 def digits_quick_store() -> TrainedStore:
     """Every variant of the digits pipeline's plan and reference seeds 0-7, trained with
     ``--quick`` into one sqlite store: built once, then read by every test that needs
-    them until the code that trains them changes."""
-    config = {"variants": [v.command(quick=True, tracking_uri="<store>", spool_dir="<spool>")[1:]
-                           for v in digits_plan().all],
-              "environment": {"REFRUN_DELIVERY": "thread"}}
-    b = cached_build("digits-quick", DIGITS_SOURCES, config, _train_digits_quick)
+    them until the code that trains them changes.  The seven of them that
+    ``mlruns.example`` holds come from :func:`example_training_store`, as recorded there."""
+    example, example_key = example_training_store()
+    b = cached_build("digits-quick", DIGITS_SOURCES, digits_config(example_key),
+                     lambda d: _train_digits_quick(d, example))
     ids = json.loads((b.path / "ids.json").read_text(encoding="utf-8"))
     return TrainedStore(b.path, ids)

@@ -119,6 +119,15 @@ def digits_quick():  # -> builds.TrainedStore
     return digits_quick_store()
 
 
+@pytest.fixture(scope="session")
+def example_training():  # -> builds.TrainedStore
+    """The reduced plan of mlruns.example, trained by its generator's own training step
+    once into a cached store (tests/builds.py; the digits build starts from it)."""
+    from builds import example_training_store
+
+    return example_training_store()[0]
+
+
 @dataclass
 class Store:
     """A real sqlite MLflow store and a spool directory inside the test's tmp_path."""

@@ -13,7 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from builds import DIGITS_SOURCES, ROOT, build_key, cached_build, source_files
+from builds import (
+    DIGITS_SOURCES,
+    EXAMPLE_SOURCES,
+    ROOT,
+    build_key,
+    cached_build,
+    digits_config,
+    source_files,
+)
 
 
 def _counting_builder(log: Path):
@@ -101,6 +109,30 @@ def test_the_digits_store_key_covers_its_training_and_recording_code(tmp_path: P
         assert build_key(sources, {"c": 1}, base=copy) != key, edited
         f.write_bytes(before)
     assert build_key(sources, {"c": 1}, base=copy) == key
+
+
+def test_the_example_runs_key_covers_the_generator_and_the_digits_key_covers_them(
+        tmp_path: Path) -> None:
+    """The runs of mlruns.example (the generator's training step, cached) are keyed by the
+    digits runs' sources and the generator itself; the digits build starts from a copy of
+    them, so their key is part of its configuration: an edit of the generator makes both
+    anew."""
+    names = {str(f.relative_to(ROOT)) for f in source_files(EXAMPLE_SOURCES)}
+    assert "scripts/make_example_store.py" in names
+    assert names >= {str(f.relative_to(ROOT)) for f in source_files(DIGITS_SOURCES)}
+    copy = tmp_path / "repo"
+    for f in source_files(EXAMPLE_SOURCES):
+        (copy / f.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, copy / f.relative_to(ROOT))
+    sources = [copy / p.relative_to(ROOT) for p in EXAMPLE_SOURCES]
+    key = build_key(sources, {"c": 1}, base=copy)
+    generator = copy / "scripts" / "make_example_store.py"
+    generator.write_text(generator.read_text().replace("MLFLOW_EVERY = 10", "MLFLOW_EVERY = 5"))
+    edited = build_key(sources, {"c": 1}, base=copy)
+    assert edited != key
+    digits = [copy / p.relative_to(ROOT) for p in DIGITS_SOURCES]
+    assert build_key(digits, digits_config(key), base=copy) != \
+        build_key(digits, digits_config(edited), base=copy)
 
 
 _CONTENDER = """

@@ -5,10 +5,12 @@ pipelines/example_store.py) must be what the *current* code produces.
 * From the store's training runs: a copy of the store is re-assessed and reported by the
   current pipeline code (no training) and described again; any difference fails, naming
   the entries.
-* From scratch: the generator trains and assesses the reduced plan anew into a scratch
-  directory; what the training records (every run's metric, tag and param names, its
-  curves) and each candidate's acceptance must be the committed store's.  This is what
-  catches a probe that records a new metric, which re-assessing old training runs cannot.
+* From scratch: the generator assesses, in a scratch directory, the reduced plan trained
+  anew by its own training step (once per session, into the cached build of
+  tests/builds.py that the digits pipeline's tests read too); what the training records
+  (every run's metric, tag and param names, its curves) and each candidate's acceptance
+  must be the committed store's.  This is what catches a probe that records a new
+  metric, which re-assessing old training runs cannot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builds import TrainedStore
 
 from pipelines import example_store as ex
 
@@ -136,11 +139,16 @@ def _regenerable(description: dict) -> dict:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_store_made_now_records_what_the_committed_one_does(tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # its setup may train the cached runs (tests/builds.py)
+def test_a_store_made_now_records_what_the_committed_one_does(
+        tmp_path: Path, example_training: TrainedStore) -> None:
     out = tmp_path / "store"
+    # The generator's training step ran once this session into the cached store
+    # (tests/builds.py: its own train_reduced, recorded as it records, keyed by the code);
+    # the generator assesses, stages, scrubs and describes a copy of those runs.
     made = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_example_store.py"),
-                           "--out", str(out), "--no-notebook", "--jobs", "2"],
+                           "--out", str(out), "--no-notebook", "--jobs", "2",
+                           "--trained", str(example_training.path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=840)
     assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-4000:]
     committed = json.loads((STORE / ex.DESCRIPTION).read_text(encoding="utf-8"))

@@ -74,8 +74,8 @@ def test_reduced_pipeline_catches_every_defect_and_passes_benign(
 
     monkeypatch.chdir(tmp_path)  # nothing may land in the repository's working tree
     # The plan's runs come trained from the session's cached store (tests/builds.py: the
-    # same train_all, in-process delivery, --quick); the subject here is detection, so the
-    # candidates are assessed into a copy of it.
+    # same train_all, --quick; the seven of mlruns.example as its generator records them);
+    # the subject here is detection, so the candidates are assessed into a copy of it.
     p = plan()
     uri = digits_quick.copy_to(tmp_path)
     ids = {v.name: digits_quick.ids[v.name] for v in p.all}
