@@ -128,6 +128,21 @@ def example_training():  # -> builds.TrainedStore
     return example_training_store()[0]
 
 
+@pytest.fixture
+def deliver_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run the test starts delivers from a thread of its own process
+    (``REFRUN_DELIVERY=thread``), subprocesses the test starts included.
+
+    A delivery process per run is a Python start and refrun's imports, competing with the
+    test's training for the two cores: 2-4 s a run, most of the time of a module that
+    starts a run per test (test_torch_probe.py: 72 s with a process each, 11 s without).
+    Modules whose subject is what a probe or the session records -- the same delivery code
+    writes it either way -- use this (``pytestmark``); the delivery process itself is the
+    subject of test_durability.py, test_delivery_priority.py and test_recording.py, and
+    the default of test_session.py's runs."""
+    monkeypatch.setenv("REFRUN_DELIVERY", "thread")
+
+
 @dataclass
 class Store:
     """A real sqlite MLflow store and a spool directory inside the test's tmp_path."""

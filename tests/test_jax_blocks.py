@@ -26,6 +26,10 @@ import refrun.jax
 from refrun import schema
 from refrun.probes.jax_blocks import counter_deltas, step_intervals
 
+# What these tests read is what the runs record; the delivery process is tested elsewhere
+# (conftest.deliver_in_process says where and what it saves).
+pytestmark = pytest.mark.usefixtures("deliver_in_process")
+
 
 def start(store, **kw) -> refrun.RunSession:
     return refrun.start_run("jax-blocks", "candidate", hardware="cpu", backend="jax",

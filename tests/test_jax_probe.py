@@ -25,6 +25,10 @@ import refrun.jax
 from refrun import schema
 from refrun.errors import RefrunInputError
 
+# What these tests read is what the runs record; the delivery process is tested elsewhere
+# (conftest.deliver_in_process says where and what it saves).
+pytestmark = pytest.mark.usefixtures("deliver_in_process")
+
 WORKER = Path(__file__).parent / "jax_helpers" / "probe_worker.py"
 
 

@@ -35,6 +35,10 @@ from refrun.acceptance.calibration import CalibrationOptions, calibrate_ids, wri
 from refrun.acceptance.criteria import load_criteria  # noqa: E402
 from tests.acceptance_helpers import STEPS, N, record  # noqa: E402
 
+# What these tests read is what the runs record; the delivery process is tested elsewhere
+# (conftest.deliver_in_process says where and what it saves).
+pytestmark = pytest.mark.usefixtures("deliver_in_process")
+
 WARMUP = 5  # steps of linear warmup: 5 % of the acceptance runs' 100 steps
 BASE, BASE_PG1 = 0.1, 0.5
 

@@ -14,6 +14,11 @@ import refrun
 T0 = 1_700_000_000_000  # explicit time stamps, so the two runs' points can be compared
 
 
+# What these tests read is what the runs record; the delivery process is tested elsewhere
+# (conftest.deliver_in_process says where and what it saves).
+pytestmark = pytest.mark.usefixtures("deliver_in_process")
+
+
 def _record(store, blocks, by_columns: bool):
     run = refrun.start_run(workload="cols", role="candidate", flush_interval_s=0.05,
                            snapshot_environment=False)

@@ -21,6 +21,10 @@ from refrun.probes.monitors import NvmlMonitor, PsutilMonitor, default_monitors
 from refrun.probes.torch import frame_compile_index
 from refrun.store.curves import read_curves
 
+# What these tests read is what the runs record; the delivery process is tested elsewhere
+# (conftest.deliver_in_process says where and what it saves).
+pytestmark = pytest.mark.usefixtures("deliver_in_process")
+
 SYS_KEYS = {"sys/cpu_pct", "sys/mem_used_bytes", "sys/mem_pct", "sys/proc_cpu_pct",
             "sys/rss_bytes", schema.M_SYS_RUN_CPU_CORES, schema.M_SYS_OTHERS_CPU_CORES,
             schema.M_SYS_LOGICAL_CPUS}

@@ -36,6 +36,10 @@ from refrun.errors import RefrunInputError  # noqa: E402
 from refrun.probes.tpu_monitor import TpuMonitor  # noqa: E402
 from refrun.probes.xla import ROW_NAMES, SummaryTally, XlaSummary  # noqa: E402
 
+# What these tests read is what the runs record; the delivery process is tested elsewhere
+# (conftest.deliver_in_process says where and what it saves).
+pytestmark = pytest.mark.usefixtures("deliver_in_process")
+
 DEV = torch_xla.device()
 IN = 6
 
