@@ -581,7 +581,8 @@ def known_load(seconds: float = 3.0) -> dict[str, Any]:
 def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
           ) -> dict[str, Any]:
     t_start = time.perf_counter()
-    arms = {name: open_arm(name, w, store, spool) for name in ARMS}  # probes first: each
+    chosen = arms_of(args)
+    arms = {name: open_arm(name, w, store, spool) for name in chosen}  # probes first: each
     # clears JAX's caches once; then everything compiles once
     for arm in arms.values():
         run_block(w, arm, args.warmup)
@@ -592,7 +593,7 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
     rng = random.Random(args.seed)
     orders = []
     for _ in range(args.rounds):
-        order = list(ARMS)
+        order = list(chosen)
         rng.shuffle(order)
         orders.append(order)
         for name in order:
@@ -606,7 +607,7 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
     if args.timeline:
         tl = {name: timeline(w, arms[name], args.steps) for name in ("plain", "probed")}
     source = None
-    for name in PROBED_ARMS:
+    for name in (n for n in PROBED_ARMS if n in arms):
         arm = arms[name]
         arm.probe.close()
         arm.run.close()
@@ -623,14 +624,14 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         "window_cost_s": window_costs,
         "ratios": {name: {"geometric": geometric_ratio(arms[name].blocks, plain),
                           "hodges_lehmann": hodges_lehmann(arms[name].blocks, plain)}
-                   for name in ARMS if name != "plain"},
+                   for name in chosen if name != "plain"},
         # The same pairs on each block's median step interval (added 2026-12-06 after the
         # ports' blocks of 0.2-0.4 s varied by up to 2x in every arm, the plain one too):
         # the probe's cost in every step, its occasional costs (a profiler window, a psutil
         # sample) left to the window arm and the figures printed below the table.
         "medians": {name: arm.medians for name, arm in arms.items()},
         "median_ratios": {name: geometric_ratio(arms[name].medians, arms["plain"].medians)
-                          for name in ARMS if name != "plain"},
+                          for name in chosen if name != "plain"},
     }
     if windows is not None:
         out["window_note"] = windows.why_not
@@ -643,12 +644,24 @@ def fmt(r: tuple[float, float, float]) -> str:
     return f"{r[0]:.4f} [{r[1]:.4f}, {r[2]:.4f}]"
 
 
+def arms_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The arms measured: ``--arms`` (``plain`` always among them), in :data:`ARMS` order.
+    Fewer arms make a round shorter, so each arm's block sits closer in time to the plain
+    block it is paired with (the ports' blocks drift by up to 2x within seconds)."""
+    want = set(args.arms.split(",")) | {"plain"} if args.arms else set(ARMS)
+    bad = want - set(ARMS)
+    if bad:
+        raise SystemExit(f"--arms: unknown {sorted(bad)} (arms: {', '.join(ARMS)})")
+    return tuple(a for a in ARMS if a in want)
+
+
 def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
-    head = ("workload", "plain step", *[f"{a} / plain" for a in ARMS if a != "plain"])
+    shown = [a for a in ARMS if a != "plain" and all(a in r["ratios"] for r in results)]
+    head = ("workload", "plain step", *[f"{a} / plain" for a in shown])
     rows = [head]
     for r in results:
         rows.append((r["workload"], f"{r['plain_step_ms']:.3f} ms",
-                     *[fmt(r["ratios"][a]["geometric"]) for a in ARMS if a != "plain"]))
+                     *[fmt(r["ratios"][a]["geometric"]) for a in shown]))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     for row in rows:
         print("  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)))
@@ -658,14 +671,14 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
         rows = [head]
         for r in results:
             rows.append((r["workload"], f"{statistics.median(r['medians']['plain']) * 1e3:.3f} ms",
-                         *[fmt(r["median_ratios"][a]) for a in ARMS if a != "plain"]))
+                         *[fmt(r["median_ratios"][a]) for a in shown]))
         print()
         for row in rows:
             print("  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)))
         print("\n(the same pairs on each block's median step interval: the cost in every "
               "step, a block's stalls left out)")
     for r in results:
-        hl = r["ratios"]["probed"]["hodges_lehmann"]
+        hl = r["ratios"].get("probed", {}).get("hodges_lehmann", (math.nan,) * 3)
         costs = r["window_cost_s"]
         win = (f"; one profiler window: {statistics.median(costs) * 1e3:.1f} ms in profiler "
                f"calls" if costs else f"; no window ({r.get('window_note')})")
@@ -700,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burn", type=float, default=0.01,
                     help="the positive control's thread CPU per step, share of the plain step")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block orders")
+    ap.add_argument("--arms", default=None,
+                    help=f"comma-separated subset of {','.join(ARMS)} (plain always; "
+                         "default: all)")
     ap.add_argument("--json", default=None,
                     help="write the results here (default: $OUT/probe_cost.json or "
                          "./probe_cost.json)")
