@@ -24,16 +24,7 @@ import pytest
 import refrun
 import refrun.jax
 from refrun import schema
-from refrun.probes.jax_blocks import (
-    MIN_TRIAL,
-    TRIALS,
-    LostValue,
-    Reader,
-    counter_deltas,
-    read_arrays,
-    read_list,
-    step_intervals,
-)
+from refrun.probes.jax_blocks import counter_deltas, step_intervals
 
 # What these tests read is what the runs record; the delivery process is tested elsewhere
 # (conftest.deliver_in_process says where and what it saves).
@@ -60,31 +51,6 @@ def test_pure_parts() -> None:
     assert step_intervals([1.0, 1.5, 3.0], 3.25) == [0.5, 1.5, 0.25]
     assert step_intervals([], 2.0) == []
     assert counter_deltas((1, 0), [(1, 2), (4, 2), (4, 5)]) == [[0, 2], [3, 0], [0, 3]]
-
-
-def test_the_reader_times_both_ways_and_keeps_the_cheaper() -> None:
-    """Both batched reads give the same floats (LOST for a deleted array); a Reader times
-    each way TRIALS times on reads of at least MIN_TRIAL arrays, alternating, then keeps
-    the one with the lower median and times nothing more."""
-    f = jax.jit(lambda x: x * 1.5)
-    arrays = [f(jnp.float32(i)) for i in range(MIN_TRIAL)]
-    want = [1.5 * i for i in range(MIN_TRIAL)]
-    assert read_list(arrays) == want and read_arrays(arrays) == want
-    gone = f(jnp.float32(1))
-    gone.delete()
-    assert isinstance(read_list([arrays[0], gone])[1], LostValue)
-    r = Reader()
-    assert r.read(arrays[:-1]) == want[:-1]  # too few to time
-    assert r.trials == {"stack": [], "list": []} and r.way is None
-    for _ in range(2 * TRIALS):
-        assert r.read(arrays) == want
-    assert {w: len(t) for w, t in r.trials.items()} == {"stack": TRIALS, "list": TRIALS}
-    assert r.way == min(r.trials, key=lambda w: float(np.median(r.trials[w])))
-    assert r.read(arrays) == want and all(len(t) == TRIALS for t in r.trials.values())
-    # The choice follows the cost, whichever way is cheaper: the stack's trials made far
-    # slower than any real read keep the list.
-    r = Reader(trials={"stack": [1.0] * TRIALS, "list": [1e-9] * (TRIALS - 1)})
-    assert r.read(arrays) == want and r.way == "list"
 
 
 def test_values_over_many_blocks_are_exact_and_in_order(store) -> None:

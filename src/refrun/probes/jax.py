@@ -74,10 +74,10 @@ from refrun.probes.jax_blocks import (
     LOST,
     BlockCollector,
     LostValue,
-    Reader,
     Tree,
     counter_deltas,
     precompile,
+    read_arrays,
     step_intervals,
     take,
 )
@@ -743,7 +743,6 @@ class JaxProbe(Probe):
     # (logged name, the arrays as logged, steps done when the decision is due)
     _probing: list[tuple[str, list[Any], int]] = field(default_factory=list, repr=False)
     _leaf_names: dict[tuple[str, Any], list[str]] = field(default_factory=dict, repr=False)
-    _reader: Reader = field(default_factory=Reader, repr=False)  # the collector's reads
     _donated: dict[str, bool | None] = field(default_factory=dict, repr=False)
     # Steps done at the next numerics reading (on the training thread: JAX's precision
     # contexts are thread-local): the first step's end, then every recheck_every steps.
@@ -968,7 +967,7 @@ class JaxProbe(Probe):
             else:
                 flat.append((n, name, v, name))
         where = [i for i, f in enumerate(flat) if isinstance(f[2], jax.Array)]
-        read = self._reader.read([flat[i][2] for i in where])
+        read = read_arrays([flat[i][2] for i in where])
         got: dict[int, float] = dict(zip(where, read, strict=True))
         ready: list[tuple[int, str, float]] = []
         backend: JaxBackend = self.backend  # type: ignore[assignment]

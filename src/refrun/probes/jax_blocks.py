@@ -13,17 +13,13 @@ A :class:`BlockCollector` thread wakes once per flush interval, takes what was a
 since (list slicing and deletion are single operations, so nothing the training thread
 appends meanwhile is lost), and does the rest off the training thread:
 
-* **values**: read in batches, never one read per array (16 us for ``float(x)``: the
-  transfer's fixed cost dominates a scalar), the cheaper of two ways on the platform at
-  hand (:class:`Reader`): a once-compiled ``jnp.stack`` of a chunk of :data:`CHUNK`
-  arrays of one dtype and sharding, then one host copy (:func:`read_arrays`), or
-  ``jax.device_get`` of the list (:func:`read_list`).  Which is cheaper depends on the
-  platform, in opposite directions: on this 2-CPU machine 0.7 us a value stacked against
-  22 us listed; on a TPU v5e 16.3 us stacked against 3.5 us listed (docs/tpu.md), where
-  the stack's per-argument dispatch dominates.  The stack runs on the device after the
-  arrays it reads; waiting for it releases the GIL.  Its compilations (one per
-  :func:`signature`; the commonest compiled when the probe starts, outside any step) are
-  the probe's own and never counted
+* **values**: read in one batched transfer per chunk of :data:`CHUNK` arrays of one dtype
+  and sharding -- a once-compiled ``jnp.stack`` of the chunk, then one host copy -- instead
+  of one read per array (on this machine 0.7 us a value against 22 us for
+  ``jax.device_get`` of a list, 16 us for ``float(x)``: the transfer's fixed cost dominates
+  a scalar).  The stack runs on the device after the arrays it reads; waiting for it
+  releases the GIL.  Its compilations (one per :func:`signature`; the commonest compiled
+  when the probe starts, outside any step) are the probe's own and never counted
   (:meth:`refrun.probes.jax.CompileTracker.ignore_this_thread`);
 * **rows**: per-step counter deltas and the step time, handed to the session as columns
   in one :meth:`~refrun.recording.session.RunSession.log_columns` call per block.
@@ -115,53 +111,6 @@ def read_arrays(arrays: Sequence[jax.Array]) -> list[float]:
             for i, v in zip(part, values, strict=False):
                 out[i] = float(v)
     return out
-
-
-def read_list(arrays: Sequence[jax.Array]) -> list[float]:
-    """The values of one-element arrays, in order, as floats (:data:`LOST` for one that was
-    deleted or donated): one ``jax.device_get`` of the list (its transfers started
-    together), falling back to reading one at a time when the list cannot be read."""
-    live = [i for i, a in enumerate(arrays) if not a.is_deleted()]
-    out: list[float] = [LOST] * len(arrays)
-    try:
-        got = jax.device_get([arrays[i] for i in live])
-        for i, v in zip(live, got, strict=True):
-            out[i] = float(np.asarray(v).reshape(()))
-    except Exception:  # deleted meanwhile, an odd array: one at a time
-        for i in live:
-            out[i] = _read_one(arrays[i])
-    return out
-
-
-READ_WAYS: dict[str, Callable[[Sequence[jax.Array]], list[float]]] = {
-    "stack": read_arrays, "list": read_list}
-TRIALS = 3
-"""Timed reads of each way before a :class:`Reader` keeps one."""
-MIN_TRIAL = 8
-"""Fewest arrays in a read that is timed (a read of one or two says little per value)."""
-
-
-@dataclass
-class Reader:
-    """Batched reads the cheaper of :data:`READ_WAYS` on this platform: the first
-    ``TRIALS`` reads of at least ``MIN_TRIAL`` arrays alternate the ways and are timed (wall
-    seconds per value, on the collector thread); from then on the way with the lower median
-    is kept (``way``).  Both give the same floats; only their cost differs (module doc)."""
-
-    trials: dict[str, list[float]] = field(
-        default_factory=lambda: {w: [] for w in READ_WAYS})
-    way: str | None = None
-
-    def read(self, arrays: Sequence[jax.Array]) -> list[float]:
-        if self.way is not None or len(arrays) < MIN_TRIAL:
-            return READ_WAYS[self.way or "stack"](arrays)
-        way = min(READ_WAYS, key=lambda w: len(self.trials[w]))  # the one timed least
-        t0 = time.perf_counter()
-        out = READ_WAYS[way](arrays)
-        self.trials[way].append((time.perf_counter() - t0) / len(arrays))
-        if all(len(t) >= TRIALS for t in self.trials.values()):
-            self.way = min(READ_WAYS, key=lambda w: float(np.median(self.trials[w])))
-        return out
 
 
 def _read_one(a: jax.Array) -> float:
