@@ -144,14 +144,18 @@ DIGITS_SOURCES = (ROOT / "pipelines" / "digits", ROOT / "pipelines" / "demo.py",
 def criteria_seeds() -> tuple[int, ...]:
     """The reference seeds scripts/make_criteria.py calibrates the criteria from (its
     SEEDS); the pipeline's plan trains the first three of them itself."""
+    return tuple(script("make_criteria").SEEDS)
+
+
+def script(name: str):  # -> the module scripts/<name>.py
+    """A script of ``scripts/`` loaded as a module (they are not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("make_criteria",
-                                                  ROOT / "scripts" / "make_criteria.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return tuple(mod.SEEDS)
+    return mod
 
 
 def digits_plan():  # -> pipelines.digits.variants.Plan
@@ -217,17 +221,6 @@ def _inside(d: Path) -> Iterator[None]:
         os.chdir(cwd)
 
 
-def _example_generator():  # -> the module scripts/make_example_store.py
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_example_store",
-                                                  ROOT / "scripts" / "make_example_store.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 # --- The runs of mlruns.example: the reduced plan as its generator trains them ------------
 
 # What decides them: the digits runs' sources and the generator, which says which variants
@@ -239,7 +232,7 @@ EXAMPLE_ENVIRONMENT = {"REFRUN_DELIVERY": "process"}
 
 
 def _train_example(d: Path) -> None:
-    gen = _example_generator()
+    gen = script("make_example_store")
     with _environ(**EXAMPLE_ENVIRONMENT), _inside(d):
         ids = gen.train_reduced(d, jobs=2)
     (d / "ids.json").write_text(json.dumps(ids, indent=1), encoding="utf-8")
@@ -251,7 +244,7 @@ def example_training_store() -> tuple[TrainedStore, str]:
     sqlite store, and the key of that build.  ``make_example_store.py --trained <path>``
     assesses a copy of it (tests/test_example_store_fresh.py), and the digits build below
     starts from a copy of it: those seven runs are trained once per session, not twice."""
-    gen = _example_generator()
+    gen = script("make_example_store")
     config = {"variants": [v.command(quick=True, tracking_uri="<store>", spool_dir="<spool>",
                                      mlflow_every=gen.MLFLOW_EVERY)[1:]
                            for v in gen.reduced_plan().all],

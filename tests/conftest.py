@@ -156,6 +156,14 @@ class Store:
 
         return MlflowClient(self.tracking_uri)
 
+    def trainer_env(self) -> dict[str, str]:
+        """The environment of a training script run in a subprocess: this store, this
+        spool directory, and refrun from this checkout's ``src``."""
+        return {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri,
+                "REFRUN_SPOOL_DIR": str(self.spool_dir),
+                "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                               os.environ.get("PYTHONPATH", "")])}
+
     def artifact_text(self, run_id: str, name: str) -> str:
         """Artifact ``name`` of ``run_id`` as text, downloaded into a new directory under
         the test's own (without a destination MLflow makes a temporary directory that

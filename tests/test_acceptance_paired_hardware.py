@@ -196,27 +196,29 @@ BASE = ('[[criteria]]\nid = "p"\nkind = "paired"\nlevel = "L1"\nmax_ratio = 90.5
         'band_steps = [0, 5]\nband_values = [1e-7, 1e-6]\n')
 
 
+def _with_band(table: str, key: str = "tpu-v5e") -> object:
+    """``BASE`` with one hardware band whose keys are ``table``, parsed."""
+    return parse_criteria(f"{BASE}[criteria.hardware_bands.{key}]\n{table}", "c.toml")
+
+
 def test_hardware_bands_validation_names_the_key() -> None:
-    ok = parse_criteria(BASE + '[criteria.hardware_bands.TPU_v5e]\nband_steps = [0]\n'
-                        'band_values = [1e-5]\nmax_ratio = 90.5\n', "c.toml")
+    ok = _with_band("band_steps = [0]\nband_values = [1e-5]\nmax_ratio = 90.5\n", "TPU_v5e")
     assert list(ok.criterion("p").hardware_bands) == ["tpu-v5e"]  # the canonical name
-    with pytest.raises(RefrunInputError, match=r"c\.toml:\d+: criteria\[0\]\.hardware_bands"
-                                               r"\.tpu-v5e\.max_ratio \(id 'p'\): required"):
-        parse_criteria(BASE + '[criteria.hardware_bands.tpu-v5e]\nband_steps = [0]\n'
-                       'band_values = [1e-5]\n', "c.toml")
-    with pytest.raises(RefrunInputError, match=r"hardware_bands\.tpu-v5e\.band_steps "
-                                               r"\(id 'p'\): must be strictly increasing"):
-        parse_criteria(BASE + '[criteria.hardware_bands.tpu-v5e]\nband_steps = [3, 3]\n'
-                       'band_values = [1e-5, 1e-4]\nmax_ratio = 90.5\n', "c.toml")
-    with pytest.raises(RefrunInputError, match=r"hardware_bands\.tpu-v5e\.max_ratio \(id "
-                                               r"'p'\): must be > 1"):
-        parse_criteria(BASE + '[criteria.hardware_bands.tpu-v5e]\nband_steps = [0]\n'
-                       'band_values = [1e-5]\nmax_ratio = 0.5\n', "c.toml")
-    with pytest.raises(RefrunInputError, match=r"hardware_bands\.tpu-v5e\.band_step "
-                                               r"\(id 'p'\): unknown key"):
-        parse_criteria(BASE + '[criteria.hardware_bands.tpu-v5e]\nband_step = [0]\n'
-                       'band_values = [1e-5]\nmax_ratio = 90.5\n', "c.toml")
+    cases = [
+        ("band_steps = [0]\nband_values = [1e-5]\n",
+         r"c\.toml:\d+: criteria\[0\]\.hardware_bands\.tpu-v5e\.max_ratio \(id 'p'\): "
+         "required"),
+        ("band_steps = [3, 3]\nband_values = [1e-5, 1e-4]\nmax_ratio = 90.5\n",
+         r"hardware_bands\.tpu-v5e\.band_steps \(id 'p'\): must be strictly increasing"),
+        ("band_steps = [0]\nband_values = [1e-5]\nmax_ratio = 0.5\n",
+         r"hardware_bands\.tpu-v5e\.max_ratio \(id 'p'\): must be > 1"),
+        ("band_step = [0]\nband_values = [1e-5]\nmax_ratio = 90.5\n",
+         r"hardware_bands\.tpu-v5e\.band_step \(id 'p'\): unknown key"),
+    ]
+    for table, message in cases:
+        with pytest.raises(RefrunInputError, match=message):
+            _with_band(table)
     with pytest.raises(RefrunInputError, match=r"hardware_bands\.tpu v5e!.*not a hardware "
                                                "name"):
-        parse_criteria(BASE + '[criteria.hardware_bands."tpu v5e!"]\nband_steps = [0]\n'
-                       'band_values = [1e-5]\nmax_ratio = 90.5\n', "c.toml")
+        _with_band("band_steps = [0]\nband_values = [1e-5]\nmax_ratio = 90.5\n",
+                   '"tpu v5e!"')

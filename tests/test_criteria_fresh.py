@@ -9,26 +9,15 @@ names both commands.  The seeds' training is the session's cached store's
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from builds import TrainedStore
+from builds import TrainedStore, script
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script() -> Any:  # a module loaded from scripts/
-    spec = importlib.util.spec_from_file_location("make_criteria",
-                                                  ROOT / "scripts" / "make_criteria.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.e2e
@@ -36,7 +25,7 @@ def _script() -> Any:  # a module loaded from scripts/
 @pytest.mark.timeout(1200)  # its setup may train the cached digits runs (tests/builds.py)
 def test_committed_criteria_are_what_calibrate_writes_now(
         tmp_path: Path, digits_quick: TrainedStore) -> None:
-    gen = _script()
+    gen = script("make_criteria")
     out = tmp_path / "criteria.toml"
     # The reference seeds come trained from the session's cached store (tests/builds.py:
     # the pipeline's reference runs of seeds 0-7, --quick); the subject here is calibrate.

@@ -7,7 +7,6 @@ by ``refrun sync``.  Real sqlite stores, real runs, a real killed trainer and th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -158,10 +157,7 @@ TRAINER = textwrap.dedent("""
 def test_sync_salvages_a_damaged_spool_and_says_what_was_lost(store, tmp_path: Path) -> None:
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store.tracking_uri,
-           "REFRUN_SPOOL_DIR": str(store.spool_dir),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = store.trainer_env()
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     assert proc.stdin is not None and proc.stdout is not None

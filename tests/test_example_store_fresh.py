@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from builds import TrainedStore
+from builds import TrainedStore, script
 
 from pipelines import example_store as ex
 
@@ -35,8 +35,6 @@ def reassessed(tmp: Path, monkeypatch: pytest.MonkeyPatch,
                only: tuple[str, ...] | None = None) -> tuple[dict, dict]:
     """(description of the copy as committed, description after re-assessing the copy's
     training runs with the current code) -- restricted to candidates ``only``."""
-    import importlib.util
-
     from pipelines.demo import CRITERIA_QUICK, assess_all
 
     clone = tmp / "clone"
@@ -46,11 +44,7 @@ def reassessed(tmp: Path, monkeypatch: pytest.MonkeyPatch,
     shutil.copyfile(CRITERIA_QUICK, clone / crit)
     monkeypatch.chdir(clone)  # the store's artifact locations are relative to the clone
     store = clone / "mlruns.example"
-    spec = importlib.util.spec_from_file_location("make_example_store",
-                                                  ROOT / "scripts" / "make_example_store.py")
-    assert spec is not None and spec.loader is not None
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = script("make_example_store")
     plan = gen.reduced_plan(only or gen.CANDIDATES)
     training = ex.training_ids(store)
     before = ex.describe(store, training, ex.comparison_ids(store, training))

@@ -121,10 +121,7 @@ LOST_TRAINER = textwrap.dedent("""
 def test_points_lost_to_a_hard_kill_are_estimated_by_sync(store, tmp_path: Path) -> None:
     script = tmp_path / "trainer.py"
     script.write_text(LOST_TRAINER)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store.tracking_uri,
-           "REFRUN_SPOOL_DIR": str(store.spool_dir),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = store.trainer_env()
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             text=True, env=env, cwd=tmp_path)
     assert proc.stdout is not None

@@ -412,15 +412,28 @@ class RunSession:
                 out[k] = v
                 continue
             value = _tag_value(v)[:TAG_VALUE_MAX]
-            old = self._identity.get(k)
-            if old is None:
-                self._identity[k] = out[k] = value
-            elif old != value:
-                self._refuse(f"identity:{k}"[:80], f"identity tag {k!r} is {old[:80]!r} "
-                             f"since start_run; the new value {value[:80]!r} is refused "
-                             "(who a run is never changes after it starts)", 1, None, k,
-                             "identity tag changed")
+            if self._first_value_wins(
+                    self._identity, k, value, "identity", "identity tag changed",
+                    lambda old, new, k=k: f"identity tag {k!r} is {old!r} since start_run; "
+                    f"the new value {new!r} is refused (who a run is never changes after it "
+                    "starts)"):
+                out[k] = value
         return out
+
+    def _first_value_wins(self, first: dict[str, str], key: str, value: str, prefix: str,
+                          kind: str, said: Callable[[str, str], str]) -> bool:
+        """The one rule of immutable values (identity tags, params): whether ``value`` is
+        new for ``key`` (then kept in ``first``).  The same value again is a no-op; a
+        different one is refused (warned with ``said(old, new)``, each cut to 80
+        characters; counted in ``refrun.refused`` as ``kind``)."""
+        old = first.get(key)
+        if old is None:
+            first[key] = value
+            return True
+        if old != value:
+            self._refuse(f"{prefix}:{key}"[:80], said(old[:80], value[:80]), 1, None, key,
+                         kind)
+        return False
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log params.  MLflow params are immutable, so the first value of a param is
@@ -430,14 +443,12 @@ class RunSession:
         new: dict[str, str] = {}
         for k, v in self._valid(params, "param key").items():
             value = self._fit("param", k, v)
-            old = self._params.get(k)
-            if old is None:
-                self._params[k] = new[k] = value
-            elif old != value:
-                self._refuse(f"param-changed:{k}"[:80], f"param {k!r} already logged as "
-                             f"{old[:80]!r}, the new value {value[:80]!r} is refused "
-                             "(MLflow params are immutable: log a value that changes as a "
-                             "tag or a metric)", 1, None, k, "param changed")
+            if self._first_value_wins(
+                    self._params, k, value, "param-changed", "param changed",
+                    lambda old, new, k=k: f"param {k!r} already logged as {old!r}, the new "
+                    f"value {new!r} is refused (MLflow params are immutable: log a value "
+                    "that changes as a tag or a metric)"):
+                new[k] = value
         if new:
             self._update_meta(params=new)
 
