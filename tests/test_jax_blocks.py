@@ -24,7 +24,14 @@ import pytest
 import refrun
 import refrun.jax
 from refrun import schema
-from refrun.probes.jax_blocks import counter_deltas, step_intervals
+from refrun.probes.jax_blocks import (
+    LostValue,
+    Tree,
+    columns,
+    counter_deltas,
+    read_columns,
+    step_intervals,
+)
 
 # What these tests read is what the runs record; the delivery process is tested elsewhere
 # (conftest.deliver_in_process says where and what it saves).
@@ -53,12 +60,36 @@ def test_pure_parts() -> None:
     assert counter_deltas((1, 0), [(1, 2), (4, 2), (4, 5)]) == [[0, 2], [3, 0], [0, 3]]
 
 
+def test_a_block_becomes_one_column_per_metric_read_in_place() -> None:
+    """Pytree leaves are split into their own columns (in log order, steps kept), host
+    numbers become floats, arrays their values, and a deleted array stays LOST (not a
+    nan that would be recorded)."""
+    f = jax.jit(lambda i: (i * 2.0, {"a": i + 0.5, "b": jnp.int32(7) * i.astype(jnp.int32)}))
+    outs = [f(jnp.float32(i)) for i in range(3)]
+    gone = f(jnp.float32(9))[0]
+    gone.delete()
+    tree = jax.tree_util.tree_flatten(outs[0][1])[1]
+    block = [(n, "loss", outs[n][0]) for n in range(3)]
+    block += [(n, "g", Tree(tree, jax.tree_util.tree_leaves(outs[n][1]))) for n in range(3)]
+    block += [(3, "loss", gone), (3, "h", 5), (4, "h", 0.25)]
+    cols = columns(block, lambda name, _: [f"{name}/a", f"{name}/b"])
+    assert list(cols) == ["loss", "g/a", "g/b", "h"]
+    read_columns(cols.values())
+    assert cols["loss"].steps == [0, 1, 2, 3]
+    assert cols["loss"].values[:3] == [0.0, 2.0, 4.0]
+    assert type(cols["loss"].values[3]) is LostValue
+    assert cols["g/a"].values == [0.5, 1.5, 2.5] and cols["g/a"].logged_as == {"g"}
+    assert cols["g/b"].values == [0.0, 7.0, 14.0]
+    assert all(type(v) is float for c in ("g/b", "h") for v in cols[c].values)
+    assert (cols["h"].steps, cols["h"].values) == ([3, 4], [5.0, 0.25])
+
+
 def test_values_over_many_blocks_are_exact_and_in_order(store) -> None:
     run = start(store, flush_interval_s=0.05)  # many blocks in a short loop
     f = jax.jit(lambda w, x: (w * 0.99 + x, jnp.sum(w * x)))
     w = jnp.ones(4)
     probe = refrun.jax.instrument(run, params=w, step_fns=[f], monitors=None)
-    losses = []
+    losses, sums = [], []
     n_steps = 600
     for n in range(n_steps):
         x = jnp.full(4, n / 100, jnp.float32)
@@ -66,7 +97,9 @@ def test_values_over_many_blocks_are_exact_and_in_order(store) -> None:
             w, loss = f(w, x)
             # a float32 array, a pytree with an int32 array and a host number, a bf16 one
             tree = {"i": jnp.int32(n * 3), "h": n / 7}
-            probe.log(loss=loss, tree=tree, half=loss.astype(jnp.bfloat16))
+            sums.append(jnp.sum(w))
+            probe.log(loss=loss, tree=tree, half=loss.astype(jnp.bfloat16),
+                      norms={"w": sums[-1], "x": x[0]})  # arrays only: the fast path
         losses.append(loss)
         if n % 100 == 0:
             time.sleep(0.06)  # let a block be collected while the loop runs
@@ -77,6 +110,8 @@ def test_values_over_many_blocks_are_exact_and_in_order(store) -> None:
     assert values(store, rid, "tree/i") == [float(3 * n) for n in range(n_steps)]
     assert values(store, rid, "tree/h") == [n / 7 for n in range(n_steps)]
     assert values(store, rid, "half") == [float(v.astype(jnp.bfloat16)) for v in losses]
+    assert values(store, rid, "norms/x") == [float(np.float32(n / 100)) for n in range(n_steps)]
+    assert values(store, rid, "norms/w") == [float(v) for v in sums]
     assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(n_steps))
     assert values(store, rid, schema.M_COMPILE_GRAPHS) == [1.0] + [0.0] * (n_steps - 1)
     assert run.warnings == []

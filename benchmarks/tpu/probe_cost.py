@@ -56,6 +56,7 @@ exact for a device-bound loop only with that back-pressure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -592,17 +593,23 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
     take_window, windows, window_costs = forced_window()
     rng = random.Random(args.seed)
     orders = []
+    own0 = refrun_threads_cpu()
+    main_cpu: dict[str, float] = dict.fromkeys(chosen, 0.0)
     for _ in range(args.rounds):
         order = list(chosen)
         rng.shuffle(order)
         orders.append(order)
         for name in order:
             arm = arms[name]
+            c0 = time.thread_time()
             mean, median = run_block(w, arm, args.steps,
                                      burn_s=burn_s if name == "burn" else 0.0,
                                      window=take_window if name == "window" else None)
+            main_cpu[name] += time.thread_time() - c0
             arm.blocks.append(mean)
             arm.medians.append(median)
+    own_cpu = refrun_threads_cpu() - own0
+    probed_steps = args.rounds * args.steps * sum(1 for n in chosen if n in PROBED_ARMS)
     tl = {}
     if args.timeline:
         tl = {name: timeline(w, arms[name], args.steps) for name in ("plain", "probed")}
@@ -632,12 +639,32 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         "medians": {name: arm.medians for name, arm in arms.items()},
         "median_ratios": {name: geometric_ratio(arms[name].medians, arms["plain"].medians)
                           for name in chosen if name != "plain"},
+        # CPU a probed step costs on Python threads (added 2026-12-06, fourth session): in
+        # a host-bound loop every microsecond of Python on refrun's threads is one the
+        # training thread waits for the GIL, so this is the probe's cost the ratios try to
+        # resolve, read directly.  Under gVisor thread clocks tick in milliseconds: these
+        # are averages over all rounds.
+        "refrun_threads_us_per_probed_step": 1e6 * own_cpu / max(probed_steps, 1),
+        "training_thread_us_per_step": {name: 1e6 * c / (args.rounds * args.steps)
+                                        for name, c in main_cpu.items()},
     }
     if windows is not None:
         out["window_note"] = windows.why_not
     if tl:
         out["timeline"] = tl
     return out
+
+
+def refrun_threads_cpu() -> float:
+    """CPU seconds so far of this process's threads whose names start with ``refrun``
+    (collector, session writer, samplers), from their own clocks."""
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith("refrun") and t.ident is not None:
+            # a thread that ended meanwhile, or no such clock here: not counted
+            with contextlib.suppress(OSError, AttributeError):
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+    return total
 
 
 def fmt(r: tuple[float, float, float]) -> str:
@@ -686,6 +713,11 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
               f"{r['seconds']:.0f} s; probed Hodges-Lehmann {fmt(hl)}; burn = "
               f"{r['burn_fraction']:.0%} of the plain step{win}")
         print(f"  chip utilisation source of the probed run: {r['chip_busy_source']}")
+        tt = r.get("training_thread_us_per_step")
+        if tt:
+            per = ", ".join(f"{a} {v:.1f}" for a, v in tt.items())
+            print(f"  CPU a step, us: refrun's threads {r['refrun_threads_us_per_probed_step']:.1f}"
+                  f" per probed step; the training thread: {per}")
         t = r.get("timeline")
         if t:
             for arm, d in t.items():

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import select
@@ -65,6 +66,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax._src.array import ArrayImpl
+from jax.tree_util import tree_flatten
 
 from refrun import limits, schema
 from refrun.probes import host_reads
@@ -73,11 +75,13 @@ from refrun.probes.hardware import is_accelerator
 from refrun.probes.jax_blocks import (
     LOST,
     BlockCollector,
+    Column,
     LostValue,
     Tree,
+    columns,
     counter_deltas,
     precompile,
-    read_arrays,
+    read_columns,
     step_intervals,
     take,
 )
@@ -792,6 +796,10 @@ class JaxProbe(Probe):
                 append((n, name, v))
             elif t in _SCALAR_TYPES:
                 append((n, name, v))
+            elif t is dict and (tree := _scalar_arrays(v)) is not None:
+                if donated.get(name, _MISSING) is not False:
+                    tree = Tree(tree.treedef, self._protected(name, tree.leaves))
+                append((n, name, tree))
             else:
                 try:
                     self._log_other(n, name, v)
@@ -956,30 +964,41 @@ class JaxProbe(Probe):
         return out
 
     def _emit_values(self, values: list[tuple[int, str, Any]]) -> None:
+        """A block's logged values to the session: one column per metric, read in one
+        batched transfer, and one :meth:`RunSession.log_columns` call per set of metrics
+        logged at the same steps (the outcome of logging them point by point)."""
         if not values:
             return
-        flat: list[tuple[int, str, Any, str]] = []
-        for n, name, v in values:
-            if type(v) is Tree:
-                names = self._names_of(name, v.treedef)
-                flat.extend((n, leaf_name, leaf, name)
-                            for leaf_name, leaf in zip(names, v.leaves, strict=True))
-            else:
-                flat.append((n, name, v, name))
-        where = [i for i, f in enumerate(flat) if isinstance(f[2], jax.Array)]
-        read = read_arrays([flat[i][2] for i in where])
-        got: dict[int, float] = dict(zip(where, read, strict=True))
-        ready: list[tuple[int, str, float]] = []
-        backend: JaxBackend = self.backend  # type: ignore[assignment]
-        for i, (n, name, v, logged_as) in enumerate(flat):
-            value = got.get(i, v)
-            if isinstance(value, LostValue):
-                backend.lost_values += 1
+        cols = columns(values, self._names_of)
+        read_columns(cols.values())
+        groups: dict[tuple[int, ...], dict[str, list[float]]] = {}
+        for name, col in cols.items():
+            steps, vals = self._take_column(name, col)
+            if steps:
+                groups.setdefault(tuple(steps), {})[name] = vals
+        for steps, group in groups.items():
+            self.run.log_columns(steps, group)
+
+    def _take_column(self, name: str, col: Column) -> tuple[list[int], list[float]]:
+        """:meth:`_take` for a whole column: values that could not be read are dropped
+        (warned once, counted in the backend's ``lost_values``; their name is copied when
+        logged from now on), a non-finite loss warns once."""
+        steps, vals = col.steps, col.values
+        if any(type(v) is LostValue for v in vals):
+            backend: JaxBackend = self.backend  # type: ignore[assignment]
+            for logged_as in col.logged_as:
                 backend.donated[logged_as] = True  # copied from now on
-            if self._take(n, name, value):
-                ready.append((n, name, float(value)))
-        if ready:
-            self._emit(ready)
+            kept = [(n, v) for n, v in zip(steps, vals, strict=True)
+                    if type(v) is not LostValue or not self._lost(n, name)]
+            steps, vals = [n for n, _ in kept], [v for _, v in kept]
+        if name == schema.M_STEP_TIME:
+            self._step_times.extend(vals)
+        if name == schema.M_LOSS and not self._nonfinite_warned:
+            for n, v in zip(steps, vals, strict=True):
+                if not math.isfinite(v):
+                    self._take(n, name, v)  # warns once
+                    break
+        return steps, vals
 
     def _names_of(self, name: str, treedef: Any) -> list[str]:
         """The leaf names of a pytree logged as ``name`` (made once per structure)."""
@@ -990,13 +1009,13 @@ class JaxProbe(Probe):
             names = self._leaf_names[key] = list(flatten_pytree({name: shape}))
         return names
 
-    def _take(self, n: int, name: str, value: Any) -> bool:
-        if isinstance(value, LostValue):
-            self.run.warn_once(f"jax-lost:{name}", f"{name} at step {n} could not be read "
-                               "(its buffer was deleted or donated before the probe read "
-                               "it); later values of it are copied when logged", n)
-            return False
-        return super()._take(n, name, value)
+    def _lost(self, n: int, name: str) -> bool:
+        """A value that could not be read: counted and warned once per name; True."""
+        self.backend.lost_values += 1  # type: ignore[attr-defined]
+        self.run.warn_once(f"jax-lost:{name}", f"{name} at step {n} could not be read "
+                           "(its buffer was deleted or donated before the probe read "
+                           "it); later values of it are copied when logged", n)
+        return True
 
     # --- end ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -1091,6 +1110,17 @@ class _ClosedStep:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _scalar_arrays(value: dict[Any, Any]) -> Tree | None:
+    """A dictionary of one-element ``jax.Array`` values (gradient norms, per-layer
+    metrics: the commonest pytree logged a step), flattened; None for anything else,
+    which takes :meth:`JaxProbe._log_other`'s checks."""
+    leaves, treedef = tree_flatten(value)
+    for leaf in leaves:
+        if type(leaf) is not ArrayImpl or (leaf.shape and leaf.size != 1):
+            return None
+    return Tree(treedef, leaves)
 
 
 def _check_scalar(name: str, value: Any) -> None:

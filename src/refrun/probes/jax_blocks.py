@@ -42,11 +42,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.array import ArrayImpl
 
 CHUNK = 64
 """Arrays stacked per transfer (a chunk is padded to this length: one compilation per
@@ -60,10 +61,11 @@ class LostValue(float):
 LOST = LostValue("nan")
 
 
-@dataclass(frozen=True, slots=True)
-class Tree:
+class Tree(NamedTuple):
     """A logged pytree: its structure and leaves, flattened on the training thread (the
-    names of its leaves are made off it, once per structure)."""
+    names of its leaves are made off it, once per structure).  A named tuple: made a
+    step on the training thread, where a frozen dataclass's ``__init__`` costs twice as
+    much."""
 
     treedef: Any
     leaves: list[Any]
@@ -96,20 +98,27 @@ def read_arrays(arrays: Sequence[jax.Array]) -> list[float]:
     out: list[float] = [LOST] * len(arrays)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, a in enumerate(arrays):
-        if a.is_deleted():
-            continue
-        groups.setdefault(signature(a), []).append(i)
+        # signature(a) with the sharding by identity: hashing and comparing sharding
+        # objects runs Python code (2 us a value); equal shardings that are not the same
+        # object only make one more chunk.  A deleted array fails its chunk's stack, which
+        # then falls back to reading one at a time.
+        key = (a.dtype, a.weak_type, id(a.sharding), a.committed, a.shape)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [i]
+        else:
+            group.append(i)
     for idx in groups.values():
         for at in range(0, len(idx), CHUNK):
             part = idx[at:at + CHUNK]
             chunk = [arrays[i] for i in part]
             chunk += [chunk[-1]] * (CHUNK - len(chunk))
             try:
-                values = np.asarray(_stack(*chunk)).tolist()
-            except Exception:  # deleted meanwhile, an odd sharding: one at a time
-                values = [_read_one(arrays[i]) for i in part]
+                values = np.asarray(_stack(*chunk)).tolist()  # floats (ints for ints)
+            except Exception:  # a deleted array, an odd sharding: one at a time
+                values = [_read_one(arrays[i]) for i in part]  # floats, LOST kept
             for i, v in zip(part, values, strict=False):
-                out[i] = float(v)
+                out[i] = v if type(v) is float or type(v) is LostValue else float(v)
     return out
 
 
@@ -118,6 +127,66 @@ def _read_one(a: jax.Array) -> float:
         return float(np.asarray(a).reshape(()))
     except Exception:
         return LOST
+
+
+class Column:
+    """One metric's points of a block, in log order: ``steps[i]`` and ``values[i]`` (a
+    ``jax.Array`` until :func:`read_columns`, then a float; :data:`LOST` where it could
+    not be read), and the names it was logged under (a pytree leaf: its tree's name)."""
+
+    __slots__ = ("logged_as", "steps", "values")
+
+    def __init__(self, logged_as: str) -> None:
+        self.steps: list[int] = []
+        self.values: list[Any] = []
+        self.logged_as = {logged_as}
+
+
+def columns(values: Iterable[tuple[int, str, Any]],
+            leaf_names: Callable[[str, Any], list[str]]) -> dict[str, Column]:
+    """A block's logged values as one :class:`Column` per metric, pytrees split into their
+    leaves (named by ``leaf_names(name, treedef)``): a dictionary lookup and two appends a
+    value, where handing values over one at a time cost several microseconds each on the
+    collector thread (time the training thread of a host-bound step waits for the GIL)."""
+    out: dict[str, Column] = {}
+    get = out.get
+    for n, name, v in values:
+        if type(v) is Tree:
+            for leaf_name, leaf in zip(leaf_names(name, v.treedef), v.leaves, strict=True):
+                col = get(leaf_name)
+                if col is None:
+                    col = out[leaf_name] = Column(name)
+                elif name not in col.logged_as:
+                    col.logged_as.add(name)
+                col.steps.append(n)
+                col.values.append(leaf)
+            continue
+        col = get(name)
+        if col is None:
+            col = out[name] = Column(name)
+        col.steps.append(n)
+        col.values.append(v)
+    return out
+
+
+def read_columns(cols: Iterable[Column]) -> None:
+    """Replace every column's arrays by their values (one :func:`read_arrays` for the
+    whole block) and its Python numbers by floats, in place."""
+    where: list[tuple[list[Any], int]] = []
+    arrays: list[Any] = []
+    for col in cols:
+        vals = col.values
+        for i, v in enumerate(vals):
+            t = type(v)
+            if t is float:
+                continue
+            if t is ArrayImpl or isinstance(v, jax.Array):
+                where.append((vals, i))
+                arrays.append(v)
+            else:
+                vals[i] = float(v)
+    for (vals, i), value in zip(where, read_arrays(arrays), strict=True):
+        vals[i] = value
 
 
 @dataclass
