@@ -85,6 +85,7 @@ import numpy as np  # noqa: E402
 import refrun  # noqa: E402
 import refrun.jax  # noqa: E402
 from refrun import schema  # noqa: E402
+from refrun.probes import jax_blocks  # noqa: E402
 from refrun.probes.chip_busy import BusySampling, ProfilerWindows, jax_sessions  # noqa: E402
 from refrun.probes.jax_blocks import precompile, read_arrays  # noqa: E402
 from refrun.probes.monitors import PsutilMonitor  # noqa: E402
@@ -748,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=None,
                     help=f"comma-separated subset of {','.join(ARMS)} (plain always; "
                          "default: all)")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="arrays the probe stacks per read (default: refrun's CHUNK); a "
+                         "diagnostic: how the read's fixed cost per chunk weighs on the step")
     ap.add_argument("--json", default=None,
                     help="write the results here (default: $OUT/probe_cost.json or "
                          "./probe_cost.json)")
@@ -760,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.warmup = 4, 100, 10
+    if args.chunk is not None:  # before any probe starts: its precompile uses it
+        jax_blocks.CHUNK = args.chunk
     names = (args.workloads.split(",") if args.workloads else
              ["gru", "gru-small", "digits", "charlm", "markov"] if jax.default_backend() != "cpu"
              else ["gru", "digits", "charlm", "markov"])
