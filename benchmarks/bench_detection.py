@@ -15,9 +15,11 @@ Per workload:
 
 1. trains the reference seeds (PyTorch), the benign candidates (another seed, JAX on 1 and
    4 devices, PyTorch/XLA, another logging cadence, another evaluation cadence, a resume
-   with replayed steps, a port of a reference seed, the reference code at twice the
-   global batch), the
-   silent defects, and ``--held-out`` further reference seeds recorded as candidates, one
+   with replayed steps, a port of a reference seed, the reference recipe at twice the
+   global batch with its learning rate scaled by the optimiser's rule), the silent
+   defects, the recipe changes (twice the global batch at the same learning rate: correct
+   code, expected rejected, reported but not counted in the targets), and ``--held-out``
+   further reference seeds recorded as candidates, one
    subprocess each, into one sqlite store (``--store``; a temporary one by default);
 2. runs ``refrun calibrate --reference <the reference seeds> -o <workload>.toml``
    untouched (``--goal`` only where given, at most one per workload: ``--goal
@@ -72,6 +74,8 @@ from pipelines.digits import variants as digits  # noqa: E402
 from pipelines.markov import variants as markov  # noqa: E402
 
 TARGET_FALSE_ALARM = 0.05
+# Kinds of candidate expected to be rejected, each for its intended reason (``expect``).
+EXPECTED_REJECTED = ("defect", "recipe")
 
 
 @dataclass(frozen=True)
@@ -127,17 +131,26 @@ class Result:
     load: tuple[float, float] = (0.0, 0.0)  # 1-min load average at the start and the end
     calibration_error: str | None = None    # refrun calibrate's message when it wrote none
 
-    def tally(self) -> tuple[int, int, int, int]:
-        """(benign accepted, benign, defects rejected for their intended reason, defects)."""
-        benign = [o for o in self.candidates if o.variant.kind != "defect"]
-        defects = [o for o in self.candidates if o.variant.kind == "defect"]
+    def tally(self, kind: str | None = None) -> tuple[int, int, int, int]:
+        """(benign accepted, benign, defects rejected for their intended reason, defects);
+        ``kind="recipe"``: the recipe changes in place of the defects."""
+        benign = [o for o in self.candidates if o.variant.kind == "benign"]
+        defects = [o for o in self.candidates if o.variant.kind == (kind or "defect")]
         return (sum(self.as_intended(o) for o in benign), len(benign),
                 sum(self.as_intended(o) for o in defects), len(defects))
 
     def as_intended(self, o: Outcome) -> bool:
-        if o.variant.kind == "defect":
+        if o.variant.kind in EXPECTED_REJECTED:
             return bool(o.caught_by(self.workload.intent[o.variant.name]))
         return o.accepted
+
+    @property
+    def targeted(self) -> list[Outcome]:
+        """The candidates the targets count: benign ones and defects.  A recipe change
+        (correct code, another recipe: twice the batch at the same learning rate) is
+        reported, not targeted: whether it shows beyond the seeds' spread is a property of
+        the workload, not of the tool (issue 52)."""
+        return [o for o in self.candidates if o.variant.kind != "recipe"]
 
     @property
     def false_alarms(self) -> int:
@@ -153,7 +166,7 @@ class Result:
     @property
     def ok(self) -> bool:
         n = len(self.held_out)
-        return all(self.as_intended(o) for o in self.candidates) and n > 0 and \
+        return all(self.as_intended(o) for o in self.targeted) and n > 0 and \
             self.false_alarms / n <= TARGET_FALSE_ALARM
 
 
@@ -442,7 +455,7 @@ def table(r: Result, markdown: bool = False) -> str:
     rows = []
     for o in r.candidates:
         v = o.variant
-        if v.kind == "defect":
+        if v.kind in EXPECTED_REJECTED:
             intended = o.caught_by(r.workload.intent[v.name])
             outcome = "rejected" if o.failing else "ACCEPTED"
             by = _by(o, intended) + f" [intended: {', '.join(r.workload.intent[v.name])}]"
@@ -485,13 +498,14 @@ def summary(results: list[Result], markdown: bool = False) -> str:
     false alarms with the 95 % upper bound, wall time, load) and the false-alarm rate over
     every workload's held-out seeds together."""
     head = ("workload", "benign accepted", "defects rejected for the intended reason",
-            "false alarms (held-out seeds)", "95 % upper bound", "not judged", "wall",
-            "load 1 min")
+            "recipe changes rejected (not targeted)", "false alarms (held-out seeds)",
+            "95 % upper bound", "not judged", "wall", "load 1 min")
     rows = []
     for r in results:
         ba, b, da, d = r.tally()
+        _, _, ra, rn = r.tally("recipe")
         n, k = len(r.held_out), r.false_alarms
-        rows.append((r.workload.name, f"{ba}/{b}", f"{da}/{d}", f"{k}/{n}",
+        rows.append((r.workload.name, f"{ba}/{b}", f"{da}/{d}", f"{ra}/{rn}", f"{k}/{n}",
                      f"{upper_bound(k, n):.1%}", f"{r.not_judged}/{n}", f"{r.seconds:.0f} s",
                      f"{r.load[0]:.1f} -> {r.load[1]:.1f}"))
     n = sum(len(r.held_out) for r in results)
@@ -592,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(len(r.held_out) for r in results)
     rate_ok = n > 0 and sum(r.false_alarms for r in results) / n <= TARGET_FALSE_ALARM
     missed = [r.workload.name for r in results
-              if not all(r.as_intended(o) for o in r.candidates)]
+              if not all(r.as_intended(o) for o in r.targeted)]
     ok = not missed and rate_ok
     print(f"\ntarget met for {', '.join(r.workload.name for r in results)}" if ok
           else f"\nTARGET NOT MET: {', '.join(missed) or 'no workload'} missed a candidate; "

@@ -137,7 +137,8 @@ def cached_build(name: str, sources: Iterable[Path], config: object,
 # driver, the recorder (src/refrun), and this file's builder.
 DIGITS_SOURCES = (ROOT / "pipelines" / "digits", ROOT / "pipelines" / "demo.py",
                   ROOT / "pipelines" / "jax_cpu.py", ROOT / "pipelines" / "pairing.py",
-                  ROOT / "pipelines" / "__init__.py", ROOT / "src" / "refrun",
+                  ROOT / "pipelines" / "recipe.py", ROOT / "pipelines" / "__init__.py",
+                  ROOT / "src" / "refrun",
                   Path(__file__).resolve())
 
 

@@ -90,7 +90,8 @@ def test_the_digits_store_key_covers_its_training_and_recording_code(tmp_path: P
     names = {str(f.relative_to(ROOT)) for f in files}
     for needed in ("pipelines/digits/train_torch.py", "pipelines/digits/train_jax.py",
                    "pipelines/digits/train_xla.py", "pipelines/digits/config.toml",
-                   "pipelines/demo.py", "src/refrun/recording/delivery.py",
+                   "pipelines/demo.py", "pipelines/recipe.py",
+                   "src/refrun/recording/delivery.py",
                    "tests/builds.py"):
         assert needed in names, needed
     assert "pipelines/charlm/train_torch.py" not in names

@@ -251,3 +251,25 @@ def test_ar1_mean_variance_is_the_mean_of_the_covariance_matrix(n: int, lag: flo
     i = np.arange(n)
     cov = float(lag) ** np.abs(i[:, None] - i[None, :])
     assert ar1_mean_variance(n, lag) == pytest.approx(cov.sum() / n ** 2, rel=1e-12)
+
+
+def test_final_evaluation_band_holds_one_more_seeds_t_prediction() -> None:
+    """The ``*-final`` criterion of an evaluation metric (a min-max band of its last
+    evaluation) has the small-sample allowance the loss's final window got in issue 52:
+    the band ``[min - tol, max + tol]`` of the narrowest group of g = 4 of the 5 seeds
+    holds one more seed's Student-t prediction interval, mean +- sqrt(1 + 1/g) t_{g-1}
+    s.  Values: digits' five reference seeds' final validation accuracies in the issue-52
+    run (three at 0.9375, two at 0.935), at the per-criterion coverage of that file
+    (0.998); expected by hand with scipy's t."""
+    from refrun.acceptance.calibration.derive import one_point_tol, range_tol_floor
+
+    v = np.array([0.9375, 0.9375, 0.9375, 0.935, 0.935])
+    cov = 0.998
+    z = math.sqrt(1 + 1 / 4) * float(stats.t.ppf(1 - (1 - cov) / 2, 3))
+    narrowest = 0.0025  # every group of 4 of these 5 holds both values
+    expected = z * float(np.std(v, ddof=1)) - narrowest / 2
+    assert expected == pytest.approx(0.014388, abs=2e-6)  # the abs_tol written: 0.01439
+    assert range_tol_floor(v, 4, cov, 0.0025) == pytest.approx(expected, rel=1e-9)
+    # the criterion's tolerance is never below it (the held-out needs here are all 0)
+    tol, worst, _ = one_point_tol(v, CalibrationOptions(), 4, cov, 0.0025)
+    assert worst <= 0 and tol == pytest.approx(expected, rel=1e-9)

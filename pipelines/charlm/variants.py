@@ -15,10 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipelines.charlm.config import load_config
 from pipelines.digits import variants as digits
+from pipelines.recipe import batch_scaled
 
 REFERENCE_SEEDS = (0, 1, 2, 3, 4)
 HELD_OUT_SEEDS = tuple(range(100, 120))  # false-alarm trials: never used to calibrate
+_CFG = load_config()
+# The reference recipe at twice the global batch (Adam: square-root rule).
+_BATCH2X = batch_scaled(batch=_CFG.batch, lr=_CFG.lr, optimizer="adam",
+                        quick_steps=load_config(quick=True).steps, full_steps=_CFG.steps,
+                        warmup_steps=_CFG.warmup_steps)
 MODULES = {"torch": "pipelines.charlm.train_torch", "jax": "pipelines.charlm.train_jax",
            "torch_xla": "pipelines.charlm.train_xla"}
 
@@ -70,10 +77,18 @@ BENIGN = [
             mirrors="another logging cadence: the reference code logging every 10 steps"),
     Variant("charlm-torch-eval50", "torch", 12, extra_args=("--eval-every", "50"),
             mirrors="another evaluation cadence: validation every 50 steps (not 25)"),
-    Variant("charlm-torch-batch2x", "torch", 13, extra_args=("--batch", "32"),
-            mirrors="twice the global batch (32 for 16): the reference code seeing twice "
-                    "the samples per step, compared at equal samples seen (--axis "
-                    "samples, as accept's one-line hint asks; issue 52)"),
+    # The reference recipe at twice the global batch (issue 52, decided 2026-12-06; see
+    # docs/acceptance.md "Decided: what a benign 'twice the global batch' is"): Adam, so
+    # the peak learning rate scaled by the square root (pipelines.recipe.scaled_lr), half
+    # the steps and half the warm-up steps (the schedule is counted in steps: so it warms
+    # up and decays at the references' samples); compared at equal samples seen.  Seed
+    # 13, as the same-learning-rate run among the DEFECTS: they differ by the recipe only.
+    Variant("charlm-torch-batch2x", "torch", 13, extra_args=_BATCH2X.args,
+            quick_args=_BATCH2X.quick_args, full_args=_BATCH2X.full_args,
+            mirrors=f"twice the global batch (32 for 16) with the peak learning rate scaled "
+                    f"by the square root for Adam (Malladi et al. 2022: {_CFG.lr:g} -> "
+                    f"{float(_BATCH2X.args[3]):.6g}), half the steps and warm-up, compared "
+                    f"at equal samples seen (--axis samples)"),
     Variant("charlm-jax-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0: same initial weights, batches and "
                     "dropout masks (declared pair)"),
@@ -98,6 +113,18 @@ EVIDENCE = [
 ]
 
 DEFECTS = [
+    # A recipe change, not a code defect (kind ``recipe``): twice the global batch at the
+    # same learning rate, steps and warm-up, what a move to more chips does silently when
+    # the global batch grows with the chip count.  Until 2026-12-06 this was the benign
+    # ``charlm-torch-batch2x``; in both runs of that day it was rejected (by samples) by
+    # the loss envelope and two gradient-norm envelopes from samples 160-192 (steps 4-5).
+    # Expected: rejected by the loss or gradient-norm criteria.
+    Variant("charlm-torch-batch2x-same-lr", "torch", 13, extra_args=("--batch", "32"),
+            expect=("loss", "grad_norm/"),
+            recipe="twice the global batch at the same learning rate",
+            mirrors="twice the global batch (32 for 16) at the same learning rate and "
+                    "schedule in steps (a move to more chips growing the global batch), "
+                    "compared at equal samples seen (--axis samples)"),
     Variant("charlm-jax-causal-leak", "jax", 5, defects=("causal_leak",),
             expect=("loss",),
             mirrors="causal mask off by one: each position sees the character it predicts"),

@@ -14,6 +14,7 @@ from typing import Any
 import refrun
 from pipelines.digits.config import Config, load_config
 from pipelines.pairing import declare
+from pipelines.recipe import lr_option
 from refrun.recording.session import RunSession
 
 # Silent defects a port can switch on.  Each mirrors a failure of ../shared/seeds/004 and
@@ -109,6 +110,10 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     ap.add_argument("--batch", type=int, default=None,
                     help="global batch (default: the config's): another batch is another "
                          "amount of data per step (compare it with --axis samples)")
+    ap.add_argument("--lr", type=lr_option, default=None,
+                    help="learning rate (default: the config's; recorded as the run's "
+                         "`lr` param): e.g. the config's scaled with --batch "
+                         "(pipelines.recipe.scaled_lr)")
     ap.add_argument("--resume", type=_resume, default=None, metavar="K,M",
                     help="checkpoint after step K, stop after step M, restart from the "
                          "checkpoint (steps K+1..M are logged again; PyTorch reference)")
@@ -129,7 +134,7 @@ def parse(argv: list[str] | None, backend: str, description: str) -> Args:
     if ns.known_good is not None and not ns.pair:
         ap.error("--known-good needs --pair (known-good evidence is a same-seed pair)")
     cfg = load_config(quick=ns.quick, steps=ns.steps, log_every=ns.log_every,
-                      eval_every=ns.eval_every, batch=ns.batch)
+                      eval_every=ns.eval_every, batch=ns.batch, lr=ns.lr)
     if cfg.batch % ns.devices:
         ap.error(f"--devices {ns.devices} does not divide the global batch {cfg.batch}")
     if ns.resume is not None and ns.resume.interrupt >= cfg.steps:

@@ -30,13 +30,15 @@ class Config:
 
     def with_overrides(self, *, quick: bool = False, steps: int | None = None,
                        log_every: int | None = None, eval_every: int | None = None,
-                       quick_table: dict | None = None, batch: int | None = None) -> Config:
+                       quick_table: dict | None = None, batch: int | None = None,
+                       lr: float | None = None) -> Config:
         """A copy with the ``[quick]`` table and explicit overrides applied (in that order)."""
         cfg = self
         if quick and quick_table:
             cfg = replace(cfg, **quick_table)
         changes = {k: v for k, v in (("steps", steps), ("log_every", log_every),
-                                     ("eval_every", eval_every), ("batch", batch))
+                                     ("eval_every", eval_every), ("batch", batch),
+                                     ("lr", lr))
                    if v is not None}
         return replace(cfg, **changes)
 
@@ -51,7 +53,7 @@ class Config:
 
 def load_config(path: Path = CONFIG_PATH, *, quick: bool = False, steps: int | None = None,
                 log_every: int | None = None, eval_every: int | None = None,
-                batch: int | None = None) -> Config:
+                batch: int | None = None, lr: float | None = None) -> Config:
     """Read ``path``; raises :class:`RefrunInputError` naming the file and key when a key is
     missing or has the wrong type."""
     try:
@@ -74,4 +76,5 @@ def load_config(path: Path = CONFIG_PATH, *, quick: bool = False, steps: int | N
         raise RefrunInputError(f"{path}: bad value ({exc})") from None
     quick_table = {k: int(v) for k, v in raw.get("quick", {}).items()}
     return cfg.with_overrides(quick=quick, steps=steps, log_every=log_every,
-                              eval_every=eval_every, quick_table=quick_table, batch=batch)
+                              eval_every=eval_every, quick_table=quick_table, batch=batch,
+                              lr=lr)

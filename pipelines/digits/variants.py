@@ -3,6 +3,9 @@
 A :class:`Variant` is one training process (a port, a seed, flags).  ``expect`` names the
 criteria (ids in ``pipelines/criteria/digits.toml``, written by ``refrun calibrate``)
 that must fail for a defect, and is empty for a benign candidate, which must fail none.
+A *recipe change* (``recipe``: e.g. twice the global batch at the same learning rate) runs
+correct code with another training recipe: like a defect it names in ``expect`` what
+should reject it, but no code is wrong (see :attr:`Variant.kind`).
 The criteria are general (envelopes of the reference seeds, compilation and transfer
 counters, fallback allowlist); nothing here or there is keyed on a variant's name.
 """
@@ -14,8 +17,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.digits.config import load_config
+from pipelines.recipe import batch_scaled
+
 REFERENCE_SEEDS = (0, 1, 2)
 REPO_ROOT = Path(__file__).resolve().parents[2]
+_CFG = load_config()
+# The reference recipe at twice the global batch (SGD with momentum: linear rule).
+_BATCH2X = batch_scaled(batch=_CFG.batch, lr=_CFG.lr, optimizer="sgd",
+                        quick_steps=load_config(quick=True).steps, full_steps=_CFG.steps)
 
 
 @dataclass(frozen=True)
@@ -29,13 +39,24 @@ class Variant:
     devices: int = 1
     defects: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()
+    # Further arguments for a --quick run and for a full one (a recipe scaled with the
+    # batch keeps the references' samples budget: its --steps depend on the run's size).
+    quick_args: tuple[str, ...] = ()
+    full_args: tuple[str, ...] = ()
     expect: tuple[str, ...] = ()  # criterion ids that must fail (empty: benign)
     mirrors: str = ""  # the failure of seeds/004 it reproduces, or what it shows
+    # The recipe change this run makes with correct code (empty: none).  A move to more
+    # chips makes one silently when the global batch grows with the chip count and the
+    # learning rate stays: expected to be rejected, for the reasons ``expect`` names.
+    recipe: str = ""
 
     @property
     def kind(self) -> str:
+        """``reference``; ``defect`` (a silent defect switched on); ``recipe`` (correct
+        code, another training recipe: expected rejected, reported apart from the
+        defects); else ``benign``."""
         return "reference" if self.role == "reference" else \
-            "defect" if self.defects else "benign"
+            "defect" if self.defects else "recipe" if self.recipe else "benign"
 
     def module(self) -> str:
         return {"torch": "pipelines.digits.train_torch", "jax": "pipelines.digits.train_jax",
@@ -56,7 +77,7 @@ class Variant:
             cmd += ["--spool-dir", spool_dir]
         if mlflow_every != 1:
             cmd += ["--mlflow-every", str(mlflow_every)]
-        return cmd + list(self.extra_args)
+        return cmd + list(self.extra_args) + list(self.quick_args if quick else self.full_args)
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The process environment: JAX's host device count and PJRT's CPU device, set
@@ -158,10 +179,18 @@ DETECTION_BENIGN = [
     Variant("torch-resume", "torch", 6, extra_args=("--resume", "150,180"),
             mirrors="resumed mid-run: checkpoint at step 150, restart after step 180 "
                     "(steps 151-180 logged twice)"),
-    Variant("torch-batch2x", "torch", 8, extra_args=("--batch", "128"),
-            mirrors="twice the global batch (128 for 64): the reference code seeing twice "
-                    "the samples per step, compared at equal samples seen (--axis "
-                    "samples, as accept's one-line hint asks; issue 52)"),
+    # The reference recipe at twice the global batch (issue 52, decided 2026-12-06; see
+    # docs/acceptance.md "Decided: what a benign 'twice the global batch' is"): SGD with
+    # momentum, so the learning rate scaled linearly (pipelines.recipe.scaled_lr), half
+    # the steps (the references' samples budget); compared at equal samples seen (the
+    # benchmark re-assesses with the axis accept's one-line hint names, --axis samples).
+    # Seed 8, as the same-learning-rate run below: the two differ by the recipe only.
+    Variant("torch-batch2x", "torch", 8, extra_args=_BATCH2X.args,
+            quick_args=_BATCH2X.quick_args, full_args=_BATCH2X.full_args,
+            mirrors=f"twice the global batch (128 for 64) with the learning rate scaled "
+                    f"linearly for SGD (Goyal et al. 2017: {_CFG.lr:g} -> "
+                    f"{_BATCH2X.args[3]}) and half the steps, compared at equal samples "
+                    f"seen (--axis samples)"),
     Variant("jax-pair-seed0", "jax", 0, extra_args=("--pair",),
             mirrors="the JAX port of reference seed 0 declaring its same-seed pair"),
     # Added 2026-12-02 11:20 UTC, expected outcomes written before their first assessment:
@@ -185,6 +214,19 @@ DETECTION_EVIDENCE = [
 ]
 
 DETECTION_DEFECTS = [
+    # A recipe change, not a code defect (kind ``recipe``): twice the global batch at the
+    # same learning rate and steps, what a move to more chips does silently when the
+    # global batch grows with the chip count.  Until 2026-12-06 this was the benign
+    # ``torch-batch2x``; in both runs of that day it was rejected (by samples) by the loss
+    # envelope (leaving the band at samples 2688, step 20, above), the loss final window
+    # and a gradient-norm envelope: half the updates per sample seen.  Expected: rejected
+    # by the loss or gradient-norm criteria.
+    Variant("torch-batch2x-same-lr", "torch", 8, extra_args=("--batch", "128"),
+            expect=("loss", "grad_norm/"),
+            recipe="twice the global batch at the same learning rate",
+            mirrors="twice the global batch (128 for 64) at the same learning rate: half "
+                    "the updates per sample seen (a move to more chips growing the global "
+                    "batch), compared at equal samples seen (--axis samples)"),
     Variant("jax-float-loss", "jax", 7, defects=("float_loss",), expect=("xfer/",),
             mirrors="float(loss) in every JAX step: a host read per step"),
     Variant("xla-cpu-copy", "torch_xla", 7, defects=("cpu_copy",), expect=("xfer/d2h",),
