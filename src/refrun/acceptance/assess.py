@@ -21,6 +21,8 @@ from refrun.acceptance import checks, levels, performance, precision
 from refrun.acceptance import paired as pairs
 from refrun.acceptance import runview as rv
 from refrun.acceptance.alignment import alignment_of, batch_hint
+from refrun.acceptance.batch_scaling import divided, scaled_learning_rate
+from refrun.acceptance.batch_scaling import peak as lr_peak
 from refrun.acceptance.comparing import compare_options, run_comparison  # noqa: F401 (re-export)
 from refrun.acceptance.criteria import CriteriaFile, Criterion, calibration_digest, locate
 from refrun.acceptance.evidence import build_evidence, latest_metrics, sha256_of
@@ -161,8 +163,15 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
         raise RefrunInputError("reference: at least one reference run is required")
     cross = identity.check_workloads(candidate, refs, crit.workload, crit.path,
                                      allow=allow_cross_workload)
-    comparison, why = run_comparison(crit, refs, candidate)
-    ctx = checks.Context(crit, refs, candidate, comparison, why, gradchecks=gradchecks,
+    # A learning rate scaled with the global batch by a known rule is judged divided by
+    # its factor (batch_scaling); the evidence keeps the run as logged.
+    scaled = scaled_learning_rate(
+        _data_per_step(candidate)[0], [_data_per_step(r)[0] for r in refs],
+        lr_peak(candidate.curves), [lr_peak(r.curves) for r in refs])
+    judged = candidate if scaled is None else dataclasses.replace(
+        candidate, curves=divided(candidate.curves, scaled.factor))
+    comparison, why = run_comparison(crit, refs, judged)
+    ctx = checks.Context(crit, refs, judged, comparison, why, gradchecks=gradchecks,
                          pair=pair)
     results: list[CriterionResult] = levels.builtin_l0(candidate, refs, crit.l0, crit.settings.keep)
     for lv in ("L0", "L1", "L2", "L3"):
@@ -192,6 +201,8 @@ def assess_with_evidence(crit: CriteriaFile, references: Sequence[RunData],
                       [_data_per_step(r) for r in refs])
     if hint:
         warnings.append(hint)
+    if scaled is not None:
+        warnings.append(scaled.line())
     if cross:
         warnings.insert(0, cross)
     measured = performance.measure(candidate, refs, crit.prices, crit.settings)
