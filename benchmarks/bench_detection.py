@@ -74,6 +74,8 @@ from pipelines.digits import variants as digits  # noqa: E402
 from pipelines.markov import variants as markov  # noqa: E402
 
 TARGET_FALSE_ALARM = 0.05
+MIN_HELD_OUT = 60
+"""Held-out seeds over all workloads the false-alarm target needs (issue 52)."""
 # Kinds of candidate expected to be rejected, each for its intended reason (``expect``).
 EXPECTED_REJECTED = ("defect", "recipe")
 
@@ -604,13 +606,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         Path(args.markdown).write_text("\n".join(md), encoding="utf-8")
     n = sum(len(r.held_out) for r in results)
-    rate_ok = n > 0 and sum(r.false_alarms for r in results) / n <= TARGET_FALSE_ALARM
+    # Over all workloads the target is issue 52's: at least 60 held-out seeds and the
+    # exact one-sided 95 % upper bound of the false-alarm rate <= 5 % (a point rate under
+    # 5 % on a few seeds shows nothing; decided 2026-12-06 before the run it applies to).
+    # Per workload (20-32 seeds each) the tables keep the point rate.
+    k = sum(r.false_alarms for r in results)
+    rate_ok = n >= MIN_HELD_OUT and upper_bound(k, n) <= TARGET_FALSE_ALARM
     missed = [r.workload.name for r in results
               if not all(r.as_intended(o) for o in r.targeted)]
     ok = not missed and rate_ok
     print(f"\ntarget met for {', '.join(r.workload.name for r in results)}" if ok
           else f"\nTARGET NOT MET: {', '.join(missed) or 'no workload'} missed a candidate; "
-               f"false-alarm rate {'met' if rate_ok else 'NOT met'}")
+               f"false-alarm bound {'met' if rate_ok else 'NOT met'} ({k}/{n}, upper "
+               f"bound {upper_bound(k, n) if n else float('nan'):.1%}, at least "
+               f"{MIN_HELD_OUT} seeds)")
     if tmp is not None:
         tmp.cleanup()
     return 0 if ok else 1
