@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Literal
 
-Rule = Literal["linear", "sqrt"]
+from refrun.acceptance.batch_scaling import LINEAR, SQUARE_ROOT, factor
 
-# Optimiser family -> scaling rule (see :func:`scaled_lr`).
-RULES: dict[str, Rule] = {"sgd": "linear", "adam": "sqrt", "adamw": "sqrt"}
+# Optimiser family -> scaling rule (see :func:`scaled_lr`; the rules themselves live in
+# refrun.acceptance.batch_scaling, which recognises them in a candidate's learning rate).
+RULES: dict[str, str] = {"sgd": LINEAR, "adam": SQUARE_ROOT, "adamw": SQUARE_ROOT}
 
 
 def scaled_lr(lr: float, batch: int, new_batch: int, optimizer: str) -> float:
@@ -47,7 +47,7 @@ def scaled_lr(lr: float, batch: int, new_batch: int, optimizer: str) -> float:
         raise ValueError(f"optimizer {optimizer!r}: no scaling rule (known: "
                          f"{', '.join(RULES)})")
     kappa = new_batch / batch
-    return lr * (kappa if rule == "linear" else math.sqrt(kappa))
+    return lr * factor(rule, kappa)
 
 
 def lr_option(text: str) -> float:

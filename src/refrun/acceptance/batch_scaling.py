@@ -31,16 +31,31 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from refrun import schema
+
+if TYPE_CHECKING:  # the rules alone are imported by training code (pipelines/recipe.py)
+    import pandas as pd
 
 RTOL = 1e-6
 """Relative tolerance on the peak ratio: float32 learning rates carry ~1e-7."""
 
-RULES = (("linear", "Goyal et al. 2017", lambda r: r),
-         ("square root", "Malladi et al. 2022", math.sqrt))
+LINEAR = "linear"
+SQUARE_ROOT = "square root"
+RULES = ((LINEAR, "Goyal et al. 2017", lambda r: r),
+         (SQUARE_ROOT, "Malladi et al. 2022", math.sqrt))
+"""Each rule: its name, its reference, and the learning-rate factor for a batch ``r``
+times larger (the one home of the rules: the pipelines' recipes use :func:`factor`)."""
+
+
+def factor(rule: str, batch_ratio: float) -> float:
+    """The learning-rate factor of ``rule`` (:data:`LINEAR` or :data:`SQUARE_ROOT`) for a
+    global batch ``batch_ratio`` times the original."""
+    for name, _, factor_of in RULES:
+        if name == rule:
+            return float(factor_of(batch_ratio))
+    raise ValueError(f"scaling rule {rule!r}: known rules are {LINEAR!r}, {SQUARE_ROOT!r}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,8 @@ class ScaledLR:
 
 def peak(curves: pd.DataFrame, metric: str = schema.M_LR) -> float | None:
     """The largest finite value of ``metric`` in a run's long curves table, or None."""
+    import pandas as pd
+
     v = pd.to_numeric(curves.loc[curves["metric"] == metric, "value"], errors="coerce")
     v = v[v.map(math.isfinite)] if len(v) else v
     return float(v.max()) if len(v) else None
@@ -90,9 +107,9 @@ def scaled_learning_rate(candidate_batch: int | None, reference_batches: Sequenc
     r = candidate_batch / ref_b
     ratio = candidate_peak / ref_p
     for rule, reference, factor_of in RULES:
-        factor = factor_of(r)
-        if math.isclose(ratio, factor, rel_tol=RTOL):
-            return ScaledLR(r, factor, rule, reference)
+        f = factor_of(r)
+        if math.isclose(ratio, f, rel_tol=RTOL):
+            return ScaledLR(r, f, rule, reference)
     return None
 
 
