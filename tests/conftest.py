@@ -164,6 +164,18 @@ class Store:
                 "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
                                                os.environ.get("PYTHONPATH", "")])}
 
+    def points(self, run_id: str, metric: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of one metric as every reader gets it (``load_run``: the curves
+        artifact, counters a probe wrote sparsely made dense), in logging order."""
+        from refrun.comparison import load_run
+
+        run = load_run(run_id, [metric], tracking_uri=self.tracking_uri, progress=False)
+        if metric not in run.metric_names:
+            return []
+        steps, values, seq = run.series(metric)
+        order = sorted(range(len(seq)), key=lambda i: int(seq[i]))
+        return [(int(steps[i]), float(values[i])) for i in order]
+
     def artifact_text(self, run_id: str, name: str) -> str:
         """Artifact ``name`` of ``run_id`` as text, downloaded into a new directory under
         the test's own (without a destination MLflow makes a temporary directory that

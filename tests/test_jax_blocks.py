@@ -19,11 +19,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 
 import refrun
 import refrun.jax
 from refrun import schema
+from refrun.comparison.loading import dense_counters, sparse_counters
 from refrun.probes.jax_blocks import (
     LostValue,
     Tree,
@@ -45,8 +47,7 @@ def start(store, **kw) -> refrun.RunSession:
 
 
 def history(store, run_id: str, metric: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in
-                  store.client().get_metric_history(run_id, metric))
+    return sorted(store.points(run_id, metric))  # as readers get it (counters made dense)
 
 
 def values(store, run_id: str, metric: str) -> list[float]:
@@ -84,6 +85,31 @@ def test_a_block_becomes_one_column_per_metric_read_in_place() -> None:
     assert (cols["h"].steps, cols["h"].values) == ([3, 4], [5.0, 0.25])
 
 
+def test_sparse_counters_are_made_dense_at_every_step_time() -> None:
+    """Each counter gets a point at every step-time point, stamped and ordered as it: its
+    written value there (a replayed step's own), else 0; a counter point at no step time
+    is kept as written."""
+    st = schema.M_STEP_TIME
+    rows = [(st, 0, 0.5, 10, 0), (st, 1, 0.4, 11, 1), (st, 2, 0.4, 12, 2),
+            ("c", 0, 2.0, 10, 3), ("c", 2, 1.0, 12, 4),  # written after the step times
+            (st, 1, 0.6, 13, 5), ("c", 1, 3.0, 13, 6),   # step 1 replayed, with a count
+            ("loss", 1, 3.0, 13, 7), ("c", 9, 4.0, 20, 8)]
+    curves = pd.DataFrame(rows, columns=list(schema.CURVE_COLUMNS))
+    curves["metric"] = curves["metric"].astype("category")
+    dense = dense_counters(curves, ["c", "d"])
+    got = [(r.metric, r.step, r.value, r.timestamp_ms, r.seq) for r in dense.itertuples()
+           if r.metric in ("c", "d")]
+    assert got == [("c", 0, 2.0, 10, 0), ("d", 0, 0.0, 10, 0),
+                   ("c", 1, 0.0, 11, 1), ("d", 1, 0.0, 11, 1),
+                   ("c", 2, 1.0, 12, 2), ("d", 2, 0.0, 12, 2),
+                   ("c", 1, 3.0, 13, 5), ("d", 1, 0.0, 13, 5),
+                   ("c", 9, 4.0, 20, 8)]
+    assert [r.metric for r in dense.itertuples() if r.metric not in ("c", "d")] == [
+        st, st, st, st, "loss"]
+    assert dense_counters(curves, []) is curves
+    assert sparse_counters({schema.TAG_SPARSE_COUNTERS: "a, b,,"}) == ["a", "b"]
+
+
 def test_values_over_many_blocks_are_exact_and_in_order(store) -> None:
     run = start(store, flush_interval_s=0.05)  # many blocks in a short loop
     f = jax.jit(lambda w, x: (w * 0.99 + x, jnp.sum(w * x)))
@@ -114,6 +140,14 @@ def test_values_over_many_blocks_are_exact_and_in_order(store) -> None:
     assert values(store, rid, "norms/w") == [float(v) for v in sums]
     assert [s for s, _ in history(store, rid, schema.M_STEP_TIME)] == list(range(n_steps))
     assert values(store, rid, schema.M_COMPILE_GRAPHS) == [1.0] + [0.0] * (n_steps - 1)
+    # ... as readers get them; the store holds the counters only where they are not 0
+    # (and at the first step), and the run says which counters it wrote so.
+    client = store.client()
+    sparse = client.get_run(rid).data.tags[schema.TAG_SPARSE_COUNTERS].split(",")
+    assert schema.M_COMPILE_GRAPHS in sparse and schema.M_HOST_SYNCS in sparse
+    assert [(m.step, m.value) for m in client.get_metric_history(
+        rid, schema.M_COMPILE_GRAPHS)] == [(0, 1.0)]
+    assert [m.step for m in client.get_metric_history(rid, schema.M_HOST_SYNCS)] == [0]
     assert run.warnings == []
 
 

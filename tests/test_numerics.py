@@ -301,8 +301,7 @@ def test_recorded_at_start_and_when_it_changes_never_per_step(
                "-> highest" in m for m in said), said
     assert of_run(tags).changes == ("jax.matmul_precision default -> highest at step 14",)
     # The readings themselves compile nothing: only the user's change recompiled the step.
-    graphs = [m.value for m in store.client().get_metric_history(run.run_id,
-                                                                  schema.M_COMPILE_GRAPHS)]
+    graphs = [v for _, v in store.points(run.run_id, schema.M_COMPILE_GRAPHS)]
     assert sum(graphs) == 2
 
 

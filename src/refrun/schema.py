@@ -211,6 +211,12 @@ TAG_STEADY_STEPS = "refrun.perf.steady_steps"
 # JAX steps timed by wall: written by refrun 0.1.0 (kind ready); JAX steps are now all timed
 # from entry to entry (kind interval).
 TAG_STEP_TIME_WALL_STEPS = "refrun.perf.step_time_wall_steps"
+# Per-step counters a probe writes only at steps where they are not 0 (and at the run's
+# first step), comma-separated: every reader gets them back with a 0 at each other step
+# that has a step time (refrun.comparison.loading.dense_counters).  Each point costs a
+# host-bound step's probe ~1 us of Python (GIL time the training thread waits for), and
+# compile and host-read counters are 0 at almost every step.
+TAG_SPARSE_COUNTERS = "refrun.perf.sparse_counters"
 # Where it executed (device truth) and where its state lives.
 TAG_EXEC_HARDWARE = "refrun.exec.hardware"  # hardware that actually executed
 TAG_EXEC_DEVICES = "refrun.exec.devices"  # number of devices used

@@ -19,6 +19,7 @@ from refrun import identity
 from refrun.acceptance.criteria import CriteriaFile, load_criteria
 from refrun.acceptance.stopping import StopReport, evaluate_stopping
 from refrun.comparison import RunData, load_run
+from refrun.comparison.loading import dense_counters, sparse_counters
 
 if TYPE_CHECKING:  # a reader never loads the recording stack: the session is handed in
     from refrun.recording.session import RunSession
@@ -27,8 +28,9 @@ if TYPE_CHECKING:  # a reader never loads the recording stack: the session is ha
 def session_snapshot(session: RunSession) -> RunData:
     """The points a live session has written to its spool so far, as a RUNNING run."""
     meta = session.spool.read_meta()
-    rd = RunData.from_curves(session.spool.read_all(), run_id=meta.run_id
-                             or session.local_id, tags=meta.tags, params=meta.params)
+    curves = dense_counters(session.spool.read_all(), sparse_counters(meta.tags))
+    rd = RunData.from_curves(curves, run_id=meta.run_id or session.local_id, tags=meta.tags,
+                             params=meta.params)
     return RunData(run_id=rd.run_id, tags=rd.tags, params=rd.params, status="RUNNING",
                    start_time_ms=meta.start_ms, end_time_ms=None, curves=rd.curves,
                    source="spool")

@@ -273,6 +273,50 @@ def not_whole(tags: Mapping[str, str], curves: pd.DataFrame | None) -> str | Non
     return "; ".join(said) or None
 
 
+def sparse_counters(tags: Mapping[str, str]) -> list[str]:
+    """The counters a run's probe wrote only where not 0 (``TAG_SPARSE_COUNTERS``)."""
+    text = tags.get(schema.TAG_SPARSE_COUNTERS) or ""
+    return [n for n in (t.strip() for t in text.split(",")) if n]
+
+
+def dense_counters(curves: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """``curves`` with each counter of ``names`` given a point at every
+    ``perf/step_time_s`` point, stamped and ordered (``seq``) as that step-time point: its
+    written value there (the k-th at a step, for the step's k-th step time: a replayed
+    step keeps its own), else 0.  A probe writes such counters only where they are not 0
+    (:data:`refrun.schema.TAG_SPARSE_COUNTERS`), after the step times of the same steps;
+    every reader gets them back as a probe that writes each step would have written them.
+    A counter point at no step time is kept as written."""
+    if not names or curves.empty:
+        return curves
+    metric = curves["metric"].astype(str)
+    st = curves[metric == schema.M_STEP_TIME]
+    if st.empty:
+        return curves
+    base = st[["step", "timestamp_ms", "seq"]].sort_values("seq")
+    out = [curves[~metric.isin(names)].astype({"metric": "string"})]
+    for name in names:
+        own = curves.loc[metric == name, ["step", "value", "timestamp_ms", "seq"]]
+        # A counter point belongs to the last step time of its step written before it
+        # (a probe writes a block's counters right after its step times).
+        owner = pd.merge_asof(own.sort_values("seq"),
+                              base[["step", "seq"]].rename(columns={"seq": "at"}),
+                              left_on="seq", right_on="at", by="step", direction="backward")
+        kept = owner[owner["at"].isna()]
+        owned = owner.dropna(subset=["at"]).drop_duplicates("at", keep="last")
+        joined = base.merge(owned[["at", "value"]].astype({"at": "int64"}),
+                            left_on="seq", right_on="at", how="left")
+        joined["value"] = joined["value"].fillna(0.0)
+        joined["metric"] = name
+        out.append(joined[list(schema.CURVE_COLUMNS)].astype({"metric": "string"}))
+        if len(kept):
+            out.append(kept.assign(metric=name)[list(schema.CURVE_COLUMNS)]
+                       .astype({"metric": "string"}))
+    dense = pd.concat(out, ignore_index=True).astype(CURVE_DTYPES)
+    dense["metric"] = dense["metric"].astype("category")
+    return dense.sort_values(["seq", "metric"], kind="stable", ignore_index=True)
+
+
 def load_run(run_id: str, metrics: Sequence[str] | None = None,
              tracking_uri: str | None = None, progress: bool = True, *,
              wait_s: float | None = None, allow_partial: bool = False,
@@ -295,9 +339,15 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     client, uri = _client(tracking_uri)
     run = _get_run(client, uri, run_id)
     client = _artifact_reader(client, uri, run)
-    curves = _read_artifact(client, uri, run_id, run.info.artifact_uri, metrics)
+    sparse = sparse_counters(run.data.tags)
+    if metrics:  # a sparse counter is made dense from the step times: read them too
+        sparse = [m for m in sparse if m in metrics]
+    read = metrics
+    if sparse and metrics and schema.M_STEP_TIME not in metrics:
+        read = [*metrics, schema.M_STEP_TIME]
+    curves = _read_artifact(client, uri, run_id, run.info.artifact_uri, read)
     if not allow_partial:
-        run, curves = _wait_until_complete(client, uri, run, curves, metrics,
+        run, curves = _wait_until_complete(client, uri, run, curves, read,
                                            _WAIT_S.get() if wait_s is None else wait_s)
     gap = None if allow_partial else not_whole(run.data.tags, curves)
     if gap is not None and not allow_gaps:
@@ -306,7 +356,13 @@ def load_run(run_id: str, metrics: Sequence[str] | None = None,
     source: Source = "artifact"
     if curves is None:
         source = "history"
-        curves = _read_history(client, run_id, list(run.data.metrics), metrics, progress)
+        curves = _read_history(client, run_id, list(run.data.metrics), read, progress)
+    if sparse:
+        curves = dense_counters(curves, sparse)
+        if read is not metrics:
+            curves = curves[curves["metric"].astype(str) != schema.M_STEP_TIME]
+            curves = curves.reset_index(drop=True)
+            curves["metric"] = curves["metric"].cat.remove_unused_categories()
     job = None
     if world_size_of(run.data.tags) is not None:
         job, curves = _with_job(client, uri, run, curves, source, metrics)

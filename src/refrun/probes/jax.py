@@ -618,6 +618,7 @@ class JaxBackend(BackendBase):
                 {"default_backend": jax.default_backend(), **self.placement},
                 sort_keys=True)[:limits.TAG_VALUE_LENGTH],
             schema.TAG_STEP_TIME_KIND: self.step_time_kind(),
+            schema.TAG_SPARSE_COUNTERS: ",".join(self.cumulative_names),
             schema.TAG_JAX_TRANSFER_GUARD: self.transfer_guard or "off",
             schema.TAG_JAX_FRESH_CACHES: str(self.fresh_caches).lower(),
             schema.TAG_JAX_HOST_READS: self.read_coverage.text(),
@@ -744,6 +745,7 @@ class JaxProbe(Probe):
     _wall_offset: float = field(default=0.0, repr=False)
     _close_entry: float | None = field(default=None, repr=False)
     _rows_seen: int = field(default=0, repr=False)
+    _rows_logged: int = field(default=0, repr=False)
     # (logged name, the arrays as logged, steps done when the decision is due)
     _probing: list[tuple[str, list[Any], int]] = field(default_factory=list, repr=False)
     _leaf_names: dict[tuple[str, Any], list[str]] = field(default_factory=dict, repr=False)
@@ -926,16 +928,39 @@ class JaxProbe(Probe):
         deltas = counter_deltas(self._last_cum, [r[2] for r in done])
         self._last_cum = done[-1][2]
         columns: dict[str, list[float]] = {schema.M_STEP_TIME: times}
+        counters: dict[str, list[float]] = {}
         for j, name in enumerate(backend.cumulative_names):
-            columns[name] = [float(d[j]) for d in deltas]
-        h2d = columns.get(schema.M_XFER_H2D)
+            counters[name] = [float(d[j]) for d in deltas]
+        h2d = counters.get(schema.M_XFER_H2D)
         if h2d is not None and backend._h2d is not None:
             for n, c in zip(steps, h2d, strict=True):
                 backend.transfers_at(n, c)
         columns.update(self._progress_columns(done))
         self._step_times.extend(times)
         offset = self._wall_offset
-        self.run.log_columns(steps, columns, [int((r[1] + offset) * 1000) for r in done])
+        stamps = [int((r[1] + offset) * 1000) for r in done]
+        first = self._rows_logged == 0
+        self._rows_logged += len(done)
+        self.run.log_columns(steps, columns, stamps)
+        self._log_sparse(steps, stamps, counters, first)
+
+    def _log_sparse(self, steps: list[int], stamps: list[int],
+                    counters: dict[str, list[float]], first: bool) -> None:
+        """Counters at the steps where they are not 0 (``TAG_SPARSE_COUNTERS``: readers
+        put the 0s back), and every counter at the run's ``first`` step (each metric
+        exists from the start); one ``log_columns`` per set of steps."""
+        groups: dict[tuple[int, ...], tuple[list[int], dict[str, list[float]]]] = {}
+        for name, col in counters.items():
+            at = [i for i, c in enumerate(col) if c != 0.0 or (first and i == 0)]
+            if not at:
+                continue
+            key = tuple(at)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = (at, {})
+            group[1][name] = [col[i] for i in at]
+        for at, cols in groups.values():
+            self.run.log_columns([steps[i] for i in at], cols, [stamps[i] for i in at])
 
     def _progress_columns(self, rows: list[tuple[Any, ...]]) -> dict[str, list[float]]:
         """Cumulative ``progress/samples`` and ``progress/tokens`` at each row (host
