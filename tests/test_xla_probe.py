@@ -991,6 +991,32 @@ def test_honest_cpu_run_has_no_warning_and_model_left_on_cpu_is_flagged(store) -
     assert "model parameters on cpu" in tags2[schema.TAG_PLACEMENT_WARNING]
 
 
+def test_placement_is_counted_again_at_every_recheck(store) -> None:
+    """The runtime's answers about the device are asked once, placement at every
+    re-check: a model moved off the XLA device mid-run is flagged at the next re-check,
+    counted from the parameters themselves (``torch.nn.Module.to`` keeps the parameter
+    objects and replaces their data)."""
+    from refrun.probes.tensors import count_devices
+
+    model, _ = make(width=27)
+    run = start(store, hardware="cpu")
+    with refrun.xla.instrument(run, model=model, recheck_every=2) as probe:
+        train(model, [8, 8], probe)
+        assert schema.TAG_PLACEMENT_WARNING not in run.tags
+        model.to("cpu")
+        for n in range(2, 4):
+            with probe.step(n):
+                probe.log(loss=1.0)
+        tags = dict(run.tags)
+    run.close()
+    assert "model parameters on cpu" in tags[schema.TAG_PLACEMENT_WARNING]
+    assert json.loads(tags[schema.TAG_PLACEMENT])["params"] == {"cpu": 4}
+    assert tags[schema.TAG_EXEC_HARDWARE] == str(xm.xla_device_hw(DEV)).lower()
+    # counted by device, non-tensors left out
+    mixed = [torch.zeros(1), torch.zeros(2, device=DEV), "x", torch.zeros(3, device=DEV)]
+    assert count_devices(mixed) == {"cpu": 1, str(DEV): 2}
+
+
 def test_tpu_monitor_is_off_cleanly_on_pjrt_cpu(store) -> None:
     with pytest.raises(RuntimeError, match="UNIMPLEMENTED"):
         xm.get_memory_info(DEV)  # the premise: PJRT CPU has no memory stats

@@ -467,23 +467,33 @@ class XlaCounters:
         row, fb = self.read_row(timed)
         return dict(zip(ROW_NAMES, row, strict=True)), fb
 
-    def read_row(self, timed: bool = True) -> tuple[tuple[float, ...], dict[str, int]]:
-        """:meth:`read` as a tuple in :data:`ROW_NAMES` order: what a step's exit keeps
-        (no dict is built on the training thread; the probe turns rows into deltas a
-        block of steps at a time)."""
+    def read_row(self, timed: bool = True, tail: tuple[float, ...] = ()
+                 ) -> tuple[tuple[float, ...], dict[str, int]]:
+        """:meth:`read` as a tuple in :data:`ROW_NAMES` order, ``tail`` appended: what a
+        step's exit keeps (no dict is built on the training thread; the probe turns rows
+        into deltas a block of steps at a time).  The steady step's path -- no compilation,
+        no timed read, no fallback op ever seen and ``xla::_to_cpu`` still where the exit's
+        sentinels left it -- makes three counter reads and no Python call."""
         c = self._x._xla_counter_value
         uncached = c("UncachedCompile") or 0
-        compile_ns = self._compile_ns(uncached)
+        compiles = self._compiles
+        compile_ns = compiles[1] if uncached == compiles[0] else self._compile_ns(uncached)
         if timed or self._timed is None:
             exec_n, exec_ns = self._metric("ExecuteTime")
             self._timed = (exec_n, exec_ns, self._metric("TransferToDeviceTime")[0])
         exec_n, exec_ns, h2d = self._timed
         executions = c("ExecuteComputation")
         cached = c("CachedCompile") or 0
-        fb = self.fallback(relist=timed)
+        to_cpu = self._to_cpu_now
+        if not timed and not self._aten and to_cpu is not None \
+                and to_cpu == self._to_cpu_listed:
+            self._to_cpu_now = None  # what fallback() would return: nothing to list
+            fb: dict[str, int] = {}
+        else:
+            fb = self.fallback(relist=timed)
         return (float(uncached), float(cached), compile_ns / 1e9,
                 float(executions if executions is not None else exec_n), exec_ns / 1e9,
-                float(h2d), float(sum(fb.values())) if fb else 0.0), fb
+                float(h2d), float(sum(fb.values())) if fb else 0.0, *tail), fb
 
 
 # The order of XlaCounters.read_row's values; XlaBackend's rows add the transfer counts.
@@ -613,6 +623,7 @@ class XlaBackend(BackendBase):
     _waiting: list[_XlaValue] = field(default_factory=list, repr=False)  # in log order
     _next_arm: float = 0.0  # monotonic time of the next readiness callback request
     _ready_since: float | None = None  # monotonic time a waiting value was first ready
+    _poll_due: float = 0.0  # monotonic time before which _poll has nothing to do
     # (step, cumulative counter_row, fallback ops first counted then) of each ended step
     _rows: list[tuple[int, tuple[float, ...], dict[str, int] | None]] = field(
         default_factory=list, repr=False)
@@ -625,6 +636,8 @@ class XlaBackend(BackendBase):
     _logged_devices: dict[torch.device, int] = field(default_factory=dict, repr=False)
     _inplace_warned: bool = False
     _closed: bool = False
+    # (device, (hardware, tags)): the runtime's answers for the device (see describe)
+    _runtime: tuple[Any, tuple[str, dict[str, Any]]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         import torch_xla  # lazy: only this backend and refrun.xla ever import torch_xla
@@ -718,9 +731,12 @@ class XlaBackend(BackendBase):
         execution at every step entry, serialising the host's tracing of step n+1 with the
         device's execution of step n that a plain loop overlaps."""
         now = time.monotonic()
+        newest = self._waiting[-1]
+        if now < self._poll_due and newest.event is None and \
+                len(self._waiting) < TRANSFER_MAX_WAITING:
+            return  # nothing to arm, no armed value to look at, no bound reached yet
         if self._ready_since is None:
             self._ready_since = now
-        newest = self._waiting[-1]
         if newest.event is None and now >= self._next_arm:
             self._next_arm = now + self.arm_interval_s
             self._arm(newest)
@@ -732,6 +748,10 @@ class XlaBackend(BackendBase):
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
             self._send(self._materialised())
             self._ready_since = None
+        # The next step entry that can do anything here (arm a value, or send the waiting
+        # ones on their age): until then a poll of an unarmed value is one clock read.
+        self._poll_due = 0.0 if self._ready_since is None else \
+            min(self._next_arm, self._ready_since + TRANSFER_MAX_AGE_S)
 
     def wait(self, pending: Any) -> float:
         """Blocking read, only at close: materialises a value never synced (this may run a
@@ -810,8 +830,8 @@ class XlaBackend(BackendBase):
         step (the probe's block path: a tuple, no dict).  The backend keeps the rows of
         ended steps for its end-of-run summary, folding them into its sums every
         ``fold_rows`` steps, and warns at once about a fallback op seen for the first time."""
-        row, fb = self._counters.read_row(timed=self._transfers.checked)
-        row = (*row, float(self._transfers.d2h), float(self._transfers.syncs))
+        tc = self._transfers
+        row, fb = self._counters.read_row(tc.checked, (float(tc.d2h), float(tc.syncs)))
         if self._ended_step is not None:
             ops = None
             if fb != self._prev_fb:
@@ -854,15 +874,15 @@ class XlaBackend(BackendBase):
 
     # --- device truth -----------------------------------------------------------------
     def describe(self) -> Mapping[str, Any]:
-        import torch_xla.core.xla_model as xm
-        import torch_xla.runtime as xr
-
-        hw = str(xm.xla_device_hw(self.device))
+        """Device truth and placement.  What the runtime says of the device (hardware,
+        device type, device and process counts) is fixed once the runtime is up, so it is
+        asked once; placement is counted at every call (parameters can move)."""
+        runtime = self._runtime
+        if runtime is None or runtime[0] is not self.device:
+            runtime = self._runtime = (self.device, self._runtime_facts())
+        hw, facts = runtime[1]
         out: dict[str, Any] = {
-            schema.TAG_EXEC_HARDWARE: hw.lower(),
-            schema.TAG_EXEC_DEVICE_TYPE: str(xr.device_type()),
-            schema.TAG_EXEC_DEVICES: int(xr.global_runtime_device_count()),
-            schema.TAG_EXEC_WORLD_SIZE: int(xr.world_size()),
+            **facts,
             schema.TAG_STEP_TIME_KIND: "wall",
             schema.TAG_EXEC_XLA_DEVICE: str(self.device),
             schema.TAG_FW_PJRT_DEVICE: os.environ.get("PJRT_DEVICE", ""),
@@ -872,6 +892,18 @@ class XlaBackend(BackendBase):
         out[schema.TAG_PLACEMENT_WARNING] = placement_warnings(self.declared_hardware, hw,
                                                                 placement)
         return out
+
+    def _runtime_facts(self) -> tuple[str, dict[str, Any]]:
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        hw = str(xm.xla_device_hw(self.device))
+        return hw, {
+            schema.TAG_EXEC_HARDWARE: hw.lower(),
+            schema.TAG_EXEC_DEVICE_TYPE: str(xr.device_type()),
+            schema.TAG_EXEC_DEVICES: int(xr.global_runtime_device_count()),
+            schema.TAG_EXEC_WORLD_SIZE: int(xr.world_size()),
+        }
 
     def _placement(self) -> dict[str, Any]:
         params = count_devices(self.model.parameters()) if self.model is not None else {}
