@@ -578,8 +578,9 @@ class TransferCount:
         self.steps += 1
         # The known count is still exact when nothing copied through torch (or the
         # wrapped _xla_get_cpu_tensors) since it was read.
-        fresh = check or self.known is None or self.sent is None or \
-            may_have_copied(self.sent, sent)
+        last = self.sent
+        fresh = check or self.known is None or last is None or \
+            sent[2] != last[2] or sent[0] - last[0] > sent[1] - last[1]  # may_have_copied
         base = self._read(sent) if fresh else self.known
         assert base is not None
         self.sent = sent
@@ -593,7 +594,7 @@ class TransferCount:
         sent, syncs = self.counters.sentinels(at_exit=True)
         self._open = None
         self.syncs += syncs - syncs0
-        moved = may_have_copied(sent0, sent)
+        moved = sent[2] != sent0[2] or sent[0] - sent0[0] > sent[1] - sent0[1]  # may_have_copied
         if not moved and not check:
             self.sent = sent  # still exact: only copies to the device or casts since
             return
@@ -698,7 +699,15 @@ class XlaBackend(BackendBase):
             if dev.type != "xla":
                 # A host tensor: reading it after the step is a memory load, not a sync.
                 return _XlaValue(value.detach(), value._version, None, host_float(value))
-            h = _XlaValue(*_held(value))
+            # _held, inlined (a frame and a tuple less at every log): a result of autograd
+            # ops is kept as the functional wrapper's inner tensor
+            if value.requires_grad and not value.is_leaf:
+                try:
+                    h = _XlaValue(torch._from_functional_tensor(value), -1)
+                except RuntimeError:  # functionalization off
+                    h = _XlaValue(*_held(value))
+            else:
+                h = _XlaValue(*_held(value))
             self._waiting.append(h)
             return h
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
