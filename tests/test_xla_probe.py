@@ -586,6 +586,31 @@ def test_every_logged_loss_equals_the_loop_value(store) -> None:
     assert recorded == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+def test_at_most_a_bounded_number_of_logged_values_stay_live_on_the_device(store) -> None:
+    """A logged value waits on the device as a live XLA tensor, which every sync walks:
+    without the device found idle (an hour's flush interval: one readiness callback for
+    the whole run), at most ``TRANSFER_MAX_WAITING`` values wait at a step's start, every
+    one is still recorded as the loop computed it, and the copies made while steps run
+    are neither the steps' transfers nor a compilation or execution of their own."""
+    from refrun.probes.xla import TRANSFER_MAX_WAITING
+
+    model, _ = make(width=28, seed=4)
+    rows = [8] * (3 * TRANSFER_MAX_WAITING)
+    waiting: list[int] = []
+    run = start(store, flush_interval_s=3600.0)
+    with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
+        own, losses = train(model, rows, probe,
+                            extra=lambda n: waiting.append(len(probe.backend._waiting)))
+    run.close()
+    assert max(waiting) <= TRANSFER_MAX_WAITING
+    assert history(store, run.run_id, schema.M_LOSS) == \
+        [float(t.detach().cpu()) for t in losses]  # the test's own fetch, after the run
+    steps = len(rows)
+    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_COMPILE_GRAPHS, "uncached"),
+                        (schema.M_COMPILE_CACHE_HITS, "cached")):
+        assert per_step(store, run.run_id, metric, steps) == [o[key] for o in own], metric
+
+
 def test_values_of_several_names_reach_the_session_as_logged(store) -> None:
     # Ready values go to the session in as few calls as keep their order: a run of steps
     # that log the same names as columns, steps whose names differ one call each.  Here

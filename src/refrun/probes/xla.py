@@ -96,8 +96,13 @@ TO_COPY, COPY_FROM, TO_CPU = "xla::_to_copy", "xla::_copy_from", "xla::_to_cpu"
 # the sentinels against torch_xla's exact count (see TransferCount).
 EXACT_EVERY = 64
 # Logged values wait on the device until it is idle, at most this many or this long
-# (see XlaBackend.ready); the device keeps a scalar buffer per waiting value.
-TRANSFER_MAX_WAITING = 2048
+# (see XlaBackend.ready); the device keeps a scalar buffer per waiting value.  The count is
+# small because a waiting value is a live XLA tensor, and every ``torch_xla.sync()`` walks
+# the device's live tensors: each one held cost the training thread 0.1-0.25 us a step
+# on PJRT CPU (a plain MLP loop holding 1,000 logged losses: +130 us of thread CPU a
+# 1 ms step, docs/xla.md), which at one flush interval of values (~1,000 on a 1 ms step)
+# was three times the probe's own work.
+TRANSFER_MAX_WAITING = 64
 TRANSFER_MAX_AGE_S = 30.0
 # How often a readiness callback is asked for (on the newest logged value), and so how often
 # ready values are copied, unless the session says otherwise: a callback costs ~0.1-0.25 ms
@@ -625,6 +630,7 @@ class XlaBackend(BackendBase):
     _next_arm: float = 0.0  # monotonic time of the next readiness callback request
     _ready_since: float | None = None  # monotonic time a waiting value was first ready
     _poll_due: float = 0.0  # monotonic time before which _poll has nothing to do
+    _send_at: int = TRANSFER_MAX_WAITING  # waiting values that send without the device idle
     # (step, cumulative counter_row, fallback ops first counted then) of each ended step
     _rows: list[tuple[int, tuple[float, ...], dict[str, int] | None]] = field(
         default_factory=list, repr=False)
@@ -733,16 +739,18 @@ class XlaBackend(BackendBase):
         """Ask for a readiness callback on the newest waiting value (once an arm interval),
         and hand the waiting values to the copier only when the device is idle -- every
         waiting value's buffer is complete, so no execution of a later sync is in flight --
-        or, to bound the delay, when ``TRANSFER_MAX_WAITING`` values or
-        ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an execution
-        runs queues behind its operations on the runtime's threads: on a step of many
+        or, to bound the delay and the live tensors every sync walks, when
+        ``TRANSFER_MAX_WAITING`` values or ``TRANSFER_MAX_AGE_S`` seconds have piled up
+        (a copy of buffers still being computed waits for them on the copier's thread).
+        A copy issued while an execution runs queues behind its operations on the
+        runtime's threads: on a step of many
         small operations (a recurrent cell over a sequence) it waited for most of the
         execution at every step entry, serialising the host's tracing of step n+1 with the
         device's execution of step n that a plain loop overlaps."""
         now = time.monotonic()
         newest = self._waiting[-1]
         if now < self._poll_due and newest.event is None and \
-                len(self._waiting) < TRANSFER_MAX_WAITING:
+                len(self._waiting) < self._send_at:
             return  # nothing to arm, no armed value to look at, no bound reached yet
         if self._ready_since is None:
             self._ready_since = now
@@ -753,10 +761,13 @@ class XlaBackend(BackendBase):
         # is idle and every materialised value's buffer is complete.  Idle or not, only
         # materialised values are copied (a pending one would run a graph).
         idle = newest.event is not None and newest.event.is_set()
-        if idle or len(self._waiting) >= TRANSFER_MAX_WAITING or \
+        if idle or len(self._waiting) >= self._send_at or \
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
             self._send(self._materialised())
             self._ready_since = None
+            # Values no sync has materialised yet stay; the count that sends again is
+            # TRANSFER_MAX_WAITING more (not at every poll while they wait).
+            self._send_at = len(self._waiting) + TRANSFER_MAX_WAITING
         # The next step entry that can do anything here (arm a value, or send the waiting
         # ones on their age): until then a poll of an unarmed value is one clock read.
         self._poll_due = 0.0 if self._ready_since is None else \
