@@ -382,6 +382,55 @@ def test_the_probe_s_own_copy_in_flight_during_an_exact_read_is_not_the_user_s(
     assert len(history(store, run.run_id, schema.M_LOSS)) == 6
 
 
+def test_a_periodic_exact_check_that_meets_a_probe_copy_in_flight_waits_for_the_next_step(
+        store, monkeypatch) -> None:
+    """Logged values go to the copier whenever 64 wait, so a periodic exact check (one
+    steady step in EXACT_EVERY) can meet the probe's own copy in flight, and reading the
+    exact count then waits for that copy.  Here the copy is held in flight across the
+    check's step entry: no exact read is made while it is in flight (no wait), the check
+    is made at a later step, and every step's count is still the test's own."""
+    import refrun.probes.xla as xla_probe
+
+    monkeypatch.setattr(xla_probe, "EXACT_EVERY", 4)  # steps 4, 8 ... are checked
+    model, _ = make(width=34)
+    w = model[0].weight.detach()
+    copied, release = threading.Event(), threading.Event()
+    run = start(store)
+    reads: list[tuple[int, bool]] = []  # (step entered so far, a copy in flight)
+    with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
+        backend, transfers = probe.backend, probe.backend._transfers
+        exact = transfers.user_copies
+
+        def recorded() -> int:
+            copier = backend._copier
+            reads.append((transfers.steps, copier.started != copier.finished))
+            return exact()
+
+        transfers.user_copies = recorded  # type: ignore[method-assign]
+
+        def hold_a_copy_over_step_4(n: int) -> None:
+            if n == 3:
+                held = (w * 3.0).sum()
+                torch_xla.sync()
+                probe.log(held=held)
+                PROBE_COPIES.gate = (copied, release)
+                backend._send(backend._materialised())
+                assert copied.wait(30)  # the probe's copy is made, and held
+            if n == 4:
+                release.set()
+
+        try:
+            own, _ = train(model, [8] * 8, probe, extra=hold_a_copy_over_step_4)
+        finally:
+            PROBE_COPIES.gate = None
+            release.set()
+    run.close()
+    assert [o["d2h"] for o in own] == [0] * 8  # the test's own count
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, 8) == [0] * 8
+    assert not any(in_flight for _, in_flight in reads), reads  # never waited
+    assert any(entered > 5 for entered, _ in reads), reads  # the check made later
+
+
 def test_a_probe_copy_that_never_returns_stalls_no_step_for_longer_than_one_wait(
         store, monkeypatch) -> None:
     """A copier whose copy never returns (a device that stops answering) is waited for

@@ -38,11 +38,12 @@ finishes, so they can land in the following step.
 **Values** given to ``probe.log`` never cause a graph, a transfer or a wait inside the step:
 the backend keeps a reference to the value (no new op, so the traced graph is unchanged;
 see :func:`_held`); once a ``sync`` has materialised it, it asks the runtime for a readiness
-callback (``_XLAC._on_ready_callback``), and only when the device buffer is complete -- the
-device idle, or after 2048 values / 30 s, see :meth:`XlaBackend.ready` -- are the ready
-values handed to the backend's copier thread (:class:`_Copier`), which copies them to the
-host in one batched ``_xla_get_cpu_tensors`` call.  That copy is a device-to-host transfer
-of finished buffers, made at any moment, steps included; each is one sample of torch_xla's
+callback (``_XLAC._on_ready_callback``), and when the device buffer is complete -- the
+device idle -- or 64 values or 30 s have piled up (see :meth:`XlaBackend.ready`), the
+materialised values are handed to the backend's copier thread (:class:`_Copier`), which
+copies them to the host in one batched ``_xla_get_cpu_tensors`` call (waiting there, not
+on the training thread, for a buffer still being computed).  That copy is a device-to-host
+transfer made at any moment, steps included; each is one sample of torch_xla's
 exact count, which :meth:`TransferCount.user_copies` subtracts, so ``xfer/d2h`` shows only
 the user's transfers.
 
@@ -553,6 +554,7 @@ class TransferCount:
     # (sentinels, syncs, baseline, checked) of the open step
     _open: tuple[tuple[int, int, int], int, int, bool] | None = None
     checked: bool = True  # the last step was read exactly (warm-up, 1 in EXACT_EVERY)
+    check_next: bool = False  # the periodic check met a probe copy in flight: next step
 
     def user_copies(self) -> int:
         """torch_xla's count of device-to-host copies less the probe's own, which its
@@ -579,7 +581,15 @@ class TransferCount:
     def begin(self) -> None:
         sent, syncs = self.counters.sentinels()
         check = (self.exact or self.steps < self.warmup_steps
-                 or self.steps % EXACT_EVERY == 0)
+                 or self.steps % EXACT_EVERY == 0 or self.check_next)
+        self.check_next = False
+        if check and not self.exact and self.steps >= self.warmup_steps and \
+                self.copier.started != self.copier.finished:
+            # The periodic check would wait for the probe's own copy in flight (see
+            # user_copies), which may wait for the step the device is running: made at
+            # the next step instead, with no wait.  A step whose sentinels moved is still
+            # read exactly (below).
+            check, self.check_next = False, True
         self.steps += 1
         # The known count is still exact when nothing copied through torch (or the
         # wrapped _xla_get_cpu_tensors) since it was read.
