@@ -294,3 +294,56 @@ def test_a_group_added_mid_run_is_recorded_from_its_first_step(store) -> None:
                                                         for n in range(6)]
     assert history(client, run.run_id, f"{schema.M_LR}/pg1") == [
         (n, pytest.approx(BASE_PG1)) for n in range(3, 6)]
+
+
+def test_the_readers_give_the_optimizers_own_rate_and_count_through_a_reload() -> None:
+    """What the probes read at every step (:class:`refrun.probes.optim.LearningRates`),
+    against the optimizer's own ``param_groups`` and ``state``: a one-group float rate
+    (the readers' shortest path), the count of a 0-d CPU tensor updated in place, the
+    same after ``load_state_dict`` of an older checkpoint (a new state dict and new
+    tensors: the count goes back), of the optimizer's own live state (the same tensors),
+    a group added, and an optimizer with no state (SGD) or no update yet."""
+    import copy
+
+    from refrun.probes.optim import LearningRates
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    reader = LearningRates(opt)
+    assert reader.steps() is None  # no update yet: no count to record
+    assert reader.read() == ((schema.M_LR,), (0.1,))
+
+    def update() -> None:
+        model(torch.randn(2, 3)).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+
+    saved = None
+    for n in range(5):
+        update()
+        if n == 1:
+            saved = copy.deepcopy(opt.state_dict())  # after 2 updates
+        assert reader.read() == ((schema.M_LR,), (opt.param_groups[0]["lr"],))
+        assert reader.steps() == float(opt.state[model.weight]["step"]) == n + 1
+    assert reader.read()[1] == (0.1 * 0.5 ** 5,)
+    opt.load_state_dict(saved)  # back to the checkpoint: 2 updates, the rate then
+    assert reader.steps() == 2.0
+    assert reader.read()[1] == (saved["param_groups"][0]["lr"],) == (0.1 * 0.5 ** 2,)
+    update()
+    assert reader.steps() == float(opt.state[model.weight]["step"]) == 3.0
+    opt.load_state_dict(opt.state_dict())  # the live state again: the same count tensors
+    update()
+    assert reader.steps() == float(opt.state[model.weight]["step"]) == 4.0
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5})
+    assert reader.read() == ((schema.M_LR, f"{schema.M_LR}/pg1"),
+                             (opt.param_groups[0]["lr"], 0.5))
+
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+    plain = LearningRates(sgd)
+    model(torch.randn(2, 3)).sum().backward()
+    sgd.step()
+    assert not sgd.state and plain.steps() is None  # SGD keeps no count
+    assert plain.read() == ((schema.M_LR,), (0.01,))

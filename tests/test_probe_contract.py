@@ -13,7 +13,7 @@ import pytest
 
 import refrun
 from refrun import schema
-from refrun.probes.base import DEFAULT_RECHECK_EVERY, BackendBase, Probe
+from refrun.probes.base import DEFAULT_RECHECK_EVERY, BackendBase, BackendWarning, Probe
 from refrun.probes.hardware import family, is_accelerator
 
 
@@ -144,6 +144,26 @@ def test_backend_end_of_run_hooks_are_written_by_the_probe(store) -> None:
                                             str(store.tmp))
     assert json.loads(Path(art).read_text()) == {"answer": 42}
     assert [w["message"] for w in run.warnings] == ["step one was odd"]
+
+
+class _AskedWarnings(_Summarising):
+    """Warnings made when the probe asks (``take_warnings`` overridden), never queued."""
+
+    def take_warnings(self) -> list[BackendWarning]:
+        return [BackendWarning("asked", "made when asked", 0)]
+
+
+def test_a_backend_s_warnings_are_recorded_queued_or_made_when_asked(store) -> None:
+    """A step exit calls ``take_warnings`` only when BackendBase's queue holds something,
+    unless the backend overrides it: then at every step, as before."""
+    run = start(store)
+    probe = Probe(run, _AskedWarnings(), monitors=())
+    with probe.step(0):
+        probe.log(loss=0.0)
+    queued = [w["message"] for w in run.warnings]
+    probe.close()
+    run.close()
+    assert queued == ["made when asked"]
 
 
 def test_base_hooks_are_no_ops() -> None:

@@ -382,6 +382,55 @@ def test_the_probe_s_own_copy_in_flight_during_an_exact_read_is_not_the_user_s(
     assert len(history(store, run.run_id, schema.M_LOSS)) == 6
 
 
+def test_a_periodic_exact_check_that_meets_a_probe_copy_in_flight_waits_for_the_next_step(
+        store, monkeypatch) -> None:
+    """Logged values go to the copier whenever 64 wait, so a periodic exact check (one
+    steady step in EXACT_EVERY) can meet the probe's own copy in flight, and reading the
+    exact count then waits for that copy.  Here the copy is held in flight across the
+    check's step entry: no exact read is made while it is in flight (no wait), the check
+    is made at a later step, and every step's count is still the test's own."""
+    import refrun.probes.xla as xla_probe
+
+    monkeypatch.setattr(xla_probe, "EXACT_EVERY", 4)  # steps 4, 8 ... are checked
+    model, _ = make(width=34)
+    w = model[0].weight.detach()
+    copied, release = threading.Event(), threading.Event()
+    run = start(store)
+    reads: list[tuple[int, bool]] = []  # (step entered so far, a copy in flight)
+    with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
+        backend, transfers = probe.backend, probe.backend._transfers
+        exact = transfers.user_copies
+
+        def recorded() -> int:
+            copier = backend._copier
+            reads.append((transfers.steps, copier.started != copier.finished))
+            return exact()
+
+        transfers.user_copies = recorded  # type: ignore[method-assign]
+
+        def hold_a_copy_over_step_4(n: int) -> None:
+            if n == 3:
+                held = (w * 3.0).sum()
+                torch_xla.sync()
+                probe.log(held=held)
+                PROBE_COPIES.gate = (copied, release)
+                backend._send(backend._materialised())
+                assert copied.wait(30)  # the probe's copy is made, and held
+            if n == 4:
+                release.set()
+
+        try:
+            own, _ = train(model, [8] * 8, probe, extra=hold_a_copy_over_step_4)
+        finally:
+            PROBE_COPIES.gate = None
+            release.set()
+    run.close()
+    assert [o["d2h"] for o in own] == [0] * 8  # the test's own count
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, 8) == [0] * 8
+    assert not any(in_flight for _, in_flight in reads), reads  # never waited
+    assert any(entered > 5 for entered, _ in reads), reads  # the check made later
+
+
 def test_a_probe_copy_that_never_returns_stalls_no_step_for_longer_than_one_wait(
         store, monkeypatch) -> None:
     """A copier whose copy never returns (a device that stops answering) is waited for
@@ -584,6 +633,31 @@ def test_every_logged_loss_equals_the_loop_value(store) -> None:
         opt.zero_grad()
         expected.append(float(loss.detach()))
     assert recorded == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_at_most_a_bounded_number_of_logged_values_stay_live_on_the_device(store) -> None:
+    """A logged value waits on the device as a live XLA tensor, which every sync walks:
+    without the device found idle (an hour's flush interval: one readiness callback for
+    the whole run), at most ``TRANSFER_MAX_WAITING`` values wait at a step's start, every
+    one is still recorded as the loop computed it, and the copies made while steps run
+    are neither the steps' transfers nor a compilation or execution of their own."""
+    from refrun.probes.xla import TRANSFER_MAX_WAITING
+
+    model, _ = make(width=28, seed=4)
+    rows = [8] * (3 * TRANSFER_MAX_WAITING)
+    waiting: list[int] = []
+    run = start(store, flush_interval_s=3600.0)
+    with refrun.xla.instrument(run, model=model, optimizer=None) as probe:
+        own, losses = train(model, rows, probe,
+                            extra=lambda n: waiting.append(len(probe.backend._waiting)))
+    run.close()
+    assert max(waiting) <= TRANSFER_MAX_WAITING
+    assert history(store, run.run_id, schema.M_LOSS) == \
+        [float(t.detach().cpu()) for t in losses]  # the test's own fetch, after the run
+    steps = len(rows)
+    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_COMPILE_GRAPHS, "uncached"),
+                        (schema.M_COMPILE_CACHE_HITS, "cached")):
+        assert per_step(store, run.run_id, metric, steps) == [o[key] for o in own], metric
 
 
 def test_values_of_several_names_reach_the_session_as_logged(store) -> None:
@@ -989,6 +1063,32 @@ def test_honest_cpu_run_has_no_warning_and_model_left_on_cpu_is_flagged(store) -
     run2.close()
     tags2 = store.client().get_run(run2.run_id).data.tags
     assert "model parameters on cpu" in tags2[schema.TAG_PLACEMENT_WARNING]
+
+
+def test_placement_is_counted_again_at_every_recheck(store) -> None:
+    """The runtime's answers about the device are asked once, placement at every
+    re-check: a model moved off the XLA device mid-run is flagged at the next re-check,
+    counted from the parameters themselves (``torch.nn.Module.to`` keeps the parameter
+    objects and replaces their data)."""
+    from refrun.probes.tensors import count_devices
+
+    model, _ = make(width=27)
+    run = start(store, hardware="cpu")
+    with refrun.xla.instrument(run, model=model, recheck_every=2) as probe:
+        train(model, [8, 8], probe)
+        assert schema.TAG_PLACEMENT_WARNING not in run.tags
+        model.to("cpu")
+        for n in range(2, 4):
+            with probe.step(n):
+                probe.log(loss=1.0)
+        tags = dict(run.tags)
+    run.close()
+    assert "model parameters on cpu" in tags[schema.TAG_PLACEMENT_WARNING]
+    assert json.loads(tags[schema.TAG_PLACEMENT])["params"] == {"cpu": 4}
+    assert tags[schema.TAG_EXEC_HARDWARE] == str(xm.xla_device_hw(DEV)).lower()
+    # counted by device, non-tensors left out
+    mixed = [torch.zeros(1), torch.zeros(2, device=DEV), "x", torch.zeros(3, device=DEV)]
+    assert count_devices(mixed) == {"cpu": 1, str(DEV): 2}
 
 
 def test_tpu_monitor_is_off_cleanly_on_pjrt_cpu(store) -> None:

@@ -249,11 +249,16 @@ class Probe:
     # The numerics configuration as last recorded (refrun.numerics tags) and its changes.
     _numerics: dict[str, str] = field(default_factory=dict, repr=False)
     _numerics_changes: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    # The backend's warnings are BackendBase's queue (take_warnings not overridden): a step
+    # exit looks at the queue and calls take_warnings only when it holds something.
+    _queued_warnings: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         # Closed by the run at the latest, so pending values are never lost when the user
         # ends the run without closing the probe.
         self.run.add_close_hook(self.close)
+        self._queued_warnings = isinstance(self.backend, BackendBase) and \
+            type(self.backend).take_warnings is BackendBase.take_warnings
         tags = self._guard(lambda: dict(self.run.tags)) or {}
         self._progress_defaults(tags)
         for m in self.monitors:  # sampling sources started before their tags are read
@@ -347,7 +352,8 @@ class Probe:
             self._record_progress(n)
         if batch:
             self._flush_batch(n)
-        self._record_backend_warnings()
+        if not self._queued_warnings or self.backend._warnings:  # type: ignore[attr-defined]
+            self._record_backend_warnings()
         self._steps_done += 1
         if self._steps_done == 1:  # inside what wraps the loop: the step's own numerics
             self._read_numerics(before_training=True)
@@ -372,7 +378,7 @@ class Probe:
                 self._rows_last = row
             row = None  # the step has no deltas
         lrs = self._optimizer_row() if self._lrs is not None else None
-        self._rows.append((n, _now_ms(), step_time, row, lrs, cpu))
+        self._rows.append((n, time.time_ns() // 1_000_000, step_time, row, lrs, cpu))
         if step_time is not None:
             self._step_times.append(step_time)
         if len(self._rows) >= MAX_BLOCK_ROWS or time.monotonic() >= self._rows_due:

@@ -90,12 +90,19 @@ class LearningRates:
         self.counted = False  # the optimizer has shown an update count
         self.count_off = False  # the count lives on a device: never read again
         self.count_why_not: str | None = None  # why, until the probe takes it (once)
+        self._cpu_count: Any = None  # the count tensor host_number last read (0-d, CPU)
 
     def read(self) -> Rates | None:
         """``(names, rates)``; the names tuple is the same object while the number of
         groups stays the same (the probe groups kept rows by it).  None, with
         :attr:`why_not` set, when a group's rate is a device tensor."""
-        rates = [g["lr"] for g in self._optimizer.param_groups]
+        groups = self._optimizer.param_groups
+        if len(groups) == 1 and type(rate := groups[0]["lr"]) is float:
+            # the commonest case, at every step's entry: one group, a float rate
+            if len(self._names) != 1:
+                self._names = lr_names(1)
+            return self._names, (rate,)
+        rates = [g["lr"] for g in groups]
         if len(rates) != len(self._names):  # add_param_group, or a checkpoint's groups
             self._names = lr_names(len(rates))
         for i, r in enumerate(rates):
@@ -122,6 +129,8 @@ class LearningRates:
         if self.count_off:
             return None
         state = self._optimizer.state
+        if not state:  # SGD without momentum, or no update yet: no parameter has state
+            return 0.0 if self.counted else None
         for g in self._optimizer.param_groups:
             for p in g["params"]:
                 st = state.get(p)
@@ -130,6 +139,10 @@ class LearningRates:
                 s = st.get("step")
                 if s is None:
                     return None
+                if s is self._cpu_count and s.is_cpu:
+                    # the 0-d CPU tensor read last time (updated in place by each update;
+                    # a checkpoint's load_state_dict puts a new one in a new state dict)
+                    return float(s.tolist())
                 v = host_number(s)
                 if v is None:
                     self.count_off = True
@@ -139,6 +152,8 @@ class LearningRates:
                         f"host sync, so {schema.M_OPT_STEPS} is not recorded")
                     return None
                 self.counted = True
+                if getattr(s, "is_cpu", False) is True and s.dim() == 0:
+                    self._cpu_count = s
                 return v
         return 0.0 if self.counted else None
 

@@ -33,11 +33,13 @@ def host_float(t: torch.Tensor) -> float:
 
 def count_devices(tensors: Iterable[Any]) -> dict[str, int]:
     """Tensors per device string (``"cpu"``, ``"cuda:0"``, ``"xla:0"``); non-tensors ignored."""
-    c: Counter[str] = Counter()
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            c[str(t.device)] += 1
-    return dict(c)
+    # counted by device object, named once per device (str of a device costs more than
+    # hashing it; equal devices hash and name alike)
+    c: Counter[Any] = Counter(t.device for t in tensors if isinstance(t, torch.Tensor))
+    out: dict[str, int] = {}
+    for d, n in c.items():
+        out[str(d)] = out.get(str(d), 0) + n
+    return out
 
 
 def parameters_of(model: torch.nn.Module | None,

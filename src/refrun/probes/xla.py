@@ -38,11 +38,12 @@ finishes, so they can land in the following step.
 **Values** given to ``probe.log`` never cause a graph, a transfer or a wait inside the step:
 the backend keeps a reference to the value (no new op, so the traced graph is unchanged;
 see :func:`_held`); once a ``sync`` has materialised it, it asks the runtime for a readiness
-callback (``_XLAC._on_ready_callback``), and only when the device buffer is complete -- the
-device idle, or after 2048 values / 30 s, see :meth:`XlaBackend.ready` -- are the ready
-values handed to the backend's copier thread (:class:`_Copier`), which copies them to the
-host in one batched ``_xla_get_cpu_tensors`` call.  That copy is a device-to-host transfer
-of finished buffers, made at any moment, steps included; each is one sample of torch_xla's
+callback (``_XLAC._on_ready_callback``), and when the device buffer is complete -- the
+device idle -- or 64 values or 30 s have piled up (see :meth:`XlaBackend.ready`), the
+materialised values are handed to the backend's copier thread (:class:`_Copier`), which
+copies them to the host in one batched ``_xla_get_cpu_tensors`` call (waiting there, not
+on the training thread, for a buffer still being computed).  That copy is a device-to-host
+transfer made at any moment, steps included; each is one sample of torch_xla's
 exact count, which :meth:`TransferCount.user_copies` subtracts, so ``xfer/d2h`` shows only
 the user's transfers.
 
@@ -96,8 +97,13 @@ TO_COPY, COPY_FROM, TO_CPU = "xla::_to_copy", "xla::_copy_from", "xla::_to_cpu"
 # the sentinels against torch_xla's exact count (see TransferCount).
 EXACT_EVERY = 64
 # Logged values wait on the device until it is idle, at most this many or this long
-# (see XlaBackend.ready); the device keeps a scalar buffer per waiting value.
-TRANSFER_MAX_WAITING = 2048
+# (see XlaBackend.ready); the device keeps a scalar buffer per waiting value.  The count is
+# small because a waiting value is a live XLA tensor, and every ``torch_xla.sync()`` walks
+# the device's live tensors: each one held cost the training thread 0.1-0.25 us a step
+# on PJRT CPU (a plain MLP loop holding 1,000 logged losses: +130 us of thread CPU a
+# 1 ms step, docs/xla.md), which at one flush interval of values (~1,000 on a 1 ms step)
+# was three times the probe's own work.
+TRANSFER_MAX_WAITING = 64
 TRANSFER_MAX_AGE_S = 30.0
 # How often a readiness callback is asked for (on the newest logged value), and so how often
 # ready values are copied, unless the session says otherwise: a callback costs ~0.1-0.25 ms
@@ -467,23 +473,33 @@ class XlaCounters:
         row, fb = self.read_row(timed)
         return dict(zip(ROW_NAMES, row, strict=True)), fb
 
-    def read_row(self, timed: bool = True) -> tuple[tuple[float, ...], dict[str, int]]:
-        """:meth:`read` as a tuple in :data:`ROW_NAMES` order: what a step's exit keeps
-        (no dict is built on the training thread; the probe turns rows into deltas a
-        block of steps at a time)."""
+    def read_row(self, timed: bool = True, tail: tuple[float, ...] = ()
+                 ) -> tuple[tuple[float, ...], dict[str, int]]:
+        """:meth:`read` as a tuple in :data:`ROW_NAMES` order, ``tail`` appended: what a
+        step's exit keeps (no dict is built on the training thread; the probe turns rows
+        into deltas a block of steps at a time).  The steady step's path -- no compilation,
+        no timed read, no fallback op ever seen and ``xla::_to_cpu`` still where the exit's
+        sentinels left it -- makes three counter reads and no Python call."""
         c = self._x._xla_counter_value
         uncached = c("UncachedCompile") or 0
-        compile_ns = self._compile_ns(uncached)
+        compiles = self._compiles
+        compile_ns = compiles[1] if uncached == compiles[0] else self._compile_ns(uncached)
         if timed or self._timed is None:
             exec_n, exec_ns = self._metric("ExecuteTime")
             self._timed = (exec_n, exec_ns, self._metric("TransferToDeviceTime")[0])
         exec_n, exec_ns, h2d = self._timed
         executions = c("ExecuteComputation")
         cached = c("CachedCompile") or 0
-        fb = self.fallback(relist=timed)
+        to_cpu = self._to_cpu_now
+        if not timed and not self._aten and to_cpu is not None \
+                and to_cpu == self._to_cpu_listed:
+            self._to_cpu_now = None  # what fallback() would return: nothing to list
+            fb: dict[str, int] = {}
+        else:
+            fb = self.fallback(relist=timed)
         return (float(uncached), float(cached), compile_ns / 1e9,
                 float(executions if executions is not None else exec_n), exec_ns / 1e9,
-                float(h2d), float(sum(fb.values())) if fb else 0.0), fb
+                float(h2d), float(sum(fb.values())) if fb else 0.0, *tail), fb
 
 
 # The order of XlaCounters.read_row's values; XlaBackend's rows add the transfer counts.
@@ -538,6 +554,7 @@ class TransferCount:
     # (sentinels, syncs, baseline, checked) of the open step
     _open: tuple[tuple[int, int, int], int, int, bool] | None = None
     checked: bool = True  # the last step was read exactly (warm-up, 1 in EXACT_EVERY)
+    check_next: bool = False  # the periodic check met a probe copy in flight: next step
 
     def user_copies(self) -> int:
         """torch_xla's count of device-to-host copies less the probe's own, which its
@@ -564,12 +581,21 @@ class TransferCount:
     def begin(self) -> None:
         sent, syncs = self.counters.sentinels()
         check = (self.exact or self.steps < self.warmup_steps
-                 or self.steps % EXACT_EVERY == 0)
+                 or self.steps % EXACT_EVERY == 0 or self.check_next)
+        self.check_next = False
+        if check and not self.exact and self.steps >= self.warmup_steps and \
+                self.copier.started != self.copier.finished:
+            # The periodic check would wait for the probe's own copy in flight (see
+            # user_copies), which may wait for the step the device is running: made at
+            # the next step instead, with no wait.  A step whose sentinels moved is still
+            # read exactly (below).
+            check, self.check_next = False, True
         self.steps += 1
         # The known count is still exact when nothing copied through torch (or the
         # wrapped _xla_get_cpu_tensors) since it was read.
-        fresh = check or self.known is None or self.sent is None or \
-            may_have_copied(self.sent, sent)
+        last = self.sent
+        fresh = check or self.known is None or last is None or \
+            sent[2] != last[2] or sent[0] - last[0] > sent[1] - last[1]  # may_have_copied
         base = self._read(sent) if fresh else self.known
         assert base is not None
         self.sent = sent
@@ -583,7 +609,7 @@ class TransferCount:
         sent, syncs = self.counters.sentinels(at_exit=True)
         self._open = None
         self.syncs += syncs - syncs0
-        moved = may_have_copied(sent0, sent)
+        moved = sent[2] != sent0[2] or sent[0] - sent0[0] > sent[1] - sent0[1]  # may_have_copied
         if not moved and not check:
             self.sent = sent  # still exact: only copies to the device or casts since
             return
@@ -613,6 +639,8 @@ class XlaBackend(BackendBase):
     _waiting: list[_XlaValue] = field(default_factory=list, repr=False)  # in log order
     _next_arm: float = 0.0  # monotonic time of the next readiness callback request
     _ready_since: float | None = None  # monotonic time a waiting value was first ready
+    _poll_due: float = 0.0  # monotonic time before which _poll has nothing to do
+    _send_at: int = TRANSFER_MAX_WAITING  # waiting values that send without the device idle
     # (step, cumulative counter_row, fallback ops first counted then) of each ended step
     _rows: list[tuple[int, tuple[float, ...], dict[str, int] | None]] = field(
         default_factory=list, repr=False)
@@ -625,6 +653,8 @@ class XlaBackend(BackendBase):
     _logged_devices: dict[torch.device, int] = field(default_factory=dict, repr=False)
     _inplace_warned: bool = False
     _closed: bool = False
+    # (device, (hardware, tags)): the runtime's answers for the device (see describe)
+    _runtime: tuple[Any, tuple[str, dict[str, Any]]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         import torch_xla  # lazy: only this backend and refrun.xla ever import torch_xla
@@ -685,7 +715,15 @@ class XlaBackend(BackendBase):
             if dev.type != "xla":
                 # A host tensor: reading it after the step is a memory load, not a sync.
                 return _XlaValue(value.detach(), value._version, None, host_float(value))
-            h = _XlaValue(*_held(value))
+            # _held, inlined (a frame and a tuple less at every log): a result of autograd
+            # ops is kept as the functional wrapper's inner tensor
+            if value.requires_grad and not value.is_leaf:
+                try:
+                    h = _XlaValue(torch._from_functional_tensor(value), -1)
+                except RuntimeError:  # functionalization off
+                    h = _XlaValue(*_held(value))
+            else:
+                h = _XlaValue(*_held(value))
             self._waiting.append(h)
             return h
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -711,16 +749,21 @@ class XlaBackend(BackendBase):
         """Ask for a readiness callback on the newest waiting value (once an arm interval),
         and hand the waiting values to the copier only when the device is idle -- every
         waiting value's buffer is complete, so no execution of a later sync is in flight --
-        or, to bound the delay, when ``TRANSFER_MAX_WAITING`` values or
-        ``TRANSFER_MAX_AGE_S`` seconds have piled up.  A copy issued while an execution
-        runs queues behind its operations on the runtime's threads: on a step of many
+        or, to bound the delay and the live tensors every sync walks, when
+        ``TRANSFER_MAX_WAITING`` values or ``TRANSFER_MAX_AGE_S`` seconds have piled up
+        (a copy of buffers still being computed waits for them on the copier's thread).
+        A copy issued while an execution runs queues behind its operations on the
+        runtime's threads: on a step of many
         small operations (a recurrent cell over a sequence) it waited for most of the
         execution at every step entry, serialising the host's tracing of step n+1 with the
         device's execution of step n that a plain loop overlaps."""
         now = time.monotonic()
+        newest = self._waiting[-1]
+        if now < self._poll_due and newest.event is None and \
+                len(self._waiting) < self._send_at:
+            return  # nothing to arm, no armed value to look at, no bound reached yet
         if self._ready_since is None:
             self._ready_since = now
-        newest = self._waiting[-1]
         if newest.event is None and now >= self._next_arm:
             self._next_arm = now + self.arm_interval_s
             self._arm(newest)
@@ -728,10 +771,17 @@ class XlaBackend(BackendBase):
         # is idle and every materialised value's buffer is complete.  Idle or not, only
         # materialised values are copied (a pending one would run a graph).
         idle = newest.event is not None and newest.event.is_set()
-        if idle or len(self._waiting) >= TRANSFER_MAX_WAITING or \
+        if idle or len(self._waiting) >= self._send_at or \
                 now - self._ready_since >= TRANSFER_MAX_AGE_S:
             self._send(self._materialised())
             self._ready_since = None
+            # Values no sync has materialised yet stay; the count that sends again is
+            # TRANSFER_MAX_WAITING more (not at every poll while they wait).
+            self._send_at = len(self._waiting) + TRANSFER_MAX_WAITING
+        # The next step entry that can do anything here (arm a value, or send the waiting
+        # ones on their age): until then a poll of an unarmed value is one clock read.
+        self._poll_due = 0.0 if self._ready_since is None else \
+            min(self._next_arm, self._ready_since + TRANSFER_MAX_AGE_S)
 
     def wait(self, pending: Any) -> float:
         """Blocking read, only at close: materialises a value never synced (this may run a
@@ -810,8 +860,8 @@ class XlaBackend(BackendBase):
         step (the probe's block path: a tuple, no dict).  The backend keeps the rows of
         ended steps for its end-of-run summary, folding them into its sums every
         ``fold_rows`` steps, and warns at once about a fallback op seen for the first time."""
-        row, fb = self._counters.read_row(timed=self._transfers.checked)
-        row = (*row, float(self._transfers.d2h), float(self._transfers.syncs))
+        tc = self._transfers
+        row, fb = self._counters.read_row(tc.checked, (float(tc.d2h), float(tc.syncs)))
         if self._ended_step is not None:
             ops = None
             if fb != self._prev_fb:
@@ -854,15 +904,15 @@ class XlaBackend(BackendBase):
 
     # --- device truth -----------------------------------------------------------------
     def describe(self) -> Mapping[str, Any]:
-        import torch_xla.core.xla_model as xm
-        import torch_xla.runtime as xr
-
-        hw = str(xm.xla_device_hw(self.device))
+        """Device truth and placement.  What the runtime says of the device (hardware,
+        device type, device and process counts) is fixed once the runtime is up, so it is
+        asked once; placement is counted at every call (parameters can move)."""
+        runtime = self._runtime
+        if runtime is None or runtime[0] is not self.device:
+            runtime = self._runtime = (self.device, self._runtime_facts())
+        hw, facts = runtime[1]
         out: dict[str, Any] = {
-            schema.TAG_EXEC_HARDWARE: hw.lower(),
-            schema.TAG_EXEC_DEVICE_TYPE: str(xr.device_type()),
-            schema.TAG_EXEC_DEVICES: int(xr.global_runtime_device_count()),
-            schema.TAG_EXEC_WORLD_SIZE: int(xr.world_size()),
+            **facts,
             schema.TAG_STEP_TIME_KIND: "wall",
             schema.TAG_EXEC_XLA_DEVICE: str(self.device),
             schema.TAG_FW_PJRT_DEVICE: os.environ.get("PJRT_DEVICE", ""),
@@ -872,6 +922,18 @@ class XlaBackend(BackendBase):
         out[schema.TAG_PLACEMENT_WARNING] = placement_warnings(self.declared_hardware, hw,
                                                                 placement)
         return out
+
+    def _runtime_facts(self) -> tuple[str, dict[str, Any]]:
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        hw = str(xm.xla_device_hw(self.device))
+        return hw, {
+            schema.TAG_EXEC_HARDWARE: hw.lower(),
+            schema.TAG_EXEC_DEVICE_TYPE: str(xr.device_type()),
+            schema.TAG_EXEC_DEVICES: int(xr.global_runtime_device_count()),
+            schema.TAG_EXEC_WORLD_SIZE: int(xr.world_size()),
+        }
 
     def _placement(self) -> dict[str, Any]:
         params = count_devices(self.model.parameters()) if self.model is not None else {}
