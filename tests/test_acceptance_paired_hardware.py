@@ -134,12 +134,19 @@ def test_a_port_is_judged_by_its_own_hardwares_known_good_evidence(world: World)
     r = _paired(world, "cpu_port")
     assert r.outcome == "fail", r.reason
     assert "band_hardware" not in r.evidence
+    assert "no known-good run on" not in r.reason  # the pair's own hardware: no hint
     band = STRUCTURAL_MAX_RATIO * _held(*_band(world, None))
     first = int(np.argmax(band < 500 * G))
     assert r.evidence[schema.EV_FIRST_DIVERGENCE_STEP] == first
     # A TPU kind without evidence of its own is judged by the references' band.
     r = _paired(world, "v4_port")
     assert r.outcome == "fail" and "band_hardware" not in r.evidence, r.reason
+    # ... and its reason says what would tell a port defect from that hardware's numerics.
+    assert r.reason.endswith(
+        "; the band is known-good evidence from cpu only: no known-good run on tpu-v4 was "
+        "calibrated, and a correct port can diverge more there; record one (a known-good "
+        "port on tpu-v4, another seed, at full precision) and calibrate again to tell a "
+        "port defect from the hardware's numerics"), r.reason
 
 
 def _band(world: World, hw: str | None) -> tuple[list[int], list[float]]:

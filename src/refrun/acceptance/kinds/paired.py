@@ -136,7 +136,24 @@ def paired(c: Paired, ctx: Context) -> CriterionResult:
                   f"|diff| so far {rv.fnum(j.divergence_at_first)} > band "
                   f"{rv.fnum(j.band_at_first)} ({ratio:.3g} x the {env}); outside at "
                   f"{j.steps_outside}/{j.steps_compared} steps, up to "
-                  f"{rv.fnum(j.max_ratio_observed)} x" + decision.text, ev)
+                  f"{rv.fnum(j.max_ratio_observed)} x" + decision.text
+                  + no_band_on(hw, ctx.candidate.hardware, lookup.run.hardware), ev)
+
+
+def no_band_on(band_hardware: str | None, candidate: str | None, pair: str | None) -> str:
+    """The clause a failing candidate gets when it ran on other hardware than its pair and
+    the criteria hold no known-good evidence from that hardware: a correct port can
+    diverge from its seed more on other hardware (docs/acceptance.md, "Known-good
+    evidence by hardware"), so the failure does not yet separate a port defect from the
+    hardware's own numerics.  "" when the band is the candidate's hardware's own, or the
+    hardware is the pair's (or unknown)."""
+    cand, ref = identity.canonical_hardware(candidate), identity.canonical_hardware(pair)
+    if band_hardware is not None or not cand or not ref or cand == ref:
+        return ""
+    return (f"; the band is known-good evidence from {ref} only: no known-good run on "
+            f"{cand} was calibrated, and a correct port can diverge more there; record one "
+            f"(a known-good port on {cand}, another seed, at full precision) and calibrate "
+            "again to tell a port defect from the hardware's numerics")
 
 
 def _numerics(c: Paired, ctx: Context, lookup: pairs.PairLookup, div: pairs.Divergence,
