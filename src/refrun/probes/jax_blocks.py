@@ -18,9 +18,9 @@ appends meanwhile is lost), and does the rest off the training thread:
   of one read per array (on this machine 0.7 us a value against 22 us for
   ``jax.device_get`` of a list, 16 us for ``float(x)``: the transfer's fixed cost dominates
   a scalar).  The stack runs on the device after the arrays it reads; waiting for it
-  releases the GIL.  Its compilations (one per :func:`signature`; the commonest compiled
-  when the probe starts, outside any step) are the probe's own and never counted
-  (:meth:`refrun.probes.jax.CompileTracker.ignore_this_thread`);
+  releases the GIL.  Its compilations (one per dtype, weak type, sharding, commitment
+  and shape; the commonest compiled when the probe starts, outside any step) are the
+  probe's own and never counted (:meth:`refrun.probes.jax.CompileTracker.ignore_this_thread`);
 * **rows**: per-step counter deltas and the step time, handed to the session as columns
   in one :meth:`~refrun.recording.session.RunSession.log_columns` call per block.
 
@@ -84,24 +84,18 @@ def precompile() -> None:
     _stack(*[x] * CHUNK).block_until_ready()
 
 
-def signature(a: jax.Array) -> tuple[Any, ...]:
-    """What makes ``_stack`` compile again: dtype, weak type, sharding, commitment,
-    shape."""
-    return (a.dtype, a.weak_type, a.sharding, a.committed, a.shape)
-
-
 def read_arrays(arrays: Sequence[jax.Array]) -> list[float]:
     """The values of one-element arrays, in order, as floats (:data:`LOST` for one that
-    was deleted or donated): one stacked transfer per chunk of arrays of one
-    :func:`signature`, falling back to reading one at a time where a chunk cannot be
-    stacked."""
+    was deleted or donated): one stacked transfer per chunk of arrays of one dtype, weak
+    type, sharding, commitment and shape, falling back to reading one at a time where a
+    chunk cannot be stacked."""
     out: list[float] = [LOST] * len(arrays)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, a in enumerate(arrays):
-        # signature(a) with the sharding by identity: hashing and comparing sharding
-        # objects runs Python code (2 us a value); equal shardings that are not the same
-        # object only make one more chunk.  A deleted array fails its chunk's stack, which
-        # then falls back to reading one at a time.
+        # What makes the stack compile again, the sharding by identity: hashing and
+        # comparing sharding objects runs Python code (2 us a value); equal shardings that
+        # are not the same object only make one more chunk.  A deleted array fails its
+        # chunk's stack, which then falls back to reading one at a time.
         key = (a.dtype, a.weak_type, id(a.sharding), a.committed, a.shape)
         group = groups.get(key)
         if group is None:
