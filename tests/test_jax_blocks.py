@@ -30,7 +30,7 @@ from refrun.probes.jax_blocks import (
     LostValue,
     Tree,
     columns,
-    counter_deltas,
+    counter_changes,
     read_columns,
     step_intervals,
 )
@@ -58,7 +58,12 @@ def test_pure_parts() -> None:
     assert step_intervals([1.0, 1.5, 3.0], None) == [0.5, 1.5]
     assert step_intervals([1.0, 1.5, 3.0], 3.25) == [0.5, 1.5, 0.25]
     assert step_intervals([], 2.0) == []
-    assert counter_deltas((1, 0), [(1, 2), (4, 2), (4, 5)]) == [[0, 2], [3, 0], [0, 3]]
+    # deltas at the rows where the counters moved (row 0 first when asked for)
+    assert counter_changes((1, 0), [(0, (1, 2)), (1, (4, 2)), (3, (4, 5))]) == [
+        (0, [0.0, 2.0]), (1, [3.0, 0.0]), (3, [0.0, 3.0])]
+    assert counter_changes((1, 0), [(2, (1, 1))], with_first=True) == [
+        (0, [0.0, 0.0]), (2, [0.0, 1.0])]
+    assert counter_changes((1, 0), [], with_first=False) == []
 
 
 def test_a_block_becomes_one_column_per_metric_read_in_place() -> None:
@@ -73,9 +78,10 @@ def test_a_block_becomes_one_column_per_metric_read_in_place() -> None:
     block = [(n, "loss", outs[n][0]) for n in range(3)]
     block += [(n, "g", Tree(tree, jax.tree_util.tree_leaves(outs[n][1]))) for n in range(3)]
     block += [(3, "loss", gone), (3, "h", 5), (4, "h", 0.25)]
-    cols = columns(block, lambda name, _: [f"{name}/a", f"{name}/b"])
+    cols = columns([x for entry in block for x in entry],  # flat, as the probe keeps it
+                   lambda name, _: [f"{name}/a", f"{name}/b"])
     assert list(cols) == ["loss", "g/a", "g/b", "h"]
-    read_columns(cols.values())
+    read_columns(cols)
     assert cols["loss"].steps == [0, 1, 2, 3]
     assert cols["loss"].values[:3] == [0.0, 2.0, 4.0]
     assert type(cols["loss"].values[3]) is LostValue
@@ -279,7 +285,7 @@ def test_hot_path_keeps_no_device_read_and_no_thread_handoff(store) -> None:
             r = f(a)
             probe.log(loss=r)
         ready.append(r.is_ready())  # the probe read nothing: still computing
-        assert len(probe._step_rows) == n + 1 and len(probe._logged) == n + 1
+        assert len(probe._step_rows) == 2 * (n + 1) and len(probe._logged) == 3 * (n + 1)
     assert ready == [False, False, False]
     probe.close()
     run.close()

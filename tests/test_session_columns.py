@@ -77,3 +77,40 @@ def test_a_column_of_another_length_is_refused_by_name(store) -> None:
     client = store.client()
     assert [m.value for m in client.get_metric_history(run.run_id, "a")] == [1.0, 2.0, 3.0]
     assert client.get_metric_history(run.run_id, "short") == []
+
+
+def test_a_queued_block_is_written_as_the_lines_of_its_points_in_row_order(tmp_path) -> None:
+    """A block queued as one object (:class:`PointBlock`) is spooled as exactly the lines
+    point-by-point logging writes, row by row, between single points, and the writer's
+    count of queued points counts its points (the queue's memory bound)."""
+    import os
+    import time
+
+    from refrun.recording.spool import PointBlock, Spool, SpoolMeta, read_points_file
+    from refrun.recording.writer import SpoolWriter
+
+    spool = Spool.create(tmp_path / "spool", SpoolMeta(
+        local_id="20260101T000000-abc", tracking_uri="sqlite:///x.db", experiment="w",
+        start_ms=int(time.time() * 1000)))
+    writer = SpoolWriter(spool, flush_interval_s=60, max_queue=100,
+                         on_warning=lambda *a: None, deliver_inline=False)
+    writer.queue.append(("x", 0, T0, 0.5))
+    writer.put_block(PointBlock(["a", "b"], [1, 2, 3], [T0 + 1, T0 + 2, T0 + 3],
+                                [[0.1, 0.2, math.nan], [1.0, 2.0, 3.0]]))
+    writer.queue.append(("x", 4, T0 + 4, -0.0))
+    assert writer.queued_points() == 8
+    fd = spool.open_points()
+    try:
+        writer._spool_queued(fd)
+    finally:
+        os.close(fd)
+    assert writer.queued_points() == 0 and writer.points_spooled == 8
+    # what each point logged on its own writes, in that order
+    expected = [("x", 0, T0, 0.5)]
+    for i, (step, ts) in enumerate(zip([1, 2, 3], [T0 + 1, T0 + 2, T0 + 3], strict=True)):
+        expected += [("a", step, ts, [0.1, 0.2, math.nan][i]), ("b", step, ts, float(i + 1))]
+    expected.append(("x", 4, T0 + 4, -0.0))
+    lines = spool.points_path.read_text().splitlines()
+    assert lines == [f"{k}\t{s}\t{t}\t{v!r}" for k, s, t, v in expected]
+    got = read_points_file(spool.points_path)
+    assert len(got) == 8 and math.copysign(1.0, got["value"].iloc[-1]) == -1.0

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import json
 import math
 import os
@@ -355,6 +356,39 @@ tenth of a block keeps ~90 % of it in the probed block (found 2026-12-06, fourth
 session: the earlier port tables are lower bounds of the collector's share)."""
 
 
+FLUSH_AT_END = False
+"""``--flush-at-block-end``: each probed block ends with ``probe.flush()`` inside its timing,
+so the block's mean step carries all of its collector's work however long the flush
+interval (the default 1 s included) and none of it lands in the next arm's block (added
+2026-12-06, fifth session).  The median step then excludes that collection: read the
+block means."""
+
+
+class GcCount:
+    """Garbage collections (count, seconds) by generation while an arm's blocks run,
+    from ``gc.callbacks``: a probe that keeps objects alive until its collector runs makes
+    the collector of Python run more often than the plain loop."""
+
+    def __init__(self) -> None:
+        self.arm: str | None = None
+        self.by_arm: dict[str, dict[int, list[float]]] = {}
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if self.arm is None:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        gens = self.by_arm.setdefault(self.arm, {})
+        g = gens.setdefault(int(info["generation"]), [0, 0.0])
+        g[0] += 1
+        g[1] += time.perf_counter() - self._t0
+
+
+GC = GcCount()
+
+
 def open_arm(name: str, w: Workload, store: str, spool: str) -> Arm:
     arm = Arm(name, w.init())
     if name in PROBED_ARMS:
@@ -398,6 +432,8 @@ def run_block(w: Workload, arm: Arm, steps: int, burn_s: float = 0.0,
                     else:
                         probe.log(loss=loss, grad_norm=norms)
         marks[i] = time.perf_counter()
+    if probe is not None and FLUSH_AT_END:
+        probe.flush()  # the block's own collection, charged to it
     jax.block_until_ready(state)
     dt = (time.perf_counter() - t0) / steps
     arm.state, arm.step_no = state, arm.step_no + steps
@@ -603,6 +639,7 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
                                    for _ in range(3))
     burn_s = args.burn * plain_step
     take_window, windows, window_costs = forced_window()
+    GC.by_arm = {}
     rng = random.Random(args.seed)
     orders = []
     own0 = refrun_threads_cpu()
@@ -614,9 +651,11 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         for name in order:
             arm = arms[name]
             c0 = time.thread_time()
+            GC.arm = name
             mean, median = run_block(w, arm, args.steps,
                                      burn_s=burn_s if name == "burn" else 0.0,
                                      window=take_window if name == "window" else None)
+            GC.arm = None
             main_cpu[name] += time.thread_time() - c0
             arm.blocks.append(mean)
             arm.medians.append(median)
@@ -660,6 +699,13 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         "refrun_threads_us_per_probed_step": 1e6 * own_cpu / max(probed_steps, 1),
         "training_thread_us_per_step": {name: 1e6 * c / (args.rounds * args.steps)
                                         for name, c in main_cpu.items()},
+        "flush_at_block_end": FLUSH_AT_END,
+        # per arm, generation -> [collections, seconds] per 1,000 steps
+        "gc_per_1000_steps": {
+            name: {str(g): [c * 1000 / (args.rounds * args.steps),
+                            s * 1000 / (args.rounds * args.steps)]
+                   for g, (c, s) in sorted(GC.by_arm.get(name, {}).items())}
+            for name in chosen},
     }
     if windows is not None:
         out["window_note"] = windows.why_not
@@ -732,6 +778,12 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
             per = ", ".join(f"{a} {v:.1f}" for a, v in tt.items())
             print(f"  CPU a step, us: refrun's threads {r['refrun_threads_us_per_probed_step']:.1f}"
                   f" per probed step; the training thread: {per}")
+        gcs = r.get("gc_per_1000_steps")
+        if gcs:
+            per = "; ".join(f"{a} " + (", ".join(f"gen{g} {c:.1f} ({1e3 * t:.2f} ms)"
+                                               for g, (c, t) in v.items()) or "none")
+                            for a, v in gcs.items())
+            print(f"  Python garbage collections per 1,000 steps: {per}")
         t = r.get("timeline")
         if t:
             for arm, d in t.items():
@@ -766,6 +818,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the probed runs' flush interval (default refrun's, 1 s); keep it "
                          "a tenth of a block so that the collector's work for a block lands "
                          "in that block")
+    ap.add_argument("--flush-at-block-end", action="store_true",
+                    help="end each probed block with probe.flush() inside its timing: the "
+                         "block mean then carries all of its collector's work (read the "
+                         "block-mean table)")
     ap.add_argument("--chunk", type=int, default=None,
                     help="arrays the probe stacks per read (default: refrun's CHUNK); a "
                          "diagnostic: how the read's fixed cost per chunk weighs on the step")
@@ -783,8 +839,10 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.steps, args.warmup = 4, 100, 10
     if args.chunk is not None:  # before any probe starts: its precompile uses it
         jax_blocks.CHUNK = args.chunk
-    global FLUSH_S
+    global FLUSH_S, FLUSH_AT_END
     FLUSH_S = args.flush_interval
+    FLUSH_AT_END = args.flush_at_block_end
+    gc.callbacks.append(GC)
     names = (args.workloads.split(",") if args.workloads else
              ["gru", "gru-small", "digits", "charlm", "markov"] if jax.default_backend() != "cpu"
              else ["gru", "digits", "charlm", "markov"])

@@ -76,12 +76,12 @@ from refrun.probes.jax_blocks import (
     LOST,
     BlockCollector,
     Column,
+    ColumnReader,
     LostValue,
     Tree,
     columns,
-    counter_deltas,
+    counter_changes,
     precompile,
-    read_columns,
     step_intervals,
     take,
 )
@@ -735,17 +735,27 @@ class JaxProbe(Probe):
     accepts pytrees (tuples, lists, dicts, dataclasses registered with JAX ...), and it can
     record placement again with :meth:`observe`."""
 
-    _step_rows: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
-    _logged: list[tuple[int, str, Any]] = field(default_factory=list, repr=False)
+    # Flat lists of numbers and references (GC-untracked contents: a retained tuple a
+    # step is an allocation the garbage collector counts, see jax_blocks): a step's row
+    # is (step, entry time); a logged value (step, name, value).
+    _step_rows: list[Any] = field(default_factory=list, repr=False)
+    _logged: list[Any] = field(default_factory=list, repr=False)
+    # (row index, cumulative counters, progress override) where a counter moved or the
+    # step said its own progress; a row index counts every step's row since the start.
+    _row_events: list[tuple[int, tuple[Any, ...], Any]] = field(default_factory=list,
+                                                                repr=False)
+    _cum_seen: tuple[Any, ...] = field(default=(), repr=False)
+    _events_ahead: list[tuple[int, tuple[Any, ...], Any]] = field(default_factory=list,
+                                                                  repr=False)
     _entry: float = field(default=0.0, repr=False)
     _scope: Any = field(default=None, repr=False)
     _collector: BlockCollector | None = field(default=None, repr=False)
-    _pending_row: tuple[Any, ...] | None = field(default=None, repr=False)
+    _pending_row: tuple[int, float, int] | None = field(default=None, repr=False)
     _last_cum: tuple[Any, ...] = field(default=(), repr=False)
     _wall_offset: float = field(default=0.0, repr=False)
     _close_entry: float | None = field(default=None, repr=False)
     _rows_seen: int = field(default=0, repr=False)
-    _rows_logged: int = field(default=0, repr=False)
+    _rows_logged: bool = field(default=False, repr=False)  # the first step's counters are out
     # (logged name, the arrays as logged, steps done when the decision is due)
     _probing: list[tuple[str, list[Any], int]] = field(default_factory=list, repr=False)
     _leaf_names: dict[tuple[str, Any], list[str]] = field(default_factory=dict, repr=False)
@@ -753,11 +763,13 @@ class JaxProbe(Probe):
     # Steps done at the next numerics reading (on the training thread: JAX's precision
     # contexts are thread-local): the first step's end, then every recheck_every steps.
     _numerics_due: int = field(default=1, repr=False)
+    _reader: ColumnReader = field(default_factory=ColumnReader, repr=False)
+    _treedefs: dict[str, Any] = field(default_factory=dict, repr=False)  # by logged name
 
     def __post_init__(self) -> None:
         super().__post_init__()
         backend: JaxBackend = self.backend  # type: ignore[assignment]
-        self._last_cum = tuple(self._guard(backend.cumulative) or ())
+        self._last_cum = self._cum_seen = tuple(self._guard(backend.cumulative) or ())
         self._donated = backend.donated  # the same dict, one attribute read less per log
         self._wall_offset = time.time() - time.perf_counter()
         self._scope = _JaxStep(self)
@@ -788,20 +800,22 @@ class JaxProbe(Probe):
         if n is None:
             self._refuse_unstepped(metrics)
             return
-        append = self._logged.append
+        extend = self._logged.extend
         donated = self._donated
+        treedefs = self._treedefs
         for name, v in metrics.items():
             t = type(v)
             if t is ArrayImpl and not (v.shape and v.size != 1):
                 if donated.get(name, _MISSING) is not False:
                     v = self._protected(name, [v])[0]
-                append((n, name, v))
+                extend((n, name, v))
             elif t in _SCALAR_TYPES:
-                append((n, name, v))
-            elif t is dict and (tree := _scalar_arrays(v)) is not None:
+                extend((n, name, v))
+            elif t is dict and (tree := _scalar_arrays(v, treedefs.get(name))) is not None:
+                treedefs[name] = tree[0]  # the structure kept: one object for all steps
                 if donated.get(name, _MISSING) is not False:
                     tree = Tree(tree.treedef, self._protected(name, tree.leaves))
-                append((n, name, tree))
+                extend((n, name, tree))
             else:
                 try:
                     self._log_other(n, name, v)
@@ -814,11 +828,11 @@ class JaxProbe(Probe):
         if isinstance(value, bool):
             raise TypeError(f"probe.log: cannot record a value of type bool ({name})")
         if isinstance(value, np.ndarray | np.generic):
-            self._logged.append((n, name, _host_scalar(name, value)))
+            self._logged.extend((n, name, _host_scalar(name, value)))
             return
         if isinstance(value, jax.Array):
             _check_scalar(name, value)
-            self._logged.append((n, name, value))
+            self._logged.extend((n, name, value))
             return
         leaves, treedef = jax.tree_util.tree_flatten(value)
         if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # a leaf of another type
@@ -843,7 +857,7 @@ class JaxProbe(Probe):
             copies = self._protected(name, [out[i] for i in arrays])
             for i, c in zip(arrays, copies, strict=True):
                 out[i] = c
-        self._logged.append((n, name, Tree(treedef, out)))
+        self._logged.extend((n, name, Tree(treedef, out)))
 
     def _protected(self, name: str, arrays: list[Any]) -> list[Any]:
         """Copies of ``arrays`` on their devices, made now (before the loop can donate
@@ -896,81 +910,105 @@ class JaxProbe(Probe):
         the session.  Never raises."""
         backend: JaxBackend = self.backend  # type: ignore[assignment]
         try:
-            block = take(self._step_rows, self._logged)
+            # The rows first, then the events: a step appends its event before its row,
+            # so every row taken has its event taken too (one taken early waits).
+            rows, values = take(self._step_rows, self._logged)
+            (events,) = take(self._row_events)
             with backend.compiles.ignoring(), host_reads.suspended(), \
                     jax.transfer_guard("allow"):
-                self._emit_rows(block.rows, final)
-                self._emit_values(block.values)
+                self._emit_rows(rows, events, final)
+                self._emit_values(values)
             self._record_backend_warnings()
             if self.recheck_every > 0 and self._rows_seen // self.recheck_every \
-                    > (self._rows_seen - len(block.rows)) // self.recheck_every:
+                    > (self._rows_seen - len(rows) // 2) // self.recheck_every:
                 self._describe()
         except Exception as exc:  # a probe must never break the loop
             self._warn_exc(exc)
 
-    def _emit_rows(self, rows: list[tuple[Any, ...]], final: bool) -> None:
-        backend: JaxBackend = self.backend  # type: ignore[assignment]
-        self._rows_seen += len(rows)
+    def _emit_rows(self, rows: list[Any], events: list[tuple[int, tuple[Any, ...], Any]],
+                   final: bool) -> None:
+        """A block's rows (flat: step, entry time, ...) as columns: the step times,
+        progress and, where a counter moved (and at the run's first step), the counter
+        deltas."""
+        base = self._rows_seen  # the row index of the block's first row
+        self._rows_seen += len(rows) // 2
+        steps, entries = rows[0::2], rows[1::2]
         if self._pending_row is not None:
-            rows = [self._pending_row, *rows]
-        if not rows:
+            n, entry, base = self._pending_row
+            steps.insert(0, n)
+            entries.insert(0, entry)
+        events = self._events_ahead + events
+        if not steps:
+            self._events_ahead = events
             return
         if final:
             self._pending_row = None
-            done, nxt = rows, self._close_entry or time.perf_counter()
+            nxt = self._close_entry or time.perf_counter()
         else:  # the last row's interval ends at the next entry, not seen yet
-            self._pending_row = rows[-1]
-            done, nxt = rows[:-1], rows[-1][1]
-        if not done:
+            held = base + len(steps) - 1
+            self._pending_row = (steps.pop(), entries.pop(), held)
+            nxt = self._pending_row[1]
+        end = base + len(steps)
+        self._events_ahead = [e for e in events if e[0] >= end]
+        if not steps:
             return
-        steps = [r[0] for r in done]
-        times = step_intervals([r[1] for r in done], nxt)
-        deltas = counter_deltas(self._last_cum, [r[2] for r in done])
-        self._last_cum = done[-1][2]
+        mine = [e for e in events if e[0] < end]
+        times = step_intervals(entries, nxt)
+        first = not self._rows_logged
+        changes = counter_changes(self._last_cum, [(e[0] - base, e[1]) for e in mine],
+                                  with_first=first)
+        if mine:
+            self._last_cum = mine[-1][1]
         columns: dict[str, list[float]] = {schema.M_STEP_TIME: times}
-        counters: dict[str, list[float]] = {}
-        for j, name in enumerate(backend.cumulative_names):
-            counters[name] = [float(d[j]) for d in deltas]
-        h2d = counters.get(schema.M_XFER_H2D)
-        if h2d is not None and backend._h2d is not None:
-            for n, c in zip(steps, h2d, strict=True):
-                backend.transfers_at(n, c)
-        columns.update(self._progress_columns(done))
+        columns.update(self._progress_columns(
+            len(steps), {e[0] - base: e[2] for e in mine if e[2]}))
         self._step_times.extend(times)
-        offset = self._wall_offset
-        stamps = [int((r[1] + offset) * 1000) for r in done]
-        first = self._rows_logged == 0
-        self._rows_logged += len(done)
+        stamps = ((np.asarray(entries) + self._wall_offset) * 1000).astype(np.int64).tolist()
+        self._rows_logged = True
         self.run.log_columns(steps, columns, stamps)
-        self._log_sparse(steps, stamps, counters, first)
+        if changes:
+            self._log_counters(steps, stamps, changes, first)
 
-    def _log_sparse(self, steps: list[int], stamps: list[int],
-                    counters: dict[str, list[float]], first: bool) -> None:
+    def _log_counters(self, steps: list[int], stamps: list[int],
+                      changes: list[tuple[int, list[float]]], first: bool) -> None:
         """Counters at the steps where they are not 0 (``TAG_SPARSE_COUNTERS``: readers
         put the 0s back), and every counter at the run's ``first`` step (each metric
         exists from the start); one ``log_columns`` per set of steps."""
-        groups: dict[tuple[int, ...], tuple[list[int], dict[str, list[float]]]] = {}
-        for name, col in counters.items():
-            at = [i for i, c in enumerate(col) if c != 0.0 or (first and i == 0)]
-            if not at:
-                continue
-            key = tuple(at)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = (at, {})
-            group[1][name] = [col[i] for i in at]
-        for at, cols in groups.values():
+        backend: JaxBackend = self.backend  # type: ignore[assignment]
+        groups: dict[tuple[int, ...], dict[str, list[float]]] = {}
+        for j, name in enumerate(backend.cumulative_names):
+            at = tuple(i for i, d in changes if d[j] != 0.0 or (first and i == 0))
+            if at:
+                groups.setdefault(at, {})[name] = [d[j] for i, d in changes if i in at]
+            if name == schema.M_XFER_H2D and backend._h2d is not None:
+                for i, d in changes:
+                    backend.transfers_at(steps[i], d[j])
+        for at, cols in groups.items():
             self.run.log_columns([steps[i] for i in at], cols, [stamps[i] for i in at])
 
-    def _progress_columns(self, rows: list[tuple[Any, ...]]) -> dict[str, list[float]]:
-        """Cumulative ``progress/samples`` and ``progress/tokens`` at each row (host
-        integers: the declared batch, or what :meth:`progress` said for that step)."""
-        if self.global_batch is None and not any(r[3] for r in rows):
+    def _progress_columns(self, k: int, overrides: Mapping[int, Mapping[str, Any]]
+                          ) -> dict[str, list[float]]:
+        """Cumulative ``progress/samples`` and ``progress/tokens`` at each of ``k`` rows
+        (host integers: the declared batch, or what :meth:`progress` said for that row,
+        ``overrides[i]``)."""
+        if self.global_batch is None and not overrides:
             return {}
+        if not overrides and type(self.global_batch) is int:  # one range, no loop
+            batch, per_sample = self.global_batch, self.tokens_per_sample
+            samples = list(range(self._samples + batch, self._samples + batch * k + 1,
+                                 batch)) if batch else [self._samples] * k
+            self._samples = samples[-1]
+            out = {schema.M_PROGRESS_SAMPLES: list(map(float, samples))}
+            if per_sample is not None:
+                tokens = [self._tokens + (s - samples[0] + batch) * per_sample
+                          for s in samples]
+                self._tokens = tokens[-1]
+                out[schema.M_PROGRESS_TOKENS] = list(map(float, tokens))
+            return out
         samples: list[float] = []
         tokens: list[float] = []
-        for r in rows:
-            over = r[3] or {}
+        for i in range(k):
+            over = overrides.get(i) or {}
             s = over.get("samples", self.global_batch)
             t = over.get("tokens")
             if t is None and s is not None and self.tokens_per_sample is not None:
@@ -982,9 +1020,9 @@ class JaxProbe(Probe):
                 self._tokens += t
                 tokens.append(float(self._tokens))
         out = {}
-        if len(samples) == len(rows):
+        if len(samples) == k:
             out[schema.M_PROGRESS_SAMPLES] = samples
-        if len(tokens) == len(rows):
+        if len(tokens) == k:
             out[schema.M_PROGRESS_TOKENS] = tokens
         return out
 
@@ -995,7 +1033,7 @@ class JaxProbe(Probe):
         if not values:
             return
         cols = columns(values, self._names_of)
-        read_columns(cols.values())
+        self._reader.read(cols)
         groups: dict[tuple[int, ...], dict[str, list[float]]] = {}
         for name, col in cols.items():
             steps, vals = self._take_column(name, col)
@@ -1042,6 +1080,13 @@ class JaxProbe(Probe):
                            "it); later values of it are copied when logged", n)
         return True
 
+    def flush(self) -> None:
+        """Hand everything logged so far to the session now, on the calling thread (what
+        the collector thread does once per flush interval): before a long pause, or where
+        a benchmark charges a block of steps with its own collection.  Never raises."""
+        if self._collector is not None and not self._closed:
+            self._guard(self._collector.collect_now)
+
     # --- end ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Collect what is left (waiting for the last values: training is over), then
@@ -1064,8 +1109,8 @@ class _JaxStep:
     :meth:`JaxBackend.end_step` are done here inline: the same assignments, a tenth of a
     microsecond less a step."""
 
-    __slots__ = ("_backend", "_compiles", "_cumulative", "_guarded", "_probe", "_reads",
-                 "_rows", "_tls", "n")
+    __slots__ = ("_backend", "_compiles", "_cumulative", "_events", "_guarded", "_probe",
+                 "_reads", "_rows", "_tls", "n")
 
     def __init__(self, probe: JaxProbe) -> None:
         self._probe = probe
@@ -1077,6 +1122,7 @@ class _JaxStep:
         self._reads = b._reads
         self._tls = host_reads.thread_state()
         self._rows = probe._step_rows
+        self._events = probe._row_events
         self.n = 0
 
     def __enter__(self) -> JaxProbe:
@@ -1114,7 +1160,11 @@ class _JaxStep:
         over = p._progress_override
         if over:
             p._progress_override = {}
-        self._rows.append((self.n, p._entry, self._cumulative(), over or None))
+        cum = self._cumulative()
+        if over or cum != p._cum_seen:  # before the row: see JaxProbe._collect
+            self._events.append((p._steps_done, cum, over or None))
+            p._cum_seen = cum
+        self._rows.extend((self.n, p._entry))
         p._steps_done += 1
         if p._steps_done == p._numerics_due:
             p._numerics_now()
@@ -1137,15 +1187,16 @@ class _ClosedStep:
         return None
 
 
-def _scalar_arrays(value: dict[Any, Any]) -> Tree | None:
+def _scalar_arrays(value: dict[Any, Any], known: Any = None) -> Tree | None:
     """A dictionary of one-element ``jax.Array`` values (gradient norms, per-layer
-    metrics: the commonest pytree logged a step), flattened; None for anything else,
-    which takes :meth:`JaxProbe._log_other`'s checks."""
+    metrics: the commonest pytree logged a step), flattened, its structure ``known`` when
+    equal to it (the structure flattening made is then dropped, not kept a step); None
+    for anything else, which takes :meth:`JaxProbe._log_other`'s checks."""
     leaves, treedef = tree_flatten(value)
     for leaf in leaves:
         if type(leaf) is not ArrayImpl or (leaf.shape and leaf.size != 1):
             return None
-    return Tree(treedef, leaves)
+    return Tree(known if known is not None and treedef == known else treedef, leaves)
 
 
 def _check_scalar(name: str, value: Any) -> None:

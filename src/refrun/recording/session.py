@@ -52,7 +52,7 @@ from refrun.limits import STEP_MAX, STEP_MIN
 from refrun.recording import delivery, process
 from refrun.recording.config import RecordingOptions, RunConfig, from_keywords
 from refrun.recording.delivery import SESSION_LOCK
-from refrun.recording.spool import RunStatus, Spool, SpoolMeta, disk_full, unlock
+from refrun.recording.spool import PointBlock, RunStatus, Spool, SpoolMeta, disk_full, unlock
 from refrun.recording.writer import SpoolWriter
 from refrun.settings import settings
 from refrun.store import mlflow_ui
@@ -261,7 +261,8 @@ class RunSession:
             step = int(step)
         ts = _now_ms() if timestamp_ms is None else int(timestamp_ms)
         q = self._writer.queue
-        max_queue = self._writer.max_queue
+        # what the queue's blocks hold beyond one point each, for the bound below
+        max_queue = self._writer.max_queue - (self._writer.queued_points() - len(q))
         valid_keys = self._valid_keys
         stats = self._stats
         isfinite = math.isfinite
@@ -321,7 +322,7 @@ class RunSession:
                         timestamps_ms: Sequence[int] | None) -> None:
         n = len(steps)
         steps = list(steps)
-        stamps = [_now_ms()] * n if timestamps_ms is None else [int(t) for t in timestamps_ms]
+        stamps = [_now_ms()] * n if timestamps_ms is None else list(map(int, timestamps_ms))
         if len(stamps) != n:
             raise ValueError(f"{len(stamps)} timestamps for {n} steps")
         cols: dict[str, list[Any]] = {}
@@ -353,13 +354,9 @@ class RunSession:
                                        f"{v} at step {step} (recorded as is)", step)
             st.count += n
             st.last = steps[-1]
-        # Row by row, in the order log_metrics would have queued them.
-        k = len(cols)
-        chain, repeat = itertools.chain.from_iterable, itertools.repeat
-        self._writer.queue.extend(zip(
-            list(cols) * n, chain(repeat(s, k) for s in steps),
-            chain(repeat(t, k) for t in stamps), chain(zip(*cols.values(), strict=True)),
-            strict=True))
+        # One object for the block; written row by row, in the order log_metrics would
+        # have queued the points.
+        self._writer.put_block(PointBlock(list(cols), steps, stamps, list(cols.values())))
 
     def _columns_fast(self, steps: list[Any], cols: dict[str, list[Any]]) -> bool:
         """Whether a block can be accepted column by column: int steps in range that
@@ -367,7 +364,7 @@ class RunSession:
         the queue for all of it (the point-by-point path counts what it cannot keep)."""
         if not (all(type(s) is int for s in steps) and steps[0] >= STEP_MIN
                 and steps[-1] <= STEP_MAX and all(a < b for a, b in itertools.pairwise(steps))
-                and len(self._writer.queue) + len(steps) * len(cols)
+                and self._writer.queued_points() + len(steps) * len(cols)
                 <= self._writer.max_queue):
             return False
         for key, values in cols.items():

@@ -21,7 +21,15 @@ from collections import deque
 from collections.abc import Callable
 
 from refrun.recording import delivery
-from refrun.recording.spool import Point, Spool, SpoolMeta, append_points, disk_full
+from refrun.recording.spool import (
+    Point,
+    PointBlock,
+    Spool,
+    SpoolMeta,
+    append_points,
+    count_points,
+    disk_full,
+)
 
 log = logging.getLogger("refrun")
 
@@ -47,7 +55,12 @@ class SpoolWriter(threading.Thread):
         self.flush_interval_s = flush_interval_s
         self.max_queue = max_queue
         self._warn = on_warning
-        self.queue: deque[Point] = deque()
+        self.queue: deque[Point | PointBlock] = deque()
+        # Points in queued blocks beyond one an item: added by the accepting thread,
+        # taken off by this one (queued_points).
+        self.block_points_in = 0
+        self.block_points_out = 0
+        self._in_lock = threading.Lock()
         # Tag/param changes: applied to the spool's metadata here, never on the training
         # thread (updating it takes an flock shared with the delivery process and fsyncs).
         self.meta_changes: deque[Callable[[SpoolMeta], None]] = deque()
@@ -127,12 +140,25 @@ class SpoolWriter(threading.Thread):
             for _ in range(n):
                 q.popleft()
 
+    def put_block(self, block: PointBlock) -> None:
+        """Queue a block of points (any thread)."""
+        with self._in_lock:
+            self.block_points_in += len(block) - 1
+        self.queue.append(block)
+
+    def queued_points(self) -> int:
+        """Points waiting in :attr:`queue` (a :class:`PointBlock` counts its points): what
+        :meth:`put_block` added beyond one an item, less what this thread took off."""
+        return len(self.queue) + self.block_points_in - self.block_points_out
+
     def _spool_queued(self, fd: int) -> None:
         q = self.queue
-        n = len(q)
-        if not n:
+        k = len(q)
+        if not k:
             return
-        points = [q.popleft() for _ in range(n)]
+        points = [q.popleft() for _ in range(k)]
+        n = count_points(points)
+        self.block_points_out += n - k
         if self.disk_full:
             self.points_dropped += n
             return
