@@ -88,7 +88,7 @@ import refrun.jax  # noqa: E402
 from refrun import schema  # noqa: E402
 from refrun.probes import jax_blocks  # noqa: E402
 from refrun.probes.chip_busy import BusySampling, ProfilerWindows, jax_sessions  # noqa: E402
-from refrun.probes.jax_blocks import precompile, read_arrays  # noqa: E402
+from refrun.probes.jax_blocks import ColumnReader, precompile, read_arrays  # noqa: E402
 from refrun.probes.monitors import PsutilMonitor  # noqa: E402
 
 ARMS = ("plain", "probed", "no-monitors", "no-log", "window", "burn")
@@ -480,9 +480,9 @@ def hot_path_us(store: str, spool: str) -> float:
     return statistics.median(reps)
 
 
-def read_costs(count: int = 512) -> tuple[float, float]:
+def read_costs(count: int = 512) -> tuple[float, float, float]:
     """Microseconds per value: ``jax.device_get`` of a list of ``count`` ready scalars, and
-    the probe's stacked read of them."""
+    the stacked read grouped value by value, and the collector's column read."""
     f = jax.jit(lambda x: (x * 1.0001, (x * 2).sum()))
     x, vals = jnp.ones(8), []
     for _ in range(count):
@@ -500,7 +500,13 @@ def read_costs(count: int = 512) -> tuple[float, float]:
             out.append(time.perf_counter() - t0)
         return min(out) / count * 1e6
 
-    return best(lambda: jax.device_get(vals)), best(lambda: read_arrays(vals))
+    def columns() -> None:  # a block of one column, as the probe's collector reads it
+        col = jax_blocks.Column("loss")
+        col.values = list(vals)
+        ColumnReader().read({"loss": col})
+
+    return (best(lambda: jax.device_get(vals)), best(lambda: read_arrays(vals)),
+            best(columns))
 
 
 def psutil_sample_ms() -> float:
@@ -856,9 +862,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}", flush=True)
     extra = {"probe's own thread CPU per step (empty step, one logged scalar)":
              f"{hot_path_us(store, spool):.2f} us"}
-    dg, st = read_costs()
-    extra["reading logged scalars, per value: jax.device_get(list) / the probe's stack"] = \
-        f"{dg:.2f} us / {st:.2f} us"
+    dg, st, col = read_costs()
+    extra["reading logged scalars, per value: jax.device_get(list) / read_arrays / the "
+          "collector's column read"] = f"{dg:.2f} us / {st:.2f} us / {col:.2f} us"
     extra["one psutil sample (sampler thread, once a second)"] = f"{psutil_sample_ms():.2f} ms"
     if args.known_load:
         extra["known load (chip sampler's windows vs a wall-clock expectation)"] = \

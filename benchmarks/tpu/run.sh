@@ -6,7 +6,7 @@
 # WHEELHOUSE: built here by scripts/build_wheelhouse.py and carried there.  Results go to
 # $OUT (the device tool's folder; default ./tpu-out): tpu-store.tgz (record), probe_cost.json
 # (cost), env.txt (what the machine is).  The install lands in .tpu-site of the clone and is
-# reused by a later command on the same machine.
+# reused by a later command on the same machine while the wheelhouse is the same.
 set -uo pipefail
 mode=${1:?usage: run.sh record|cost WHEELHOUSE [ARGS]}
 wheelhouse=${2:?usage: run.sh record|cost WHEELHOUSE [ARGS]}
@@ -18,13 +18,16 @@ mkdir -p "$OUT"
 site=$PWD/.tpu-site
 index=${TPU_INDEX:-file:///opt/pypi/simple}
 t0=$(date +%s)
-if [ ! -f "$site/.installed" ]; then
+# a warm machine keeps .tpu-site between commands: reinstall when the wheelhouse changed
+stamp=$(cat "$wheelhouse"/*.whl | sha256sum | cut -c1-16)
+if [ "$(cat "$site/.installed" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$site"
   # the wheelhouse carries what the machine's own index lacks (docs/offline-install.md);
   # scikit-learn ships the digits data set (the digits port reads its csv file).
   PIP_CONFIG_FILE=/dev/null sh "$wheelhouse/install.sh" "$site" "$index" 2>&1 | tail -5 \
     && PIP_CONFIG_FILE=/dev/null python3 -m pip install -q --target "$site" --only-binary :all: \
        --index-url "$index" --find-links "$wheelhouse" scikit-learn 2>&1 | tail -3 \
-    && touch "$site/.installed"
+    && echo "$stamp" > "$site/.installed"
 fi
 echo "install: $(( $(date +%s) - t0 )) s"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site:$PWD"

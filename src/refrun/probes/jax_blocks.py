@@ -37,6 +37,7 @@ evaluation or a checkpoint between steps includes it (the median is not moved by
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import threading
@@ -125,18 +126,38 @@ def read_arrays(arrays: Sequence[jax.Array]) -> list[float]:
             groups[key] = [i]
         else:
             group.append(i)
+    dispatched: list[tuple[list[int], jax.Array | None]] = []
     for idx in groups.values():
         for at in range(0, len(idx), CHUNK):
             part = idx[at:at + CHUNK]
             chunk = [arrays[i] for i in part]
             chunk += [chunk[-1]] * (CHUNK - len(chunk))
             try:
-                values = _floats(_stack(*chunk))
+                stacked = _stack(*chunk)
             except Exception:  # a deleted array, an odd sharding: one at a time
-                values = [_read_one(arrays[i]) for i in part]  # floats, LOST kept
-            for i, v in zip(part, values, strict=False):
-                out[i] = v
+                stacked = None
+            else:
+                _copy_soon(stacked)
+            dispatched.append((part, stacked))
+    for part, stacked in dispatched:
+        try:
+            values = _floats(stacked) if stacked is not None else None
+        except Exception:
+            values = None
+        if values is None:
+            values = [_read_one(arrays[i]) for i in part]  # floats, LOST kept
+        for i, v in zip(part, values, strict=False):
+            out[i] = v
     return out
+
+
+def _copy_soon(stacked: jax.Array) -> None:
+    """Start the stack's copy to the host now, so that the copies of a block's chunks are
+    in flight together: on the TPU v5e a stack dispatched and read one at a time cost
+    16.5 us a value (a device round trip per chunk of 64), ``jax.device_get`` of a list,
+    which starts every copy first, 3.4 us."""
+    with contextlib.suppress(Exception):  # the read reports what failed
+        stacked.copy_to_host_async()
 
 
 def _floats(stacked: jax.Array) -> list[float]:
@@ -280,6 +301,7 @@ class ColumnReader:
                 if stacked is None:
                     vals[at:at + CHUNK] = read_arrays(vals[at:at + CHUNK])
                 else:
+                    _copy_soon(stacked)
                     pending.append((vals, at, min(CHUNK, len(vals) - at), stacked))
         for vals, at, k, stacked in pending:
             try:
