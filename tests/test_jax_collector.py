@@ -25,7 +25,7 @@ import refrun
 import refrun.jax
 from refrun import schema
 from refrun.probes import jax_blocks
-from refrun.probes.jax_blocks import ColumnReader, Column, Tree, columns
+from refrun.probes.jax_blocks import Column, ColumnReader, Tree, columns
 
 pytestmark = pytest.mark.usefixtures("deliver_in_process")
 
@@ -67,20 +67,52 @@ def test_sliced_columns_equal_value_by_value_columns_on_any_block() -> None:
     assert 50 < shapes < 300  # both paths were taken
 
 
-def test_a_column_of_mixed_dtypes_is_read_exactly() -> None:
+@pytest.mark.parametrize("per_value", [False, True])
+def test_a_column_of_mixed_dtypes_is_read_exactly(per_value: bool) -> None:
     big = 2 ** 24 + 1  # not a float32
     ints = [jnp.int32(big + i) for i in range(70)]
     floats = [jnp.float32(i / 3) for i in range(70)]
     mixed = [x for pair in zip(ints, floats, strict=True) for x in pair]
     uniform = [jnp.float32(i / 7) for i in range(130)]
-    reader = ColumnReader()
+    reader = ColumnReader(per_value=per_value)
     for _ in range(2):  # the second time the column is known to be mixed
         cols = {"m": Column("m"), "u": Column("u")}
         cols["m"].values, cols["u"].values = list(mixed), list(uniform)
         reader.read(cols)
         assert cols["m"].values == [float(x) for x in mixed]  # jax's own reads, one by one
         assert cols["u"].values == [float(x) for x in uniform]
-        assert reader.mixed == {"m"}
+        assert reader.mixed == (set() if per_value else {"m"})
+
+
+@pytest.mark.parametrize("per_value", [False, True])
+def test_a_deleted_array_in_a_column_is_lost_and_the_rest_exact(per_value: bool) -> None:
+    vals = [jnp.float32(i / 9) for i in range(100)]
+    expected = [float(x) for x in vals]
+    gone = jnp.float32(5.0)
+    gone.delete()
+    col = Column("loss")
+    col.values = [*vals[:40], gone, *vals[40:]]
+    ColumnReader(per_value=per_value).read({"loss": col})
+    assert type(col.values[40]) is jax_blocks.LostValue
+    assert col.values[:40] + col.values[41:] == expected
+
+
+def test_the_read_path_is_the_faster_one_measured_and_recorded(store) -> None:
+    path = jax_blocks.choose_read_path(count=64)
+    assert path.per_value == (path.per_value_us < path.stacked_us)
+    assert path.stacked_us > 0 and path.per_value_us > 0
+    run = refrun.start_run("jax-read-path", "candidate", hardware="cpu", backend="jax",
+                           tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                           snapshot_environment=False)
+    probe = refrun.jax.instrument(run, monitors=None)
+    with probe.step(0):
+        probe.log(loss=jnp.float32(0.5))
+    probe.close()
+    run.close()
+    tag = store.client().get_run(run.run_id).data.tags[schema.TAG_JAX_READ_PATH]
+    chosen = "per value" if probe._reader.per_value else "stacked"
+    assert tag.startswith(chosen + " (measured at start: stacked ")
+    assert sorted(store.points(run.run_id, "loss")) == [(0, 0.5)]
 
 
 def test_progress_and_moved_counters_are_exact_across_many_blocks(store) -> None:

@@ -109,11 +109,12 @@ def test_counting_adds_no_sync_and_no_compilation(store) -> None:
         if ev.endswith("backend_compile_duration"):
             compiles.append(ev)
 
-    jax.monitoring.register_event_duration_secs_listener(on_compile)
     run = start(store)
+    # fresh_caches=False keeps the executable above: any compilation in the steps would be
+    # the counter's (the probe's own, when it starts, are made before the loop)
+    probe = refrun.jax.instrument(run, step_fns=[heavy_jit], fresh_caches=False)
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
     try:
-        # fresh_caches=False keeps the executable above: any compilation would be ours
-        probe = refrun.jax.instrument(run, step_fns=[heavy_jit], fresh_caches=False)
         ready_at_exit, read_ready = [], []
         for n in range(4):
             with probe.step(n):

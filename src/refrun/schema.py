@@ -253,6 +253,9 @@ TAG_JAX_TRANSFERS = "refrun.jax.h2d_transfers"  # total implicit h2d transfers c
 # Which host reads of jax.Arrays inside the step are counted as xfer/host_syncs
 # ("counted: ...", or "off (...)"): refrun.probes.host_reads.
 TAG_JAX_HOST_READS = "refrun.jax.host_reads"
+# How the JAX probe reads logged values on this machine: "stacked" or "per value", with
+# the microseconds a value each way took when the probe started (jax_blocks.ReadPath).
+TAG_JAX_READ_PATH = "refrun.jax.read_path"
 # Names logged with probe.log whose arrays the loop donated (or deleted) after logging them;
 # their values are copied on the device when logged, so they stay exact (comma-separated).
 TAG_JAX_DONATED_LOGGED = "refrun.jax.donated_logged"

@@ -79,6 +79,7 @@ from refrun.probes.jax_blocks import (
     ColumnReader,
     LostValue,
     Tree,
+    choose_read_path,
     columns,
     counter_changes,
     precompile,
@@ -507,6 +508,7 @@ class JaxBackend(BackendBase):
         self.mesh = mesh
         self.placement: dict[str, dict[str, Any]] = {}
         self.lost_values = 0
+        self.read_path = "stacked (not measured)"  # how logged values are read (the probe)
         # Logged names -> whether the loop donates (deletes) their arrays after logging
         # them: True copies each value when logged, False never; absent/None: not known
         # yet (the first value is copied and watched: JaxProbe).
@@ -622,6 +624,7 @@ class JaxBackend(BackendBase):
             schema.TAG_JAX_TRANSFER_GUARD: self.transfer_guard or "off",
             schema.TAG_JAX_FRESH_CACHES: str(self.fresh_caches).lower(),
             schema.TAG_JAX_HOST_READS: self.read_coverage.text(),
+            schema.TAG_JAX_READ_PATH: self.read_path,
             schema.TAG_JAX_STEP_FUNCTIONS: ",".join(sorted(self.compiles.step_names))
             if self.compiles.step_names else "(called through jit/pmap)",
         }
@@ -773,8 +776,12 @@ class JaxProbe(Probe):
         self._donated = backend.donated  # the same dict, one attribute read less per log
         self._wall_offset = time.time() - time.perf_counter()
         self._scope = _JaxStep(self)
-        with backend.compiles.ignoring():  # the probe's own compilation, not the run's
+        with backend.compiles.ignoring():  # the probe's own compilations, not the run's
             self._guard(precompile)
+            path = self._guard(choose_read_path)
+        if path is not None:
+            self._reader = ColumnReader(per_value=path.per_value)
+            backend.read_path = path.text()
         self._collector = BlockCollector(self._collect, _flush_interval(self.run))
         self._collector.start(backend.compiles.ignore_this_thread)
 
