@@ -164,12 +164,15 @@ class Store:
                 "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
                                                os.environ.get("PYTHONPATH", "")])}
 
-    def points(self, run_id: str, metric: str) -> list[tuple[int, float]]:
+    def points(self, run_id: str, metric: str, allow_gaps: bool = False
+               ) -> list[tuple[int, float]]:
         """``(step, value)`` of one metric as every reader gets it (``load_run``: the curves
-        artifact, counters a probe wrote sparsely made dense), in logging order."""
+        artifact, counters a probe wrote sparsely made dense), in logging order; a run with
+        points missing is refused unless ``allow_gaps``."""
         from refrun.comparison import load_run
 
-        run = load_run(run_id, [metric], tracking_uri=self.tracking_uri, progress=False)
+        run = load_run(run_id, [metric], tracking_uri=self.tracking_uri, progress=False,
+                       allow_gaps=allow_gaps)
         if metric not in run.metric_names:
             return []
         steps, values, seq = run.series(metric)

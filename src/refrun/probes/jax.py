@@ -1051,7 +1051,7 @@ class JaxProbe(Probe):
 
     def _take_column(self, name: str, col: Column) -> tuple[list[int], list[float]]:
         """:meth:`_take` for a whole column: values that could not be read are dropped
-        (warned once, counted in the backend's ``lost_values``; their name is copied when
+        (warned once, counted in ``refrun.dropped``; their name is copied when
         logged from now on), a non-finite loss warns once."""
         steps, vals = col.steps, col.values
         if any(type(v) is LostValue for v in vals):
@@ -1082,9 +1082,9 @@ class JaxProbe(Probe):
     def _lost(self, n: int, name: str) -> bool:
         """A value that could not be read: counted and warned once per name; True."""
         self.backend.lost_values += 1  # type: ignore[attr-defined]
-        self.run.warn_once(f"jax-lost:{name}", f"{name} at step {n} could not be read "
-                           "(its buffer was deleted or donated before the probe read "
-                           "it); later values of it are copied when logged", n)
+        self.run.drop(f"jax-lost:{name}", f"{name} at step {n} could not be read (its "
+                      "buffer was deleted or donated before the probe read it; counted in "
+                      f"{schema.TAG_DROPPED}); later values of it are copied when logged", n)
         return True
 
     def flush(self) -> None:

@@ -249,6 +249,15 @@ class RunSession:
             self._refuse(f"refused:{kind}:{name}"[:120], reason, n, step,
                          str(name)[:limits.KEY_LENGTH], kind)
 
+    def drop(self, name: str, message: str, step: int | None = None, n: int = 1) -> None:
+        """Count ``n`` values a probe took and could not keep (a device buffer deleted
+        before it was read) in ``refrun.dropped``, which readers judge (a run missing
+        points is incomplete, never passed), and warn once per ``name`` with ``message``.
+        Never raises."""
+        with contextlib.suppress(Exception):  # accounting must never break the loop
+            self._dropped += n
+            self.warn_once(f"dropped:{name}"[:120], message, step)
+
     def _accept(self, step: Any, metrics: Mapping[str, Any], timestamp_ms: int | None) -> None:
         # The training thread's per-point cost: plain-int steps and float values skip the
         # general checks; a metric name is checked once, then it is a set lookup.
