@@ -9,8 +9,9 @@ What it measures, and how, without adding a host sync to the loop:
   it would be gone by then, so the first value of every name is copied on the device and
   the name watched: if the original is deleted by the end of the next step, every value
   of that name is copied when logged (tag ``refrun.jax.donated_logged``); otherwise none
-  is.  A value found deleted later anyway is lost, said in a warning, and its name copied
-  from then on.
+  is.  A value found deleted later anyway is lost, said in a warning, counted in
+  ``refrun.dropped`` (a run with a gap is never judged whole), and its name copied from
+  then on.
 * **Step time** (``perf/step_time_s``, kind ``interval``): the time from a step's entry to
   the next step's entry (the last step's: to ``probe.close()``), one clock read per step on
   the training thread.  Exact for a host-bound loop; a device-bound loop is paced by the
