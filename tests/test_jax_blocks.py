@@ -28,11 +28,11 @@ from refrun import schema
 from refrun.comparison.loading import dense_counters, sparse_counters
 from refrun.errors import RefrunInputError
 from refrun.probes.jax_blocks import (
+    ColumnReader,
     LostValue,
     Tree,
     columns,
     counter_changes,
-    read_columns,
     step_intervals,
 )
 
@@ -82,7 +82,7 @@ def test_a_block_becomes_one_column_per_metric_read_in_place() -> None:
     cols = columns([x for entry in block for x in entry],  # flat, as the probe keeps it
                    lambda name, _: [f"{name}/a", f"{name}/b"])
     assert list(cols) == ["loss", "g/a", "g/b", "h"]
-    read_columns(cols)
+    ColumnReader().read(cols)
     assert cols["loss"].steps == [0, 1, 2, 3]
     assert cols["loss"].values[:3] == [0.0, 2.0, 4.0]
     assert type(cols["loss"].values[3]) is LostValue

@@ -501,9 +501,7 @@ def read_costs(count: int = 512) -> tuple[float, float, float]:
         return min(out) / count * 1e6
 
     def columns() -> None:  # a block of one column, as the probe's collector reads it
-        col = jax_blocks.Column("loss")
-        col.values = list(vals)
-        ColumnReader().read({"loss": col})
+        ColumnReader().read({"loss": jax_blocks.Column("loss", values=list(vals))})
 
     return (best(lambda: jax.device_get(vals)), best(lambda: read_arrays(vals)),
             best(columns))

@@ -47,8 +47,7 @@ def report(name: str, losses: list[jax.Array]) -> None:
                      count)
 
     def column() -> None:
-        col = jax_blocks.Column("loss")
-        col.values = list(losses[:count])
+        col = jax_blocks.Column("loss", values=list(losses[:count]))
         jax_blocks.ColumnReader().read({"loss": col})
 
     get = per_value(lambda: jax.device_get(losses[:count]), count)

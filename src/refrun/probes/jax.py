@@ -508,7 +508,6 @@ class JaxBackend(BackendBase):
         self.declared_hardware = hardware
         self.mesh = mesh
         self.placement: dict[str, dict[str, Any]] = {}
-        self.lost_values = 0
         self.read_path = "stacked (not measured)"  # how logged values are read (the probe)
         # Logged names -> whether the loop donates (deletes) their arrays after logging
         # them: True copies each value when logged, False never; absent/None: not known
@@ -759,7 +758,6 @@ class JaxProbe(Probe):
     _wall_offset: float = field(default=0.0, repr=False)
     _close_entry: float | None = field(default=None, repr=False)
     _rows_seen: int = field(default=0, repr=False)
-    _rows_logged: bool = field(default=False, repr=False)  # the first step's counters are out
     # (logged name, the arrays as logged, steps done when the decision is due)
     _probing: list[tuple[str, list[Any], int]] = field(default_factory=list, repr=False)
     _leaf_names: dict[tuple[str, Any], list[str]] = field(default_factory=dict, repr=False)
@@ -962,7 +960,7 @@ class JaxProbe(Probe):
             return
         mine = [e for e in events if e[0] < end]
         times = step_intervals(entries, nxt)
-        first = not self._rows_logged
+        first = base == 0  # the run's first row: every counter gets a point there
         changes = counter_changes(self._last_cum, [(e[0] - base, e[1]) for e in mine],
                                   with_first=first)
         if mine:
@@ -972,7 +970,6 @@ class JaxProbe(Probe):
             len(steps), {e[0] - base: e[2] for e in mine if e[2]}))
         self._step_times.extend(times)
         stamps = ((np.asarray(entries) + self._wall_offset) * 1000).astype(np.int64).tolist()
-        self._rows_logged = True
         self.run.log_columns(steps, columns, stamps)
         if changes:
             self._log_counters(steps, stamps, changes, first)
@@ -985,9 +982,10 @@ class JaxProbe(Probe):
         backend: JaxBackend = self.backend  # type: ignore[assignment]
         groups: dict[tuple[int, ...], dict[str, list[float]]] = {}
         for j, name in enumerate(backend.cumulative_names):
-            at = tuple(i for i, d in changes if d[j] != 0.0 or (first and i == 0))
-            if at:
-                groups.setdefault(at, {})[name] = [d[j] for i, d in changes if i in at]
+            kept = [(i, d[j]) for i, d in changes if d[j] != 0.0 or (first and i == 0)]
+            if kept:
+                at, vals = zip(*kept, strict=True)
+                groups.setdefault(at, {})[name] = list(vals)
             if name == schema.M_XFER_H2D and backend._h2d is not None:
                 for i, d in changes:
                     backend.transfers_at(steps[i], d[j])
@@ -1003,13 +1001,12 @@ class JaxProbe(Probe):
             return {}
         if not overrides and type(self.global_batch) is int:  # one range, no loop
             batch, per_sample = self.global_batch, self.tokens_per_sample
-            samples = list(range(self._samples + batch, self._samples + batch * k + 1,
-                                 batch)) if batch else [self._samples] * k
+            before = self._samples
+            samples = [before + batch * i for i in range(1, k + 1)]
             self._samples = samples[-1]
             out = {schema.M_PROGRESS_SAMPLES: list(map(float, samples))}
             if per_sample is not None:
-                tokens = [self._tokens + (s - samples[0] + batch) * per_sample
-                          for s in samples]
+                tokens = [self._tokens + (s - before) * per_sample for s in samples]
                 self._tokens = tokens[-1]
                 out[schema.M_PROGRESS_TOKENS] = list(map(float, tokens))
             return out
@@ -1081,8 +1078,8 @@ class JaxProbe(Probe):
         return names
 
     def _lost(self, n: int, name: str) -> bool:
-        """A value that could not be read: counted and warned once per name; True."""
-        self.backend.lost_values += 1  # type: ignore[attr-defined]
+        """A value that could not be read: counted in ``refrun.dropped`` and warned once
+        per name; True."""
         self.run.drop(f"jax-lost:{name}", f"{name} at step {n} could not be read (its "
                       "buffer was deleted or donated before the probe read it; counted in "
                       f"{schema.TAG_DROPPED}); later values of it are copied when logged", n)

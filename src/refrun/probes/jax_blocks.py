@@ -1,13 +1,14 @@
 """What the JAX probe keeps per step, and how a block of steps reaches the session.
 
 The training thread of a millisecond TPU step has a few microseconds to spare (1 % of it),
-so a step leaves only two small records behind, appended to lists (no copy, no thread
-hand-off, no dictionary):
+so a step leaves only small records behind, extending flat lists (no copy, no thread
+hand-off, no object of its own for the garbage collector to count):
 
-* a **row** per step: ``(step, entry time, cumulative counters ...)``, the counters being
-  plain integers the probe already keeps (compilations, host reads, transfer lines);
-* a **value** per logged name: ``(step, name, value)``, the value a ``jax.Array`` as the
-  step returned it (or a Python number, or the leaves of a pytree).
+* a **row** per step: ``step, entry time``; and, only where one of the cumulative
+  counters (compilations, host reads, transfer lines: plain integers the probe already
+  keeps) moved, an event ``(row index, counters, progress)``;
+* a **value** per logged name: ``step, name, value``, the value a ``jax.Array`` as the
+  step returned it (or a Python number, or a :class:`Tree`).
 
 A :class:`BlockCollector` thread wakes once per flush interval, takes what was appended
 since (list slicing and deletion are single operations, so nothing the training thread
@@ -18,9 +19,11 @@ appends meanwhile is lost), and does the rest off the training thread:
   of one read per array (on this machine 0.7 us a value against 22 us for
   ``jax.device_get`` of a list, 16 us for ``float(x)``: the transfer's fixed cost dominates
   a scalar).  The stack runs on the device after the arrays it reads; waiting for it
-  releases the GIL.  Its compilations (one per dtype, weak type, sharding, commitment
-  and shape; the commonest compiled when the probe starts, outside any step) are the
-  probe's own and never counted (:meth:`refrun.probes.jax.CompileTracker.ignore_this_thread`);
+  releases the GIL.  Its compilations (one per :func:`signature`; the commonest compiled
+  when the probe starts, outside any step) are the probe's own and never counted
+  (:meth:`refrun.probes.jax.CompileTracker.ignore_this_thread`).  Where reading each
+  array on its own is faster (the TPU v5e), the probe does that instead: measured when
+  it starts (:func:`choose_read_path`);
 * **rows**: per-step counter deltas and the step time, handed to the session as columns
   in one :meth:`~refrun.recording.session.RunSession.log_columns` call per block.
 
@@ -175,14 +178,15 @@ def _read_one(a: jax.Array) -> float:
 
 class Column:
     """One metric's points of a block, in log order: ``steps[i]`` and ``values[i]`` (a
-    ``jax.Array`` until :func:`read_columns`, then a float; :data:`LOST` where it could
+    ``jax.Array`` until a :class:`ColumnReader` reads it, then a float; :data:`LOST` where it could
     not be read), and the names it was logged under (a pytree leaf: its tree's name)."""
 
     __slots__ = ("logged_as", "steps", "values")
 
-    def __init__(self, logged_as: str) -> None:
-        self.steps: list[int] = []
-        self.values: list[Any] = []
+    def __init__(self, logged_as: str, steps: list[int] | None = None,
+                 values: list[Any] | None = None) -> None:
+        self.steps: list[int] = [] if steps is None else steps
+        self.values: list[Any] = [] if values is None else values
         self.logged_as = {logged_as}
 
 
@@ -238,9 +242,7 @@ def _periodic_columns(steps: list[int], names: list[str], vals: list[Any],
         for metric, metric_vals in made:
             if metric in out:  # a leaf named as another logged name: merged value by value
                 return None
-            col = out[metric] = Column(name)
-            col.steps = list(col_steps)
-            col.values = metric_vals
+            out[metric] = Column(name, list(col_steps), metric_vals)
     return out
 
 
@@ -377,15 +379,9 @@ def choose_read_path(count: int = 512, repeats: int = 3) -> ReadPath:
         return min(times) / count * 1e6
 
     fresh()
-    stacked = best(lambda v: ColumnReader().read({"x": _column(v)}))
+    stacked = best(lambda v: ColumnReader().read({"x": Column("x", values=v)}))
     one = best(lambda v: [_read_one(a) for a in v])
     return ReadPath(one < stacked, stacked, one)
-
-
-def _column(values: list[Any]) -> Column:
-    col = Column("x")
-    col.values = values
-    return col
 
 
 def _read_general(cols: Iterable[Column]) -> None:
@@ -406,12 +402,6 @@ def _read_general(cols: Iterable[Column]) -> None:
                 vals[i] = float(v)
     for (vals, i), value in zip(where, read_arrays(arrays), strict=True):
         vals[i] = value
-
-
-def read_columns(cols: Mapping[str, Column]) -> None:
-    """Read ``cols`` in place with a :class:`ColumnReader` of their own (a probe keeps
-    one for the run, so a mixed column is found once)."""
-    ColumnReader().read(cols)
 
 
 def take(*shared: list[Any]) -> list[list[Any]]:
@@ -439,9 +429,9 @@ def counter_changes(previous: Sequence[float], at: Sequence[tuple[int, Sequence[
     """``(i, deltas)`` for each ``(i, cumulative counters)`` of ``at`` -- the rows where a
     step's counters differed from the row before (``previous`` before the first), in
     order -- its deltas as floats, with row 0's (all 0) first when ``with_first`` and
-    ``at`` has none for it.  The step
-    compares its counters with the last ones it kept (one tuple comparison), so a block
-    of steps that compiled and read nothing costs nothing here."""
+    ``at`` has none for it.  The step compares its counters with the last ones it kept
+    (one tuple comparison), so a block of steps that compiled and read nothing costs
+    nothing here."""
     out: list[tuple[int, list[float]]] = []
     if with_first and (not at or at[0][0] != 0):
         out.append((0, [0.0] * len(previous)))
