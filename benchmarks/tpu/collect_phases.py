@@ -41,6 +41,7 @@ def phases(name: str, steps: int, reps: int, live: bool) -> dict[str, float]:
                            flush_interval_s=3600)
     probe = refrun.jax.instrument(run, step_fns=w.fns, monitors=None)
     backend = probe.backend
+    print(f"[{name}] read path: {backend.read_path}")
     state, n = w.init(), 0
     sums: dict[str, float] = {}
     for rep in range(reps + 1):
