@@ -114,3 +114,31 @@ def test_a_queued_block_is_written_as_the_lines_of_its_points_in_row_order(tmp_p
     assert lines == [f"{k}\t{s}\t{t}\t{v!r}" for k, s, t, v in expected]
     got = read_points_file(spool.points_path)
     assert len(got) == 8 and math.copysign(1.0, got["value"].iloc[-1]) == -1.0
+
+
+def test_a_block_formats_as_its_points_one_line_each_for_any_floats() -> None:
+    """The writer's column-wise formatting of a block is the per-point line format,
+    ``key\\tstep\\tstamp\\trepr(value)``, for floats of every kind (random bits, nan,
+    +-inf, -0.0, subnormals); an empty block writes nothing; columns of the wrong length
+    are refused, not truncated."""
+    import struct
+
+    import numpy as np
+
+    from refrun.recording.spool import PointBlock, format_points
+
+    rng = np.random.default_rng(3)
+    n = 257
+    bits = rng.integers(0, 2**63, size=3 * n, dtype=np.int64)
+    weird = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.0]
+    vals = [struct.unpack("<d", struct.pack("<q", int(b)))[0] for b in bits] + weird
+    keys = ["loss", "grad_norm/w", "perf/step_time_s"]
+    steps = list(range(10, 10 + len(vals) // 3))
+    stamps = [T0 + 7 * i for i in range(len(steps))]
+    cols = [vals[j::3][:len(steps)] for j in range(3)]
+    block = PointBlock(keys, steps, stamps, cols)
+    expected = "".join(f"{k}\t{s}\t{t}\t{v!r}\n" for k, s, t, v in block.points())
+    assert format_points([("x", 1, T0, 2.5), block]).decode() == f"x\t1\t{T0}\t2.5\n" + expected
+    assert format_points([PointBlock(keys, [], [], [[], [], []])]) == b""
+    with pytest.raises(ValueError, match="one value per step"):
+        format_points([PointBlock(keys, steps, stamps, [c[:-1] for c in cols])])
