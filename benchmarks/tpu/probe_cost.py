@@ -26,8 +26,11 @@ Arms, each a block of ``--steps`` steps per round, in an order drawn at random p
 * ``plain``: the loop without refrun;
 * ``probed``: ``refrun.jax.instrument`` as a user gets it (psutil, device memory, chip
   utilisation) with ``probe.step`` + ``probe.log`` each step;
-* ``no-monitors``: the same with ``monitors=None`` (the hot path, collector and delivery
-  alone);
+* ``buffered``: as ``probed``, the step's scalars written into a metrics buffer inside
+  the jitted step (``probe.metrics_buffer`` + ``probe.log_buffer``: the step compiled
+  once more with the buffer as an argument, donated) instead of ``probe.log``;
+* ``no-monitors``: the same as ``probed`` with ``monitors=None`` (the hot path, collector
+  and delivery alone);
 * ``no-log``: ``probe.step`` only (``monitors=None``);
 * ``window``: ``no-monitors`` plus one profiler window of the chip-utilisation sampler
   forced into the middle of every block (what one window costs the training thread);
@@ -91,8 +94,8 @@ from refrun.probes.chip_busy import BusySampling, ProfilerWindows, jax_sessions 
 from refrun.probes.jax_blocks import ColumnReader, precompile, read_arrays  # noqa: E402
 from refrun.probes.monitors import PsutilMonitor  # noqa: E402
 
-ARMS = ("plain", "probed", "no-monitors", "no-log", "window", "burn")
-PROBED_ARMS = ("probed", "no-monitors", "no-log", "window")
+ARMS = ("plain", "probed", "buffered", "no-monitors", "no-log", "window", "burn")
+PROBED_ARMS = ("probed", "buffered", "no-monitors", "no-log", "window")
 
 
 # --- statistics --------------------------------------------------------------------------------
@@ -147,6 +150,12 @@ class Workload:
     init: Callable[[], Any]
     step: Callable[[Any, int], tuple[Any, Any, Any]]
     fns: list[Any]
+    # The ``buffered`` arm: the step calls ``call[0]`` (the jitted step, or a wrapper
+    # that also writes the step's scalars into a metrics buffer); ``donate``: the jitted
+    # step's donated arguments; ``metrics``: a step output's logged scalars by name.
+    call: list[Any] = field(default_factory=list)
+    donate: tuple[int, ...] = ()
+    metrics: Callable[[tuple[Any, ...]], dict[str, Any]] = lambda out: {"loss": out[-1]}
 
 
 def gru(size: tuple[int, int, int, int, int], name: str = "gru") -> Workload:
@@ -185,6 +194,7 @@ def gru(size: tuple[int, int, int, int, int], name: str = "gru") -> Workload:
         return p, m, v, t + 1, loss
 
     fn = jax.jit(gru_step, donate_argnums=(0, 1, 2))
+    call = [fn]
     rng = np.random.default_rng(0)
     data = [jnp.asarray(rng.integers(0, V, (B, T + 1)), jnp.int32) for _ in range(16)]
     batches = [(d[:, :-1], d[:, 1:]) for d in data]
@@ -196,10 +206,36 @@ def gru(size: tuple[int, int, int, int, int], name: str = "gru") -> Workload:
 
     def step(state: Any, n: int) -> tuple[Any, Any, Any]:
         p, m, v, t = state
-        p, m, v, t, loss = fn(p, m, v, t, *batches[n % 16])
+        p, m, v, t, loss = call[0](p, m, v, t, *batches[n % 16])
         return (p, m, v, t), loss, None
 
-    return Workload(name, f"GRU LM V,E,H,T,B={V},{E},{H},{T},{B}, Adam", init, step, [fn])
+    return Workload(name, f"GRU LM V,E,H,T,B={V},{E},{H},{T},{B}, Adam", init, step, [fn],
+                    call, (0, 1, 2))
+
+
+def _port_metrics(out: tuple[Any, ...]) -> dict[str, Any]:
+    """A port step's logged scalars, named as ``probe.log(loss=..., grad_norm=...)``
+    names them."""
+    return refrun.jax.flatten_pytree({"loss": out[-2], "grad_norm": out[-1]})
+
+
+def buffered_call(w: Workload, arm: Arm) -> Callable[..., Any]:
+    """``w``'s jitted step with the same arguments and outputs, compiled once more with a
+    metrics buffer (``arm.buf``) written inside it and donated with the step's own
+    donated arguments: what a user of ``probe.metrics_buffer`` writes."""
+    fn = w.fns[0]
+
+    def with_buffer(buf: Any, *args: Any) -> tuple[Any, Any]:
+        out = fn(*args)
+        return out, buf.record(**w.metrics(out))
+
+    jitted = jax.jit(with_buffer, donate_argnums=(0, *(i + 1 for i in w.donate)))
+
+    def call(*args: Any) -> Any:
+        out, arm.buf = jitted(arm.buf, *args)
+        return out
+
+    return call
 
 
 def one_device_mesh() -> Any:
@@ -223,6 +259,7 @@ def digits() -> Workload:
     names = tuple(layer_names(cfg.sizes))
     fn = make_train_step(mesh, names, cfg.lr, cfg.momentum, cfg.clip_norm, reduction="mean",
                          clip_per_device=False, block_first=False)
+    call = [fn]
     rng = np.random.default_rng(0)
     xs = rng.random((16, cfg.batch, cfg.sizes[0]), dtype=np.float32)
     ys = rng.integers(0, cfg.sizes[-1], (16, cfg.batch)).astype(np.int32)
@@ -232,11 +269,11 @@ def digits() -> Workload:
         return p, replicated(mesh, {k: jnp.zeros_like(v) for k, v in p.items()})
 
     def step(state: Any, n: int) -> tuple[Any, Any, Any]:
-        params, mom, loss, norms = fn(*state, xs[n % 16], ys[n % 16])  # NumPy batches
+        params, mom, loss, norms = call[0](*state, xs[n % 16], ys[n % 16])  # NumPy batches
         return (params, mom), loss, norms
 
     return Workload("digits", f"pipelines.digits JAX port, MLP {cfg.sizes}, batch "
-                    f"{cfg.batch}, SGD momentum", init, step, [fn])
+                    f"{cfg.batch}, SGD momentum", init, step, [fn], call, (0, 1), _port_metrics)
 
 
 def charlm() -> Workload:
@@ -248,6 +285,7 @@ def charlm() -> Workload:
     cfg = load_config()
     mesh = one_device_mesh()
     fn = make_train_step(mesh, cfg, frozenset())
+    call = [fn]
     rng = np.random.default_rng(0)
     xs = rng.integers(0, VOCAB, (16, cfg.batch, cfg.context + 1)).astype(np.int32)
     keeps = [dropout_mask(0, n, (cfg.batch, cfg.context, cfg.d_model), cfg.dropout)
@@ -261,13 +299,13 @@ def charlm() -> Workload:
 
     def step(state: Any, n: int) -> tuple[Any, Any, Any]:
         w = xs[n % 16]
-        params, m, v, loss, norms = fn(*state, w[:, :-1], w[:, 1:], keeps[n % 16],
+        params, m, v, loss, norms = call[0](*state, w[:, :-1], w[:, 1:], keeps[n % 16],
                                        schedule(cfg, n % cfg.steps, True))
         return (params, m, v), loss, norms
 
     return Workload("charlm", f"pipelines.charlm JAX port, transformer d={cfg.d_model} "
                     f"L={cfg.n_layer} T={cfg.context}, batch {cfg.batch}, Adam", init, step,
-                    [fn])
+                    [fn], call, (0, 1, 2), _port_metrics)
 
 
 def markov() -> Workload:
@@ -278,6 +316,7 @@ def markov() -> Workload:
     cfg = load_config()
     mesh = one_device_mesh()
     fn = make_train_step(mesh, cfg, frozenset())
+    call = [fn]
     rng = np.random.default_rng(0)
     xs = rng.integers(0, cfg.symbols, (16, cfg.batch, cfg.length)).astype(np.int32)
     ys = rng.integers(0, cfg.classes, (16, cfg.batch)).astype(np.int32)
@@ -289,11 +328,12 @@ def markov() -> Workload:
         return p, m, replicated(mesh, {k: jnp.zeros_like(v) for k, v in p.items()})
 
     def step(state: Any, n: int) -> tuple[Any, Any, Any]:
-        params, m, v, loss, norms = fn(*state, xs[n % 16], ys[n % 16], schedule(cfg, n))
+        params, m, v, loss, norms = call[0](*state, xs[n % 16], ys[n % 16], schedule(cfg, n))
         return (params, m, v), loss, norms
 
     return Workload("markov", f"pipelines.markov JAX port, GRU E={cfg.embed} H={cfg.hidden} "
-                    f"T={cfg.length}, batch {cfg.batch}, Adam", init, step, [fn])
+                    f"T={cfg.length}, batch {cfg.batch}, Adam", init, step, [fn], call,
+                    (0, 1, 2), _port_metrics)
 
 
 SMALL_GRU = (96, 64, 128, 64, 32)
@@ -345,6 +385,8 @@ class Arm:
     # per block, the median interval between successive steps' returns: the steady step,
     # without the block's stalls (another thread's profiler window or GC landing in it)
     medians: list[float] = field(default_factory=list)
+    buf: Any = None  # the buffered arm's metrics buffer, and its step
+    call: Any = None
 
 
 FLUSH_S: float | None = None
@@ -398,9 +440,14 @@ def open_arm(name: str, w: Workload, store: str, spool: str) -> Arm:
                                    tracking_uri=store, spool_dir=spool,
                                    snapshot_environment=False, run_name=f"{w.name}-{name}",
                                    **extra)
-        kw: dict[str, Any] = {} if name == "probed" else {"monitors": None}
+        kw: dict[str, Any] = {} if name in ("probed", "buffered") else {"monitors": None}
         arm.probe = refrun.jax.instrument(arm.run, step_fns=w.fns, **kw)
-        arm.log = name != "no-log"
+        arm.log = name not in ("no-log", "buffered")
+        if name == "buffered":
+            _, loss, norms = w.step(w.init(), 0)  # the names a step logs
+            names = list(w.metrics((loss,) if norms is None else (loss, norms)))
+            arm.buf = arm.probe.metrics_buffer(*names, capacity=1024)
+            arm.call = buffered_call(w, arm)
     return arm
 
 
@@ -414,6 +461,8 @@ def run_block(w: Workload, arm: Arm, steps: int, burn_s: float = 0.0,
     mid = steps // 2
     taking = None
     marks = [0.0] * steps
+    if arm.call is not None:
+        w.call[0] = arm.call
     for i in range(steps):
         n = arm.step_no + i
         if window is not None and i == mid:
@@ -431,7 +480,10 @@ def run_block(w: Workload, arm: Arm, steps: int, burn_s: float = 0.0,
                         probe.log(loss=loss)
                     else:
                         probe.log(loss=loss, grad_norm=norms)
+                elif arm.buf is not None:
+                    arm.buf = probe.log_buffer(arm.buf)
         marks[i] = time.perf_counter()
+    w.call[0] = w.fns[0]
     if probe is not None and FLUSH_AT_END:
         probe.flush()  # the block's own collection, charged to it
     jax.block_until_ready(state)

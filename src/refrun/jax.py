@@ -9,6 +9,11 @@
             probe.log(loss=loss)              # jax array, number, or pytree of scalars
     probe.close()
 
+Steps of about a millisecond, where reading each logged scalar from the host shows in the
+step time: write them into a device-side buffer inside the jitted step instead
+(``probe.metrics_buffer`` / ``buf.record(...)`` / ``probe.log_buffer``,
+:mod:`refrun.probes.jax_buffer`, docs/jax.md "Millisecond steps").
+
 The learning rate and update count of an optax optimizer: return
 ``refrun.jax.optimizer_metrics(opt_state)`` from the jitted step and log it
 (:func:`refrun.probes.jax.optimizer_metrics`, docs/jax.md).
@@ -34,6 +39,7 @@ from refrun.probes.jax import (
     flatten_pytree,
     optimizer_metrics,
 )
+from refrun.probes.jax_buffer import MetricsBuffer
 from refrun.probes.job import warn_if_not_a_job
 from refrun.probes.monitors import resolve_monitors
 from refrun.probes.options import ProbeOptions, probe_options, require_session
@@ -117,5 +123,5 @@ def instrument(
                     sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
 
 
-__all__ = ["BusySampling", "JaxProbe", "ProbeOptions", "flatten_pytree", "instrument",
-           "optimizer_metrics"]
+__all__ = ["BusySampling", "JaxProbe", "MetricsBuffer", "ProbeOptions", "flatten_pytree",
+           "instrument", "optimizer_metrics"]

@@ -65,11 +65,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax._src.array import ArrayImpl
 from jax.tree_util import tree_flatten
 
 from refrun import limits, schema
+from refrun.errors import RefrunInputError
+from refrun.keys import key_problem
 from refrun.probes import host_reads
 from refrun.probes.base import BackendBase, Probe, _flush_interval, _StepScope
 from refrun.probes.hardware import is_accelerator
@@ -86,6 +89,13 @@ from refrun.probes.jax_blocks import (
     precompile,
     step_intervals,
     take,
+)
+from refrun.probes.jax_buffer import (
+    FullBuffer,
+    MetricsBuffer,
+    empty_buffer,
+    read_buffer,
+    same_placement,
 )
 from refrun.probes.optim import lr_names
 
@@ -767,6 +777,17 @@ class JaxProbe(Probe):
     _numerics_due: int = field(default=1, repr=False)
     _reader: ColumnReader = field(default_factory=ColumnReader, repr=False)
     _treedefs: dict[str, Any] = field(default_factory=dict, repr=False)  # by logged name
+    # Metrics buffers (refrun.probes.jax_buffer): the steps of the rows of the buffer in
+    # use, when it was started, the last one log_buffer saw, and full ones for the
+    # collector.
+    _buf_steps: list[int] = field(default_factory=list, repr=False)
+    _buf_started: float = field(default=0.0, repr=False)
+    _buf_current: MetricsBuffer | None = field(default=None, repr=False)
+    _buf_full: list[FullBuffer] = field(default_factory=list, repr=False)
+    # an empty buffer the collector made for the next hand-over (its transfer to the
+    # device then never runs on the training thread)
+    _buf_spare: MetricsBuffer | None = field(default=None, repr=False)
+    _buf_every_s: float = field(default=1.0, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -781,7 +802,8 @@ class JaxProbe(Probe):
         if path is not None:
             self._reader = ColumnReader(per_value=path.per_value)
             backend.read_path = path.text()
-        self._collector = BlockCollector(self._collect, _flush_interval(self.run))
+        self._buf_every_s = _flush_interval(self.run)
+        self._collector = BlockCollector(self._collect, self._buf_every_s)
         self._collector.start(backend.compiles.ignore_this_thread)
 
     # --- the loop surface ------------------------------------------------------------
@@ -827,6 +849,92 @@ class JaxProbe(Probe):
                     self._log_other(n, name, v)
                 except Exception as exc:  # a probe must never break the loop
                     self._refuse_value(name, n, exc)
+
+    def metrics_buffer(self, *names: str, capacity: int = 1024, dtype: Any = None,
+                       sharding: Any = None) -> MetricsBuffer:
+        """An empty :class:`~refrun.probes.jax_buffer.MetricsBuffer` for ``names``: pass
+        it to the jitted step, return ``buf.record(name=value, ...)`` from it, and hand
+        each step's result to :meth:`log_buffer` (see :mod:`refrun.probes.jax_buffer`).
+        ``sharding``: where the step's outputs live when its inputs are committed to
+        devices (a mesh-sharded state: e.g. ``NamedSharding(mesh, P())``), so the first
+        buffer has the signature of the ones the step returns; None: the default device,
+        uncommitted, as ``jnp.zeros`` makes arrays.
+        Raises :class:`RefrunInputError` for no names, a repeated name, a name that is not
+        a metric name, or a capacity under 1."""
+        bad = [n for n in names if not isinstance(n, str) or key_problem(n)]
+        if not names or bad or len(set(names)) != len(names) or capacity < 1:
+            raise RefrunInputError(
+                f"probe.metrics_buffer: needs distinct metric names and capacity >= 1 (got "
+                f"names {list(names)}, capacity {capacity}"
+                + (f"; not metric names: {bad}" if bad else "") + ")")
+        self._buf_steps = []
+        self._buf_started = time.perf_counter()
+        return empty_buffer(tuple(names), capacity,
+                            jnp.float32 if dtype is None else dtype, sharding=sharding)
+
+    def log_buffer(self, buf: MetricsBuffer) -> MetricsBuffer:
+        """Count the row the step just wrote into ``buf`` (at the current step) and return
+        the buffer to pass to the next step: ``buf`` itself, or, once it is full or has
+        held rows for a flush interval, a fresh one (``buf`` goes to the collector, which
+        reads it in one transfer).  Nothing is read here."""
+        n = self._step
+        if n is None:
+            self._refuse_unstepped(dict.fromkeys(buf.names))
+            return buf
+        steps = self._buf_steps
+        steps.append(n)
+        self._buf_current = buf
+        if len(steps) < buf.rows.shape[0] and self._entry - self._buf_started < self._buf_every_s:
+            return buf
+        self._buf_full.append(FullBuffer(buf, steps))
+        self._buf_steps = []
+        self._buf_current = None
+        self._buf_started = self._entry
+        spare = self._buf_spare
+        self._buf_spare = None
+        if spare is not None and same_placement(spare, buf):
+            return spare
+        try:
+            with jax.transfer_guard("allow"):  # the probe's own buffer, never the user's
+                return empty_buffer(buf.names, buf.rows.shape[0], buf.rows.dtype, like=buf)
+        except Exception as exc:  # a probe must never break the loop: the same one
+            self._warn_exc(exc)
+            return buf
+
+    def _emit_buffers(self, final: bool) -> None:
+        """Read the full metrics buffers (and, at close, the one in use) and hand their
+        columns to the session; a buffer that cannot be read, or whose row count differs
+        from its steps, is counted in ``refrun.dropped``."""
+        (full,) = take(self._buf_full)
+        if final and self._buf_current is not None and self._buf_steps:
+            full.append(FullBuffer(self._buf_current, self._buf_steps))
+            self._buf_current, self._buf_steps = None, []
+        for f in full:
+            try:
+                got = read_buffer(f)
+            except Exception as exc:  # deleted (donated by a later step) or failed
+                got = None
+                why = (f"a metrics buffer of {len(f.steps)} steps could not be read "
+                       f"({type(exc).__name__}: {exc}); pass log_buffer's result to the "
+                       "next step")
+            else:
+                why = got.refused
+            if got is None or why is not None:
+                self.run.drop("jax-buffer", f"{why} (counted in {schema.TAG_DROPPED})",
+                              f.steps[0] if f.steps else None,
+                              n=max(1, len(f.steps) * len(f.buffer.names)))
+                continue
+            loss = got.columns.get(schema.M_LOSS)
+            if loss is not None and not self._nonfinite_warned:
+                for n, v in zip(got.steps, loss, strict=True):
+                    if not math.isfinite(v):
+                        self._take(n, schema.M_LOSS, v)  # warns once
+                        break
+            if got.steps:
+                self.run.log_columns(got.steps, got.columns)
+        if full and self._buf_spare is None and not final:
+            b = full[-1].buffer
+            self._buf_spare = empty_buffer(b.names, b.rows.shape[0], b.rows.dtype, like=b)
 
     def _log_other(self, n: int, name: str, value: Any) -> None:
         """A value off the fast path: numpy scalars (read now: they are mutable), pytrees
@@ -924,6 +1032,7 @@ class JaxProbe(Probe):
                     jax.transfer_guard("allow"):
                 self._emit_rows(rows, events, final)
                 self._emit_values(values)
+                self._emit_buffers(final)
             self._record_backend_warnings()
             if self.recheck_every > 0 and self._rows_seen // self.recheck_every \
                     > (self._rows_seen - len(rows) // 2) // self.recheck_every:

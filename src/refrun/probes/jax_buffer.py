@@ -1,0 +1,134 @@
+"""A step's scalars written on the device, read by the probe once per buffer: the JAX
+probe's recording for steps so short that reading each logged scalar from the host shows.
+
+Measured on a TPU v5e (2026-12-06, docs/tpu.md "sixth session"): logging a step's loss and
+gradient norms with ``probe.log`` costs the pipelines' ~1 ms host-bound ports 3-10 % of
+their throughput, all of it in the values' path (the same probe with ``probe.step`` alone:
+1.005): every logged scalar is a device array the probe keeps until its collector reads
+it (a stacked read per 64, a garbage-collector object a value) and a spool line.  A
+:class:`MetricsBuffer` moves that to the device: the jitted step writes its scalars into
+one row of a ``[capacity, k]`` array it takes and returns (an in-place update when the
+buffer is donated), and the probe hands a full buffer to its collector, which reads it in
+one transfer.  The training thread's work per step is one more argument and output of the
+step and one host call, :meth:`refrun.probes.jax.JaxProbe.log_buffer`, that counts.
+
+::
+
+    buf = probe.metrics_buffer("loss", "grad_norm", capacity=1024)
+
+    @functools.partial(jax.jit, donate_argnames=("state", "buf"))
+    def train_step(state, batch, buf):
+        ...
+        return state, buf.record(loss=loss, grad_norm=gnorm)
+
+    for n, batch in enumerate(batches):
+        with probe.step(n):
+            state, buf = train_step(state, batch, buf)
+            buf = probe.log_buffer(buf)
+
+The values are recorded as the buffer's dtype (float32 unless ``dtype=`` says otherwise;
+a float32 or bfloat16 value is kept exactly).  Row ``i`` of a buffer is the ``i``-th call
+of ``record`` since the buffer was made; its step is the probe's step at the ``i``-th
+``log_buffer`` call.  The number of rows written is kept on the device too, and a buffer
+whose count differs from the host's (``record`` called twice in a step, or not at all)
+is refused with a warning rather than recorded at the wrong steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class MetricsBuffer:
+    """``rows[i, j]``: metric ``names[j]`` at the ``i``-th :meth:`record` since the buffer
+    was made; ``count``: rows written (both device arrays, one pytree argument of the
+    step; ``names`` is static: part of the compiled step's signature)."""
+
+    rows: jax.Array
+    count: jax.Array
+    names: tuple[str, ...] = field(metadata={"static": True})
+
+    @property
+    def capacity(self) -> int:
+        return int(self.rows.shape[0])
+
+    def record(self, **metrics: Any) -> MetricsBuffer:
+        """This buffer with ``metrics`` (one scalar each, every name of :attr:`names`)
+        written as row :attr:`count`, inside the jitted step (traced: no host work, no
+        transfer).  A full buffer keeps its rows and counts on, so that the probe sees
+        the overflow and refuses the buffer instead of recording wrong steps."""
+        missing = set(self.names) - set(metrics)
+        extra = set(metrics) - set(self.names)
+        if missing or extra:
+            raise ValueError(f"MetricsBuffer.record: names {sorted(metrics)} differ from the "
+                             f"buffer's {list(self.names)}")
+        row = jnp.stack([jnp.asarray(metrics[n]).reshape(()).astype(self.rows.dtype)
+                         for n in self.names])
+        at = jnp.minimum(self.count, self.rows.shape[0] - 1)
+        rows = jax.lax.dynamic_update_slice(self.rows, row[None, :], (at, 0))
+        rows = jnp.where(self.count < self.rows.shape[0], rows, self.rows)
+        return MetricsBuffer(rows, self.count + 1, self.names)
+
+
+def empty_buffer(names: tuple[str, ...], capacity: int, dtype: Any = jnp.float32,
+                 like: MetricsBuffer | None = None, sharding: Any = None) -> MetricsBuffer:
+    """A buffer with no rows: placed like ``like`` (a fresh buffer for the same compiled
+    step has the signature of the one the step returned -- sharding and whether it is
+    committed to its devices -- so the step is not compiled again), or with ``sharding``
+    (committed), or on the default device, uncommitted (as ``jnp.zeros`` makes it)."""
+    rows = np.zeros((capacity, len(names)), dtype=np.dtype(dtype))
+    count = np.zeros((), dtype=np.int32)
+    if like is not None:
+        sharding = like.rows.sharding if like.rows.committed else None
+    if sharding is None:
+        return MetricsBuffer(jax.device_put(rows), jax.device_put(count), names)
+    return MetricsBuffer(jax.device_put(rows, sharding), jax.device_put(count, sharding),
+                         names)
+
+
+def same_placement(a: MetricsBuffer, b: MetricsBuffer) -> bool:
+    """Whether ``a`` can replace ``b`` as the step's argument without a recompilation:
+    the same names, shape and dtype, and the same sharding and commitment."""
+    ra, rb = a.rows, b.rows
+    return (a.names == b.names and ra.shape == rb.shape and ra.dtype == rb.dtype
+            and ra.committed == rb.committed and ra.sharding == rb.sharding)
+
+
+@dataclass(frozen=True)
+class FullBuffer:
+    """A buffer handed to the collector: its device arrays and the steps of its rows."""
+
+    buffer: MetricsBuffer
+    steps: list[int]
+
+
+@dataclass(frozen=True)
+class BufferColumns:
+    """What a read buffer records: ``columns[name]`` at ``steps``; ``refused`` says why
+    nothing is recorded (its count differs from the steps the probe saw)."""
+
+    steps: list[int]
+    columns: dict[str, list[float]]
+    refused: str | None = None
+
+
+def read_buffer(full: FullBuffer) -> BufferColumns:
+    """One transfer of the rows and one of the count; the rows written, as columns."""
+    rows, count = jax.device_get((full.buffer.rows, full.buffer.count))
+    count = int(count)
+    k = len(full.steps)
+    if count != k:
+        why = ("record() was called more often than log_buffer()" if count > k else
+               "log_buffer() was called on steps whose step function did not record()")
+        return BufferColumns([], {}, f"a metrics buffer held {count} rows for {k} steps "
+                                     f"({why}); its values were not recorded")
+    values = np.asarray(rows[:k], dtype=np.float64)
+    return BufferColumns(list(full.steps),
+                         {n: values[:, j].tolist() for j, n in enumerate(full.buffer.names)})
