@@ -801,11 +801,17 @@ class XlaBackend(BackendBase):
             return pending.value
         if pending.error is not None:
             raise pending.error
-        if self._waiting:
-            self._poll()
+        waiting = self._waiting
+        if waiting:
+            # _poll's own first test, here: most step entries have nothing to arm, no
+            # armed value to look at and no bound reached, and skip its call
+            now = time.monotonic()
+            if now >= self._poll_due or waiting[-1].event is not None or \
+                    len(waiting) >= self._send_at:
+                self._poll(now)
         return pending.value
 
-    def _poll(self) -> None:
+    def _poll(self, now: float | None = None) -> None:
         """Ask for a readiness callback on the newest waiting value (once an arm interval),
         and hand the waiting values to the copier only when the device is idle -- every
         waiting value's buffer is complete, so no execution of a later sync is in flight --
@@ -817,7 +823,8 @@ class XlaBackend(BackendBase):
         small operations (a recurrent cell over a sequence) it waited for most of the
         execution at every step entry, serialising the host's tracing of step n+1 with the
         device's execution of step n that a plain loop overlaps."""
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         newest = self._waiting[-1]
         if now < self._poll_due and newest.event is None and \
                 len(self._waiting) < self._send_at:
