@@ -41,6 +41,11 @@ starts on an idle device and the probe hands the previous block's logged values 
 copier thread then; ``--continuous`` steps of one unbroken probed stretch (between two
 plain ones) give the probe's own work as a run without pauses has it.
 ``--counter-costs`` also prints what one read of torch_xla's counters costs.
+The probe's own work (thread CPU in its entry, exit and ``log``) is read by hooks around
+those calls in ``--own-blocks`` probed blocks after the paired rounds, never during them
+(the hooks' own ``thread_time`` calls would be in the probed arm's time; they were until
+2026-12-06, sixth session, and ``--hooked-rounds`` puts them back), less what a hook
+reads around a call that does nothing.
 
 torch_xla keeps the last ``XLA_METRICS_SAMPLES`` (default 1024) samples of every metric and
 ``metric_data`` copies them all, so a timed metric's read costs ~0.1 ms once the windows
