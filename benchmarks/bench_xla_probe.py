@@ -41,6 +41,11 @@ starts on an idle device and the probe hands the previous block's logged values 
 copier thread then; ``--continuous`` steps of one unbroken probed stretch (between two
 plain ones) give the probe's own work as a run without pauses has it.
 ``--counter-costs`` also prints what one read of torch_xla's counters costs.
+The probe's own work (thread CPU in its entry, exit and ``log``) is read by hooks around
+those calls in ``--own-blocks`` probed blocks after the paired rounds, never during them
+(the hooks' own ``thread_time`` calls would be in the probed arm's time; they were until
+2026-12-06, sixth session, and ``--hooked-rounds`` puts them back), less what a hook
+reads around a call that does nothing.
 
 torch_xla keeps the last ``XLA_METRICS_SAMPLES`` (default 1024) samples of every metric and
 ``metric_data`` copies them all, so a timed metric's read costs ~0.1 ms once the windows
@@ -328,10 +333,12 @@ def burn(us: float) -> None:
         pass
 
 
-def run_block(arm: Arm, steps: int, probe: Any = None, burn_us: float = 0) -> float:
+def run_block(arm: Arm, steps: int, probe: Any = None, burn_us: float = 0,
+              after: Callable[[], Any] | None = None) -> float:
     """Seconds per step of ``steps`` steps of ``arm`` (with its evaluations, which run
     between steps and are logged through ``probe.log_eval`` when probed), then a wait for
-    the device; ``burn_us``: a plain step that then spends that much thread CPU."""
+    the device; ``burn_us``: a plain step that then spends that much thread CPU;
+    ``after``: called after each plain step (the hooks' calibration)."""
     t0 = time.perf_counter()
     for _ in range(steps):
         n = arm.step
@@ -340,6 +347,8 @@ def run_block(arm: Arm, steps: int, probe: Any = None, burn_us: float = 0) -> fl
             arm.train(n)
             if burn_us:
                 burn(burn_us)
+            if after is not None:
+                after()
         else:
             with probe.step(n):
                 loss = arm.train(n)
@@ -352,23 +361,50 @@ def run_block(arm: Arm, steps: int, probe: Any = None, burn_us: float = 0) -> fl
     return (time.perf_counter() - t0) / steps
 
 
+HOOKED = ("_enter_step", "_exit_step", "log")
+
+
+def hooked(f: Callable[..., Any], acc: dict[str, float], key: str) -> Callable[..., Any]:
+    """``f``, adding the thread CPU seconds of each call to ``acc[key]`` and counting the
+    calls in ``acc["calls"]``."""
+    def timed(*a: Any, **kw: Any) -> Any:
+        acc["calls"] += 1
+        t = time.thread_time()
+        try:
+            return f(*a, **kw)
+        finally:
+            acc[key] += time.thread_time() - t
+    return timed
+
+
 def time_hooks(probe: Any) -> dict[str, float]:
     """Thread CPU seconds spent in the probe's per-step calls (step entry and exit, log),
-    accumulated from now on: the probe's own work on the training thread, which a paired
-    wall-time ratio on a shared machine cannot resolve to 1 %."""
-    acc = {"enter": 0.0, "exit": 0.0, "log": 0.0}
-    for name, key in (("_enter_step", "enter"), ("_exit_step", "exit"), ("log", "log")):
-        f = getattr(probe, name)
-
-        def timed(*a, _f=f, _k=key, **kw):
-            t = time.thread_time()
-            try:
-                return _f(*a, **kw)
-            finally:
-                acc[_k] += time.thread_time() - t
-
-        setattr(probe, name, timed)
+    accumulated from now on until :func:`remove_hooks`: the probe's own work on the
+    training thread, which a paired wall-time ratio on a shared machine cannot resolve to
+    1 %.  The hooks cost time of their own (two ``thread_time`` calls each, a system call
+    of ~2 us on this VM: ~13 us a step for the three), so they are never on the probe
+    during the paired blocks, whose ratio they would inflate (they were until 2026-12-06,
+    sixth session: docs/xla.md), and what each adds to its own reading is measured
+    (:func:`hook_bias`) and taken out."""
+    acc = {"enter": 0.0, "exit": 0.0, "log": 0.0, "calls": 0.0}
+    for name, key in zip(HOOKED, ("enter", "exit", "log"), strict=True):
+        setattr(probe, name, hooked(getattr(probe, name), acc, key))
     return acc
+
+
+def remove_hooks(probe: Any) -> None:
+    for name in HOOKED:
+        vars(probe).pop(name, None)  # the instance attribute shadowed the method
+
+
+def hook_bias(arm: Arm, steps: int) -> float:
+    """Thread CPU seconds one hook reads around a call that does nothing, called after
+    each step of a plain block (where the probe's calls are: right after a ``sync``, when
+    every call costs more than on an idle host): what each hooked call's reading holds
+    beyond the call."""
+    acc = {"noop": 0.0, "calls": 0.0}
+    run_block(arm, steps, after=hooked(lambda: None, acc, "noop"))
+    return acc["noop"] / steps
 
 
 @dataclass(frozen=True)
@@ -381,7 +417,8 @@ class ShapeResult:
     crossover: tuple[float, float, float]  # the target read: ratio, low, high
     hodges_lehmann: tuple[float, float, float]
     geometric: tuple[float, float, float]
-    own_us: float  # the probe's thread CPU per step in the blocks
+    own_us: float  # the probe's thread CPU per step in the hooked blocks, hooks' own taken out
+    own_raw_us: float  # the same as the hooks read it
     rounds: int
     steps: int
     null: bool
@@ -398,7 +435,6 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
                            backend="torch_xla", tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                            spool_dir=f"{tmp}/spool", snapshot_environment=False)
     probe = refrun.xla.instrument(run, model=probed_a.model, optimizer=probed_a.optimizer)
-    hooks = time_hooks(probe)
     t0 = time.perf_counter()
     run_block(plain_a, 5)  # warm-up: compile the graphs (evaluation's too, at step 20)
     run_block(probed_a, 5, probe)
@@ -408,12 +444,11 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
     if fill:  # fill torch_xla's metric windows as a long run has them
         run_block(plain_a, fill)
     steps = args.steps or max(16, round(args.block_s / run_block(plain_a, 16)))
-    for k in hooks:
-        hooks[k] = 0.0
     arm_probe = None if args.null else probe  # --null: an A/A test whose truth is 1
     per_arm: dict[str, list[float]] = {arm: [] for arm in arms}
     orders: list[list[str]] = []
     rng = random.Random(args.seed)
+    hooks = time_hooks(probe) if args.hooked_rounds else None  # the design before 2026-12-06
     for _ in range(args.rounds):
         order = list(arms)
         rng.shuffle(order)  # a fixed order can line up with a periodic effect of the machine
@@ -423,7 +458,21 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
                                           arm_probe if arm == "probed" else None,
                                           burn_us=args.burn if arm == "burn" else 0))
     plain, probed = per_arm["plain"], per_arm["probed"]
+    # The probe's own work: hooked probed blocks after the paired ones (each after a plain
+    # block, as in the rounds), and what the hooks add to their reading, measured the same
+    # way and taken out.
+    if hooks is None:
+        hooks = time_hooks(probe)
+        own_blocks = 0 if args.null else args.own_blocks
+        for k in hooks:
+            hooks[k] = 0.0
+        for _ in range(own_blocks):
+            run_block(plain_a, steps)
+            run_block(probed_a, steps, probe)
+    else:
+        own_blocks = 0 if args.null else args.rounds
     blocks = dict(hooks)
+    bias = hook_bias(plain_a, steps)
     # A continuous run as users have it: no pause between blocks, so the probe never finds
     # the device idle because a plain block drained it.
     for k in hooks:
@@ -435,17 +484,21 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
         cont_probed = run_block(probed_a, cont, probe)
         cont_plain = (cont_plain + run_block(plain_a, cont)) / 2
     cont_hooks = dict(hooks)
+    remove_hooks(probe)
     recorded = sorted(probe.backend.counters())
     probe.close()
     run.close()
-    n_probed = args.rounds * steps
+    n_own = max(1, own_blocks * steps)
     plain_s = statistics.median(plain)
-    own_us = sum(blocks.values()) / n_probed * 1e6
+    calls = blocks.pop("calls")
+    own_raw_us = sum(blocks.values()) / n_own * 1e6
+    own_us = own_raw_us - calls / n_own * bias * 1e6 if own_blocks else 0.0
     first = first_of(orders, "probed")
     cross = crossover_ratio(probed, plain, first)[:3]
     result = ShapeResult(shape.name, shape.what, plain_s * 1e3, cross,
                          hodges_lehmann_ratio(probed, plain),
-                         round_ratio(probed, plain)[:3], own_us, args.rounds, steps, args.null)
+                         round_ratio(probed, plain)[:3], own_us, own_raw_us, args.rounds,
+                         steps, args.null)
     if args.dump:
         dumped: dict[str, Any] = {}
         if os.path.exists(args.dump):
@@ -476,10 +529,14 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
                                                     first_of(orders, "burn")))]
           if args.burn else []),
         ("probe's own work on the training thread (thread CPU in probe.step entry/exit "
-         "and probe.log), per step", f"{own_us:.0f} us = {own_us * 1e-6 / plain_s:.2%} of "
-         "the plain step (wall): " + " / ".join(
-             f"{blocks[k] / n_probed * 1e6:.0f} us" for k in ("enter", "exit", "log"))
-         + " (entry / exit / log)"),
+         "and probe.log), per step, the hooks' own taken out",
+         f"{own_us:.0f} us = {own_us * 1e-6 / plain_s:.2%} of the plain step (wall); "
+         f"as read {own_raw_us:.0f} us: " + " / ".join(
+             f"{blocks[k] / n_own * 1e6:.0f} us" for k in ("enter", "exit", "log"))
+         + f" (entry / exit / log), less {calls / n_own:.2f} calls x {bias * 1e6:.1f} us "
+         "(a hooked no-op's "
+         f"reading after a plain step); {own_blocks} blocks"
+         + (" (the paired rounds, hooked)" if args.hooked_rounds else " after the rounds")),
         *([(f"continuous run of {cont} steps: plain (mean of before and after) / probed "
             "step", f"{cont_plain * 1e3:.2f} ms / {cont_probed * 1e3:.2f} ms (ratio "
             f"{cont_probed / cont_plain:.4f}, one sample); probe's own work there "
@@ -535,7 +592,8 @@ def counter_costs() -> None:
     rows = [
         ("XLA_METRICS_SAMPLES", os.environ.get("XLA_METRICS_SAMPLES", "default (1024)")),
         ("XlaCounters.read", f"{time_call(counters.read):.1f} us"),
-        ("XlaCounters.sentinels at entry + exit", f"{2 * time_call(counters.sentinels):.1f} us"),
+        ("XlaCounters.sentinels at entry + exit",
+         f"{2 * time_call(lambda: counters.sentinels(copy_from=False)):.1f} us"),
     ]
     for name, value in rows:
         print(f"{name:<40}  {value}")
@@ -564,6 +622,12 @@ def main() -> None:
     ap.add_argument("--burn", type=float, default=0.0, metavar="US",
                     help="add a positive-control arm, a plain step plus US microseconds "
                          "of thread CPU (e.g. the probe's own work)")
+    ap.add_argument("--own-blocks", type=int, default=10,
+                    help="hooked probed blocks after the paired rounds (each after a plain "
+                         "block) that measure the probe's own work")
+    ap.add_argument("--hooked-rounds", action="store_true",
+                    help="hook the probe during the paired rounds too (the design before "
+                         "2026-12-06, sixth session: the ratio then includes the hooks)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block order")
     ap.add_argument("--dump", default=None, help="write every block's time here (JSON)")
     ap.add_argument("--counter-costs", action="store_true",

@@ -34,7 +34,15 @@ import refrun.xla  # noqa: E402
 from refrun import schema  # noqa: E402
 from refrun.errors import RefrunInputError  # noqa: E402
 from refrun.probes.tpu_monitor import TpuMonitor  # noqa: E402
-from refrun.probes.xla import ROW_NAMES, SummaryTally, XlaSummary  # noqa: E402
+from refrun.probes.xla import (  # noqa: E402
+    COPY_FROM,
+    HOST_SYNC_OP,
+    ROW_NAMES,
+    TO_COPY,
+    TO_CPU,
+    SummaryTally,
+    XlaSummary,
+)
 
 # What these tests read is what the runs record; the delivery process is tested elsewhere
 # (conftest.deliver_in_process says where and what it saves).
@@ -483,6 +491,92 @@ def test_a_probe_copy_that_never_returns_stalls_no_step_for_longer_than_one_wait
     assert all(math.isfinite(v) for v in losses)  # a value not copied is absent, never NaN
     assert len(losses) < 6
     assert any("not copied to the host within 0.5 s" in w["message"] for w in run.warnings)
+
+
+class CounterReads:
+    """torch_xla's ``_XLAC`` as the probe's counters reach it, counting the probe's reads
+    of each counter by name; every call goes through to torch_xla."""
+
+    def __init__(self, xlac: Any) -> None:
+        self._xlac = xlac
+        self.reads: dict[str, int] = {}
+
+    def _xla_counter_value(self, name: str) -> Any:
+        self.reads[name] = self.reads.get(name, 0) + 1
+        return self._xlac._xla_counter_value(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._xlac, name)
+
+
+def test_copies_and_syncs_are_counted_exactly_with_the_counters_read_only_where_they_can_move(
+        store) -> None:
+    """A step boundary reads ``xla::_copy_from`` only where ``xla::_to_copy`` moved lately,
+    and the host sync count only where ``xla::_to_cpu`` moved (2026-12-06, sixth session:
+    four counter reads a step less in a loop whose data is already on the device).  Every
+    step's copies and host syncs must still be torch_xla's own count of the step: in a
+    loop that moves nothing to the device, then at the step where it starts to (the
+    boundary before it read no ``_copy_from``: the exact count decides), in steps that
+    move data to the device and copy to the host, and after a copy into a device tensor
+    between steps (``copy_`` moves ``_copy_from`` alone)."""
+    model, _ = make(width=37)
+    w = model[0].weight.detach()
+    buf = torch.zeros(2, device=DEV)
+    torch_xla.sync()
+    data = [tuple(t.to(DEV) for t in batch(n, 8)) for n in range(4)]  # on the device
+    plan = ["none", "none", "none", "none", "item", "none", "none", "cpu", "none", "none",
+            "h2d+cpu", "h2d", "h2d", "h2d+cpu", "copy_ before, h2d+cpu", "h2d"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    run = start(store)
+    own, reads, exact_reads = [], [], []
+    with refrun.xla.instrument(run, model=model, warmup_steps=1) as probe:
+        spy = CounterReads(torch_xla._XLAC)
+        probe.backend._counters._x = spy
+        transfers = probe.backend._transfers
+        exact = transfers.user_copies
+        transfers.user_copies = lambda: exact_reads.append(n) or exact()  # type: ignore[method-assign]
+        for n, form in enumerate(plan):
+            if form.startswith("copy_ before"):
+                buf.copy_(torch.ones(2))  # between steps: not the step's, no copy to the host
+            r0 = dict(spy.reads)
+            with probe.step(n):
+                before = raw()
+                x, y = data[n % len(data)]
+                if "h2d" in form:
+                    y = y + torch.ones(1).to(DEV)  # data moved to the device in the step
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                torch_xla.sync()
+                if "cpu" in form:
+                    w[0, 0].cpu()
+                if form == "item":
+                    loss.item()
+                probe.log(loss=loss)
+                own.append(diff(before, raw()))
+            reads.append({k: v - r0.get(k, 0) for k, v in spy.reads.items()})
+    run.close()
+    copies = [1 if "cpu" in f or f == "item" else 0 for f in plan]
+    assert [o["d2h"] for o in own] == copies  # torch_xla's own count
+    assert [o["syncs"] for o in own] == [1 if f == "item" else 0 for f in plan]
+    assert per_step(store, run.run_id, schema.M_XFER_D2H, len(plan)) == copies
+    assert per_step(store, run.run_id, schema.M_HOST_SYNCS, len(plan)) == \
+        [o["syncs"] for o in own]
+    # What was read: two reads each of _to_copy and _to_cpu a step; _copy_from only at
+    # the boundaries where _to_copy moved or had moved in one of the two intervals before
+    # (the first reading, a .cpu() at step 7, data moved to the device from step 10 on);
+    # the host sync count at the first reading and where .item() moved _to_cpu (step 4).
+    assert all(r.get(TO_COPY, 0) == r.get(TO_CPU, 0) == 2 for r in reads), reads
+    assert [r.get(COPY_FROM, 0) for r in reads] == \
+        [2, 1, 0, 0, 0, 0, 0, 1, 2, 0, 1, 2, 2, 2, 2, 2], reads
+    assert [r.get(HOST_SYNC_OP, 0) for r in reads] == \
+        [1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], reads
+    # The exact count is read at the warm-up step and where a step copied (at step 10
+    # the boundary before lacked _copy_from: the exact count decided); never at step 14's
+    # entry, after the copy_ between steps.
+    assert sorted(set(exact_reads)) == [0, 4, 7, 10, 13, 14], exact_reads
+    assert exact_reads.count(14) == 1
 
 
 def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exactly(

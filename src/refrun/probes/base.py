@@ -398,7 +398,7 @@ class Probe:
         timed = [r for r in rows if r[2] is not None]
         counts: dict[str, list[float]] = {}
         if counted:
-            cums = [self._rows_last, *(r[3] for r in counted)]
+            cums = [self._rows_last] + [r[3] for r in counted]  # no generator: one call
             self._rows_last = cums[-1]  # type: ignore[assignment]
             for j, name in enumerate(self.backend.counter_names):  # type: ignore[attr-defined]
                 column = [c[j] for c in cums]  # type: ignore[index]
@@ -598,7 +598,7 @@ class Probe:
                 steps.append(n)
                 rows.append({name: value})
         keys = rows[0].keys()
-        if len(rows) > 1 and all(r.keys() == keys for r in rows):
+        if len(rows) > 1 and all(map(keys.__eq__, map(dict.keys, rows))):  # C-level
             self.run.log_columns(steps, {k: [r[k] for r in rows] for k in keys})
             return
         for n, row in zip(steps, rows, strict=True):

@@ -406,6 +406,7 @@ class XlaCounters:
         self._aten: list[str] = []  # fallback counter names as last listed
         self._to_cpu_listed = -1  # xla::_to_cpu when they were listed
         self._to_cpu_now: int | None = None  # xla::_to_cpu as the last sentinels() read it
+        self._syncs_at: tuple[int, int] = (-1, 0)  # (xla::_to_cpu, host syncs) last read
 
     def _counter(self, name: str) -> int:
         v = self._x._xla_counter_value(name)
@@ -443,17 +444,30 @@ class XlaCounters:
             self._to_cpu_listed = to_cpu
         return {n: int(x._xla_counter_value(n) or 0) for n in self._aten}
 
-    def sentinels(self, at_exit: bool = False) -> tuple[tuple[int, int, int], int]:
-        """((``xla::_to_copy``, ``xla::_copy_from``, ``xla::_to_cpu`` + host syncs + direct
-        copies), host syncs): four counter reads, no metric copy.  A device-to-host copy
-        made through torch or ``_xla_get_cpu_tensors`` moves them as :func:`may_have_copied`
-        tells."""
+    def sentinels(self, at_exit: bool = False, copy_from: bool = True) -> Reading:
+        """(``xla::_to_copy``, ``xla::_to_cpu``, direct copies, ``xla::_copy_from`` or
+        None): two counter reads, three with ``copy_from``; no metric copy.  A
+        device-to-host copy made through torch or ``_xla_get_cpu_tensors`` moves them as
+        :func:`may_have_copied` tells.  ``_copy_from`` only tells a copy to the host from
+        one to the device when ``_to_copy`` moved, so :class:`TransferCount` reads it only
+        where ``_to_copy`` moved lately (a loop that moves no data to the device inside
+        its steps never reads it)."""
         c = self._x._xla_counter_value  # direct: no Python frame per read (see fallback)
-        syncs = c(HOST_SYNC_OP) or 0
         to_cpu = c(TO_CPU) or 0
         self._to_cpu_now = to_cpu if at_exit else None  # for the exit's counter row
-        return ((c(TO_COPY) or 0, c(COPY_FROM) or 0, to_cpu + syncs + DIRECT_COPIES.calls),
-                syncs)
+        return (c(TO_COPY) or 0, to_cpu, DIRECT_COPIES.calls,
+                (c(COPY_FROM) or 0) if copy_from else None)
+
+    def host_syncs_at(self, to_cpu: int) -> int:
+        """``aten::_local_scalar_dense`` (host syncs), read only when ``xla::_to_cpu``
+        (``to_cpu``, just read) moved since the last read: a host sync of an XLA tensor
+        runs that op through the CPU fallback, which copies its input to the host through
+        ``xla::_to_cpu`` in the same call (torch_xla 2.9), so while ``_to_cpu`` stands
+        still the count does too.  One counter read less at each step boundary."""
+        at = self._syncs_at
+        if to_cpu != at[0]:
+            at = self._syncs_at = (to_cpu, self._counter(HOST_SYNC_OP))
+        return at[1]
 
     def _compile_ns(self, uncached: int) -> float:
         """``CompileTime``'s accumulator, read only when a compilation happened since the
@@ -508,14 +522,26 @@ ROW_NAMES = (schema.M_COMPILE_GRAPHS, schema.M_COMPILE_CACHE_HITS, schema.M_COMP
              schema.M_FALLBACK_OPS)
 
 
-def may_have_copied(before: tuple[int, int, int], after: tuple[int, int, int]) -> bool:
+# A reading of the transfer sentinels (XlaCounters.sentinels): (xla::_to_copy,
+# xla::_to_cpu, direct _xla_get_cpu_tensors calls, xla::_copy_from or None when not read).
+Reading = tuple[int, int, int, int | None]
+
+
+def may_have_copied(before: Reading, after: Reading) -> bool:
     """Whether a device-to-host copy may have happened between two :meth:`XlaCounters.
-    sentinels` readings: more ``_to_copy`` calls than ``_copy_from`` calls (the copies
-    that were not to the device or a cast on it), or any ``_to_cpu``, host sync or direct
-    ``_xla_get_cpu_tensors`` call.  A step that both copies to the host with ``.cpu()`` and
-    copies into a device tensor with ``copy_`` can hide the first: the exact checks of
+    sentinels` readings: any ``_to_cpu`` (a host sync moves it too) or direct
+    ``_xla_get_cpu_tensors`` call, or more ``_to_copy`` calls than ``_copy_from`` calls
+    (the copies that were not to the device or a cast on it) -- taken as yes when
+    ``_to_copy`` moved and either reading lacks ``_copy_from``, so that the exact count
+    decides.  A step that both copies to the host with ``.cpu()`` and copies into a
+    device tensor with ``copy_`` can hide the first: the exact checks of
     :class:`TransferCount` catch such a pattern when it repeats."""
-    return (after[0] - before[0] > after[1] - before[1]) or after[2] != before[2]
+    if after[1] != before[1] or after[2] != before[2]:
+        return True
+    if after[0] == before[0]:
+        return False
+    b, a = before[3], after[3]
+    return b is None or a is None or after[0] - before[0] > a - b
 
 
 @dataclass
@@ -530,8 +556,13 @@ class TransferCount:
     copy the user's code makes through torch moves cheap counters (:func:`may_have_copied`),
     and every direct ``_xla_get_cpu_tensors`` call (``xm.save``, ``xm.mesh_reduce``) moves
     :data:`DIRECT_COPIES`, so the metric is read only when these moved since it was last
-    read; a step that copies nothing costs eight counter reads.  ``known`` is the metric's
-    count as last read less the probe's own copies (:meth:`user_copies`; they move no sentinel).
+    read.  A step that copies nothing costs four counter reads (``_to_copy`` and ``_to_cpu``
+    at entry and exit), six in a loop that moves data to the device (``_copy_from`` too,
+    see :meth:`_sentinels`); the host sync count is read only at a boundary where
+    ``_to_cpu`` moved (:meth:`XlaCounters.host_syncs_at`).  Until 2026-12-06 (sixth
+    session) every step read all four sentinels at both ends: eight reads, 0.6-1 us each
+    right after a ``sync`` (docs/xla.md).  ``known`` is the metric's count as last read
+    less the probe's own copies (:meth:`user_copies`; they move no sentinel).
 
     The sentinels are checked against the exact count at every warm-up step and one steady
     step in ``EXACT_EVERY``: a step whose exact count moved while no sentinel did (a copy
@@ -547,12 +578,13 @@ class TransferCount:
     exact: bool = False  # every step read exactly (after a copy no sentinel saw)
     uncounted_at: int | None = None  # step of the first copy no sentinel saw
     known: int | None = None  # user_copies() as last read, valid while nothing moved since `sent`
-    sent: tuple[int, int, int] | None = None
+    sent: Reading | None = None  # the sentinels as last read
+    hot: int = 0  # readings to come that read _copy_from too (see _sentinels)
     steps: int = 0
     d2h: int = 0  # cumulative copies inside steps (the user's)
     syncs: int = 0  # cumulative host syncs inside steps
     # (sentinels, syncs, baseline, checked) of the open step
-    _open: tuple[tuple[int, int, int], int, int, bool] | None = None
+    _open: tuple[Reading, int, int, bool] | None = None
     checked: bool = True  # the last step was read exactly (warm-up, 1 in EXACT_EVERY)
     check_next: bool = False  # the periodic check met a probe copy in flight: next step
 
@@ -574,30 +606,57 @@ class TransferCount:
                 # taken as made, and no later read waits (COPY_WAIT_S).
                 return n - copier.started
 
-    def _read(self, sent: tuple[int, int, int]) -> int:
+    def _read(self, sent: Reading) -> int:
         self.known, self.sent = self.user_copies(), sent
         return self.known
 
+    def _sentinels(self, at_exit: bool = False) -> tuple[Reading, int]:
+        """(:meth:`XlaCounters.sentinels` now, host syncs: :meth:`XlaCounters.host_syncs_at`),
+        in one call (each Python call costs ~0.3-1 us on the training thread right after
+        a ``sync``).  ``_copy_from`` is read only where ``_to_copy`` moved since the last
+        reading or in either of the two intervals before it (``hot``): a loop that moves
+        data to the device inside its steps, or between them, has it at every boundary,
+        and one that moves none never reads it.  A reading without it where ``_to_copy``
+        then moves makes the exact count decide (once, at the change)."""
+        counters = self.counters
+        c = counters._x._xla_counter_value
+        to_cpu = c(TO_CPU) or 0
+        to_copy = c(TO_COPY) or 0
+        counters._to_cpu_now = to_cpu if at_exit else None  # for the exit's counter row
+        last, hot = self.sent, self.hot
+        if last is None or to_copy != last[0]:
+            self.hot = 2
+            copy_from: int | None = c(COPY_FROM) or 0
+        elif hot:
+            self.hot = hot - 1
+            copy_from = c(COPY_FROM) or 0
+        else:
+            copy_from = None
+        at = counters._syncs_at
+        syncs = at[1] if to_cpu == at[0] else counters.host_syncs_at(to_cpu)
+        return (to_copy, to_cpu, DIRECT_COPIES.calls, copy_from), syncs
+
     def begin(self) -> None:
-        sent, syncs = self.counters.sentinels()
-        check = (self.exact or self.steps < self.warmup_steps
-                 or self.steps % EXACT_EVERY == 0 or self.check_next)
-        self.check_next = False
-        if check and not self.exact and self.steps >= self.warmup_steps and \
-                self.copier.started != self.copier.finished:
-            # The periodic check would wait for the probe's own copy in flight (see
-            # user_copies), which may wait for the step the device is running: made at
-            # the next step instead, with no wait.  A step whose sentinels moved is still
-            # read exactly (below).
-            check, self.check_next = False, True
-        self.steps += 1
+        sent, syncs = self._sentinels()
+        steps = self.steps
+        check = (self.exact or steps < self.warmup_steps or steps % EXACT_EVERY == 0
+                 or self.check_next)
+        if check:
+            self.check_next = False
+            if not self.exact and steps >= self.warmup_steps and \
+                    self.copier.started != self.copier.finished:
+                # The periodic check would wait for the probe's own copy in flight (see
+                # user_copies), which may wait for the step the device is running: made
+                # at the next step instead, with no wait.  A step whose sentinels moved
+                # is still read exactly (below).
+                check, self.check_next = False, True
+        self.steps = steps + 1
         # The known count is still exact when nothing copied through torch (or the
         # wrapped _xla_get_cpu_tensors) since it was read.
-        last = self.sent
-        fresh = check or self.known is None or last is None or \
-            sent[2] != last[2] or sent[0] - last[0] > sent[1] - last[1]  # may_have_copied
-        base = self._read(sent) if fresh else self.known
-        assert base is not None
+        last, base = self.sent, self.known
+        if check or base is None or last is None or (
+                sent[:3] != last[:3] and may_have_copied(last, sent)):
+            base = self._read(sent)
         self.sent = sent
         self._open = (sent, syncs, base, check)
 
@@ -606,10 +665,11 @@ class TransferCount:
             return
         sent0, syncs0, base, check = self._open
         self.checked = check
-        sent, syncs = self.counters.sentinels(at_exit=True)
+        sent, syncs = self._sentinels(at_exit=True)
         self._open = None
-        self.syncs += syncs - syncs0
-        moved = sent[2] != sent0[2] or sent[0] - sent0[0] > sent[1] - sent0[1]  # may_have_copied
+        if syncs != syncs0:
+            self.syncs += syncs - syncs0
+        moved = sent[:3] != sent0[:3] and may_have_copied(sent0, sent)
         if not moved and not check:
             self.sent = sent  # still exact: only copies to the device or casts since
             return
@@ -741,11 +801,17 @@ class XlaBackend(BackendBase):
             return pending.value
         if pending.error is not None:
             raise pending.error
-        if self._waiting:
-            self._poll()
+        waiting = self._waiting
+        if waiting:
+            # _poll's own first test, here: most step entries have nothing to arm, no
+            # armed value to look at and no bound reached, and skip its call
+            now = time.monotonic()
+            if now >= self._poll_due or waiting[-1].event is not None or \
+                    len(waiting) >= self._send_at:
+                self._poll(now)
         return pending.value
 
-    def _poll(self) -> None:
+    def _poll(self, now: float | None = None) -> None:
         """Ask for a readiness callback on the newest waiting value (once an arm interval),
         and hand the waiting values to the copier only when the device is idle -- every
         waiting value's buffer is complete, so no execution of a later sync is in flight --
@@ -757,7 +823,8 @@ class XlaBackend(BackendBase):
         small operations (a recurrent cell over a sequence) it waited for most of the
         execution at every step entry, serialising the host's tracing of step n+1 with the
         device's execution of step n that a plain loop overlaps."""
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         newest = self._waiting[-1]
         if now < self._poll_due and newest.event is None and \
                 len(self._waiting) < self._send_at:

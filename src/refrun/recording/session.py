@@ -26,11 +26,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
 import math
 import numbers
+import operator
 import os
 import shutil
 import socket
@@ -60,6 +60,7 @@ from refrun.store.client import bound_store_waits
 from refrun.store.client import client as store_client
 from refrun.store.uri import database_server, local_store
 
+_INT_ONLY, _FLOAT_ONLY = {int}, {float}  # the one value type of a fast block's steps, values
 log = logging.getLogger("refrun")
 
 # MLflow's limits on a tag and a param value (characters), declared in refrun.limits.
@@ -371,8 +372,10 @@ class RunSession:
         """Whether a block can be accepted column by column: int steps in range that
         increase past every column's last step, valid names, float values, and room in
         the queue for all of it (the point-by-point path counts what it cannot keep)."""
-        if not (all(type(s) is int for s in steps) and steps[0] >= STEP_MIN
-                and steps[-1] <= STEP_MAX and all(a < b for a, b in itertools.pairwise(steps))
+        # C-level checks (map, set): a generator resumed once per value cost the training
+        # thread ~15 Python calls a step of a PyTorch/XLA loop (docs/xla.md, 2026-12-06).
+        if not (set(map(type, steps)) == _INT_ONLY and steps[0] >= STEP_MIN
+                and steps[-1] <= STEP_MAX and all(map(operator.lt, steps, steps[1:]))
                 and self._writer.queued_points() + len(steps) * len(cols)
                 <= self._writer.max_queue):
             return False
@@ -383,7 +386,7 @@ class RunSession:
                 self._valid_keys.add(key)
             st = self._stats.get(key)
             if (st is not None and steps[0] <= st.last) \
-                    or not all(type(v) is float for v in values):  # type: ignore[operator]
+                    or set(map(type, values)) != _FLOAT_ONLY:  # type: ignore[operator]
                 return False
         return True
 
