@@ -22,8 +22,8 @@ appends meanwhile is lost), and does the rest off the training thread:
   releases the GIL.  Its compilations (one per :func:`signature`; the commonest compiled
   when the probe starts, outside any step) are the probe's own and never counted
   (:meth:`refrun.probes.jax.CompileTracker.ignore_this_thread`).  Where reading each
-  array on its own is faster (the TPU v5e), the probe does that instead: measured when
-  it starts (:func:`choose_read_path`);
+  array on its own is faster, the probe does that instead: measured when it starts
+  (:func:`choose_read_path`; this CPU reads one by one, a TPU v5e stacked);
 * **rows**: per-step counter deltas and the step time, handed to the session as columns
   in one :meth:`~refrun.recording.session.RunSession.log_columns` call per block.
 
@@ -288,8 +288,8 @@ class ColumnReader:
 
     def __init__(self, per_value: bool = False) -> None:
         self.mixed: set[str] = set()
-        # Read each array on its own instead (see choose_read_path): on the TPU v5e a
-        # ready scalar reads in 1.4 us, a stacked one costs 3.1 us of dispatch alone.
+        # Read each array on its own instead (see choose_read_path): faster where an
+        # execution argument costs more than a device-to-host copy (this CPU).
         self.per_value = per_value
 
     def read(self, cols: Mapping[str, Column]) -> None:
@@ -357,9 +357,11 @@ def choose_read_path(count: int = 512, repeats: int = 3) -> ReadPath:
     """Time both ways of reading ``count`` ready float32 scalars on the default device
     (fresh arrays each time: a read keeps its host copy), best of ``repeats``, and choose
     the faster.  Which one wins depends on the platform's cost of an execution argument
-    against a device-to-host copy, measured 2026-12-06: the CPU reads stacked in 0.4-0.6
-    us a value and one by one in 1.1-1.8 us; the TPU v5e stacked in 5.2-5.6 us (3.1-3.4
-    us of it the stack's dispatch) and one by one in 1.4 us.  Run once when a probe
+    against a device-to-host copy, measured 2026-12-06: the CPU reads stacked in 0.4-0.9
+    us a value and one by one in 0.7-1.8 us; the TPU v5e stacked in 10.3 us and one by
+    one in 496 us (a fresh scalar's read is a device round trip there: 450-510 us,
+    ``benchmarks/tpu/array_costs.py``; an earlier 1.4 us read a cached host copy).  Run
+    once when a probe
     starts, outside any step (one compilation, never counted)."""
     step = jax.jit(lambda x: x + 1.0)  # one output an execution, as a step's loss is
     x = jax.device_put(np.float32(0))
