@@ -10,7 +10,9 @@
 * a buffer whose rows do not match the steps counted (``record`` twice in a step) is
   counted in ``refrun.dropped`` and recorded nowhere;
 * bad names are refused when the buffer is made, and ``record`` with other names fails
-  when the step is traced.
+  when the step is traced; ``log_buffer`` of something else, or outside a step, is
+  counted as refused, not raised into the loop;
+* a second buffer made while one is in use keeps the first one's rows.
 """
 
 from __future__ import annotations
@@ -97,15 +99,16 @@ def test_a_buffer_held_for_a_flush_interval_is_handed_over_before_it_is_full(sto
     w, n = jnp.ones(4, jnp.float32), 0
     x = _data(1)[0]
     # Step until the probe handed a buffer to its collector (a condition, not a sleep):
-    # it does so at the first step that starts a flush interval after the buffer began.
+    # it does so at the first step that starts a flush interval after the buffer's first
+    # row.
     while probe._buf_steps or n == 0:
         with probe.step(n):
             w, _, buf = _step(w, x, buf)
             buf = probe.log_buffer(buf)
         n += 1
         assert n < 1_000_000
-    handed = n
-    assert 1 < handed < 100_000  # before the buffer was full
+    handed = n  # however slow the steps (a busy machine): before the buffer was full
+    assert 1 <= handed < 100_000
     probe.close()
     run.close()
     assert [s for s, _ in store.points(run.run_id, "loss")] == list(range(handed))
@@ -144,5 +147,29 @@ def test_bad_buffer_names_are_refused_when_made_and_when_traced(store) -> None:
     buf = probe.metrics_buffer("loss", capacity=4)
     with pytest.raises(ValueError, match="differ from the buffer's"):
         jax.jit(lambda b: b.record(los=jnp.float32(1)))(buf)
+    # Before any step, or not a buffer: refused and counted, never raised into the loop.
+    assert probe.log_buffer(buf) is buf
+    with probe.step(0):
+        assert probe.log_buffer({"loss": 1.0}) == {"loss": 1.0}
     probe.close()
     run.close()
+    tags = store.client().get_run(run.run_id).data.tags
+    assert int(tags[schema.TAG_REFUSED]) == 2
+
+
+def test_a_new_buffer_keeps_the_rows_of_the_one_in_use(store) -> None:
+    run = _run(store, "jax-buffer-two")
+    probe = refrun.jax.instrument(run, step_fns=[_step], monitors=None)
+    w = jnp.ones(4, jnp.float32)
+    got = []
+    for names in (("loss", "grad_norm"), ("loss", "grad_norm")):
+        buf = probe.metrics_buffer(*names, capacity=64)
+        for x in _data(5):
+            n = len(got)
+            with probe.step(n):
+                w, loss, buf = _step(w, x, buf)
+                buf = probe.log_buffer(buf)
+            got.append(loss)
+    probe.close()
+    run.close()
+    assert store.points(run.run_id, "loss") == [(i, float(v)) for i, v in enumerate(got)]

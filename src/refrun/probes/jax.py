@@ -859,18 +859,23 @@ class JaxProbe(Probe):
         devices (a mesh-sharded state: e.g. ``NamedSharding(mesh, P())``), so the first
         buffer has the signature of the ones the step returns; None: the default device,
         uncommitted, as ``jnp.zeros`` makes arrays.
-        Raises :class:`RefrunInputError` for no names, a repeated name, a name that is not
-        a metric name, or a capacity under 1."""
+        One buffer is in use at a time: a new one hands the rows of the one in use to the
+        collector.  Raises :class:`RefrunInputError` for no names, a repeated name, a name
+        that is not a metric name, or a capacity under 1."""
         bad = [n for n in names if not isinstance(n, str) or key_problem(n)]
         if not names or bad or len(set(names)) != len(names) or capacity < 1:
             raise RefrunInputError(
                 f"probe.metrics_buffer: needs distinct metric names and capacity >= 1 (got "
                 f"names {list(names)}, capacity {capacity}"
                 + (f"; not metric names: {bad}" if bad else "") + ")")
+        if self._buf_current is not None and self._buf_steps:  # one buffer at a time:
+            self._buf_full.append(FullBuffer(self._buf_current, self._buf_steps))  # keep
+        self._buf_current = None  # the rows of the one in use
         self._buf_steps = []
         self._buf_started = time.perf_counter()
-        return empty_buffer(tuple(names), capacity,
-                            jnp.float32 if dtype is None else dtype, sharding=sharding)
+        if dtype is None:  # every float the step makes, exactly (float64 only with x64)
+            dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+        return empty_buffer(tuple(names), capacity, dtype, sharding=sharding)
 
     def log_buffer(self, buf: MetricsBuffer) -> MetricsBuffer:
         """Count the row the step just wrote into ``buf`` (at the current step) and return
@@ -878,10 +883,12 @@ class JaxProbe(Probe):
         held rows for a flush interval, a fresh one (``buf`` goes to the collector, which
         reads it in one transfer).  Nothing is read here."""
         n = self._step
-        if n is None:
-            self._refuse_unstepped(dict.fromkeys(buf.names))
+        if type(buf) is not MetricsBuffer or n is None or self._closed:
+            self._refuse_buffer(buf)
             return buf
         steps = self._buf_steps
+        if not steps:  # the buffer's first row: its flush interval starts here
+            self._buf_started = self._entry
         steps.append(n)
         self._buf_current = buf
         if len(steps) < buf.rows.shape[0] and self._entry - self._buf_started < self._buf_every_s:
@@ -900,6 +907,19 @@ class JaxProbe(Probe):
         except Exception as exc:  # a probe must never break the loop: the same one
             self._warn_exc(exc)
             return buf
+
+    def _refuse_buffer(self, buf: Any) -> None:
+        """``log_buffer`` of something that is not a buffer, outside any step, or after
+        close: counted as refused, never raised into the loop."""
+        if type(buf) is not MetricsBuffer:
+            self._refuse_value("log_buffer", self._step, TypeError(
+                f"probe.log_buffer takes the MetricsBuffer the step returned, not "
+                f"{type(buf).__name__}"))
+        elif self._closed:
+            self.run.warn_once("probe-closed", "probe.log_buffer after probe.close(): not "
+                               "recorded", self._step)
+        else:
+            self._refuse_unstepped(dict.fromkeys(buf.names))
 
     def _emit_buffers(self, final: bool) -> None:
         """Read the full metrics buffers (and, at close, the one in use) and hand their

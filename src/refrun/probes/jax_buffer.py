@@ -26,12 +26,13 @@ step and one host call, :meth:`refrun.probes.jax.JaxProbe.log_buffer`, that coun
             state, buf = train_step(state, batch, buf)
             buf = probe.log_buffer(buf)
 
-The values are recorded as the buffer's dtype (float32 unless ``dtype=`` says otherwise;
-a float32 or bfloat16 value is kept exactly).  Row ``i`` of a buffer is the ``i``-th call
-of ``record`` since the buffer was made; its step is the probe's step at the ``i``-th
-``log_buffer`` call.  The number of rows written is kept on the device too, and a buffer
-whose count differs from the host's (``record`` called twice in a step, or not at all)
-is refused with a warning rather than recorded at the wrong steps.
+The values are recorded as the buffer's dtype (float32, float64 where ``jax_enable_x64``
+is on, or ``dtype=``; a float32 or bfloat16 value is kept exactly in either).  Row ``i``
+of a buffer is the ``i``-th call of ``record`` since the buffer was made; its step is the
+probe's step at the ``i``-th ``log_buffer`` call.  The number of rows written is kept on
+the device too, and a buffer whose count differs from the host's (``record`` called twice
+in a step, or not at all) is refused with a warning rather than recorded at the wrong
+steps.
 """
 
 from __future__ import annotations
