@@ -4,6 +4,12 @@ stack hits its compiled program, and microseconds per value for the stack's disp
 its host copy, the collector's column read and ``jax.device_get`` of a list.
 
     python benchmarks/tpu/read_paths.py --workloads digits,charlm --steps 640
+
+Caution (sixth session): each figure is the best of three passes over the *same* arrays,
+and a read keeps its host copy, so the one-by-one reads (``float(x)``, ``device_get``)
+after the first pass read cached copies: their 1.4 and 3.4 us on the chip are not what a
+fresh value costs there (450-510 us and 84 us: ``benchmarks/tpu/array_costs.py``, which
+makes fresh arrays for every pass).  The stacked figures make a new stack each pass.
 """
 
 from __future__ import annotations
