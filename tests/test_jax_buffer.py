@@ -173,3 +173,25 @@ def test_a_new_buffer_keeps_the_rows_of_the_one_in_use(store) -> None:
     probe.close()
     run.close()
     assert store.points(run.run_id, "loss") == [(i, float(v)) for i, v in enumerate(got)]
+
+
+@pytest.mark.parametrize("path", ["log", "buffer"])
+def test_a_non_finite_loss_warns_once_at_its_step_by_either_path(store, path: str) -> None:
+    """The first non-finite loss of the run warns once, naming its step, whether it was
+    logged with ``probe.log`` or written into a metrics buffer."""
+    run = _run(store, f"jax-nonfinite-{path}")
+    probe = refrun.jax.instrument(run, monitors=None)
+    step = jax.jit(lambda k: (jnp.log(4.0 - k), jnp.sqrt(k)))  # nan from k = 5 on
+    buf = probe.metrics_buffer("loss", "other", capacity=4) if path == "buffer" else None
+    record = jax.jit(lambda b, loss, other: b.record(loss=loss, other=other))
+    for n in range(8):
+        with probe.step(n):
+            loss, other = step(jnp.float32(n))
+            if buf is None:
+                probe.log(loss=loss, other=other)
+            else:
+                buf = probe.log_buffer(record(buf, loss, other))
+    probe.close()
+    run.close()
+    text = store.artifact_text(run.run_id, schema.ARTIFACT_WARNINGS)
+    assert text.count("loss is ") == 1 and "loss is -inf at step 4" in text

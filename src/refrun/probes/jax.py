@@ -787,7 +787,8 @@ class JaxProbe(Probe):
     # an empty buffer the collector made for the next hand-over (its transfer to the
     # device then never runs on the training thread)
     _buf_spare: MetricsBuffer | None = field(default=None, repr=False)
-    _buf_every_s: float = field(default=1.0, repr=False)
+    _buf_every_s: float = field(default=1.0, repr=False)  # the collector's interval,
+    # kept here: one attribute read a step in log_buffer
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -868,10 +869,7 @@ class JaxProbe(Probe):
                 f"probe.metrics_buffer: needs distinct metric names and capacity >= 1 (got "
                 f"names {list(names)}, capacity {capacity}"
                 + (f"; not metric names: {bad}" if bad else "") + ")")
-        if self._buf_current is not None and self._buf_steps:  # one buffer at a time:
-            self._buf_full.append(FullBuffer(self._buf_current, self._buf_steps))  # keep
-        self._buf_current = None  # the rows of the one in use
-        self._buf_steps = []
+        self._hand_over_current()  # one buffer at a time: keep the rows of the one in use
         self._buf_started = time.perf_counter()
         if dtype is None:  # every float the step makes, exactly (float64 only with x64)
             dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
@@ -908,6 +906,13 @@ class JaxProbe(Probe):
             self._warn_exc(exc)
             return buf
 
+    def _hand_over_current(self) -> None:
+        """The buffer in use, if it holds rows, to the collector's list (on the training
+        thread, or at close)."""
+        if self._buf_current is not None and self._buf_steps:
+            self._buf_full.append(FullBuffer(self._buf_current, self._buf_steps))
+        self._buf_current, self._buf_steps = None, []
+
     def _refuse_buffer(self, buf: Any) -> None:
         """``log_buffer`` of something that is not a buffer, outside any step, or after
         close: counted as refused, never raised into the loop."""
@@ -925,10 +930,9 @@ class JaxProbe(Probe):
         """Read the full metrics buffers (and, at close, the one in use) and hand their
         columns to the session; a buffer that cannot be read, or whose row count differs
         from its steps, is counted in ``refrun.dropped``."""
+        if final:  # training is over: the buffer in use too
+            self._hand_over_current()
         (full,) = take(self._buf_full)
-        if final and self._buf_current is not None and self._buf_steps:
-            full.append(FullBuffer(self._buf_current, self._buf_steps))
-            self._buf_current, self._buf_steps = None, []
         for f in full:
             try:
                 got = read_buffer(f)
@@ -944,12 +948,8 @@ class JaxProbe(Probe):
                               f.steps[0] if f.steps else None,
                               n=max(1, len(f.steps) * len(f.buffer.names)))
                 continue
-            loss = got.columns.get(schema.M_LOSS)
-            if loss is not None and not self._nonfinite_warned:
-                for n, v in zip(got.steps, loss, strict=True):
-                    if not math.isfinite(v):
-                        self._take(n, schema.M_LOSS, v)  # warns once
-                        break
+            if schema.M_LOSS in got.columns:
+                self._warn_nonfinite_loss(got.steps, got.columns[schema.M_LOSS])
             if got.steps:
                 self.run.log_columns(got.steps, got.columns)
         if full and self._buf_spare is None and not final:
@@ -1190,12 +1190,18 @@ class JaxProbe(Probe):
             steps, vals = [n for n, _ in kept], [v for _, v in kept]
         if name == schema.M_STEP_TIME:
             self._step_times.extend(vals)
-        if name == schema.M_LOSS and not self._nonfinite_warned:
-            for n, v in zip(steps, vals, strict=True):
-                if not math.isfinite(v):
-                    self._take(n, name, v)  # warns once
-                    break
+        if name == schema.M_LOSS:
+            self._warn_nonfinite_loss(steps, vals)
         return steps, vals
+
+    def _warn_nonfinite_loss(self, steps: list[int], losses: list[float]) -> None:
+        """The first non-finite loss of a column goes through :meth:`_take` (which warns
+        once a run)."""
+        if not self._nonfinite_warned:
+            for n, v in zip(steps, losses, strict=True):
+                if not math.isfinite(v):
+                    self._take(n, schema.M_LOSS, v)
+                    break
 
     def _names_of(self, name: str, treedef: Any) -> list[str]:
         """The leaf names of a pytree logged as ``name`` (made once per structure)."""
