@@ -85,6 +85,8 @@ def test_buffered_values_are_the_steps_own_at_their_steps_compiled_once_no_host_
     assert [v for _, v in got_loss] == want_loss  # float32 values, kept exactly
     assert np.allclose([v for _, v in got_norm], want_norm, rtol=1e-5)
     assert _step._cache_size() == 1  # JAX's own: the fresh buffers did not recompile
+    # one device array a step takes and returns (each costs a TPU host's dispatch)
+    assert len(jax.tree_util.tree_leaves(buf)) == 1
     metrics = store.client().get_run(run.run_id).data.metrics
     assert metrics[schema.M_COMPILE_RECOMPILES] == 0.0
     assert metrics[schema.M_HOST_SYNCS] == 0.0
@@ -141,9 +143,13 @@ def test_bad_buffer_names_are_refused_when_made_and_when_traced(store) -> None:
     run = _run(store, "jax-buffer-names")
     probe = refrun.jax.instrument(run, monitors=None)
     for names, capacity in (((), 4), (("loss", "loss"), 4), (("loss", "bad//name"), 4),
-                            (("loss",), 0)):
+                            (("loss",), 0), (("loss",), 2**24)):
         with pytest.raises(RefrunInputError, match=r"probe\.metrics_buffer"):
             probe.metrics_buffer(*names, capacity=capacity)
+    # a dtype that cannot count its rows exactly past 256 (or is no dtype) is refused
+    for dtype in (jnp.bfloat16, jnp.float16, jnp.int32, "no-such-type"):
+        with pytest.raises(RefrunInputError, match="float32 or float64"):
+            probe.metrics_buffer("loss", capacity=4, dtype=dtype)
     buf = probe.metrics_buffer("loss", capacity=4)
     with pytest.raises(ValueError, match="differ from the buffer's"):
         jax.jit(lambda b: b.record(los=jnp.float32(1)))(buf)

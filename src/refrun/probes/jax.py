@@ -91,6 +91,8 @@ from refrun.probes.jax_blocks import (
     take,
 )
 from refrun.probes.jax_buffer import (
+    BUFFER_DTYPES,
+    MAX_CAPACITY,
     FullBuffer,
     MetricsBuffer,
     empty_buffer,
@@ -864,15 +866,25 @@ class JaxProbe(Probe):
         collector.  Raises :class:`RefrunInputError` for no names, a repeated name, a name
         that is not a metric name, or a capacity under 1."""
         bad = [n for n in names if not isinstance(n, str) or key_problem(n)]
-        if not names or bad or len(set(names)) != len(names) or capacity < 1:
+        if not names or bad or len(set(names)) != len(names) or not (
+                isinstance(capacity, int) and 1 <= capacity <= MAX_CAPACITY):
             raise RefrunInputError(
-                f"probe.metrics_buffer: needs distinct metric names and capacity >= 1 (got "
-                f"names {list(names)}, capacity {capacity}"
+                f"probe.metrics_buffer: needs distinct metric names and 1 <= capacity <= "
+                f"{MAX_CAPACITY} (got names {list(names)}, capacity {capacity!r}"
                 + (f"; not metric names: {bad}" if bad else "") + ")")
-        self._hand_over_current()  # one buffer at a time: keep the rows of the one in use
-        self._buf_started = time.perf_counter()
         if dtype is None:  # every float the step makes, exactly (float64 only with x64)
             dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+        try:
+            kind = np.dtype(dtype)
+        except TypeError:
+            kind = None
+        if kind is None or kind not in BUFFER_DTYPES:  # (a dtype equals None: float64)
+            raise RefrunInputError(
+                f"probe.metrics_buffer: dtype {dtype!r} cannot hold its metrics and count its "
+                f"rows exactly; use float32 or float64 (a bfloat16 value is kept exactly in "
+                f"both)")
+        self._hand_over_current()  # one buffer at a time: keep the rows of the one in use
+        self._buf_started = time.perf_counter()
         return empty_buffer(tuple(names), capacity, dtype, sharding=sharding)
 
     def log_buffer(self, buf: MetricsBuffer) -> MetricsBuffer:
@@ -889,7 +901,7 @@ class JaxProbe(Probe):
             self._buf_started = self._entry
         steps.append(n)
         self._buf_current = buf
-        if len(steps) < buf.rows.shape[0] and self._entry - self._buf_started < self._buf_every_s:
+        if len(steps) < buf.capacity and self._entry - self._buf_started < self._buf_every_s:
             return buf
         self._buf_full.append(FullBuffer(buf, steps))
         self._buf_steps = []
@@ -901,7 +913,7 @@ class JaxProbe(Probe):
             return spare
         try:
             with jax.transfer_guard("allow"):  # the probe's own buffer, never the user's
-                return empty_buffer(buf.names, buf.rows.shape[0], buf.rows.dtype, like=buf)
+                return empty_buffer(buf.names, buf.capacity, buf.data.dtype, like=buf)
         except Exception as exc:  # a probe must never break the loop: the same one
             self._warn_exc(exc)
             return buf
@@ -954,7 +966,7 @@ class JaxProbe(Probe):
                 self.run.log_columns(got.steps, got.columns)
         if full and self._buf_spare is None and not final:
             b = full[-1].buffer
-            self._buf_spare = empty_buffer(b.names, b.rows.shape[0], b.rows.dtype, like=b)
+            self._buf_spare = empty_buffer(b.names, b.capacity, b.data.dtype, like=b)
 
     def _log_other(self, n: int, name: str, value: Any) -> None:
         """A value off the fast path: numpy scalars (read now: they are mutable), pytrees

@@ -7,7 +7,7 @@ their throughput, all of it in the values' path (the same probe with ``probe.ste
 1.005): every logged scalar is a device array the probe keeps until its collector reads
 it (a stacked read per 64, a garbage-collector object a value) and a spool line.  A
 :class:`MetricsBuffer` moves that to the device: the jitted step writes its scalars into
-one row of a ``[capacity, k]`` array it takes and returns (an in-place update when the
+one row of a ``[capacity + 1, k]`` array it takes and returns (an in-place update when the
 buffer is donated), and the probe hands a full buffer to its collector, which reads it in
 one transfer.  The training thread's work per step is one more argument and output of the
 step and one host call, :meth:`refrun.probes.jax.JaxProbe.log_buffer`, that counts.
@@ -44,25 +44,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# Float dtypes a buffer keeps its row count in exactly (up to 2**24 rows: the capacity's
+# limit); bfloat16 and float16 would lose the count past 256 and 2048.
+BUFFER_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+MAX_CAPACITY = 2**24 - 1
+
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class MetricsBuffer:
-    """``rows[i, j]``: metric ``names[j]`` at the ``i``-th :meth:`record` since the buffer
-    was made; ``count``: rows written (both device arrays, one pytree argument of the
-    step; ``names`` is static: part of the compiled step's signature)."""
+    """One device array ``data`` of ``capacity + 1`` rows: ``data[i, j]`` is metric
+    ``names[j]`` at the ``i``-th :meth:`record` since the buffer was made, and the last
+    row's first element counts the rows written (``names`` is static: part of the
+    compiled step's signature).  One array, not rows and a count apart: on a TPU host every
+    argument and output of a dispatched step costs the training thread its own host work
+    (docs/tpu.md, seventh session)."""
 
-    rows: jax.Array
-    count: jax.Array
+    data: jax.Array
     names: tuple[str, ...] = field(metadata={"static": True})
 
     @property
     def capacity(self) -> int:
-        return int(self.rows.shape[0])
+        return int(self.data.shape[0]) - 1
 
     def record(self, **metrics: Any) -> MetricsBuffer:
         """This buffer with ``metrics`` (one scalar each, every name of :attr:`names`)
-        written as row :attr:`count`, inside the jitted step (traced: no host work, no
+        written as row ``count``, inside the jitted step (traced: no host work, no
         transfer).  A full buffer keeps its rows and counts on, so that the probe sees
         the overflow and refuses the buffer instead of recording wrong steps."""
         missing = set(self.names) - set(metrics)
@@ -70,12 +77,15 @@ class MetricsBuffer:
         if missing or extra:
             raise ValueError(f"MetricsBuffer.record: names {sorted(metrics)} differ from the "
                              f"buffer's {list(self.names)}")
-        row = jnp.stack([jnp.asarray(metrics[n]).reshape(()).astype(self.rows.dtype)
+        data, cap = self.data, self.data.shape[0] - 1
+        row = jnp.stack([jnp.asarray(metrics[n]).reshape(()).astype(data.dtype)
                          for n in self.names])
-        at = jnp.minimum(self.count, self.rows.shape[0] - 1)
-        rows = jax.lax.dynamic_update_slice(self.rows, row[None, :], (at, 0))
-        rows = jnp.where(self.count < self.rows.shape[0], rows, self.rows)
-        return MetricsBuffer(rows, self.count + 1, self.names)
+        count = data[cap, 0]
+        # a full buffer writes its overflow into the count's row, which the count then
+        # overwrites: its rows stay, and the count keeps moving (refused when read)
+        at = jnp.minimum(count, cap).astype(jnp.int32)
+        data = jax.lax.dynamic_update_slice(data, row[None, :], (at, jnp.int32(0)))
+        return MetricsBuffer(data.at[cap, 0].set(count + 1), self.names)
 
 
 def empty_buffer(names: tuple[str, ...], capacity: int, dtype: Any = jnp.float32,
@@ -84,22 +94,20 @@ def empty_buffer(names: tuple[str, ...], capacity: int, dtype: Any = jnp.float32
     step has the signature of the one the step returned -- sharding and whether it is
     committed to its devices -- so the step is not compiled again), or with ``sharding``
     (committed), or on the default device, uncommitted (as ``jnp.zeros`` makes it)."""
-    rows = np.zeros((capacity, len(names)), dtype=np.dtype(dtype))
-    count = np.zeros((), dtype=np.int32)
+    data = np.zeros((capacity + 1, len(names)), dtype=np.dtype(dtype))
     if like is not None:
-        sharding = like.rows.sharding if like.rows.committed else None
+        sharding = like.data.sharding if like.data.committed else None
     if sharding is None:
-        return MetricsBuffer(jax.device_put(rows), jax.device_put(count), names)
-    return MetricsBuffer(jax.device_put(rows, sharding), jax.device_put(count, sharding),
-                         names)
+        return MetricsBuffer(jax.device_put(data), names)
+    return MetricsBuffer(jax.device_put(data, sharding), names)
 
 
 def same_placement(a: MetricsBuffer, b: MetricsBuffer) -> bool:
     """Whether ``a`` can replace ``b`` as the step's argument without a recompilation:
     the same names, shape and dtype, and the same sharding and commitment."""
-    ra, rb = a.rows, b.rows
-    return (a.names == b.names and ra.shape == rb.shape and ra.dtype == rb.dtype
-            and ra.committed == rb.committed and ra.sharding == rb.sharding)
+    da, db = a.data, b.data
+    return (a.names == b.names and da.shape == db.shape and da.dtype == db.dtype
+            and da.committed == db.committed and da.sharding == db.sharding)
 
 
 @dataclass(frozen=True)
@@ -121,12 +129,12 @@ class BufferColumns:
 
 
 def read_buffer(full: FullBuffer) -> BufferColumns:
-    """One transfer of the rows and one of the count; the rows written, as columns."""
-    rows, count = jax.device_get((full.buffer.rows, full.buffer.count))
-    count = int(count)
+    """One transfer (the rows and their count); the rows written, as columns."""
+    data = np.asarray(jax.device_get(full.buffer.data))
+    rows, count = data[:-1], int(data[-1, 0])
     k = len(full.steps)
-    if count != k:
-        why = ("record() was called more often than log_buffer()" if count > k else
+    if count != k or k > len(rows):
+        why = ("record() was called more often than log_buffer()" if count >= k else
                "log_buffer() was called on steps whose step function did not record()")
         return BufferColumns([], {}, f"a metrics buffer held {count} rows for {k} steps "
                                      f"({why}); its values were not recorded")
