@@ -13,7 +13,9 @@ blocks, the variants interleaved) of:
   output), no probe;
 * ``step-only``: ``plain`` inside ``probe.step`` (no monitors), nothing logged;
 * ``buffer+probe``: ``buffer`` inside ``probe.step`` with ``probe.log_buffer`` (no
-  monitors): the ``buffered`` arm without monitors.
+  monitors): the ``buffered`` arm without monitors;
+* ``buffer-only+probe``: the same with the step's scalars returned in the buffer alone
+  (the ``buffer-only`` arm without monitors).
 
     python benchmarks/tpu/buffer_costs.py [--workloads charlm,digits] [--steps 3000]
 """
@@ -35,7 +37,7 @@ import refrun
 import refrun.jax
 from refrun.probes.jax_buffer import empty_buffer
 
-VARIANTS = ("plain", "rewrapped", "buffer", "step-only", "buffer+probe")
+VARIANTS = ("plain", "rewrapped", "buffer", "step-only", "buffer+probe", "buffer-only+probe")
 
 
 def main() -> None:
@@ -53,21 +55,26 @@ def main() -> None:
         donated = (0, *(i + 1 for i in w.donate))
         rewrapped = jax.jit(lambda *a, _f=fn: _f(*a), donate_argnums=tuple(
             i - 1 for i in donated[1:]))
-        run = refrun.start_run(f"buffer-costs-{name}", "candidate", hardware=jax.default_backend(),
-                               backend="jax", seed=0, tracking_uri=f"sqlite:///{tmp}/s.db",
-                               spool_dir=str(tmp / "spool"), snapshot_environment=False)
-        probe = refrun.jax.instrument(run, step_fns=w.fns, monitors=None)
+        runs = [refrun.start_run(f"buffer-costs-{name}-{i}", "candidate",
+                                 hardware=jax.default_backend(), backend="jax", seed=0,
+                                 tracking_uri=f"sqlite:///{tmp}/s.db",
+                                 spool_dir=str(tmp / f"spool{i}"), snapshot_environment=False)
+                for i in range(2)]  # one buffer in use a probe: a probe each
+        probe, probe2 = (refrun.jax.instrument(r, step_fns=w.fns, monitors=None) for r in runs)
         _, loss, norms = w.step(w.init(), 0)
         names = tuple(w.metrics((loss,) if norms is None else (loss, norms)))
         holder = probe_cost.Arm("buffer+probe", None)  # the probe's buffer
         holder.buf = probe.metrics_buffer(*names, capacity=1024)
         buffered = probe_cost.buffered_call(w, holder)
+        only = probe_cost.Arm("buffer-only+probe", None)
+        only.buf = probe2.metrics_buffer(*names, capacity=1024)
         alone = probe_cost.Arm("buffer", None)  # no probe: it fills and counts on, unread
         alone.buf = empty_buffer(names, 1024)
         states = {v: w.init() for v in VARIANTS}
         calls = {"plain": fn, "rewrapped": rewrapped, "buffer": probe_cost.buffered_call(w, alone),
                  "step-only": fn,
-                 "buffer+probe": buffered}
+                 "buffer+probe": buffered,
+                 "buffer-only+probe": probe_cost.buffered_call(w, only, only=True)}
         best = {v: (float("inf"), float("inf")) for v in VARIANTS}
         step_no = 0
         for b in range(args.blocks + 1):  # the first round warms every variant up
@@ -78,11 +85,14 @@ def main() -> None:
                 t0, c0 = time.perf_counter(), time.thread_time()
                 for i in range(args.steps):
                     n = n0 + i
-                    if v in ("step-only", "buffer+probe"):
-                        with probe.step(n):
+                    if v in ("step-only", "buffer+probe", "buffer-only+probe"):
+                        p = probe2 if v == "buffer-only+probe" else probe
+                        with p.step(n):
                             state, _, _ = w.step(state, n)
                             if v == "buffer+probe":
-                                holder.buf = probe.log_buffer(holder.buf)
+                                holder.buf = p.log_buffer(holder.buf)
+                            elif v == "buffer-only+probe":
+                                only.buf = p.log_buffer(only.buf)
                     else:
                         state, _, _ = w.step(state, n)
                 jax.block_until_ready(state)
@@ -93,8 +103,9 @@ def main() -> None:
                 if b:
                     best[v] = (min(best[v][0], cpu), min(best[v][1], wall))
         w.call[0] = fn
-        probe.close()
-        run.close()
+        for p, r in ((probe, runs[0]), (probe2, runs[1])):
+            p.close()
+            r.close()
         base = best["plain"]
         print(f"[{name}] {w.what}")
         for v in VARIANTS:

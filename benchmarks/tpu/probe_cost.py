@@ -29,6 +29,10 @@ Arms, each a block of ``--steps`` steps per round, in an order drawn at random p
 * ``buffered``: as ``probed``, the step's scalars written into a metrics buffer inside
   the jitted step (``probe.metrics_buffer`` + ``probe.log_buffer``: the step compiled
   once more with the buffer as an argument, donated) instead of ``probe.log``;
+* ``buffer-only``: as ``buffered``, the step returning its scalars in the buffer alone (not
+  also as outputs of their own): on a TPU host every output of a dispatched step costs
+  the dispatching thread ~7.5 us (``dispatch_costs.py``), so a step whose scalars are
+  only logged returns them once;
 * ``no-monitors``: the same as ``probed`` with ``monitors=None`` (the hot path, collector
   and delivery alone);
 * ``no-log``: ``probe.step`` only (``monitors=None``);
@@ -94,8 +98,10 @@ from refrun.probes.chip_busy import BusySampling, ProfilerWindows, jax_sessions 
 from refrun.probes.jax_blocks import ColumnReader, precompile, read_arrays  # noqa: E402
 from refrun.probes.monitors import PsutilMonitor  # noqa: E402
 
-ARMS = ("plain", "probed", "buffered", "no-monitors", "no-log", "window", "burn")
-PROBED_ARMS = ("probed", "buffered", "no-monitors", "no-log", "window")
+ARMS = ("plain", "probed", "buffered", "buffer-only", "no-monitors", "no-log", "window",
+        "burn")
+PROBED_ARMS = ("probed", "buffered", "buffer-only", "no-monitors", "no-log", "window")
+BUFFER_ARMS = ("buffered", "buffer-only")
 
 
 # --- statistics --------------------------------------------------------------------------------
@@ -156,6 +162,7 @@ class Workload:
     call: list[Any] = field(default_factory=list)
     donate: tuple[int, ...] = ()
     metrics: Callable[[tuple[Any, ...]], dict[str, Any]] = lambda out: {"loss": out[-1]}
+    metric_outputs: int = 1  # the step's last outputs that ``metrics`` reads
 
 
 def gru(size: tuple[int, int, int, int, int], name: str = "gru") -> Workload:
@@ -219,21 +226,23 @@ def _port_metrics(out: tuple[Any, ...]) -> dict[str, Any]:
     return refrun.jax.flatten_pytree({"loss": out[-2], "grad_norm": out[-1]})
 
 
-def buffered_call(w: Workload, arm: Arm) -> Callable[..., Any]:
+def buffered_call(w: Workload, arm: Arm, only: bool = False) -> Callable[..., Any]:
     """``w``'s jitted step with the same arguments and outputs, compiled once more with a
     metrics buffer (``arm.buf``) written inside it and donated with the step's own
-    donated arguments: what a user of ``probe.metrics_buffer`` writes."""
+    donated arguments: what a user of ``probe.metrics_buffer`` writes.  ``only``: the
+    step's scalars are returned in the buffer alone (the call gives None for each)."""
     fn = w.fns[0]
+    dropped = w.metric_outputs if only else 0
 
     def with_buffer(buf: Any, *args: Any) -> tuple[Any, Any]:
         out = fn(*args)
-        return out, buf.record(**w.metrics(out))
+        return out[:len(out) - dropped], buf.record(**w.metrics(out))
 
     jitted = jax.jit(with_buffer, donate_argnums=(0, *(i + 1 for i in w.donate)))
 
     def call(*args: Any) -> Any:
         out, arm.buf = jitted(arm.buf, *args)
-        return out
+        return (*out, *(None,) * dropped) if dropped else out
 
     return call
 
@@ -273,7 +282,8 @@ def digits() -> Workload:
         return (params, mom), loss, norms
 
     return Workload("digits", f"pipelines.digits JAX port, MLP {cfg.sizes}, batch "
-                    f"{cfg.batch}, SGD momentum", init, step, [fn], call, (0, 1), _port_metrics)
+                    f"{cfg.batch}, SGD momentum", init, step, [fn], call, (0, 1), _port_metrics,
+                    2)
 
 
 def charlm() -> Workload:
@@ -305,7 +315,7 @@ def charlm() -> Workload:
 
     return Workload("charlm", f"pipelines.charlm JAX port, transformer d={cfg.d_model} "
                     f"L={cfg.n_layer} T={cfg.context}, batch {cfg.batch}, Adam", init, step,
-                    [fn], call, (0, 1, 2), _port_metrics)
+                    [fn], call, (0, 1, 2), _port_metrics, 2)
 
 
 def markov() -> Workload:
@@ -333,7 +343,7 @@ def markov() -> Workload:
 
     return Workload("markov", f"pipelines.markov JAX port, GRU E={cfg.embed} H={cfg.hidden} "
                     f"T={cfg.length}, batch {cfg.batch}, Adam", init, step, [fn], call,
-                    (0, 1, 2), _port_metrics)
+                    (0, 1, 2), _port_metrics, 2)
 
 
 SMALL_GRU = (96, 64, 128, 64, 32)
@@ -440,14 +450,14 @@ def open_arm(name: str, w: Workload, store: str, spool: str) -> Arm:
                                    tracking_uri=store, spool_dir=spool,
                                    snapshot_environment=False, run_name=f"{w.name}-{name}",
                                    **extra)
-        kw: dict[str, Any] = {} if name in ("probed", "buffered") else {"monitors": None}
+        kw: dict[str, Any] = {} if name in ("probed", *BUFFER_ARMS) else {"monitors": None}
         arm.probe = refrun.jax.instrument(arm.run, step_fns=w.fns, **kw)
-        arm.log = name not in ("no-log", "buffered")
-        if name == "buffered":
+        arm.log = name not in ("no-log", *BUFFER_ARMS)
+        if name in BUFFER_ARMS:
             _, loss, norms = w.step(w.init(), 0)  # the names a step logs
             names = list(w.metrics((loss,) if norms is None else (loss, norms)))
             arm.buf = arm.probe.metrics_buffer(*names, capacity=1024)
-            arm.call = buffered_call(w, arm)
+            arm.call = buffered_call(w, arm, only=name == "buffer-only")
     return arm
 
 
