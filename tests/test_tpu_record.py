@@ -129,6 +129,39 @@ def test_the_probe_cost_benchmark_runs_here_and_keeps_each_workload_as_it_ends(
     assert proc.stdout.count("digits ") >= 2  # its row once measured, then the table
 
 
+def test_the_chip_dispatch_diagnostics_run_here_and_print_every_variant(tmp_path: Path) -> None:
+    """The two diagnostics the seventh session ran on the chip (``dispatch_costs.py``: what
+    each further array of a dispatch costs; ``buffer_costs.py``: a metrics buffer's cost
+    split by variant, built on ``probe_cost.py``'s workloads) still run against the code
+    they diagnose: every row printed with numbers, and no buffer refused or dropped."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}",
+           "JAX_PLATFORMS": "cpu"}
+    tpu = root / "benchmarks" / "tpu"
+    proc = subprocess.run([sys.executable, str(tpu / "dispatch_costs.py"), "--steps", "20"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+                      proc.stdout, re.M)
+    assert [int(r[0]) for r in rows] == [1, 2, 3, 5, 9, 17], proc.stdout
+    assert all(float(x) > 0 for r in rows for x in r[1:])
+    assert proc.stdout.count("each array beyond the first") == 4
+    proc = subprocess.run([sys.executable, str(tpu / "buffer_costs.py"), "--workloads",
+                           "digits", "--steps", "20", "--blocks", "1"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = re.findall(r"^  (\S+)\s+CPU\s+[\d.]+ \(\s*[-+][\d.]+\)\s+wall\s+[\d.]+",
+                     proc.stdout, re.M)
+    assert got == ["plain", "rewrapped", "buffer", "step-only", "buffer+probe",
+                   "buffer-only+probe"], proc.stdout
+    assert "metrics buffer held" not in proc.stdout + proc.stderr  # no buffer refused
+
+
 def test_the_tpu_plan_and_the_summary_of_a_real_assessment(tmp_path: Path) -> None:
     """record.py's plan (derived from the detection benchmark's variants) names every run
     the committed TPU store holds, and summary.py turns the committed assessment of that
