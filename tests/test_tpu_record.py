@@ -121,8 +121,9 @@ def test_the_probe_cost_benchmark_runs_here_and_keeps_each_workload_as_it_ends(
     doc = json.loads(out.read_text(encoding="utf-8"))
     (r,) = doc["results"]
     assert r["workload"] == "digits" and r["rounds"] == 2 and r["steps"] == 10
-    assert set(r["ratios"]) == {"probed", "buffered", "buffer-only", "no-monitors", "no-log",
-                                "window", "burn"}
+    assert set(r["ratios"]) == {"probed", "buffered", "buffer-only", "bare", "no-monitors",
+                                "no-log", "window", "burn"}
+    assert all(len(v) == 3 for v in r["buffer_only_vs_bare"].values())
     assert all(len(v["geometric"]) == 3 for v in r["ratios"].values())
     assert r["window_cost_s"] and all(isinstance(c, float) for c in r["window_cost_s"])
     assert r["chip_busy_source"].startswith("unavailable: ")  # no device plane on the CPU

@@ -33,6 +33,10 @@ Arms, each a block of ``--steps`` steps per round, in an order drawn at random p
   also as outputs of their own): on a TPU host every output of a dispatched step costs
   the dispatching thread ~7.5 us (``dispatch_costs.py``), so a step whose scalars are
   only logged returns them once;
+* ``bare``: the plain loop with the step returning its state alone (its scalars nowhere):
+  the baseline a ``buffer-only`` step is measured against as well as ``plain`` (a port
+  that logs nothing would not return its scalars either), printed as ``buffer-only /
+  bare``;
 * ``no-monitors``: the same as ``probed`` with ``monitors=None`` (the hot path, collector
   and delivery alone);
 * ``no-log``: ``probe.step`` only (``monitors=None``);
@@ -98,8 +102,8 @@ from refrun.probes.chip_busy import BusySampling, ProfilerWindows, jax_sessions 
 from refrun.probes.jax_blocks import ColumnReader, precompile, read_arrays  # noqa: E402
 from refrun.probes.monitors import PsutilMonitor  # noqa: E402
 
-ARMS = ("plain", "probed", "buffered", "buffer-only", "no-monitors", "no-log", "window",
-        "burn")
+ARMS = ("plain", "probed", "buffered", "buffer-only", "bare", "no-monitors", "no-log",
+        "window", "burn")
 PROBED_ARMS = ("probed", "buffered", "buffer-only", "no-monitors", "no-log", "window")
 BUFFER_ARMS = ("buffered", "buffer-only")
 
@@ -243,6 +247,23 @@ def buffered_call(w: Workload, arm: Arm, only: bool = False) -> Callable[..., An
     def call(*args: Any) -> Any:
         out, arm.buf = jitted(arm.buf, *args)
         return (*out, *(None,) * dropped) if dropped else out
+
+    return call
+
+
+def bare_call(w: Workload) -> Callable[..., Any]:
+    """``w``'s jitted step compiled once more returning its state alone (the call gives
+    None for each scalar output): the ``bare`` arm's step."""
+    fn, dropped = w.fns[0], w.metric_outputs
+
+    def state_only(*args: Any) -> Any:
+        out = fn(*args)
+        return out[:len(out) - dropped]
+
+    jitted = jax.jit(state_only, donate_argnums=w.donate)
+
+    def call(*args: Any) -> Any:
+        return (*jitted(*args), *(None,) * dropped)
 
     return call
 
@@ -443,6 +464,8 @@ GC = GcCount()
 
 def open_arm(name: str, w: Workload, store: str, spool: str) -> Arm:
     arm = Arm(name, w.init())
+    if name == "bare":
+        arm.call = bare_call(w)
     if name in PROBED_ARMS:
         extra = {} if FLUSH_S is None else {"flush_interval_s": FLUSH_S}
         arm.run = refrun.start_run(f"probe-cost-{w.name}", "candidate",
@@ -773,6 +796,10 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
                    for g, (c, s) in sorted(GC.by_arm.get(name, {}).items())}
             for name in chosen},
     }
+    if "bare" in arms and "buffer-only" in arms:  # the same rounds' blocks, paired
+        out["buffer_only_vs_bare"] = {
+            "geometric": geometric_ratio(arms["buffer-only"].blocks, arms["bare"].blocks),
+            "median": geometric_ratio(arms["buffer-only"].medians, arms["bare"].medians)}
     if windows is not None:
         out["window_note"] = windows.why_not
     if tl:
@@ -839,6 +866,10 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
               f"{r['seconds']:.0f} s; probed Hodges-Lehmann {fmt(hl)}; burn = "
               f"{r['burn_fraction']:.0%} of the plain step{win}")
         print(f"  chip utilisation source of the probed run: {r['chip_busy_source']}")
+        vb = r.get("buffer_only_vs_bare")
+        if vb:
+            print(f"  buffer-only / bare (neither step returns its scalars): "
+                  f"{fmt(vb['geometric'])} by block mean, {fmt(vb['median'])} by median step")
         tt = r.get("training_thread_us_per_step")
         if tt:
             per = ", ".join(f"{a} {v:.1f}" for a, v in tt.items())
