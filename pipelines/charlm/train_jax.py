@@ -42,6 +42,7 @@ from pipelines.charlm.data import (
     windows,
 )
 from pipelines.charlm.model import LN_EPS, group_of, init_params
+from pipelines.jax_buffered import buffered_step, metric_names
 from pipelines.jax_cpu import one_step_in_flight
 
 Params = dict[str, jax.Array]
@@ -202,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     m = jax.device_put({k: jnp.zeros_like(w) for k, w in params.items()}, replicated)
     v = jax.device_put({k: jnp.zeros_like(w) for k, w in params.items()}, replicated)
     train_step = make_train_step(mesh, cfg, args.defects)
+    # Every step logged and the loss never read on the host: the step's scalars go
+    # through a metrics buffer (pipelines.jax_buffered), else through probe.log.
+    use_buffer = cfg.log_every == 1 and not args.has("float_loss")
+    step_fn = buffered_step(train_step, (0, 1, 2)) if use_buffer else train_step
     evaluate = make_evaluate(cfg, args.has("bf16_matmul"))
     eval_steps = set(cfg.eval_steps())
     replay_from = None if args.resume is None else args.resume.interrupt
@@ -210,17 +215,25 @@ def main(argv: list[str] | None = None) -> int:
 
     serial = one_step_in_flight(devices)
     with cli.start_run(args, hardware=devices[0].platform, corpus_sha256=corpus.sha256) as run:
-        probe = refrun.jax.instrument(run, params=params, step_fns=[train_step], mesh=mesh)
+        probe = refrun.jax.instrument(run, params=params, step_fns=[step_fn], mesh=mesh)
+        buf = None
         for step in args.step_order():
             x, y = windows(corpus.train, starts[step], cfg.context)
             keep = dropout_mask(args.seed, step, (*x.shape, cfg.d_model), cfg.dropout)
             sched = schedule(cfg, step, not args.has("no_warmup"))
+            if use_buffer and buf is None:
+                names = metric_names(train_step, params, m, v, x, y, keep, sched)
+                buf = probe.metrics_buffer(*names, sharding=replicated)
             with probe.step(step):
-                params, m, v, loss, norms = train_step(params, m, v, x, y, keep, sched)
-                if args.has("float_loss") and not math.isfinite(float(loss)):
-                    continue  # a NaN guard: a host read of the loss in every step
-                if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                    probe.log(loss=loss, grad_norm=norms)
+                if use_buffer:
+                    params, m, v, buf = step_fn(buf, params, m, v, x, y, keep, sched)
+                    buf = probe.log_buffer(buf)
+                else:
+                    params, m, v, loss, norms = train_step(params, m, v, x, y, keep, sched)
+                    if args.has("float_loss") and not math.isfinite(float(loss)):
+                        continue  # a NaN guard: a host read of the loss in every step
+                    if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                        probe.log(loss=loss, grad_norm=norms)
             if serial:  # several CPU devices: see pipelines.jax_cpu
                 jax.block_until_ready(params)
             if step in eval_steps:

@@ -30,6 +30,7 @@ import refrun.jax
 from pipelines.digits import cli
 from pipelines.digits.data import batch_indices, load
 from pipelines.digits.model import init_params, layer_names
+from pipelines.jax_buffered import buffered_step, metric_names
 from pipelines.jax_cpu import one_step_in_flight
 
 Params = dict[str, jax.Array]
@@ -132,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         clip_per_device=args.has("clip_per_device"), block_first=args.has("blocked_grad"),
         bf16=args.has("bf16_matmul"))
     bf16 = args.has("bf16_matmul")
+    # Every step logged and the loss never read on the host: the step's scalars go
+    # through a metrics buffer (pipelines.jax_buffered), else through probe.log.
+    use_buffer = cfg.log_every == 1 and not args.has("float_loss")
+    step_fn = buffered_step(train_step, (0, 1)) if use_buffer else train_step
     # The stale-copy defect: evaluation keeps reading the arrays it was given at the start
     # while the loop rebinds ``params`` to the updated ones.
     stale = jax.tree.map(jnp.copy, params) if args.has("stale_eval_copy") else None
@@ -141,16 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     hardware = devices[0].platform
     serial = one_step_in_flight(devices)
     with cli.start_run(args, hardware=hardware) as run:
-        probe = refrun.jax.instrument(run, params=params, step_fns=[train_step], mesh=mesh)
+        probe = refrun.jax.instrument(run, params=params, step_fns=[step_fn], mesh=mesh)
+        buf = None
         for step in range(cfg.steps):
             idx = batches[step]
+            x, y = data.train.x[idx], data.train.y[idx]
+            if use_buffer and buf is None:
+                buf = probe.metrics_buffer(*metric_names(train_step, params, mom, x, y),
+                                           sharding=replicated)
             with probe.step(step):
-                params, mom, loss, norms = train_step(params, mom, data.train.x[idx],
-                                                      data.train.y[idx])
-                if args.has("float_loss") and not math.isfinite(float(loss)):
-                    continue  # a NaN guard: a host read of the loss in every step
-                if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                    probe.log(loss=loss, grad_norm=norms)
+                if use_buffer:
+                    params, mom, buf = step_fn(buf, params, mom, x, y)
+                    buf = probe.log_buffer(buf)
+                else:
+                    params, mom, loss, norms = train_step(params, mom, x, y)
+                    if args.has("float_loss") and not math.isfinite(float(loss)):
+                        continue  # a NaN guard: a host read of the loss in every step
+                    if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                        probe.log(loss=loss, grad_norm=norms)
             if serial:  # several CPU devices: see pipelines.jax_cpu
                 jax.block_until_ready(params)
             if step in eval_steps:
