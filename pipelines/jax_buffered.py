@@ -22,11 +22,16 @@ import jax
 import refrun.jax
 
 
+def scalars(out: tuple[Any, ...]) -> dict[str, Any]:
+    """A port step's last two outputs by the names ``probe.log(loss=..., grad_norm=...)``
+    gives them."""
+    return refrun.jax.flatten_pytree({"loss": out[-2], "grad_norm": out[-1]})
+
+
 def metric_names(step: Callable[..., Any], *args: Any) -> tuple[str, ...]:
-    """The names ``probe.log(loss=..., grad_norm=...)`` gives the step's last two
-    outputs, from its output shapes alone (``jax.eval_shape``: nothing runs)."""
-    out = jax.eval_shape(step, *args)
-    return tuple(refrun.jax.flatten_pytree({"loss": out[-2], "grad_norm": out[-1]}))
+    """:func:`scalars`' names, from the step's output shapes alone (``jax.eval_shape``:
+    nothing runs)."""
+    return tuple(scalars(jax.eval_shape(step, *args)))
 
 
 def buffered_step(step: Callable[..., Any], donate: Sequence[int]) -> Callable[..., Any]:
@@ -36,7 +41,6 @@ def buffered_step(step: Callable[..., Any], donate: Sequence[int]) -> Callable[.
     among ``args``)."""
     def with_buffer(buf: Any, *args: Any) -> tuple[Any, ...]:
         out = step(*args)
-        metrics = refrun.jax.flatten_pytree({"loss": out[-2], "grad_norm": out[-1]})
-        return (*out[:-2], buf.record(**metrics))
+        return (*out[:-2], buf.record(**scalars(out)))
 
     return jax.jit(with_buffer, donate_argnums=(0, *(i + 1 for i in donate)))

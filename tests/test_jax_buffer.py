@@ -201,3 +201,20 @@ def test_a_non_finite_loss_warns_once_at_its_step_by_either_path(store, path: st
     run.close()
     text = store.artifact_text(run.run_id, schema.ARTIFACT_WARNINGS)
     assert text.count("loss is ") == 1 and "loss is -inf at step 4" in text
+
+
+def test_a_buffer_read_with_more_steps_than_rows_is_refused_not_truncated() -> None:
+    """``log_buffer`` hands a buffer over at its capacity; a direct reader given more steps
+    than rows (the overflow written into the count's row) gets a refusal, never the rows
+    that were kept as if they were all."""
+    from refrun.probes.jax_buffer import FullBuffer, empty_buffer, read_buffer
+
+    buf = empty_buffer(("loss",), 3)
+    step = jax.jit(lambda b, v: b.record(loss=v))
+    for v in range(5):
+        buf = step(buf, jnp.float32(v))
+    got = read_buffer(FullBuffer(buf, [0, 1, 2, 3, 4]))  # count 5, 5 steps, 3 rows
+    assert got.steps == [] and got.columns == {}
+    assert got.refused is not None and "more steps than its 3 rows" in got.refused
+    ok = read_buffer(FullBuffer(step(empty_buffer(("loss",), 3), jnp.float32(7)), [9]))
+    assert ok.refused is None and ok.steps == [9] and ok.columns == {"loss": [7.0]}

@@ -864,7 +864,8 @@ class JaxProbe(Probe):
         uncommitted, as ``jnp.zeros`` makes arrays.
         One buffer is in use at a time: a new one hands the rows of the one in use to the
         collector.  Raises :class:`RefrunInputError` for no names, a repeated name, a name
-        that is not a metric name, or a capacity under 1."""
+        that is not a metric name, a capacity outside 1 .. 2**24 - 1, or a dtype other than
+        float32 and float64 (the row count is kept in the buffer, exactly)."""
         bad = [n for n in names if not isinstance(n, str) or key_problem(n)]
         if not names or bad or len(set(names)) != len(names) or not (
                 isinstance(capacity, int) and 1 <= capacity <= MAX_CAPACITY):

@@ -134,7 +134,8 @@ def read_buffer(full: FullBuffer) -> BufferColumns:
     rows, count = data[:-1], int(data[-1, 0])
     k = len(full.steps)
     if count != k or k > len(rows):
-        why = ("record() was called more often than log_buffer()" if count >= k else
+        why = (f"more steps than its {len(rows)} rows" if k > len(rows) else
+               "record() was called more often than log_buffer()" if count > k else
                "log_buffer() was called on steps whose step function did not record()")
         return BufferColumns([], {}, f"a metrics buffer held {count} rows for {k} steps "
                                      f"({why}); its values were not recorded")
