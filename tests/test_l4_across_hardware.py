@@ -292,6 +292,21 @@ def ratios_by_hand(w: World, cand: str, refs: list[str]) -> tuple[float, float]:
     return float(tp), float(cost)
 
 
+def busy_not_judged(r, tp: float) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the throughput goal was left unjudged because other processes kept the
+    machine busy, and said so: the contention measured, the ratio and the would-be fail in
+    its reason.  Under the brief's busy protocol (two CPU-bound processes beside the suite
+    on 2 cores) the JAX step's thread hand-offs stretch far more than the sleeps do (the
+    clean port read 0.548 of the references' throughput there), and refrun rightly does
+    not call a ratio that contention can explain either way."""
+    if r.outcome != "not_evaluable":
+        return False
+    cont = r.evidence[schema.EV_CONTENTION]
+    assert cont["known"] and "(it would fail: steady throughput" in r.reason, r.reason
+    assert f"ratio {tp:.3f} < 0.9" in r.reason, r.reason
+    return True
+
+
 def assess(w: World, file: str, cand: str):  # type: ignore[no-untyped-def]
     a, _ = assess_ids(load_criteria(w.files[file]), w.refs[:3], w.cands[cand],
                       w.store.tracking_uri)
@@ -324,12 +339,14 @@ def test_a_faster_but_costlier_migration_fails_its_cost_goal_and_passes_its_thro
         world: World) -> None:
     a = assess(world, "goals", "clean")
     tp, cost = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
-    assert tp > 1 and cost > 1.2  # faster per step, costlier per run (ten times the price)
+    assert cost > 1.2  # costlier per run (ten times the price)
     assert a.result("host-syncs-per-step").evidence["per_step_mean"] == 0.0
     # L0-L3 pass with the calibrated criteria, so L4 is judged.
     assert [lv.status for lv in a.levels[:4]] == ["pass", "pass", "pass", "pass"], a.table()
     r_tp, r_cost = a.result("goal-throughput"), a.result("goal-cost")
-    assert r_tp.outcome == "pass" and r_tp.evaluated, r_tp.reason
+    assert r_tp.evaluated, r_tp.reason
+    if not busy_not_judged(r_tp, tp):  # faster per step, as on a quiet machine
+        assert tp >= 0.9 and r_tp.outcome == "pass", r_tp.reason  # quiet: about 3x
     assert r_tp.evidence["ratio"] == pytest.approx(tp, rel=1e-9)
     assert r_tp.evidence["unit"] == "samples"
     assert r_cost.outcome == "fail", r_cost.reason
@@ -362,7 +379,9 @@ def test_a_migration_with_a_host_sync_in_every_step_fails_its_throughput_goal(
         assert r.outcome == "fail", r.reason
         assert f"ratio {tp:.3f} < 0.9" in r.reason
     # The clean port of the same seed passes the same goal: the host check is the cause.
-    assert assess(world, "goals", "clean").result("goal-throughput").outcome == "pass"
+    r_clean = assess(world, "goals", "clean").result("goal-throughput")
+    clean_tp, _ = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
+    assert busy_not_judged(r_clean, clean_tp) or r_clean.outcome == "pass", r_clean.reason
 
 
 def test_without_goals_the_figures_are_measured_and_change_no_verdict(world: World) -> None:
@@ -392,8 +411,9 @@ def test_without_goals_the_figures_are_measured_and_change_no_verdict(world: Wor
 def test_accept_prints_the_figures_judged_or_measured(
         world: World, capsys: pytest.CaptureFixture[str]) -> None:
     tp, cost = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
+    judged = assess(world, "goals", "clean").result("goal-throughput").outcome.upper()
     for name, rc, head in (("measured", 0, "measured only (no L4 goal declared"),
-                           ("goals", 1, "judged by goal-throughput PASS, goal-cost FAIL")):
+                           ("goals", 1, f"judged by goal-throughput {judged}, goal-cost FAIL")):
         assert main(["accept", "--criteria", str(world.files[name]), "--reference",
                      *world.refs[:3], "--candidate", world.cands["clean"], "--no-record",
                      "--tracking-uri", world.store.tracking_uri]) == rc
@@ -456,7 +476,10 @@ def test_the_report_shows_the_figures_on_its_first_screen(world: World) -> None:
     p = Cells()
     p.feed(text)
     _, tp_row, cost_row, busy_row = p.rows
-    assert tp_row.startswith("throughput") and "PASS" in tp_row.upper()
+    r_tp = a.result("goal-throughput")
+    shown_outcome = ("NOT EVALUABLE" if busy_not_judged(r_tp, r_tp.evidence["ratio"])
+                     else "PASS")
+    assert tp_row.startswith("throughput") and shown_outcome in tp_row.upper(), tp_row
     assert cost_row.startswith("cost per run") and "FAIL" in cost_row.upper()
     assert "not measured: run" in busy_row and "executed on the CPU" in busy_row
     perf = a.performance
