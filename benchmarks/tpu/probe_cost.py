@@ -758,9 +758,9 @@ def bench(w: Workload, args: argparse.Namespace, store: str, spool: str
         arm = arms[name]
         arm.probe.close()
         arm.run.close()
-        if name == "probed":  # the tag the run recorded, as the monitor wrote it
+        if source is None:  # the tag the first monitored arm recorded, as its monitor
             source = next((m.tags()[schema.TAG_UTILIZATION_SOURCE] for m in arm.probe.monitors
-                           if m.name == "chip_busy"), None)
+                           if m.name == "chip_busy"), None)  # wrote it ("probed" first)
     plain = arms["plain"].blocks
     out: dict[str, Any] = {
         "workload": w.name, "what": w.what, "steps": args.steps, "rounds": args.rounds,
@@ -865,7 +865,7 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, Any]) -> None:
               f"(flush interval {r.get('flush_interval_s') or 'default'}), "
               f"{r['seconds']:.0f} s; probed Hodges-Lehmann {fmt(hl)}; burn = "
               f"{r['burn_fraction']:.0%} of the plain step{win}")
-        print(f"  chip utilisation source of the probed run: {r['chip_busy_source']}")
+        print(f"  chip utilisation source of the first monitored arm: {r['chip_busy_source']}")
         vb = r.get("buffer_only_vs_bare")
         if vb:
             print(f"  buffer-only / bare (neither step returns its scalars): "
