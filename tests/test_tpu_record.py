@@ -285,3 +285,62 @@ def test_the_tpus_own_known_good_evidence_admits_its_exact_port(tmp_path: Path) 
                                        *tpu[exact].series("loss")[:2]),
                       band.band_steps, band.band_values, band.max_ratio)
             assert j.first_divergence_step is not None
+
+
+# --- the fourth record: the ports recording through metrics buffers on the chip ----------------
+FOURTH = Path(__file__).parent / "fixtures" / "tpu" / "record-2026-12-06-fourth.tgz"
+
+
+def _store_runs(fixture: Path, tmp: Path) -> dict[str, dict]:
+    """A record's pipeline runs by ``pipeline.variant``: the loss of each step (its last
+    value in MLflow's table), the refrun tags, the compilations artifact and the
+    ``xfer/host_syncs`` points of ``refrun/curves.parquet``, read from the files alone."""
+    with tarfile.open(fixture) as tar:
+        tar.extractall(tmp, filter="data")
+    src = tmp / "tpu-store"
+    out = {}
+    for rid, variant in source_rows(src, "SELECT r.run_uuid, t.value FROM runs r JOIN tags t "
+                                         "ON t.run_uuid = r.run_uuid AND "
+                                         "t.key = 'pipeline.variant'"):
+        art = next(src.glob(f"mlruns/*/{rid}/artifacts/refrun"))
+        curves = pd.read_parquet(art / "curves.parquet")
+        out[variant] = {
+            "loss": dict(source_rows(src, f"SELECT step, value FROM metrics WHERE run_uuid = "
+                                          f"'{rid}' AND key = 'loss' ORDER BY step, timestamp")),
+            "tags": dict(source_rows(src, f"SELECT key, value FROM tags WHERE run_uuid = "
+                                          f"'{rid}'")),
+            "compiles": json.loads((art / "jax_compilations.json").read_text()),
+            "syncs": curves[curves.metric == schema.M_HOST_SYNCS],
+            "curve_loss": curves[curves.metric == "loss"]}
+    return out
+
+
+def test_the_ports_recorded_through_metrics_buffers_on_the_chip_change_no_value(
+        tmp_path: Path) -> None:
+    """The fourth record (the pipelines' JAX ports recording through metrics buffers,
+    ``pipelines/jax_buffered.py``) against the third (the same ports with ``probe.log``),
+    both recorded on the TPU v5e: every run's loss at every step is the same number, bit
+    for bit; each buffered run compiled its step once, as ``with_buffer``, counted no host
+    sync, and dropped or refused nothing; the three ``float(loss)`` defects kept
+    ``probe.log`` and their one host read a step (docs/tpu.md, fourth record)."""
+    third = _store_runs(THIRD, tmp_path / "third")
+    fourth = _store_runs(FOURTH, tmp_path / "fourth")
+    assert set(fourth) == set(third) and len(fourth) == 26
+    for variant, run in fourth.items():
+        before = third[variant]["loss"]
+        assert run["loss"] == before, variant  # the same steps and the same values
+        assert run["loss"] == dict(zip(run["curve_loss"].step, run["curve_loss"].value,
+                                       strict=True)), variant
+        assert sorted(run["loss"]) == list(range(len(run["loss"]))), variant
+        assert run["tags"][schema.TAG_DROPPED] == run["tags"][schema.TAG_REFUSED] == "0"
+        graphs = {f: n for f, n in run["compiles"]["by_function"].items()
+                  if f.endswith("[graph]")}
+        syncs = run["syncs"]
+        steps = len(run["loss"])
+        if "float-loss" in variant:  # the defect reads the loss on the host: probe.log
+            assert "with_buffer" not in run["compiles"]["step_functions"], variant
+            assert syncs.value.sum() == steps, variant  # one read a step, counted
+        else:
+            assert run["compiles"]["step_functions"] == ["with_buffer"], variant
+            assert graphs == {"jit(with_buffer) [graph]": 1}, (variant, graphs)
+            assert syncs.value.sum() == 0, variant
