@@ -344,3 +344,10 @@ def test_the_ports_recorded_through_metrics_buffers_on_the_chip_change_no_value(
             assert run["compiles"]["step_functions"] == ["with_buffer"], variant
             assert graphs == {"jit(with_buffer) [graph]": 1}, (variant, graphs)
             assert syncs.value.sum() == 0, variant
+    # and the chip sampler, beside buffers, still reads the known matmul loads' share
+    src = tmp_path / "fourth" / "tpu-store"
+    manifest = json.loads((src / "manifest.json").read_text(encoding="utf-8"))
+    for check in manifest["matmul_check"]:
+        (values,) = zip(*source_rows(src, f"SELECT value FROM metrics WHERE key = '{BUSY}' "
+                                          f"AND run_uuid = '{check['run_id']}'"), strict=True)
+        assert abs(float(np.mean(values)) - check["expected_busy_pct"]) < 5.0, (check, values)
