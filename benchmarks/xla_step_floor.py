@@ -23,7 +23,6 @@ minimal Python boundary reads (the boundary row).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import statistics
@@ -37,7 +36,6 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_xla_probe as bench
-from scipy import stats
 
 ARMS = ("plain", "plain-again", "boundary", "probe")
 
@@ -69,14 +67,6 @@ class Boundary:
         pass
 
 
-def interval(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of ``ratios`` and its 95 % t-interval."""
-    logs = [math.log(r) for r in ratios]
-    m, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
-    t = float(stats.t.ppf(0.975, len(logs) - 1))
-    return math.exp(m), math.exp(m - t * se), math.exp(m + t * se)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=300)
@@ -99,24 +89,22 @@ def main() -> None:
         for name in ARMS:  # warm-up: compilations and the probe's first flush
             bench.run_block(arms[name], 1100, loops[name])
         rng = random.Random(args.seed)
-        ratios: dict[str, list[float]] = {a: [] for a in ARMS[1:]}
-        plain_s: list[float] = []
+        blocks: dict[str, list[float]] = {a: [] for a in ARMS}
         t0 = time.perf_counter()
         for _ in range(args.rounds):
             order = list(ARMS)
             rng.shuffle(order)
-            t = {a: bench.run_block(arms[a], args.steps, loops[a]) for a in order}
-            plain_s.append(t["plain"])
-            for a in ratios:
-                ratios[a].append(t[a] / t["plain"])
+            for a in order:
+                blocks[a].append(bench.run_block(arms[a], args.steps, loops[a]))
         probe.close()
         run.close()
-    print(f"MLP (bench_xla_probe.py), plain step {statistics.median(plain_s) * 1e3:.3f} ms; "
+    plain_ms = statistics.median(blocks["plain"]) * 1e3
+    print(f"MLP (bench_xla_probe.py), plain step {plain_ms:.3f} ms; "
           f"{args.rounds} rounds x {args.steps} steps, {time.perf_counter() - t0:.0f} s")
     print("| arm | / plain [95 % CI] | upper end <= 1.01 |")
     print("|---|---|---|")
-    for a, r in ratios.items():
-        g, lo, hi = interval(r)
+    for a in ARMS[1:]:  # the paired blocks' geometric mean and its 95 % t-interval
+        g, lo, hi, _ = bench.round_ratio(blocks[a], blocks["plain"])
         print(f"| {a} | {g:.4f} [{lo:.4f}, {hi:.4f}] | {'yes' if hi <= 1.01 else 'no'} |")
 
 

@@ -78,10 +78,10 @@ def test_every_tpu_run_arrives_with_what_the_chip_recorded(merged) -> None:
     assert len(busy) >= 20  # what the record said: 23 of 25
 
 
-def test_the_matmul_cross_check_reads_the_known_busy_share(merged) -> None:
-    """The load's busy share known without the profiler (matmul time over step wall,
-    timed on the chip): the sampler's reading within 5 points of it."""
-    source, _, _ = merged
+def assert_matmul_cross_check(source: Path) -> dict[str, dict]:
+    """Each matmul load's busy share as the chip sampler read it (the mean of its
+    ``sys/tpu0_duty_cycle_pct`` values in the store) within 5 points of the share known
+    without the profiler (the record's manifest); the checks by variant."""
     manifest = json.loads((source / "manifest.json").read_text(encoding="utf-8"))
     checks = {c["variant"]: c for c in manifest["matmul_check"]}
     assert set(checks) == {"matmul-dense", "matmul-sparse"}
@@ -91,6 +91,14 @@ def test_the_matmul_cross_check_reads_the_known_busy_share(merged) -> None:
                         strict=True)
         assert abs(float(np.mean(values)) - check["expected_busy_pct"]) < 5.0, \
             (check, values)
+    return checks
+
+
+def test_the_matmul_cross_check_reads_the_known_busy_share(merged) -> None:
+    """The load's busy share known without the profiler (matmul time over step wall,
+    timed on the chip): the sampler's reading within 5 points of it."""
+    source, _, _ = merged
+    checks = assert_matmul_cross_check(source)
     assert checks["matmul-dense"]["expected_busy_pct"] > 80 > 20 > \
         checks["matmul-sparse"]["expected_busy_pct"]
     tags = dict(source_rows(source, f"SELECT key, value FROM tags WHERE run_uuid = "
@@ -345,9 +353,4 @@ def test_the_ports_recorded_through_metrics_buffers_on_the_chip_change_no_value(
             assert graphs == {"jit(with_buffer) [graph]": 1}, (variant, graphs)
             assert syncs.value.sum() == 0, variant
     # and the chip sampler, beside buffers, still reads the known matmul loads' share
-    src = tmp_path / "fourth" / "tpu-store"
-    manifest = json.loads((src / "manifest.json").read_text(encoding="utf-8"))
-    for check in manifest["matmul_check"]:
-        (values,) = zip(*source_rows(src, f"SELECT value FROM metrics WHERE key = '{BUSY}' "
-                                          f"AND run_uuid = '{check['run_id']}'"), strict=True)
-        assert abs(float(np.mean(values)) - check["expected_busy_pct"]) < 5.0, (check, values)
+    assert_matmul_cross_check(tmp_path / "fourth" / "tpu-store")
