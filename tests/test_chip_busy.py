@@ -31,6 +31,7 @@ from refrun.probes.chip_busy import (
     ChipBusyMonitor,
     ProfilerWindows,
     jax_sessions,
+    steady_span,
     window_busy,
 )
 from refrun.probes.xspace import XSpaceError, busy_fraction, read_timeline
@@ -115,6 +116,8 @@ def test_sampling_options_are_validated() -> None:
             BusySampling(**bad)
     with pytest.raises(RefrunInputError, match="window_steps"):
         BusySampling(window_steps=0)
+    with pytest.raises(RefrunInputError, match="looks_per_window"):
+        BusySampling(looks_per_window=0)
     with pytest.raises(RefrunInputError, match="min_window_s"):
         BusySampling(min_window_s=0.5, window_s=0.2)
     s = BusySampling(budget=0.002, min_period_s=10, max_period_s=300)
@@ -125,6 +128,66 @@ def test_sampling_options_are_validated() -> None:
     assert s.period_s(0.001) == 10  # cheap windows: the least period
     assert s.period_s(0.1) == pytest.approx(50)  # 0.1 s of profiler calls per 50 s
     assert s.period_s(5.0) == 300  # dear windows: the longest period
+
+
+def looks_every_ms(steps: list[int], compiles: list[int]) -> list[tuple[int, int, int]]:
+    """Looks one millisecond apart (time in ns) with the given step and compile counts."""
+    return [(k * 1_000_000, s, c) for k, (s, c) in enumerate(zip(steps, compiles,
+                                                                  strict=True))]
+
+
+def test_a_window_in_which_the_loop_compiled_is_read_over_its_steady_stretch() -> None:
+    """On a TPU v5e one run in 26 lost its only window because its evaluation compiled
+    during it.  The window is read over its longest stretch that ran steps and compiled
+    nothing, bounded by steps that completed around the compilation (whether the count
+    moves at a compilation's start or end)."""
+    # a step per look; the count moves between looks 10 and 11
+    steps = list(range(21))
+    comp = [0] * 11 + [1] * 10
+    # before it: the last step seen before the move completed in (t9, t10], so the
+    # compilation had not begun at t9: [0, 9] ms (9 ms); after it: the first step above
+    # look 11's completes at look 12: [12, 20] ms (8 ms).  The longer one is read.
+    assert steady_span(looks_every_ms(steps, comp), 0) == (0, 9_000_000)
+    # the same with the move earlier: the stretch after it is the longer
+    comp = [0] * 5 + [1] * 16
+    assert steady_span(looks_every_ms(steps, comp), 0) == (6_000_000, 20_000_000)
+    # nothing compiled: the whole window
+    assert steady_span(looks_every_ms(steps, [3] * 21), 0) == (0, 20_000_000)
+    # an evaluation: the loop stands still at step 10 while it compiles (looks 10-14),
+    # the count moves between looks 12 and 13; steps resume at look 15
+    steps = list(range(11)) + [10] * 4 + list(range(11, 17))
+    comp = [0] * 13 + [1] * 8
+    # before: last advance at look 10 (9 -> 10): ends at look 9 = 9 ms; after: the first
+    # look above look 13's 10 steps is look 15: [15, 20] = 5 ms
+    assert steady_span(looks_every_ms(steps, comp), 0) == (0, 9_000_000)
+    # the least length and steps are kept
+    assert steady_span(looks_every_ms(steps, comp), 9_500_000) is None
+    assert steady_span(looks_every_ms(list(range(21)), [0] * 21), 0, min_steps=21) is None
+    # a loop that stood still, or compiled at every look, has no steady stretch
+    assert steady_span(looks_every_ms([5] * 21, [0] * 21), 0) is None
+    assert steady_span(looks_every_ms(list(range(21)), list(range(21))), 0) is None
+    assert steady_span([], 0) is None and steady_span([(0, 1, 0)], 0) is None
+
+
+def test_a_steady_stretch_of_a_real_tpu_trace_is_read_as_its_programs_say() -> None:
+    """The busy share over a stretch is computed over that stretch only: on the sparse
+    matmul load (programs with sleeps between), a stretch cut by steady_span from looks on
+    the trace's clock reads what ProfileData's events say about that stretch."""
+    raw = xspace("mm_sparse")
+    tl = read_timeline(raw)
+    start, events = profile_data_modules(raw)
+    t0, t1 = events[0][0] + start, events[-1][1] + start
+    # looks every 1/40 of the span, a step at each, a compilation between looks 25 and 26
+    gap = (t1 - t0) // 40
+    looks = [(t0 + k * gap, k, int(k > 25)) for k in range(41)]
+    span = steady_span(looks, 0)
+    assert span == (t0, t0 + 24 * gap)
+    covered = sum(max(0, min(e + start, span[1]) - max(s + start, span[0]))
+                  for s, e in events)
+    busy, why = window_busy(tl, span)
+    assert why == "" and busy == {
+        "sys/tpu0_duty_cycle_pct": pytest.approx(100 * covered / (span[1] - span[0]),
+                                                 rel=1e-12)}
 
 
 def cpu_sessions():

@@ -29,8 +29,10 @@ whatever its length; short windows keep the trace small.  The windows' values ar
 over a window each: average them (the L4 busy fraction), do not take a median of them.
 A window spans ``window_steps`` (50) steps at the rate the last look saw, within
 ``[min_window_s, window_s]`` (10 ms, 0.2 s), so that a loop of a few hundred
-sub-millisecond steps gets a window that ends before it does; a window during which the
-loop stopped or compiled is dropped.
+sub-millisecond steps gets a window that ends before it does.  The sampler looks at the
+loop ``looks_per_window`` times during a window: a window in which the loop compiled is
+read over its longest stretch that ran steps without compiling (:func:`steady_span`), and
+dropped only when it has none of ``min_window_s`` (or the loop stood still).
 
 A window never disturbs the user's own profiling: it is taken under JAX's (or
 torch_xla's) profiler lock, skipped while the user's trace is running, and a user trace
@@ -42,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +80,7 @@ class BusySampling:
     taken to be unreadable here (on the CPU the first one decides)."""
     retry_s: float = 0.5
     """Seconds before the next window while none has been read and the last one was not
-    (no device's programs in it, or the loop compiled or paused during it): a run of a
+    (no device's programs in it, or no steady stretch in it): a run of a
     few seconds still gets its reading (on a TPU v5e 11 of 23 runs of 2-9 s had none
     when the next try waited ``min_period_s``)."""
     quick_retries: int = 4
@@ -87,9 +89,15 @@ class BusySampling:
     steady_poll_s: float = 0.05
     """Seconds between two looks at the loop's progress when waiting for a steady loop
     (a sleeping thread woken 20 times a second only until it takes a window)."""
+    looks_per_window: int = 20
+    """Looks at the loop's progress during a window: a window in which the loop compiled
+    (its evaluation's first call, a new shape) is read over its longest stretch between
+    two looks that is free of compilation (:func:`steady_span`), not dropped whole: on a
+    TPU v5e a run of 3-4 s has time for one window (a window's profiler calls take 1-3 s
+    there), and one run in 26 lost its only window to its evaluation's compilation."""
 
     def __post_init__(self) -> None:
-        for name in ("window_steps", "empty_windows", "quick_retries"):
+        for name in ("window_steps", "empty_windows", "quick_retries", "looks_per_window"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise RefrunInputError(f"BusySampling.{name}: expected an integer >= 1, "
@@ -127,12 +135,58 @@ class BusySampling:
     def wait_after(self, outcome: str, cost_s: float, read: int, tries: int) -> float:
         """Seconds from a window's start to the next one's, after a window whose
         ``outcome`` is ``"read"``, ``"empty"`` (no device's programs), ``"dropped"`` (the
-        loop compiled or paused during it) or ``"failed"``, when ``read`` windows have
+        loop had no steady stretch in it) or ``"failed"``, when ``read`` windows have
         been read and ``tries`` windows taken in all: ``retry_s`` while nothing was read
         and the quick tries last, else :meth:`period_s`."""
         if outcome in ("empty", "dropped") and read == 0 and tries <= self.quick_retries:
             return self.retry_s
         return self.period_s(cost_s)
+
+
+Look = tuple[int, int, int]
+"""``(time.time_ns(), steps done, compilations so far)``: one look at the loop."""
+
+
+def steady_span(looks: Sequence[Look], min_ns: int, min_steps: int = 2
+                ) -> tuple[int, int] | None:
+    """The longest stretch ``(t_i, t_j)`` between two looks during which the loop ran
+    steps and compiled nothing, or None when no stretch of at least ``min_ns`` and
+    ``min_steps`` steps is.
+
+    Compilation happens on the loop's own thread, inside a step's call (or an
+    evaluation's), so it can be bounded by the steps that completed around it without
+    knowing whether the compilation count moves at its start or at its end:
+
+    * after the count moved between looks ``a - 1`` and ``a``, the stretch starts at the
+      first look whose step count is above look ``a``'s (a step completed after the
+      count moved, so the compilation was over); looks before any move start at once;
+    * before the count moves between looks ``b`` and ``b + 1``, the stretch ends at look
+      ``k - 1`` for the last ``k <= b`` whose step count is above look ``k - 1``'s (a step
+      completed in ``(t_{k-1}, t_k]``, so the compilation had not begun at ``t_{k-1}``);
+      the last look ends the stretch when nothing compiled after it.
+
+    The busy share over such a stretch is the steady loop's; its ends are set by the
+    sampler's looks, unrelated to the step's phase, so they add no bias.
+    """
+    best: tuple[int, int] | None = None
+    n = len(looks)
+    a = 0
+    while a < n:
+        b = a
+        while b + 1 < n and looks[b + 1][2] == looks[a][2]:
+            b += 1
+        i = a
+        if a > 0:  # a compilation ended before looks[a]: wait for a step after it
+            i = next((k for k in range(a, b + 1) if looks[k][1] > looks[a][1]), b + 1)
+        j = b
+        if b + 1 < n:  # a compilation follows: end before the last step seen before it
+            j = next((k - 1 for k in range(b, i, -1) if looks[k][1] > looks[k - 1][1]), i)
+        if j > i and looks[j][1] - looks[i][1] >= min_steps \
+                and looks[j][0] - looks[i][0] >= min_ns \
+                and (best is None or looks[j][0] - looks[i][0] > best[1] - best[0]):
+            best = (looks[i][0], looks[j][0])
+        a = b + 1
+    return best
 
 
 @dataclass(frozen=True)
@@ -238,7 +292,10 @@ class ProfilerWindows:
     empty: int = 0
     """Windows whose trace held no device's programs."""
     dropped: int = 0
-    """Windows dropped because the loop compiled or paused during them."""
+    """Windows dropped because the loop had no steady stretch in them (it compiled
+    throughout, or stood still)."""
+    trimmed: int = 0
+    """Windows read over their stretch without compilation only (:func:`steady_span`)."""
     tries: int = 0
     """Windows taken (read, empty, dropped or failed)."""
     looks: int = 0
@@ -346,9 +403,7 @@ class ProfilerWindows:
             try:
                 start_ns = time.time_ns()
                 opened = time.perf_counter()
-                before = self._look()
-                self._stop.wait(length)
-                after = self._look()
+                looks = self._looks(length)
                 end_ns = time.time_ns()
                 stopping = time.perf_counter()
                 try:
@@ -378,23 +433,40 @@ class ProfilerWindows:
             if self.completed == 0:
                 self.why_not = f"{why} (window {self.empty}; another follows)"
             return cost, "empty"
-        if before is not None and after is not None and (after[0] <= before[0]
-                                                         or after[1] != before[1]):
-            # the loop stopped or compiled during the window: not the steady loop's share
-            self.dropped += 1
-            return cost, "dropped"
+        if looks:
+            span = steady_span(looks, int(self.sampling.min_window_s * 1e9))
+            if span is None:
+                # the loop stood still or kept compiling: not the steady loop's share
+                self.dropped += 1
+                return cost, "dropped"
+            if span != (looks[0][0], looks[-1][0]):
+                self.trimmed += 1  # read over the stretch without compilation only
+                busy, _ = window_busy(timeline, span, self.platform)
+            start_ns, end_ns = span
         self.completed += 1
         self.why_not = None
         self._done.append(WindowResult(busy, start_ns, end_ns, cost))
         return cost, "read"
 
-    def _look(self) -> tuple[int, int] | None:
+    def _looks(self, length: float) -> list[Look]:
+        """Looks at the loop spread over ``length`` seconds (the window's wait): the first
+        at once, the last at its end; none without a progress reader (then the whole
+        window is read).  A look that fails ends them (the window is then dropped unless
+        a steady stretch came before)."""
         if self.progress is None:
-            return None
-        try:
-            return self.progress()
-        except Exception:
-            return None
+            self._stop.wait(length)
+            return []
+        gap = length / self.sampling.looks_per_window
+        out: list[Look] = []
+        for k in range(self.sampling.looks_per_window + 1):
+            if k and self._stop.wait(gap):
+                break  # the run is closing: what was seen so far
+            try:
+                steps, compiles = self.progress()
+            except Exception:
+                break
+            out.append((time.time_ns(), steps, compiles))
+        return out
 
     def _failed(self, why: str, t0: float) -> tuple[float, str]:
         if self.completed == 0:
@@ -413,7 +485,7 @@ def ended_unread(warmup_steps: int, empty: int, dropped: int, empty_why: str | N
         parts.append(f"{empty} without the device's programs"
                      + (f" ({empty_why})" if empty_why else ""))
     if dropped:
-        parts.append(f"{dropped} dropped (the loop compiled or paused during it)")
+        parts.append(f"{dropped} dropped (no stretch of it ran steps without compiling)")
     return f"the run ended before a window was read: {empty + dropped} taken, " \
         + ", ".join(parts)
 
@@ -503,10 +575,12 @@ class ChipBusyMonitor:
         w = self.windows
         if w is not None and w.reported:
             s = w.sampling
+            trimmed = (f"; {w.trimmed} of them read over their stretch without "
+                       f"compilation" if w.trimmed else "")
             return (f"profiler: busy time of the device timeline's 'XLA Modules' over "
                     f"windows of {s.window_steps} steps ({s.min_window_s:g}-{s.window_s:g} "
                     f"s, every {s.min_period_s:g}-{s.max_period_s:g} s; "
-                    f"{w.source.what}); {libtpu}")
+                    f"{w.source.what}{trimmed}); {libtpu}")
         why = w.why_not if w is not None else self.profiler_why
         if w is not None and w.reported == 0 and w.running:
             return f"pending: {why}; {libtpu}"
