@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from jax._src import monitoring as jax_monitoring  # no public unregister
 from jax.profiler import ProfileData
 
 import refrun
@@ -365,6 +366,94 @@ def test_a_cpu_run_says_why_it_has_no_chip_utilisation(store) -> None:
     metrics = store.client().get_run(run.run_id).data.metrics
     assert not [k for k in metrics if k.endswith(schema.DUTY_CYCLE_SUFFIX)], sorted(metrics)
     assert any(k.startswith(schema.SYS_PREFIX) for k in metrics)  # psutil sampled
+
+
+def test_the_loop_is_not_steady_while_anything_compiles(store) -> None:
+    """On a TPU v5e the sampler's first window opened, in 11 of 26 runs, as the loop
+    began compiling its evaluation: the steadiness it read counted the step function's
+    compilations only.  The JAX probe's progress now moves at the start and the end of
+    every compilation (an evaluation's between steps included), and stays put while
+    compiled functions run."""
+    run = refrun.start_run("chip-busy", "candidate", hardware="cpu", backend="jax",
+                           tracking_uri=store.tracking_uri, spool_dir=store.spool_dir,
+                           snapshot_environment=False)
+    f = jax.jit(lambda x: x * 0.5 + 1.0)
+    x = jnp.ones(3)
+    probe = refrun.jax.instrument(run, step_fns=[f], chip_busy=False)
+    try:
+        for n in range(3):
+            with probe.step(n):
+                x = f(x)
+        steps, before = probe.progress_marker()
+        evaluate = jax.jit(lambda x: (x * x).sum())  # an evaluation, compiled between steps
+        during: list[int] = []
+
+        def seen(event: str, value: float, **kw: object) -> None:
+            during.append(probe.progress_marker()[1])  # after the probe's own listener
+
+        jax.monitoring.register_scalar_listener(seen)
+        try:
+            evaluate(x).block_until_ready()
+        finally:
+            jax_monitoring.unregister_scalar_listener(seen)
+        _, after = probe.progress_marker()
+        # one compilation: its start moved the count while it compiled, its end again
+        assert steps == 3 and after == before + 2, (before, during, after)
+        assert before + 1 in during, (before, during, after)
+        # compiled functions running: the count stays
+        for n in range(3, 6):
+            with probe.step(n):
+                x = f(x)
+            evaluate(x).block_until_ready()
+        assert probe.progress_marker() == (6, after)
+        assert probe.backend.compiles.graphs == 1  # the step's own count is unchanged
+    finally:
+        probe.close()
+        run.close()
+
+
+def test_a_window_waits_for_the_loop_to_run_its_length_and_a_still_loop_is_not_empty() -> None:
+    """A window that opens as the loop stops to compile (an evaluation's first call)
+    stays open until the loop has run the window's length steadily after it, within
+    ``steady_wait_s``; a window in which the loop only compiled is dropped, not taken
+    for a machine without a device timeline (the CPU's real traces, which have no device
+    plane, stand in for the TPU's: so a window that saw the loop run is counted empty)."""
+    state = {"n": 0, "c": 0}
+    sampling = BusySampling(window_s=0.05, min_window_s=0.01, steady_poll_s=0.01,
+                            steady_wait_s=2.0, min_period_s=10, retry_s=0.1)
+    w = ProfilerWindows(cpu_sessions(), sampling, progress=lambda: (state["n"], state["c"]),
+                        platform="tpu")
+
+    def step_until(done: object) -> None:
+        deadline = time.monotonic() + 30
+        while not done() and time.monotonic() < deadline:  # type: ignore[operator]
+            state["n"] += 1
+            time.sleep(0.002)
+        assert done()  # type: ignore[operator]
+
+    w.start()
+    try:
+        step_until(lambda: w.in_window)
+        state["c"] += 1  # an evaluation starts compiling as the window opens: 0.5 s,
+        still_until = time.monotonic() + 0.5  # ten times the window's length
+        while time.monotonic() < still_until:
+            assert w.in_window and w.tries == 0  # the window stays open
+            time.sleep(0.01)
+        state["c"] += 1  # compiled; the loop runs again: the window ends once it ran 0.05 s
+        step_until(lambda: w.tries == 1)
+        assert (w.empty, w.dropped) == (1, 0)
+        # the next window opens as a compilation starts that outlasts steady_wait_s
+        step_until(lambda: w.in_window)
+        state["c"] += 1
+        deadline = time.monotonic() + 30
+        while w.tries == 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (w.tries, w.empty, w.dropped) == (2, 1, 1)
+    finally:
+        w.close()
+    assert w.completed == 0 and w.why_not.startswith("the run ended before a window was "
+                                                     "read: 2 taken, 1 without the "), w.why_not
+    assert "1 dropped (no stretch of it ran steps without compiling)" in w.why_not
 
 
 def test_chip_busy_off_and_bad_values(store) -> None:

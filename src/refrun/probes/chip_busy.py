@@ -53,7 +53,7 @@ from refrun.errors import RefrunInputError
 from refrun.probes.xspace import Timeline, XSpaceError, busy_fraction, read_timeline
 
 Progress = Callable[[], tuple[int, int]]
-"""``() -> (steps done, step-function compilations so far)``: what the sampler asks the
+"""``() -> (steps done, a count that moves whenever something compiles)``: what the sampler asks the
 probe to tell a steady loop."""
 
 
@@ -90,11 +90,20 @@ class BusySampling:
     """Seconds between two looks at the loop's progress when waiting for a steady loop
     (a sleeping thread woken 20 times a second only until it takes a window)."""
     looks_per_window: int = 20
-    """Looks at the loop's progress during a window: a window in which the loop compiled
-    (its evaluation's first call, a new shape) is read over its longest stretch between
-    two looks that is free of compilation (:func:`steady_span`), not dropped whole: on a
-    TPU v5e a run of 3-4 s has time for one window (a window's profiler calls take 1-3 s
-    there), and one run in 26 lost its only window to its evaluation's compilation."""
+    """Looks at the loop's progress during a window's length (at least ``look_gap_s``
+    apart): a window is read over its longest stretch between two looks that ran steps
+    and compiled nothing (:func:`steady_span`), not dropped whole when the loop compiled
+    in it."""
+    look_gap_s: float = 0.002
+    """Least seconds between two looks during a window (each look takes Python's lock
+    from the training thread for a moment)."""
+    steady_wait_s: float = 2.0
+    """Longest a window stays open beyond its length waiting for the loop to run that
+    length steadily.  A loop's steadiness is seen before a window opens, and the loop
+    may stop right after: on a TPU v5e 11 of 26 runs' first window opened as the loop
+    began compiling its evaluation (0.5-1 s there), and a run of 3-4 s has time for one
+    window only (its profiler calls take 0.5-1 s there).  The window then waits for the
+    loop to resume instead of being lost."""
 
     def __post_init__(self) -> None:
         for name in ("window_steps", "empty_windows", "quick_retries", "looks_per_window"):
@@ -106,7 +115,7 @@ class BusySampling:
             raise RefrunInputError(f"BusySampling: min_window_s {self.min_window_s} > "
                                    f"window_s {self.window_s}")
         for name in ("window_s", "min_window_s", "min_period_s", "max_period_s",
-                     "steady_poll_s", "retry_s"):
+                     "steady_poll_s", "retry_s", "look_gap_s", "steady_wait_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise RefrunInputError(f"BusySampling.{name}: expected seconds > 0, got {v!r}")
@@ -147,7 +156,7 @@ Look = tuple[int, int, int]
 """``(time.time_ns(), steps done, compilations so far)``: one look at the loop."""
 
 
-def steady_span(looks: Sequence[Look], min_ns: int, min_steps: int = 2
+def steady_span(looks: Sequence[Look], min_ns: int, min_steps: int = 1
                 ) -> tuple[int, int] | None:
     """The longest stretch ``(t_i, t_j)`` between two looks during which the loop ran
     steps and compiled nothing, or None when no stretch of at least ``min_ns`` and
@@ -338,7 +347,7 @@ class ProfilerWindows:
     # -- the thread --
     def _run(self) -> None:
         if self.discover_at_start:  # only to see the trace's planes: the shortest window
-            self._window(self.sampling.min_window_s)
+            self._window(self.sampling.min_window_s, discover=True)
         while not self.stopped and self._wait_steady():
             began = time.monotonic()
             taken = self._window()
@@ -380,7 +389,8 @@ class ProfilerWindows:
             self._stop.wait(self.sampling.steady_poll_s)
         return False
 
-    def _window(self, length: float | None = None) -> tuple[float, str] | None:
+    def _window(self, length: float | None = None, discover: bool = False
+                ) -> tuple[float, str] | None:
         """One window (of ``length`` seconds; default: ``window_steps`` steps, see
         :meth:`BusySampling.window_for`): the seconds spent in profiler calls and the
         outcome (see :meth:`BusySampling.wait_after`), None when skipped."""
@@ -403,7 +413,7 @@ class ProfilerWindows:
             try:
                 start_ns = time.time_ns()
                 opened = time.perf_counter()
-                looks = self._looks(length)
+                looks = self._looks(length, look=not discover)
                 end_ns = time.time_ns()
                 stopping = time.perf_counter()
                 try:
@@ -417,6 +427,16 @@ class ProfilerWindows:
         except XSpaceError as exc:
             return self._failed(f"unreadable trace ({exc})", t0)
         cost = (opened - t0) + (time.perf_counter() - stopping)
+        if looks:
+            span = steady_span(looks, int(self.sampling.min_window_s * 1e9))
+            if span is None:
+                # the loop stood still or kept compiling: not the steady loop's share (and
+                # a trace without the device's programs says nothing about the machine)
+                self.dropped += 1
+                return cost, "dropped"
+            if span != (looks[0][0], looks[-1][0]):
+                self.trimmed += 1  # read over the stretch without compilation only
+            start_ns, end_ns = span
         busy, why = window_busy(timeline, (start_ns, end_ns), self.platform)
         if not busy:
             self.empty += 1
@@ -428,44 +448,46 @@ class ProfilerWindows:
                                               f"{why} (in each of {self.empty} windows)"), True
                 return cost, "empty"
             # On an accelerator a trace without the device's programs is one window's
-            # accident (seen on a TPU v5e: about half the runs' first window), not the
-            # machine's answer: look again (BusySampling.wait_after).
+            # accident, not the machine's answer: look again (BusySampling.wait_after).
             if self.completed == 0:
                 self.why_not = f"{why} (window {self.empty}; another follows)"
             return cost, "empty"
-        if looks:
-            span = steady_span(looks, int(self.sampling.min_window_s * 1e9))
-            if span is None:
-                # the loop stood still or kept compiling: not the steady loop's share
-                self.dropped += 1
-                return cost, "dropped"
-            if span != (looks[0][0], looks[-1][0]):
-                self.trimmed += 1  # read over the stretch without compilation only
-                busy, _ = window_busy(timeline, span, self.platform)
-            start_ns, end_ns = span
         self.completed += 1
         self.why_not = None
         self._done.append(WindowResult(busy, start_ns, end_ns, cost))
         return cost, "read"
 
-    def _looks(self, length: float) -> list[Look]:
-        """Looks at the loop spread over ``length`` seconds (the window's wait): the first
-        at once, the last at its end; none without a progress reader (then the whole
-        window is read).  A look that fails ends them (the window is then dropped unless
-        a steady stretch came before)."""
-        if self.progress is None:
+    def _looks(self, length: float, look: bool = True) -> list[Look]:
+        """Looks at the loop from the window's opening until the loop has run ``length``
+        seconds steadily (the current stretch of :func:`steady_span` reaches it), at most
+        ``steady_wait_s`` longer, or the run closes; without a progress reader (or with
+        ``look`` false) none: the window lasts ``length`` and is read whole.  A look that
+        fails ends them."""
+        if self.progress is None or not look:
             self._stop.wait(length)
             return []
-        gap = length / self.sampling.looks_per_window
+        gap = max(length / self.sampling.looks_per_window, self.sampling.look_gap_s)
+        need = int(length * 1e9)
+        deadline = time.monotonic() + length + self.sampling.steady_wait_s
         out: list[Look] = []
-        for k in range(self.sampling.looks_per_window + 1):
-            if k and self._stop.wait(gap):
+        a = i = 0  # the current compile count's first look; its stretch's first look
+        while True:
+            if out and self._stop.wait(gap):
                 break  # the run is closing: what was seen so far
             try:
                 steps, compiles = self.progress()
             except Exception:
                 break
             out.append((time.time_ns(), steps, compiles))
+            k = len(out) - 1
+            if k and compiles != out[k - 1][2]:
+                a, i = k, -1  # something compiled: a stretch starts after a step after it
+            elif i < 0 and steps > out[a][1]:
+                i = k
+            if i >= 0 and steps > out[i][1] and out[k][0] - out[i][0] >= need:
+                break  # a steady stretch of the window's length
+            if time.monotonic() >= deadline:
+                break
         return out
 
     def _failed(self, why: str, t0: float) -> tuple[float, str]:
