@@ -412,48 +412,55 @@ def test_the_loop_is_not_steady_while_anything_compiles(store) -> None:
         run.close()
 
 
-def test_a_window_waits_for_the_loop_to_run_its_length_and_a_still_loop_is_not_empty() -> None:
-    """A window that opens as the loop stops to compile (an evaluation's first call)
-    stays open until the loop has run the window's length steadily after it, within
-    ``steady_wait_s``; a window in which the loop only compiled is dropped, not taken
-    for a machine without a device timeline (the CPU's real traces, which have no device
-    plane, stand in for the TPU's: so a window that saw the loop run is counted empty)."""
+def test_a_window_waits_for_a_still_loop_ends_when_it_compiles_and_is_not_empty_then() -> None:
+    """A window that opens as the loop stands still (an evaluation running) stays open
+    until the loop has run the window's length, within ``steady_wait_s``; one in which a
+    compilation starts ends at once (the profiler is never held through a compilation)
+    and another is taken once the loop is steady again; a window in which the loop never
+    ran is dropped, not taken for a machine without a device timeline.  (The CPU's real
+    traces, which have no device plane, stand in for the TPU's: so a window that saw the
+    loop run is counted empty.)"""
     state = {"n": 0, "c": 0}
     sampling = BusySampling(window_s=0.05, min_window_s=0.01, steady_poll_s=0.01,
-                            steady_wait_s=2.0, min_period_s=10, retry_s=0.1)
+                            steady_wait_s=1.0, min_period_s=10, retry_s=0.1)
     w = ProfilerWindows(cpu_sessions(), sampling, progress=lambda: (state["n"], state["c"]),
                         platform="tpu")
 
-    def step_until(done: object) -> None:
+    def until(done: object, step: bool) -> None:
         deadline = time.monotonic() + 30
         while not done() and time.monotonic() < deadline:  # type: ignore[operator]
-            state["n"] += 1
+            state["n"] += step
             time.sleep(0.002)
         assert done()  # type: ignore[operator]
 
     w.start()
     try:
-        step_until(lambda: w.in_window)
-        state["c"] += 1  # an evaluation starts compiling as the window opens: 0.5 s,
-        still_until = time.monotonic() + 0.5  # ten times the window's length
+        until(lambda: w.in_window, step=True)
+        still_until = time.monotonic() + 0.5  # the loop stands still for 10 windows' length
         while time.monotonic() < still_until:
             assert w.in_window and w.tries == 0  # the window stays open
             time.sleep(0.01)
-        state["c"] += 1  # compiled; the loop runs again: the window ends once it ran 0.05 s
-        step_until(lambda: w.tries == 1)
+        until(lambda: w.tries == 1, step=True)  # it runs again: the window ends after 0.05 s
         assert (w.empty, w.dropped) == (1, 0)
-        # the next window opens as a compilation starts that outlasts steady_wait_s
-        step_until(lambda: w.in_window)
+        # the next window: a compilation starts in it, and it ends while that one lasts
+        until(lambda: w.in_window, step=True)
         state["c"] += 1
-        deadline = time.monotonic() + 30
-        while w.tries == 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert (w.tries, w.empty, w.dropped) == (2, 1, 1)
+        until(lambda: w.tries == 2, step=False)
+        assert (w.empty, w.dropped) == (1, 1) and not w.in_window
+        state["c"] += 1  # compiled: the loop runs on, and is sampled again
+        until(lambda: w.tries == 3, step=True)
+        assert (w.empty, w.dropped) == (2, 1)
+        # a window in which the loop never runs: dropped once steady_wait_s has passed
+        until(lambda: w.in_window, step=True)
+        t0 = time.monotonic()
+        until(lambda: w.tries == 4, step=False)
+        assert time.monotonic() - t0 >= 1.0
+        assert (w.empty, w.dropped) == (2, 2)
     finally:
         w.close()
     assert w.completed == 0 and w.why_not.startswith("the run ended before a window was "
-                                                     "read: 2 taken, 1 without the "), w.why_not
-    assert "1 dropped (no stretch of it ran steps without compiling)" in w.why_not
+                                                     "read: 4 taken, 2 without the "), w.why_not
+    assert "2 dropped (no stretch of it ran steps without compiling)" in w.why_not
 
 
 def test_chip_busy_off_and_bad_values(store) -> None:

@@ -36,7 +36,7 @@ dropped only when it has none of ``min_window_s`` (or the loop stood still).
 
 A window never disturbs the user's own profiling: it is taken under JAX's (or
 torch_xla's) profiler lock, skipped while the user's trace is running, and a user trace
-started during a window waits for it (at most ``window_s`` plus the stop).
+started during a window waits for it (at most ``window_s + steady_wait_s`` plus the stop).
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ from refrun.errors import RefrunInputError
 from refrun.probes.xspace import Timeline, XSpaceError, busy_fraction, read_timeline
 
 Progress = Callable[[], tuple[int, int]]
-"""``() -> (steps done, a count that moves whenever something compiles)``: what the sampler asks the
-probe to tell a steady loop."""
+"""``() -> (steps done, compile events)``: what the sampler asks the probe to tell a steady
+loop.  The count goes up by one when a compilation starts and by one when it ends (an odd
+count: one is under way); a probe that sees no compilations gives 0."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,13 +98,15 @@ class BusySampling:
     look_gap_s: float = 0.002
     """Least seconds between two looks during a window (each look takes Python's lock
     from the training thread for a moment)."""
-    steady_wait_s: float = 2.0
-    """Longest a window stays open beyond its length waiting for the loop to run that
-    length steadily.  A loop's steadiness is seen before a window opens, and the loop
-    may stop right after: on a TPU v5e 11 of 26 runs' first window opened as the loop
-    began compiling its evaluation (0.5-1 s there), and a run of 3-4 s has time for one
-    window only (its profiler calls take 0.5-1 s there).  The window then waits for the
-    loop to resume instead of being lost."""
+    steady_wait_s: float = 1.0
+    """Longest a window stays open beyond its length waiting for a loop that stands
+    still without compiling (an evaluation running, a host pause) to run that length
+    steadily.  A window in which a compilation starts ends at once instead: read over
+    the steady stretch before it, or dropped and tried again soon (``retry_s``) once the
+    loop is steady again, so that the profiler is never held through a compilation (a
+    user's own trace waits for a window to end).  On a TPU v5e 11 of 26 runs' first
+    window opened as the loop began compiling its evaluation (0.5-2.4 s there), and a
+    run of 3-4 s has time for about two windows (their profiler calls take 0.5-1 s)."""
 
     def __post_init__(self) -> None:
         for name in ("window_steps", "empty_windows", "quick_retries", "looks_per_window"):
@@ -459,8 +462,9 @@ class ProfilerWindows:
 
     def _looks(self, length: float, look: bool = True) -> list[Look]:
         """Looks at the loop from the window's opening until the loop has run ``length``
-        seconds steadily (the current stretch of :func:`steady_span` reaches it), at most
-        ``steady_wait_s`` longer, or the run closes; without a progress reader (or with
+        seconds steadily (the current stretch of :func:`steady_span` reaches it), a
+        compilation starts, ``steady_wait_s`` more have passed, or the run closes; without
+        a progress reader (or with
         ``look`` false) none: the window lasts ``length`` and is read whole.  A look that
         fails ends them."""
         if self.progress is None or not look:
@@ -481,7 +485,9 @@ class ProfilerWindows:
             out.append((time.time_ns(), steps, compiles))
             k = len(out) - 1
             if k and compiles != out[k - 1][2]:
-                a, i = k, -1  # something compiled: a stretch starts after a step after it
+                if compiles % 2:
+                    break  # a compilation began: never hold the profiler through it
+                a, i = k, -1  # one ended: a stretch starts after a step after it
             elif i < 0 and steps > out[a][1]:
                 i = k
             if i >= 0 and steps > out[i][1] and out[k][0] - out[i][0] >= need:
