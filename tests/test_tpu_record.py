@@ -354,3 +354,40 @@ def test_the_ports_recorded_through_metrics_buffers_on_the_chip_change_no_value(
             assert syncs.value.sum() == 0, variant
     # and the chip sampler, beside buffers, still reads the known matmul loads' share
     assert_matmul_cross_check(tmp_path / "fourth" / "tpu-store")
+
+
+# --- the sixth record: chip-busy windows that wait out the evaluation's compilation ----------
+SIXTH = Path(__file__).parent / "fixtures" / "tpu" / "record-2026-12-07-sixth.tgz"
+
+
+def test_the_sampler_that_reads_around_compilations_changes_no_value_and_says_why_not(
+        tmp_path: Path) -> None:
+    """The sixth record (2026-12-07, code 5db3551: the sampler looks at the loop during a
+    window, the JAX probe's progress moves with every compilation, a window that met the
+    evaluation's compilation waits for the loop or is read over its steady stretch) against
+    the fourth: every run's loss at every step the same, bit for bit; every run either has
+    busy-fraction points or says in its tag why not, naming what its windows found; the
+    windows read over a stretch are counted in the tag; the matmul cross-check holds."""
+    fourth = _store_runs(FOURTH, tmp_path / "fourth")
+    sixth = _store_runs(SIXTH, tmp_path / "sixth")
+    assert set(sixth) == set(fourth) and len(sixth) == 26
+    src = tmp_path / "sixth" / "tpu-store"
+    busy = {v: n for v, n in source_rows(
+        src, f"SELECT t.value, COUNT(m.value) FROM tags t LEFT JOIN metrics m ON "
+             f"m.run_uuid = t.run_uuid AND m.key = '{BUSY}' WHERE t.key = 'pipeline.variant' "
+             f"GROUP BY t.value")}
+    trimmed = 0
+    for variant, run in sixth.items():
+        assert run["loss"] == fourth[variant]["loss"], variant
+        source = run["tags"][schema.TAG_UTILIZATION_SOURCE]
+        if busy[variant]:
+            assert source.startswith("profiler: busy time of the device timeline"), variant
+            trimmed += "read over their stretch without compilation" in source
+        else:  # not blank: why, from the windows taken
+            assert source.startswith("unavailable: libtpu: returned no data"), source
+            assert "the run ended before a window was read: 1 taken, 1 dropped (no " \
+                   "stretch of it ran steps without compiling)" in source, source
+    # as recorded (docs/tpu.md, sixth record): 24 of 26 read, 9 of them over a steady
+    # stretch (a window that met a compilation, read rather than dropped)
+    assert sum(1 for n in busy.values() if n) == 24 and trimmed == 9
+    assert_matmul_cross_check(src)
