@@ -1306,3 +1306,85 @@ def test_refrun_never_imports_torch_xla_itself() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def points(store, run_id: str, metric: str) -> dict[int, float]:
+    return {m.step: m.value for m in store.client().get_metric_history(run_id, metric)}
+
+
+def test_steady_blocks_keep_every_total_exact_and_mark_what_a_block_counted(store) -> None:
+    """Steady-state block reading (docs/xla.md): once the loop is steady the counters are
+    read once per block of steps.  A host sync at step 150 and a recompilation at step 200,
+    both inside blocks, are recorded at their blocks' last steps with
+    ``probe/counted_steps`` covering them (no point at the block's other steps, never a 0);
+    the run's totals are torch_xla's own; a clean block has every event counter's exact 0
+    at each of its steps; the probe's own copies of the 260 logged losses are not the
+    user's."""
+    model, _ = make(8)
+    steps, sync_at, shape_at = 260, 150, 200
+    rows = [16] * steps
+    rows[shape_at] = 24  # a new shape: one compilation, the next step back in the cache
+
+    def extra(n: int) -> None:
+        if n == sync_at:
+            float(model[0].weight.detach().sum())  # the user's host sync inside the step
+
+    run = start(store)
+    probe = refrun.xla.instrument(run, model=model, warmup_steps=5)
+    before = raw()
+    own, _ = train(model, rows, probe, extra=extra)
+    probe.close()
+    after = raw()
+    run.close()
+    got = diff(before, after)
+    assert got["syncs"] == 1 and got["d2h"] == 1 and got["uncached"] >= 2, got
+    spans = points(store, run.run_id, schema.M_COUNTED_STEPS)
+    assert spans and all(v > 1 for v in spans.values()), spans
+    totals = {name: sum(points(store, run.run_id, name).values())
+              for name in (schema.M_HOST_SYNCS, schema.M_XFER_D2H, schema.M_COMPILE_GRAPHS,
+                           schema.M_COMPILE_CACHE_HITS)}
+    assert totals == {schema.M_HOST_SYNCS: got["syncs"], schema.M_XFER_D2H: got["d2h"],
+                      schema.M_COMPILE_GRAPHS: got["uncached"],
+                      schema.M_COMPILE_CACHE_HITS: got["cached"]}, (totals, got)
+    assert sum(o["syncs"] for o in own) == 1 and own[sync_at]["syncs"] == 1
+
+    def block_of(step: int) -> tuple[int, int] | None:
+        """(first, last) step of the block that counted ``step``, or None."""
+        for end, n in spans.items():
+            if end - n < step <= end:
+                return end - int(n) + 1, end
+        return None
+
+    for metric, at in ((schema.M_HOST_SYNCS, sync_at), (schema.M_COMPILE_GRAPHS, shape_at)):
+        series = points(store, run.run_id, metric)
+        block = block_of(at)
+        assert block is not None, (metric, at, spans)  # both moved inside a block
+        first, last = block
+        assert series[last] >= 1, (metric, block, series.get(last))
+        assert not any(s in series for s in range(first, last)), (metric, block)
+    # every clean block: each of its steps has its exact 0 host syncs and copies
+    syncs = points(store, run.run_id, schema.M_HOST_SYNCS)
+    d2h = points(store, run.run_id, schema.M_XFER_D2H)
+    clean = [(end - int(n) + 1, end) for end, n in spans.items()
+             if not (end - n < sync_at <= end or end - n < shape_at <= end)]
+    assert clean
+    for first, last in clean:
+        assert all(syncs[s] == 0 and d2h[s] == 0 for s in range(first, last + 1))
+    # the step times and rates are every step's; CPU seconds at least one a block
+    assert set(points(store, run.run_id, schema.M_STEP_TIME)) == set(range(steps))
+    cpu = points(store, run.run_id, schema.M_STEP_CPU)
+    assert all(any(first <= s <= last for s in cpu) for first, last in clean)
+
+
+def test_a_loop_that_syncs_every_step_is_never_read_per_block(store) -> None:
+    """A ``float(loss)`` in every step is never the steady pattern: every step is read by
+    itself, with its one host sync (so a host-syncs-per-step criterion still sees 1)."""
+    model, _ = make(8)
+    run = start(store)
+    probe = refrun.xla.instrument(run, model=model, warmup_steps=2)
+    own, _ = train(model, [16] * 60, probe, item=True)
+    probe.close()
+    run.close()
+    assert not points(store, run.run_id, schema.M_COUNTED_STEPS)
+    assert per_step(store, run.run_id, schema.M_HOST_SYNCS, 60) == [o["syncs"] for o in own]
+    assert all(o["syncs"] == 1 for o in own)
