@@ -194,6 +194,24 @@ def per_step(store, run_id: str, metric: str, steps: int) -> list[float]:
     return [got.get(s, 0.0) for s in range(steps)]
 
 
+def as_counted(store, run_id: str, metric: str, own: list[int]
+               ) -> tuple[dict[int, float], dict[int, int]]:
+    """(the points of ``metric``, the test's own per-step counts ``own`` summed over the
+    steps each point covers): one step, or at a steady block's last step whose
+    ``probe/counted_steps`` is n and whose other steps have no point, the block's n steps
+    (docs/xla.md, "Steady-state block reading")."""
+    got = {m.step: m.value for m in store.client().get_metric_history(run_id, metric)}
+    spans = {m.step: int(m.value)
+             for m in store.client().get_metric_history(run_id, schema.M_COUNTED_STEPS)}
+    want = {}
+    for s in got:
+        first = s - spans.get(s, 1) + 1
+        if any(t in got for t in range(first, s)):  # read per step in the block
+            first = s
+        want[s] = sum(own[first:s + 1])
+    return got, want
+
+
 def artifact(store, run_id: str, name: str) -> dict:
     return json.loads(store.artifact_text(run_id, name))
 
@@ -582,9 +600,11 @@ def test_copies_and_syncs_are_counted_exactly_with_the_counters_read_only_where_
 def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exactly(
         store) -> None:
     """The cheap counters are checked against the exact count at one steady step in
-    ``EXACT_EVERY``: a copy path none of them sees (here the function under the probe's
-    wrapper, standing for C++ code of another library) is missed until that step, counted
-    there, and from then on every step is read exactly, with a run warning."""
+    ``EXACT_EVERY`` (in a steady loop: at the end of the block that holds it): a copy path
+    none of them sees (here the function under the probe's wrapper, standing for C++ code
+    of another library) is missed until that check, counted there -- every copy since the
+    last exact read, so the run's total is torch_xla's -- and from then on every step is
+    read exactly, with a run warning."""
     from refrun.probes import xla as px
 
     model, _ = make(width=31)
@@ -604,8 +624,12 @@ def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exac
     run.close()
     assert [o["d2h"] for o in own] == [0] + [1] * (steps - 1)  # torch_xla's own count
     recorded = per_step(store, run.run_id, schema.M_XFER_D2H, steps)
-    first = px.EXACT_EVERY  # the first checked step after step 0
-    assert recorded == [0] * first + [1] * (steps - first)
+    spans = {m.step: int(m.value) for m in
+             store.client().get_metric_history(run.run_id, schema.M_COUNTED_STEPS)}
+    # the first check after step 0: the end of the steady block holding step EXACT_EVERY
+    first = next(s for s, n in spans.items() if s - n < px.EXACT_EVERY <= s)
+    assert recorded == [0] * first + [first] + [1] * (steps - first - 1)
+    assert sum(recorded) == sum(o["d2h"] for o in own)
     warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
     assert any("xfer/d2h is read exactly" in w["message"] and w["step"] == first
                for w in warnings)
@@ -749,9 +773,12 @@ def test_at_most_a_bounded_number_of_logged_values_stay_live_on_the_device(store
     assert history(store, run.run_id, schema.M_LOSS) == \
         [float(t.detach().cpu()) for t in losses]  # the test's own fetch, after the run
     steps = len(rows)
-    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_COMPILE_GRAPHS, "uncached"),
-                        (schema.M_COMPILE_CACHE_HITS, "cached")):
+    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_COMPILE_GRAPHS, "uncached")):
         assert per_step(store, run.run_id, metric, steps) == [o[key] for o in own], metric
+    # cache hits move at every step: per step until the loop is steady, then per block
+    got, want = as_counted(store, run.run_id, schema.M_COMPILE_CACHE_HITS,
+                           [o["cached"] for o in own])
+    assert got == want and sum(got.values()) == sum(o["cached"] for o in own)
 
 
 def test_values_of_several_names_reach_the_session_as_logged(store) -> None:
