@@ -555,6 +555,15 @@ def may_have_copied(before: Reading, after: Reading) -> bool:
     return b is None or a is None or after[0] - before[0] > a - b
 
 
+def _no_copy(before: Reading, after: Reading, known_before: int | None,
+             known_after: int | None) -> bool:
+    """Whether a stretch whose sentinels moved (so the exact count was read) still made no
+    copy to the host, host sync or CPU fallback: only ``_to_copy`` moved (copies to the
+    device, casts on it) and the exact count did not."""
+    return known_before is not None and known_before == known_after and \
+        before[1:3] == after[1:3]
+
+
 @dataclass
 class TransferCount:
     """Device-to-host copies and host syncs inside steps, counted at the cost of a few
@@ -664,12 +673,12 @@ class TransferCount:
             check = check or -(-steps // EXACT_EVERY) * EXACT_EVERY < steps + span
             self.check_next = False
             self.steps = steps + span
-            last, base = self.sent, self.known
+            last, known = self.sent, self.known
             gap = last is not None and sent[:3] != last[:3] and may_have_copied(last, sent)
-            if base is None or last is None or gap:
-                base = self._read(sent)
+            base = known if known is not None and last is not None and not gap \
+                else self._read(sent)
             self.sent = sent
-            self.quiet = not gap
+            self.quiet = not gap or _no_copy(last, sent, known, base)  # type: ignore[arg-type]
             self._open = (sent, syncs, base, check)
             return
         if check:
@@ -685,11 +694,12 @@ class TransferCount:
         # The known count is still exact when nothing copied through torch (or the
         # wrapped _xla_get_cpu_tensors) since it was read.
         last, base = self.sent, self.known
+        known = base
         gap = last is not None and sent[:3] != last[:3] and may_have_copied(last, sent)
         if check or base is None or last is None or gap:
             base = self._read(sent)
         self.sent = sent
-        self.quiet = not gap
+        self.quiet = not gap or _no_copy(last, sent, known, base)  # type: ignore[arg-type]
         self._open = (sent, syncs, base, check)
 
     def end(self, step: int, block: bool = False) -> None:
@@ -702,7 +712,7 @@ class TransferCount:
         if syncs != syncs0:
             self.syncs += syncs - syncs0
         moved = sent[:3] != sent0[:3] and may_have_copied(sent0, sent)
-        self.quiet = self.quiet and not moved and syncs == syncs0
+        quiet = self.quiet and syncs == syncs0
         if block and check and not moved and not self.exact and \
                 self.copier.started != self.copier.finished:
             # the block's periodic check would wait for the probe's copy in flight: made
@@ -710,9 +720,11 @@ class TransferCount:
             check, self.check_next = False, True
         self.checked = check
         if not moved and not check:
+            self.quiet = quiet
             self.sent = sent  # still exact: only copies to the device or casts since
             return
         n = self._read(sent) - base
+        self.quiet = quiet and n == 0 and sent[1:3] == sent0[1:3]
         if n > 0 and not moved and not self.exact:
             self.exact, self.uncounted_at = True, step
         self.d2h += n
