@@ -1415,3 +1415,41 @@ def test_a_loop_that_syncs_every_step_is_never_read_per_block(store) -> None:
     assert not points(store, run.run_id, schema.M_COUNTED_STEPS)
     assert per_step(store, run.run_id, schema.M_HOST_SYNCS, 60) == [o["syncs"] for o in own]
     assert all(o["syncs"] == 1 for o in own)
+
+
+def test_reads_between_steps_send_the_loop_back_to_per_step_reading_for_good(store) -> None:
+    """A block spans the gaps between its steps, so a host read between two of its steps
+    (a progress print) is counted as the block's; the loop then goes back to per-step
+    reading and needs twice as many clean steps for its next block, so a read every 10
+    steps is counted in one block at most: every other one, read per step, is not the
+    step's (as without blocks).  Every recorded sync is at that block's last step."""
+    model, _ = make(8)
+    steps, every = 200, 10
+    run = start(store)
+    probe = refrun.xla.instrument(run, model=model, warmup_steps=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    between = 0
+    for n in range(steps):
+        x, y = batch(n, 16)
+        with probe.step(n):
+            loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch_xla.sync()
+            probe.log(loss=loss)
+        if n % every == every - 1:
+            float(loss.detach())  # the user's progress read, between steps
+            between += 1
+    probe.close()
+    run.close()
+    spans = points(store, run.run_id, schema.M_COUNTED_STEPS)
+    syncs = {s: v for s, v in points(store, run.run_id, schema.M_HOST_SYNCS).items() if v}
+    assert spans  # the loop was steady once
+    assert len(syncs) <= 1 and all(spans.get(s, 1) > 1 for s in syncs), (syncs, spans)
+    # what the block counted are the reads in its gaps: no more
+    for s, v in syncs.items():
+        first = s - int(spans[s]) + 1
+        assert v == sum(1 for g in range(first, s) if g % every == every - 1)
+    assert between == steps // every and sum(syncs.values()) < between
+    assert max(spans) < steps // 2  # per-step reading from the first dirty block on
