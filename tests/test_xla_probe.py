@@ -1453,3 +1453,46 @@ def test_reads_between_steps_send_the_loop_back_to_per_step_reading_for_good(sto
         assert v == sum(1 for g in range(first, s) if g % every == every - 1)
     assert between == steps // every and sum(syncs.values()) < between
     assert max(spans) < steps // 2  # per-step reading from the first dirty block on
+
+
+def test_a_steady_block_reads_no_counter_at_its_steps_before_the_last(store) -> None:
+    """The block phase's read pattern: after the warm-up and ``STEADY_STEPS`` clean steps
+    read per step, a block's steps before its last read no torch_xla counter at all, and
+    its first entry and last exit read the sentinels and the counter row once for the
+    block; the block's copies and syncs (none) and its compilations (none) are torch_xla's."""
+    from refrun.probes import xla as px
+
+    model, _ = make(width=19)
+    steps = 2 + px.STEADY_STEPS + px.BLOCK_STEPS + 4
+    run = start(store)
+    reads = []
+    with refrun.xla.instrument(run, model=model, warmup_steps=2) as probe:
+        spy = CounterReads(torch_xla._XLAC)
+        probe.backend._counters._x = spy
+        before = raw()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for n in range(steps):
+            x, y = batch(n, 8)
+            r0 = dict(spy.reads)
+            with probe.step(n):
+                loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                torch_xla.sync()
+                probe.log(loss=loss)
+            reads.append(sum(spy.reads.values()) - sum(r0.values()))
+        after = raw()
+    run.close()
+    spans = points(store, run.run_id, schema.M_COUNTED_STEPS)
+    assert spans, reads
+    end = min(spans)
+    first = end - int(spans[end]) + 1
+    assert first >= 2 + px.STEADY_STEPS  # warm-up and the clean steps read per step
+    assert all(r > 0 for r in reads[:first]), reads  # per step: every step reads
+    assert reads[first] > 0 and reads[end] > 0  # the block's entry and its end
+    assert all(r == 0 for r in reads[first + 1:end]), reads[first:end + 1]
+    got = diff(before, after)
+    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_HOST_SYNCS, "syncs"),
+                        (schema.M_COMPILE_GRAPHS, "uncached")):
+        assert sum(points(store, run.run_id, metric).values()) == got[key], metric

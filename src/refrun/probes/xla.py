@@ -1032,7 +1032,8 @@ class XlaBackend(BackendBase):
             # clean: only the steady pattern moved (executions, cache hits, copies to the
             # device) in the step and the gap before it
             clean = tc.quiet and last is not None and row[0] == last[0] and \
-                row[6] == last[6] and row[7] == last[7] and row[8] == last[8]
+                row[6] == last[6] and row[7] == last[7] and row[8] == last[8] and \
+                tc.steps > self.warmup_steps  # warm-up steps are no evidence of steadiness
             if interior is not None:  # a block's end: its steps before the last
                 self._block_interior = None
                 self._rows.extend([(s, last, None) for s in interior])
