@@ -600,7 +600,8 @@ def test_copies_and_syncs_are_counted_exactly_with_the_counters_read_only_where_
 def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exactly(
         store) -> None:
     """The cheap counters are checked against the exact count at one steady step in
-    ``EXACT_EVERY`` (in a steady loop: at the end of the block that holds it): a copy path
+    ``EXACT_EVERY`` (in a steady loop read per block: at the end of the block that holds
+    a multiple of ``STEADY_EXACT_EVERY``): a copy path
     none of them sees (here the function under the probe's wrapper, standing for C++ code
     of another library) is missed until that check, counted there -- every copy since the
     last exact read, so the run's total is torch_xla's -- and from then on every step is
@@ -609,7 +610,7 @@ def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exac
 
     model, _ = make(width=31)
     w = model[0].weight.detach()
-    steps = px.EXACT_EVERY + 4
+    steps = px.STEADY_EXACT_EVERY + 4
     run = start(store)
     with refrun.xla.instrument(run, model=model, warmup_steps=0) as probe:
         hidden = px.DIRECT_COPIES.original  # not the wrapper: no counter moves
@@ -626,8 +627,9 @@ def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exac
     recorded = per_step(store, run.run_id, schema.M_XFER_D2H, steps)
     spans = {m.step: int(m.value) for m in
              store.client().get_metric_history(run.run_id, schema.M_COUNTED_STEPS)}
-    # the first check after step 0: the end of the steady block holding step EXACT_EVERY
-    first = next(s for s, n in spans.items() if s - n < px.EXACT_EVERY <= s)
+    # the first check after the steps read per step: the end of the steady block holding
+    # step STEADY_EXACT_EVERY
+    first = next(s for s, n in spans.items() if s - n < px.STEADY_EXACT_EVERY <= s)
     assert recorded == [0] * first + [first] + [1] * (steps - first - 1)
     assert sum(recorded) == sum(o["d2h"] for o in own)
     warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
