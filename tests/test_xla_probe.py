@@ -1399,6 +1399,17 @@ def test_steady_blocks_keep_every_total_exact_and_mark_what_a_block_counted(stor
     assert clean
     for first, last in clean:
         assert all(syncs[s] == 0 and d2h[s] == 0 for s in range(first, last + 1))
+    # the end-of-run summary adds a block as its steps: the same sums
+    tags = store.client().get_run(run.run_id).data.tags
+    assert int(tags["refrun.summary.steps"]) == steps
+    assert int(tags["refrun.summary.compiles_total"]) == got["uncached"]
+    after = steps - 5  # the warm-up
+    assert float(tags["refrun.summary.host_syncs_per_step"]) == pytest.approx(1 / after)
+    assert float(tags["refrun.summary.d2h_per_step"]) == pytest.approx(1 / after)
+    summary = artifact(store, run.run_id, schema.ARTIFACT_XLA_SUMMARY)
+    assert summary["compile_steps_after_warmup"] == sorted(
+        s for s in points(store, run.run_id, schema.M_COMPILE_GRAPHS) if s >= 5
+        and points(store, run.run_id, schema.M_COMPILE_GRAPHS)[s] > 0)
     # the step times and rates are every step's; CPU seconds at least one a block
     assert set(points(store, run.run_id, schema.M_STEP_TIME)) == set(range(steps))
     cpu = points(store, run.run_id, schema.M_STEP_CPU)
