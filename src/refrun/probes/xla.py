@@ -123,10 +123,10 @@ FOLD_ROWS = 4096
 # one batched copy of finished buffers takes milliseconds, so a wait this long means the
 # device does not answer, and from then on nobody waits for the copier.
 COPY_WAIT_S = 10.0
-# In a steady loop read per block (STEADY_STEPS below), the periodic exact check and the
-# timed metrics (exec/time_s, xfer/h2d) are read once in this many steps instead of
-# EXACT_EVERY: each read copies torch_xla's retained samples (0.1-0.6 ms, ~1 ms right
-# after a sync), ~3 us a step of the MLP's 0.8 ms step at one in 64.
+# In a steady loop read per block (STEADY_STEPS below), the periodic exact copy check is
+# made once in this many steps instead of EXACT_EVERY: its read copies torch_xla's
+# retained samples (0.1-0.6 ms, ~1 ms right after a sync).  A copy it finds is counted
+# in full there (TransferCount.begin).  The timed metrics keep EXACT_EVERY.
 STEADY_EXACT_EVERY = 256
 # Steady-state block reading (docs/xla.md): once this many consecutive steps (and the gaps
 # between them) moved nothing but the steady pattern (executions, cache hits, copies to
@@ -611,6 +611,10 @@ class TransferCount:
     # (sentinels, syncs, baseline, checked) of the open step
     _open: tuple[Reading, int, int, bool] | None = None
     checked: bool = True  # the last step was read exactly (warm-up, 1 in EXACT_EVERY)
+    # the last step's (or block's) counter row reads the timed metrics: where it was
+    # checked, and at a block that holds a multiple of EXACT_EVERY
+    timed: bool = True
+    _block_timed: bool = False
     check_next: bool = False  # the periodic check met a probe copy in flight: next step
     # Nothing moved a sentinel between the last step's entry and its exit, nor since the
     # step before it ended (the gap): what the backend's steady-state test reads.
@@ -677,6 +681,9 @@ class TransferCount:
             # read (below), and the probe's copies handed over at this entry are then done
             check = (self.exact or self.check_next or
                      -(-steps // STEADY_EXACT_EVERY) * STEADY_EXACT_EVERY < steps + span)
+            # the timed metrics keep their cadence (one step in EXACT_EVERY), so that
+            # exec/time_s and xfer/h2d are as fine-grained as in per-step reading
+            self._block_timed = check or -(-steps // EXACT_EVERY) * EXACT_EVERY < steps + span
             self.check_next = False
             self.steps = steps + span
             last, known = self.sent, self.known
@@ -725,6 +732,7 @@ class TransferCount:
             # at the next block's end (or the next step's entry) instead, with no wait
             check, self.check_next = False, True
         self.checked = check
+        self.timed = check or (block and self._block_timed)
         if not moved and not check:
             self.quiet = quiet
             self.sent = sent  # still exact: only copies to the device or casts since
@@ -1035,7 +1043,7 @@ class XlaBackend(BackendBase):
         ended steps for its end-of-run summary, folding them into its sums every
         ``fold_rows`` steps, and warns at once about a fallback op seen for the first time."""
         tc = self._transfers
-        row, fb = self._counters.read_row(tc.checked, (float(tc.d2h), float(tc.syncs)))
+        row, fb = self._counters.read_row(tc.timed, (float(tc.d2h), float(tc.syncs)))
         if self._ended_step is not None:
             interior = self._block_interior
             last = self._last_row
