@@ -194,24 +194,6 @@ def per_step(store, run_id: str, metric: str, steps: int) -> list[float]:
     return [got.get(s, 0.0) for s in range(steps)]
 
 
-def as_counted(store, run_id: str, metric: str, own: list[int]
-               ) -> tuple[dict[int, float], dict[int, int]]:
-    """(the points of ``metric``, the test's own per-step counts ``own`` summed over the
-    steps each point covers): one step, or at a steady block's last step whose
-    ``probe/counted_steps`` is n and whose other steps have no point, the block's n steps
-    (docs/xla.md, "Steady-state block reading")."""
-    got = {m.step: m.value for m in store.client().get_metric_history(run_id, metric)}
-    spans = {m.step: int(m.value)
-             for m in store.client().get_metric_history(run_id, schema.M_COUNTED_STEPS)}
-    want = {}
-    for s in got:
-        first = s - spans.get(s, 1) + 1
-        if any(t in got for t in range(first, s)):  # read per step in the block
-            first = s
-        want[s] = sum(own[first:s + 1])
-    return got, want
-
-
 def artifact(store, run_id: str, name: str) -> dict:
     return json.loads(store.artifact_text(run_id, name))
 
@@ -600,17 +582,14 @@ def test_copies_and_syncs_are_counted_exactly_with_the_counters_read_only_where_
 def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exactly(
         store) -> None:
     """The cheap counters are checked against the exact count at one steady step in
-    ``EXACT_EVERY`` (in a steady loop read per block: at the end of the block that holds
-    a multiple of ``STEADY_EXACT_EVERY``): a copy path
-    none of them sees (here the function under the probe's wrapper, standing for C++ code
-    of another library) is missed until that check, counted there -- every copy since the
-    last exact read, so the run's total is torch_xla's -- and from then on every step is
-    read exactly, with a run warning."""
+    ``EXACT_EVERY``: a copy path none of them sees (here the function under the probe's
+    wrapper, standing for C++ code of another library) is missed until that step, counted
+    there, and from then on every step is read exactly, with a run warning."""
     from refrun.probes import xla as px
 
     model, _ = make(width=31)
     w = model[0].weight.detach()
-    steps = px.STEADY_EXACT_EVERY + 4
+    steps = px.EXACT_EVERY + 4
     run = start(store)
     with refrun.xla.instrument(run, model=model, warmup_steps=0) as probe:
         hidden = px.DIRECT_COPIES.original  # not the wrapper: no counter moves
@@ -625,13 +604,8 @@ def test_a_copy_no_counter_sees_is_found_at_a_checked_step_and_then_counted_exac
     run.close()
     assert [o["d2h"] for o in own] == [0] + [1] * (steps - 1)  # torch_xla's own count
     recorded = per_step(store, run.run_id, schema.M_XFER_D2H, steps)
-    spans = {m.step: int(m.value) for m in
-             store.client().get_metric_history(run.run_id, schema.M_COUNTED_STEPS)}
-    # the first check after the steps read per step: the end of the steady block holding
-    # step STEADY_EXACT_EVERY
-    first = next(s for s, n in spans.items() if s - n < px.STEADY_EXACT_EVERY <= s)
-    assert recorded == [0] * first + [first] + [1] * (steps - first - 1)
-    assert sum(recorded) == sum(o["d2h"] for o in own)
+    first = px.EXACT_EVERY  # the first checked step after step 0
+    assert recorded == [0] * first + [1] * (steps - first)
     warnings = artifact(store, run.run_id, schema.ARTIFACT_WARNINGS)["warnings"]
     assert any("xfer/d2h is read exactly" in w["message"] and w["step"] == first
                for w in warnings)
@@ -775,12 +749,9 @@ def test_at_most_a_bounded_number_of_logged_values_stay_live_on_the_device(store
     assert history(store, run.run_id, schema.M_LOSS) == \
         [float(t.detach().cpu()) for t in losses]  # the test's own fetch, after the run
     steps = len(rows)
-    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_COMPILE_GRAPHS, "uncached")):
+    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_COMPILE_GRAPHS, "uncached"),
+                        (schema.M_COMPILE_CACHE_HITS, "cached")):
         assert per_step(store, run.run_id, metric, steps) == [o[key] for o in own], metric
-    # cache hits move at every step: per step until the loop is steady, then per block
-    got, want = as_counted(store, run.run_id, schema.M_COMPILE_CACHE_HITS,
-                           [o["cached"] for o in own])
-    assert got == want and sum(got.values()) == sum(o["cached"] for o in own)
 
 
 def test_values_of_several_names_reach_the_session_as_logged(store) -> None:
@@ -1335,177 +1306,3 @@ def test_refrun_never_imports_torch_xla_itself() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "False"
-
-
-def points(store, run_id: str, metric: str) -> dict[int, float]:
-    return {m.step: m.value for m in store.client().get_metric_history(run_id, metric)}
-
-
-def test_steady_blocks_keep_every_total_exact_and_mark_what_a_block_counted(store) -> None:
-    """Steady-state block reading (docs/xla.md): once the loop is steady the counters are
-    read once per block of steps.  A host sync at step 150 and a recompilation at step 200,
-    both inside blocks, are recorded at their blocks' last steps with
-    ``probe/counted_steps`` covering them (no point at the block's other steps, never a 0);
-    the run's totals are torch_xla's own; a clean block has every event counter's exact 0
-    at each of its steps; the probe's own copies of the 260 logged losses are not the
-    user's."""
-    model, _ = make(8)
-    steps, sync_at, shape_at = 260, 150, 200
-    rows = [16] * steps
-    rows[shape_at] = 24  # a new shape: one compilation, the next step back in the cache
-
-    def extra(n: int) -> None:
-        if n == sync_at:
-            float(model[0].weight.detach().sum())  # the user's host sync inside the step
-
-    run = start(store)
-    probe = refrun.xla.instrument(run, model=model, warmup_steps=5)
-    before = raw()
-    own, _ = train(model, rows, probe, extra=extra)
-    probe.close()
-    after = raw()
-    run.close()
-    got = diff(before, after)
-    assert got["syncs"] == 1 and got["d2h"] == 1 and got["uncached"] >= 2, got
-    spans = points(store, run.run_id, schema.M_COUNTED_STEPS)
-    assert spans and all(v > 1 for v in spans.values()), spans
-    totals = {name: sum(points(store, run.run_id, name).values())
-              for name in (schema.M_HOST_SYNCS, schema.M_XFER_D2H, schema.M_COMPILE_GRAPHS,
-                           schema.M_COMPILE_CACHE_HITS)}
-    assert totals == {schema.M_HOST_SYNCS: got["syncs"], schema.M_XFER_D2H: got["d2h"],
-                      schema.M_COMPILE_GRAPHS: got["uncached"],
-                      schema.M_COMPILE_CACHE_HITS: got["cached"]}, (totals, got)
-    assert sum(o["syncs"] for o in own) == 1 and own[sync_at]["syncs"] == 1
-
-    def block_of(step: int) -> tuple[int, int] | None:
-        """(first, last) step of the block that counted ``step``, or None."""
-        for end, n in spans.items():
-            if end - n < step <= end:
-                return end - int(n) + 1, end
-        return None
-
-    for metric, at in ((schema.M_HOST_SYNCS, sync_at), (schema.M_COMPILE_GRAPHS, shape_at)):
-        series = points(store, run.run_id, metric)
-        block = block_of(at)
-        assert block is not None, (metric, at, spans)  # both moved inside a block
-        first, last = block
-        assert series[last] >= 1, (metric, block, series.get(last))
-        assert not any(s in series for s in range(first, last)), (metric, block)
-    # every clean block: each of its steps has its exact 0 host syncs and copies
-    syncs = points(store, run.run_id, schema.M_HOST_SYNCS)
-    d2h = points(store, run.run_id, schema.M_XFER_D2H)
-    clean = [(end - int(n) + 1, end) for end, n in spans.items()
-             if not (end - n < sync_at <= end or end - n < shape_at <= end)]
-    assert clean
-    for first, last in clean:
-        assert all(syncs[s] == 0 and d2h[s] == 0 for s in range(first, last + 1))
-    # the end-of-run summary adds a block as its steps: the same sums
-    tags = store.client().get_run(run.run_id).data.tags
-    assert int(tags["refrun.summary.steps"]) == steps
-    assert int(tags["refrun.summary.compiles_total"]) == got["uncached"]
-    after = steps - 5  # the warm-up
-    assert float(tags["refrun.summary.host_syncs_per_step"]) == pytest.approx(1 / after)
-    assert float(tags["refrun.summary.d2h_per_step"]) == pytest.approx(1 / after)
-    summary = artifact(store, run.run_id, schema.ARTIFACT_XLA_SUMMARY)
-    assert summary["compile_steps_after_warmup"] == sorted(
-        s for s in points(store, run.run_id, schema.M_COMPILE_GRAPHS) if s >= 5
-        and points(store, run.run_id, schema.M_COMPILE_GRAPHS)[s] > 0)
-    # the step times and rates are every step's; CPU seconds at least one a block
-    assert set(points(store, run.run_id, schema.M_STEP_TIME)) == set(range(steps))
-    cpu = points(store, run.run_id, schema.M_STEP_CPU)
-    assert all(any(first <= s <= last for s in cpu) for first, last in clean)
-
-
-def test_a_loop_that_syncs_every_step_is_never_read_per_block(store) -> None:
-    """A ``float(loss)`` in every step is never the steady pattern: every step is read by
-    itself, with its one host sync (so a host-syncs-per-step criterion still sees 1)."""
-    model, _ = make(8)
-    run = start(store)
-    probe = refrun.xla.instrument(run, model=model, warmup_steps=2)
-    own, _ = train(model, [16] * 60, probe, item=True)
-    probe.close()
-    run.close()
-    assert not points(store, run.run_id, schema.M_COUNTED_STEPS)
-    assert per_step(store, run.run_id, schema.M_HOST_SYNCS, 60) == [o["syncs"] for o in own]
-    assert all(o["syncs"] == 1 for o in own)
-
-
-def test_reads_between_steps_send_the_loop_back_to_per_step_reading_for_good(store) -> None:
-    """A block spans the gaps between its steps, so a host read between two of its steps
-    (a progress print) is counted as the block's; the loop then goes back to per-step
-    reading and needs twice as many clean steps for its next block, so a read every 10
-    steps is counted in one block at most: every other one, read per step, is not the
-    step's (as without blocks).  Every recorded sync is at that block's last step."""
-    model, _ = make(8)
-    steps, every = 200, 10
-    run = start(store)
-    probe = refrun.xla.instrument(run, model=model, warmup_steps=2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    between = 0
-    for n in range(steps):
-        x, y = batch(n, 16)
-        with probe.step(n):
-            loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            torch_xla.sync()
-            probe.log(loss=loss)
-        if n % every == every - 1:
-            float(loss.detach())  # the user's progress read, between steps
-            between += 1
-    probe.close()
-    run.close()
-    spans = points(store, run.run_id, schema.M_COUNTED_STEPS)
-    syncs = {s: v for s, v in points(store, run.run_id, schema.M_HOST_SYNCS).items() if v}
-    assert spans  # the loop was steady once
-    assert len(syncs) <= 1 and all(spans.get(s, 1) > 1 for s in syncs), (syncs, spans)
-    # what the block counted are the reads in its gaps: no more
-    for s, v in syncs.items():
-        first = s - int(spans[s]) + 1
-        assert v == sum(1 for g in range(first, s) if g % every == every - 1)
-    assert between == steps // every and sum(syncs.values()) < between
-    assert max(spans) < steps // 2  # per-step reading from the first dirty block on
-
-
-def test_a_steady_block_reads_no_counter_at_its_steps_before_the_last(store) -> None:
-    """The block phase's read pattern: after the warm-up and ``STEADY_STEPS`` clean steps
-    read per step, a block's steps before its last read no torch_xla counter at all, and
-    its first entry and last exit read the sentinels and the counter row once for the
-    block; the block's copies and syncs (none) and its compilations (none) are torch_xla's."""
-    from refrun.probes import xla as px
-
-    model, _ = make(width=19)
-    steps = 2 + px.STEADY_STEPS + px.BLOCK_STEPS + 4
-    run = start(store)
-    reads = []
-    with refrun.xla.instrument(run, model=model, warmup_steps=2) as probe:
-        spy = CounterReads(torch_xla._XLAC)
-        probe.backend._counters._x = spy
-        before = raw()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        for n in range(steps):
-            x, y = batch(n, 8)
-            r0 = dict(spy.reads)
-            with probe.step(n):
-                loss = ((model(x.to(DEV)) - y.to(DEV)) ** 2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                torch_xla.sync()
-                probe.log(loss=loss)
-            reads.append(sum(spy.reads.values()) - sum(r0.values()))
-        after = raw()
-    run.close()
-    spans = points(store, run.run_id, schema.M_COUNTED_STEPS)
-    assert spans, reads
-    end = min(spans)
-    first = end - int(spans[end]) + 1
-    assert first >= 2 + px.STEADY_STEPS  # warm-up and the clean steps read per step
-    assert all(r > 0 for r in reads[:first]), reads  # per step: every step reads
-    assert reads[first] > 0 and reads[end] > 0  # the block's entry and its end
-    assert all(r == 0 for r in reads[first + 1:end]), reads[first:end + 1]
-    got = diff(before, after)
-    for metric, key in ((schema.M_XFER_D2H, "d2h"), (schema.M_HOST_SYNCS, "syncs"),
-                        (schema.M_COMPILE_GRAPHS, "uncached")):
-        assert sum(points(store, run.run_id, metric).values()) == got[key], metric

@@ -149,12 +149,6 @@ M_XFER_H2D = "xfer/h2d"
 # CUDA calls seen by torch.cuda.set_sync_debug_mode).
 M_HOST_SYNCS = "xfer/host_syncs"
 M_FALLBACK_OPS = "fallback/ops"  # CPU-fallback op executions during the step
-# At a step where a probe read its counters once for a block of steps (PyTorch/XLA in a
-# steady loop, docs/xla.md "Steady-state block reading"): how many steps, this one and the
-# ones before it, its counter points cover.  A counter with a point at each of those steps
-# was read exactly per step (a counter that did not move over the block moved at none of
-# its steps: each has a 0); one with a point at this step only holds the block's total.
-M_COUNTED_STEPS = "probe/counted_steps"
 M_NONFINITE = "health/nonfinite"
 SYS_PREFIX = "sys/"  # sys/cpu_pct, sys/rss_bytes, sys/gpu0_util_pct, sys/gpu0_mem_bytes ...
 M_SYS_CPU_PCT = "sys/cpu_pct"  # system-wide CPU busy since the previous sample, %

@@ -227,23 +227,12 @@ class Probe:
     # with a set lookup, not an ABC isinstance check per value).
     _scalar_types: set[type] = field(default_factory=lambda: {float, int}, repr=False)
     # The block path (a backend with counter_row): each ended step's (step, time stamp,
-    # step time, cumulative counters, learning rates, CPU seconds, span), handed to the
-    # session a block at a time.  ``span``: 1 for a step read by itself, the block's
-    # length at the last step of a steady block (its counters cover the block), 0 at a
-    # block's other steps (no counters, and CPU seconds only at its first).
+    # step time, cumulative counters, learning rates), handed to the session a block at
+    # a time.
     _counter_row: Any = field(default=None, repr=False)
     _rows: list[tuple[int, int, float | None, tuple[float, ...] | None,
-                      tuple[tuple[str, ...], tuple[float, ...]] | None, float | None,
-                      int]] = field(default_factory=list, repr=False)
-    # Steady-state block reading (a backend with steady_block, block_begin, block_end:
-    # PyTorch/XLA, docs/xla.md): steps left in the open block (0: per-step reading),
-    # steps of it ended so far, whether its first step's CPU seconds are still to take,
-    # and the offset that turns a perf_counter reading into wall milliseconds.
-    _steady_block: Any = field(default=None, repr=False)
-    _block_left: int = 0
-    _block_done: int = 0
-    _cpu_sample: bool = False
-    _wall_ms0: float = 0.0
+                      tuple[tuple[str, ...], tuple[float, ...]] | None, float]] = field(
+        default_factory=list, repr=False)
     # The training thread's CPU clock at the open step's entry (time.thread_time): the
     # step's CPU seconds (schema.M_STEP_CPU) tell slower code from a busier machine, since
     # a thread waiting for a core accrues no CPU time (refrun.acceptance.kinds.step_time).
@@ -287,10 +276,6 @@ class Probe:
             self._rows_last = tuple(self._guard(row) or ())
             self._rows_every_s = _flush_interval(self.run)
             self._rows_due = time.monotonic() + self._rows_every_s
-            if all(hasattr(self.backend, a) for a in ("steady_block", "block_begin",
-                                                        "block_end")):
-                self._steady_block = self.backend.steady_block  # type: ignore[attr-defined]
-                self._wall_ms0 = time.time_ns() / 1e6 - time.perf_counter() * 1e3
         else:
             self._last_counters = dict(self._guard(self.backend.counters) or {})
         if self.monitors:
@@ -321,13 +306,6 @@ class Probe:
     def _enter_step(self, n: int) -> Any:
         """Start step ``n`` (see :class:`_StepScope`); returns the backend's timing token."""
         self._in_step = True
-        if self._block_left and self._block_done:
-            # a steady block's step after its first (docs/xla.md, "Steady-state block
-            # reading"): the rate and the clock only; values wait for the next block
-            self._step = n
-            if self._lrs is not None:
-                self._step_lrs = self._read_lrs(self._lrs)
-            return time.perf_counter()
         if self._pending or self._batch:
             self._drain()
         self._step = n
@@ -335,13 +313,6 @@ class Probe:
             self._step_lrs = self._read_lrs(self._lrs)
         self._cpu_start = time.thread_time()
         try:
-            steady = self._steady_block
-            if steady is not None and not self._block_left:
-                span = steady()
-                if span > 1:
-                    token = self.backend.block_begin(span)  # type: ignore[attr-defined]
-                    self._block_left, self._block_done, self._cpu_sample = span, 0, True
-                    return token
             return self.backend.begin_step(n)
         except Exception as exc:  # a probe must never break the loop
             self._warn_exc(exc)
@@ -352,53 +323,19 @@ class Probe:
         already on the host, go to the session in one call (one timestamp, one step check)."""
         self._in_step = False
         batch = self._batch
-        left = self._block_left
-        span = 1
-        if left:
-            self._block_done += 1
-            if left > 1 and not self.backend.block_break:  # type: ignore[attr-defined]
-                # a steady block's step before its last: its time, rates and update count
-                # kept, no counter read (the block's last step reads them for all)
-                self._block_left = left - 1
-                t = time.perf_counter()
-                cpu: float | None = None
-                if self._cpu_sample:  # one step a block: the first
-                    self._cpu_sample = False
-                    cpu = time.thread_time() - self._cpu_start
-                dt = t - token
-                lrs = self._optimizer_row() if self._lrs is not None else None
-                self._rows.append((n, int(self._wall_ms0 + t * 1e3), dt, None, lrs, cpu, 0))
-                self._step_times.append(dt)
-                if batch or self._progress_override or self.global_batch is not None or \
-                        not self._queued_warnings or self.backend._warnings:  # type: ignore[attr-defined]
-                    self._after_exit(n)
-                    return
-                done = self._steps_done = self._steps_done + 1  # _after_exit's rest
-                if self.recheck_every > 0 and done % self.recheck_every == 0:
-                    self._describe()
-                    self._read_numerics(before_training=False)
-                return
-            span = self._block_done
-            try:
-                pending_time = self._end_block(n, token)
-            except Exception as exc:
-                self._warn_exc(exc)
-                pending_time = None
-            cpu = None if span > 1 else time.thread_time() - self._cpu_start
-        else:
-            try:
-                pending_time = self.backend.end_step(n, token)
-            except Exception as exc:
-                self._warn_exc(exc)
-                pending_time = None
-            cpu = time.thread_time() - self._cpu_start
+        try:
+            pending_time = self.backend.end_step(n, token)
+        except Exception as exc:
+            self._warn_exc(exc)
+            pending_time = None
+        cpu = time.thread_time() - self._cpu_start
         if self._counter_row is not None:
             if type(pending_time) is float:
-                self._keep_row(n, pending_time, cpu, span)
+                self._keep_row(n, pending_time, cpu)
             else:  # a backend whose step times are pending: they go in log order
                 if pending_time is not None:
                     self._pending.append((n, schema.M_STEP_TIME, pending_time))
-                self._keep_row(n, None, cpu, span)
+                self._keep_row(n, None, cpu)
         else:
             batch[schema.M_STEP_CPU] = cpu
             if pending_time is not None:
@@ -411,38 +348,6 @@ class Probe:
             if self._lrs is not None and (lrs := self._optimizer_row()) is not None:
                 for name, rate in zip(*lrs, strict=True):
                     batch.setdefault(name, rate)  # a rate the user logged is kept
-        self._after_exit(n)
-
-    def _end_block(self, n: int, token: Any) -> Any:
-        """Close the open steady block at its step ``n`` (ended or ending): the backend
-        reads its counters once for the block's steps."""
-        done = self._block_done
-        self._block_left = self._block_done = 0
-        self._cpu_sample = False
-        interior = [r[0] for r in self._rows[len(self._rows) - done + 1:]] if done > 1 \
-            else []
-        return self.backend.block_end(n, token, interior)  # type: ignore[attr-defined]
-
-    def _close_block(self) -> None:
-        """At close inside a steady block: its last ended step (kept without counters)
-        becomes the block's end, with the counters read now."""
-        done = self._block_done
-        if not done or not self._rows or self._rows[-1][6] != 0:
-            self._block_left = self._block_done = 0
-            return
-        last = self._rows.pop()  # the block's steps before it stay, as its interior
-        try:
-            self._end_block(last[0], None)
-            row: tuple[float, ...] | None = tuple(self._counter_row())
-        except Exception as exc:
-            self._warn_exc(exc)
-            row = None
-        self._rows.append((*last[:3], row, *last[4:6], done))
-
-    def _after_exit(self, n: int) -> None:
-        """A step exit's end: progress, the step's host values, the backend's warnings,
-        the step count and the re-checks it sets off."""
-        batch = self._batch
         if self._progress_override or self.global_batch is not None:
             self._record_progress(n)
         if batch:
@@ -456,8 +361,7 @@ class Probe:
             self._describe()
             self._read_numerics(before_training=False)
 
-    def _keep_row(self, n: int, step_time: float | None, cpu: float | None,
-                  span: int = 1) -> None:
+    def _keep_row(self, n: int, step_time: float | None, cpu: float) -> None:
         """The block path's step exit: the step time (when already seconds) and the
         backend's raw cumulative counters are kept as one tuple; :meth:`_flush_rows` turns
         a block of them into per-step deltas in one session call, once per flush
@@ -474,7 +378,7 @@ class Probe:
                 self._rows_last = row
             row = None  # the step has no deltas
         lrs = self._optimizer_row() if self._lrs is not None else None
-        self._rows.append((n, time.time_ns() // 1_000_000, step_time, row, lrs, cpu, span))
+        self._rows.append((n, time.time_ns() // 1_000_000, step_time, row, lrs, cpu))
         if step_time is not None:
             self._step_times.append(step_time)
         if len(self._rows) >= MAX_BLOCK_ROWS or time.monotonic() >= self._rows_due:
@@ -490,9 +394,6 @@ class Probe:
             return
         self._rows = []
         self._rows_due = time.monotonic() + self._rows_every_s
-        if any(r[6] != 1 for r in rows):
-            self._flush_block_rows(rows)
-            return
         counted = [r for r in rows if r[3] is not None]
         timed = [r for r in rows if r[2] is not None]
         counts: dict[str, list[float]] = {}
@@ -522,67 +423,6 @@ class Probe:
         for group, columns in groups:
             if columns:
                 self.run.log_columns([r[0] for r in group], columns, [r[1] for r in group])
-
-    def _flush_block_rows(self, rows: list[Any]) -> None:
-        """:meth:`_flush_rows` for rows that hold steady blocks (docs/xla.md,
-        "Steady-state block reading").  A block's counters were read at its last step
-        only, so each counter's delta over the block is put there -- except a counter that
-        did not move over the block: cumulative counters never go down, so it moved at
-        none of the block's steps, and each of them gets its exact 0.  The block's last
-        step also gets ``probe/counted_steps`` (the steps its points cover); CPU seconds
-        are those of each block's first step.  Columns with the same steps go to the
-        session in one call."""
-        names = self.backend.counter_names  # type: ignore[attr-defined]
-        last = self._rows_last
-        cols: dict[str, tuple[list[int], list[float]]] = {n: ([], []) for n in names}
-        interior: list[int] = []
-        spans: tuple[list[int], list[float]] = ([], [])
-        for r in rows:
-            cum = r[3]
-            if cum is None:
-                if r[6] == 0:
-                    interior.append(r[0])
-                else:  # a step (or block end) whose counters were not read: lands later
-                    interior = []
-                continue
-            for j, name in enumerate(names):
-                d = cum[j] - last[j]
-                steps, values = cols[name]
-                if interior and d == 0:
-                    steps.extend(interior)
-                    values.extend([0.0] * len(interior))
-                steps.append(r[0])
-                values.append(d)
-            if r[6] > 1:
-                spans[0].append(r[0])
-                spans[1].append(float(r[6]))
-            interior = []
-            last = cum
-        self._rows_last = last
-        if spans[0]:
-            cols[schema.M_COUNTED_STEPS] = spans
-        timed = [r for r in rows if r[2] is not None]
-        cols[schema.M_STEP_TIME] = ([r[0] for r in timed], [r[2] for r in timed])
-        cpus = [r for r in rows if r[5] is not None]
-        cols[schema.M_STEP_CPU] = ([r[0] for r in cpus], [r[5] for r in cpus])
-        rated = [r for r in rows if r[4] is not None]
-        by_names: dict[tuple[str, ...], list[Any]] = {}
-        if len({id(r[4][0]) for r in rated}) == 1:  # one names tuple (the usual case)
-            by_names[rated[0][4][0]] = rated
-        else:
-            for r in rated:
-                by_names.setdefault(r[4][0], []).append(r)
-        for group in by_names.values():
-            steps = [r[0] for r in group]
-            for name, values in _rate_columns(group).items():
-                cols[name] = (steps, values)
-        stamps = {r[0]: r[1] for r in rows}
-        calls: dict[tuple[int, ...], dict[str, list[float]]] = {}
-        for name, (steps, values) in cols.items():
-            if steps:
-                calls.setdefault(tuple(steps), {})[name] = values
-        for steps_key, columns in calls.items():
-            self.run.log_columns(list(steps_key), columns, [stamps[n] for n in steps_key])
 
     def _optimizer_row(self) -> Rates | None:
         """The rates read at this step's entry and, read now (after the step's update),
@@ -716,28 +556,6 @@ class Probe:
         q = self._pending
         backend = self.backend
         ready: list[tuple[int, str, float]] = []
-        if not block and type(self)._take is Probe._take:
-            # the common case, _take inlined (a Python call less per value)
-            ready_of, isfinite, step_time = backend.ready, math.isfinite, schema.M_STEP_TIME
-            while q:
-                n, name, handle = q[0]
-                try:
-                    value = ready_of(handle)
-                except Exception as exc:  # a probe must never break the loop
-                    self._refuse_value(name, n, exc, "not readable")
-                    q.popleft()
-                    continue
-                if value is None:
-                    break
-                q.popleft()
-                if name == step_time:
-                    self._step_times.append(value)
-                if not isfinite(value) and name != step_time:
-                    self._take(n, name, value)  # the warning
-                ready.append((n, name, value))
-            if ready:
-                self._emit(ready)
-            return
         while q:
             n, name, handle = q[0]
             try:
@@ -1000,8 +818,6 @@ class Probe:
                 self._flush_samples()
         for m in self.monitors:  # before the description: their final tags
             self._guard(m.close)
-        if self._block_left:
-            self._close_block()
         self._flush_rows()
         self._drain(block=True)
         self._describe()

@@ -123,22 +123,6 @@ FOLD_ROWS = 4096
 # one batched copy of finished buffers takes milliseconds, so a wait this long means the
 # device does not answer, and from then on nobody waits for the copier.
 COPY_WAIT_S = 10.0
-# In a steady loop read per block (STEADY_STEPS below), the periodic exact copy check is
-# made once in this many steps instead of EXACT_EVERY: its read copies torch_xla's
-# retained samples (0.1-0.6 ms, ~1 ms right after a sync).  A copy it finds is counted
-# in full there (TransferCount.begin).  The timed metrics keep EXACT_EVERY.
-STEADY_EXACT_EVERY = 256
-# Steady-state block reading (docs/xla.md): once this many consecutive steps (and the gaps
-# between them) moved nothing but the steady pattern (executions, cache hits, copies to
-# the device), the counters are read once per block of BLOCK_STEPS steps instead of at
-# every step boundary.  A block that shows anything else (a compilation, a copy to the
-# host, a host sync, a fallback op) sends the probe back to per-step reading, and the
-# next block then needs twice as many clean steps (at most STEADY_STEPS_MAX): a loop that
-# copies or compiles every few steps, or between its steps (an evaluation), stays read
-# per step, where those are told from the steps' own.
-STEADY_STEPS = 8
-STEADY_STEPS_MAX = 512
-BLOCK_STEPS = 32
 
 
 @dataclass(slots=True)
@@ -560,15 +544,6 @@ def may_have_copied(before: Reading, after: Reading) -> bool:
     return b is None or a is None or after[0] - before[0] > a - b
 
 
-def _no_copy(before: Reading, after: Reading, known_before: int | None,
-             known_after: int | None) -> bool:
-    """Whether a stretch whose sentinels moved (so the exact count was read) still made no
-    copy to the host, host sync or CPU fallback: only ``_to_copy`` moved (copies to the
-    device, casts on it) and the exact count did not."""
-    return known_before is not None and known_before == known_after and \
-        before[1:3] == after[1:3]
-
-
 @dataclass
 class TransferCount:
     """Device-to-host copies and host syncs inside steps, counted at the cost of a few
@@ -611,14 +586,7 @@ class TransferCount:
     # (sentinels, syncs, baseline, checked) of the open step
     _open: tuple[Reading, int, int, bool] | None = None
     checked: bool = True  # the last step was read exactly (warm-up, 1 in EXACT_EVERY)
-    # the last step's (or block's) counter row reads the timed metrics: where it was
-    # checked, and at a block that holds a multiple of EXACT_EVERY
-    timed: bool = True
-    _block_timed: bool = False
     check_next: bool = False  # the periodic check met a probe copy in flight: next step
-    # Nothing moved a sentinel between the last step's entry and its exit, nor since the
-    # step before it ended (the gap): what the backend's steady-state test reads.
-    quiet: bool = False
 
     def user_copies(self) -> int:
         """torch_xla's count of device-to-host copies less the probe's own, which its
@@ -668,32 +636,11 @@ class TransferCount:
         syncs = at[1] if to_cpu == at[0] else counters.host_syncs_at(to_cpu)
         return (to_copy, to_cpu, DIRECT_COPIES.calls, copy_from), syncs
 
-    def begin(self, span: int = 1) -> None:
-        """Open a step, or a block of ``span`` steps read as one (steady-state block
-        reading: its sentinels are read here and at its last step's exit only)."""
+    def begin(self) -> None:
         sent, syncs = self._sentinels()
         steps = self.steps
         check = (self.exact or steps < self.warmup_steps or steps % EXACT_EVERY == 0
                  or self.check_next)
-        if span > 1:
-            # a block holding a multiple of STEADY_EXACT_EVERY is checked at its end only:
-            # the known count is exact at its start while no sentinel moved since it was
-            # read (below), and the probe's copies handed over at this entry are then done
-            check = (self.exact or self.check_next or
-                     -(-steps // STEADY_EXACT_EVERY) * STEADY_EXACT_EVERY < steps + span)
-            # the timed metrics keep their cadence (one step in EXACT_EVERY), so that
-            # exec/time_s and xfer/h2d are as fine-grained as in per-step reading
-            self._block_timed = check or -(-steps // EXACT_EVERY) * EXACT_EVERY < steps + span
-            self.check_next = False
-            self.steps = steps + span
-            last, known = self.sent, self.known
-            gap = last is not None and sent[:3] != last[:3] and may_have_copied(last, sent)
-            base = known if known is not None and last is not None and not gap \
-                else self._read(sent)
-            self.sent = sent
-            self.quiet = not gap or _no_copy(last, sent, known, base)  # type: ignore[arg-type]
-            self._open = (sent, syncs, base, check)
-            return
         if check:
             self.check_next = False
             if not self.exact and steps >= self.warmup_steps and \
@@ -707,38 +654,26 @@ class TransferCount:
         # The known count is still exact when nothing copied through torch (or the
         # wrapped _xla_get_cpu_tensors) since it was read.
         last, base = self.sent, self.known
-        known = base
-        gap = last is not None and sent[:3] != last[:3] and may_have_copied(last, sent)
-        if check or base is None or last is None or gap:
+        if check or base is None or last is None or (
+                sent[:3] != last[:3] and may_have_copied(last, sent)):
             base = self._read(sent)
         self.sent = sent
-        self.quiet = not gap or _no_copy(last, sent, known, base)  # type: ignore[arg-type]
         self._open = (sent, syncs, base, check)
 
-    def end(self, step: int, block: bool = False) -> None:
-        """Close the open step (or block: ``block``, its last step)."""
+    def end(self, step: int) -> None:
         if self._open is None:
             return
         sent0, syncs0, base, check = self._open
+        self.checked = check
         sent, syncs = self._sentinels(at_exit=True)
         self._open = None
         if syncs != syncs0:
             self.syncs += syncs - syncs0
         moved = sent[:3] != sent0[:3] and may_have_copied(sent0, sent)
-        quiet = self.quiet and syncs == syncs0
-        if block and check and not moved and not self.exact and \
-                self.copier.started != self.copier.finished:
-            # the block's periodic check would wait for the probe's copy in flight: made
-            # at the next block's end (or the next step's entry) instead, with no wait
-            check, self.check_next = False, True
-        self.checked = check
-        self.timed = check or (block and self._block_timed)
         if not moved and not check:
-            self.quiet = quiet
             self.sent = sent  # still exact: only copies to the device or casts since
             return
         n = self._read(sent) - base
-        self.quiet = quiet and n == 0 and sent[1:3] == sent0[1:3]
         if n > 0 and not moved and not self.exact:
             self.exact, self.uncounted_at = True, step
         self.d2h += n
@@ -778,15 +713,6 @@ class XlaBackend(BackendBase):
     _logged_devices: dict[torch.device, int] = field(default_factory=dict, repr=False)
     _inplace_warned: bool = False
     _closed: bool = False
-    # Steady-state block reading (see STEADY_STEPS): consecutive clean steps, how many the
-    # next block needs, the cumulative row of the last ended step (or block), the interior
-    # steps of the block whose last step just ended (given their tally rows at its
-    # counter_row), and whether a logged value reached the bound that ends a block early.
-    _clean: int = 0
-    _steady_need: int = STEADY_STEPS
-    _last_row: tuple[float, ...] | None = field(default=None, repr=False)
-    _block_interior: Sequence[int] | None = field(default=None, repr=False)
-    block_break: bool = False
     # (device, (hardware, tags)): the runtime's answers for the device (see describe)
     _runtime: tuple[Any, tuple[str, dict[str, Any]]] | None = field(default=None, repr=False)
 
@@ -819,35 +745,6 @@ class XlaBackend(BackendBase):
         self._transfers.begin()
         return time.perf_counter()
 
-    def steady_block(self) -> int:
-        """How many steps the next block reads as one (the probe asks at a step entry read
-        per step), or 0: per-step reading goes on (warm-up, a step or gap that moved
-        something lately, or a copy path no sentinel sees)."""
-        tc = self._transfers
-        if self._clean < self._steady_need or tc.exact or self._closed or \
-                tc.steps < self.warmup_steps:
-            return 0
-        return BLOCK_STEPS
-
-    def block_begin(self, span: int) -> Any:
-        """:meth:`begin_step` for the first step of a block of ``span`` steps, whose
-        counters are read only here and at :meth:`block_end`."""
-        self.block_break = False
-        self._transfers.begin(span)
-        return time.perf_counter()
-
-    def block_end(self, step: int, token: Any, interior: Sequence[int]) -> Any:
-        """:meth:`end_step` for the block's last step ``step`` (``interior``: the steps
-        before it in the block): its transfers and syncs are the block's, and the
-        :meth:`counter_row` read next is the block's end."""
-        elapsed = None if token is None else time.perf_counter() - token
-        self._ended_step = step
-        self._block_interior = interior
-        tc = self._transfers
-        tc.end(step, block=True)
-        self._warn_uncounted()
-        return elapsed
-
     def end_step(self, step: int, token: Any) -> Any:
         """Wall seconds of the step as the host saw it.  Under lazy execution a steady
         step is paced by the device (each sync waits for the previous execution), so the
@@ -857,17 +754,12 @@ class XlaBackend(BackendBase):
         tc = self._transfers
         tc.end(step)
         if tc.uncounted_at is not None and not self._uncounted_warned:
-            self._warn_uncounted()
-        return elapsed
-
-    def _warn_uncounted(self) -> None:
-        tc = self._transfers
-        if tc.uncounted_at is not None and not self._uncounted_warned:  # once
             self._uncounted_warned = True
             self.warn("xla-d2h-uncounted", f"step {tc.uncounted_at} copied a tensor to the "
                       "host by a path neither a torch op nor _xla_get_cpu_tensors shows: "
                       "from then on xfer/d2h is read exactly at every step (slower)",
                       tc.uncounted_at)
+        return elapsed
 
     # --- values -------------------------------------------------------------------
     def fetch(self, value: Any) -> Any:
@@ -875,14 +767,13 @@ class XlaBackend(BackendBase):
             if value.numel() != 1:
                 raise ValueError(f"logged tensor has shape {tuple(value.shape)}; log "
                                  "one-element tensors (reduce it in the step, e.g. .mean())")
-            # Each tensor accessor costs ~1 us on the training thread while the runtime
-            # runs the step just synced on the same cores (docs/research/xla-probe-cost.md):
-            # an XLA value's device is counted (named in describe()) when it is handed to
-            # the copier, in a batch (_send), a host tensor's here.
-            if not value.is_xla:
+            # One device object per call, counted as is (named in describe()): each
+            # tensor accessor costs ~1 us on the training thread while the runtime runs
+            # the step just synced on the same cores (docs/research/xla-probe-cost.md).
+            dev = value.device
+            self._logged_devices[dev] = self._logged_devices.get(dev, 0) + 1
+            if dev.type != "xla":
                 # A host tensor: reading it after the step is a memory load, not a sync.
-                dev = value.device
-                self._logged_devices[dev] = self._logged_devices.get(dev, 0) + 1
                 return _XlaValue(value.detach(), value._version, None, host_float(value))
             # _held, inlined (a frame and a tuple less at every log): a result of autograd
             # ops is kept as the functional wrapper's inner tensor
@@ -893,10 +784,7 @@ class XlaBackend(BackendBase):
                     h = _XlaValue(*_held(value))
             else:
                 h = _XlaValue(*_held(value))
-            waiting = self._waiting
-            waiting.append(h)
-            if len(waiting) >= self._send_at:
-                self.block_break = True  # a block ends here: its values go to the copier
+            self._waiting.append(h)
             return h
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"cannot record a value of type {type(value).__name__}; "
@@ -1022,10 +910,7 @@ class XlaBackend(BackendBase):
         if n <= 0:
             return
         handles, self._waiting = self._waiting[:n], self._waiting[n:]
-        devices = self._logged_devices
         for h in handles:
-            dev = h.tensor.device  # counted here, not at each log (fetch)
-            devices[dev] = devices.get(dev, 0) + 1
             if h.version >= 0 and h.tensor._version != h.version \
                     and not self._inplace_warned:
                 self._inplace_warned = True
@@ -1043,22 +928,8 @@ class XlaBackend(BackendBase):
         ended steps for its end-of-run summary, folding them into its sums every
         ``fold_rows`` steps, and warns at once about a fallback op seen for the first time."""
         tc = self._transfers
-        row, fb = self._counters.read_row(tc.timed, (float(tc.d2h), float(tc.syncs)))
+        row, fb = self._counters.read_row(tc.checked, (float(tc.d2h), float(tc.syncs)))
         if self._ended_step is not None:
-            interior = self._block_interior
-            last = self._last_row
-            # clean: only the steady pattern moved (executions, cache hits, copies to the
-            # device) in the step and the gap before it
-            clean = tc.quiet and last is not None and row[0] == last[0] and \
-                row[6] == last[6] and row[7] == last[7] and row[8] == last[8] and \
-                tc.steps > self.warmup_steps  # warm-up steps are no evidence of steadiness
-            if interior is not None:  # a block's end: its steps before the last
-                self._block_interior = None
-                self._rows.extend([(s, last, None) for s in interior])
-                if not clean:  # back to per-step reading; longer to come back
-                    self._steady_need = min(2 * self._steady_need, STEADY_STEPS_MAX)
-            self._clean = self._clean + 1 if clean else 0
-            self._last_row = row
             ops = None
             if fb != self._prev_fb:
                 ops = {k: n - self._prev_fb.get(k, 0) for k, n in fb.items()
@@ -1074,7 +945,6 @@ class XlaBackend(BackendBase):
                 self._fold()
         elif not self._rows and not self._tally.steps:  # before the first step: the base
             self._base_row, self._prev_fb = row, fb
-            self._last_row = row
         return row
 
     def counters(self) -> Mapping[str, float]:
