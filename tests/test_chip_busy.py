@@ -421,8 +421,10 @@ def test_a_window_waits_for_a_still_loop_ends_when_it_compiles_and_is_not_empty_
     traces, which have no device plane, stand in for the TPU's: so a window that saw the
     loop run is counted empty.)"""
     state = {"n": 0, "c": 0}
+    # a long wait, so that the window outlasts the loop's 0.5 s stand-still below however
+    # late this thread runs on a busy machine
     sampling = BusySampling(window_s=0.05, min_window_s=0.01, steady_poll_s=0.01,
-                            steady_wait_s=1.0, min_period_s=10, retry_s=0.1)
+                            steady_wait_s=5.0, min_period_s=10, retry_s=0.1)
     w = ProfilerWindows(cpu_sessions(), sampling, progress=lambda: (state["n"], state["c"]),
                         platform="tpu")
 
@@ -454,7 +456,7 @@ def test_a_window_waits_for_a_still_loop_ends_when_it_compiles_and_is_not_empty_
         until(lambda: w.in_window, step=True)
         t0 = time.monotonic()
         until(lambda: w.tries == 4, step=False)
-        assert time.monotonic() - t0 >= 1.0
+        assert time.monotonic() - t0 >= 2.5  # it waited, far beyond its 0.05 s length
         assert (w.empty, w.dropped) == (2, 2)
     finally:
         w.close()
