@@ -294,9 +294,10 @@ class Probe:
         return self._closed
 
     def progress_marker(self) -> tuple[int, int]:
-        """``(steps done, a count that moves whenever something compiles)``, read by a
-        monitor's thread to tell a steady loop (steps advancing, nothing compiling); this
-        probe counts no compilations of its own (a backend that does overrides it)."""
+        """``(steps done, compile events)`` as :data:`refrun.probes.chip_busy.Progress`
+        defines them, read by a monitor's thread to tell a steady loop (steps advancing,
+        nothing compiling); this probe counts no compilations of its own (a backend that
+        does overrides it)."""
         return self._steps_done, 0
 
     def step(self, n: int) -> _StepScope:

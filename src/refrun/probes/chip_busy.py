@@ -16,7 +16,7 @@ why none did (never a blank, never a zero in place of "not known"):
    to read and the tag says so.
 
 **When windows are taken** (:class:`BusySampling`): the first once the loop is steady
-(past its warm-up steps, steps advancing, no step compilation between two looks 50 ms
+(past its warm-up steps, steps advancing, no compilation started or ended between two looks 50 ms
 apart: a window over a compilation measures the compiler), then again after
 ``max(min_period_s, cost / budget)`` capped at ``max_period_s``, where ``cost`` is the wall
 time the last window spent in profiler calls (open, stop, read).  Those calls may hold
@@ -464,9 +464,10 @@ class ProfilerWindows:
         """Looks at the loop from the window's opening until the loop has run ``length``
         seconds steadily (the current stretch of :func:`steady_span` reaches it), a
         compilation starts, ``steady_wait_s`` more have passed, or the run closes; without
-        a progress reader (or with
-        ``look`` false) none: the window lasts ``length`` and is read whole.  A look that
-        fails ends them."""
+        a progress reader (or with ``look`` false) none: the window lasts ``length`` and
+        is read whole.  A look that fails ends them.  (The current stretch is tested
+        with :func:`steady_span`'s start rule kept one look at a time: calling it at
+        every look would cost the sampler, which holds Python's lock, O(n^2).)"""
         if self.progress is None or not look:
             self._stop.wait(length)
             return []

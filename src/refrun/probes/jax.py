@@ -194,9 +194,9 @@ class CompileTracker:
     other: int = 0
     time_s: float = 0.0
     activity: int = 0
-    """Starts and ends of every compilation counted here (a step's, an evaluation's, a
-    cache hit's): two looks with the same value and no step-free gap between them saw
-    nothing compile, or be compiling, in between (the chip sampler's steady stretch)."""
+    """+1 at the start and +1 at the end of every compilation counted here (a step's,
+    an evaluation's, a cache hit's): odd while one is under way; the compile events of
+    :data:`refrun.probes.chip_busy.Progress`."""
     by_function: Counter[str] = field(default_factory=Counter)
     events: list[dict[str, Any]] = field(default_factory=list)
     current_step: int | None = None
