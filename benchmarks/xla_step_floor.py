@@ -10,7 +10,14 @@ round, each arm its own model instance:
   list append, the last ``--keep`` losses kept alive (torch_xla's ``sync`` sees every live
   XLA tensor);
 * ``probe``: ``refrun.xla.instrument(run, model=..., optimizer=...)``, ``probe.step`` and
-  ``probe.log(loss=...)`` as ``bench_xla_probe.py`` uses them.
+  ``probe.log(loss=...)`` as ``bench_xla_probe.py`` uses them;
+* ``probe-step`` (with ``--arms``): a probe of its own run around the step, nothing logged
+  (no value held, none copied): the probe's counter reads and clocks alone.
+
+``--gc-freeze``: ``gc.freeze()`` after the warm-up (the objects alive then are never
+scanned again), to see what the probe's extra objects cost in garbage collections.
+After the table: the CPU seconds the runs' delivery processes used per probed step (they
+write the points to the store beside the training process, on the same cores).
 
 Each ratio is the geometric mean of the paired block ratios with its 95 % t-interval.
 Issue 52 asks ``bench_xla_probe.py`` for an upper end <= 1.01 on this MLP; this script
@@ -23,6 +30,7 @@ minimal Python boundary reads (the boundary row).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -38,6 +46,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_xla_probe as bench
 
 ARMS = ("plain", "plain-again", "boundary", "probe")
+EXTRA_ARMS = ("probe-step",)
+
+
+class StepOnly:
+    """A probe's step boundary with nothing logged."""
+
+    def __init__(self, probe: Any) -> None:
+        self.probe = probe
+
+    def step(self, n: int) -> Any:
+        return self.probe.step(n)
+
+    def log(self, **values: Any) -> None:
+        pass
+
+    def log_eval(self, step: int, **values: Any) -> None:
+        pass
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's live child processes (the delivery
+    processes), from psutil."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 class Boundary:
@@ -73,39 +113,63 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400, help="steps per block")
     ap.add_argument("--keep", type=int, default=64, help="losses the boundary keeps alive")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block orders")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help=f"arms to run, among {', '.join(ARMS + EXTRA_ARMS)} (plain always)")
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
     args = ap.parse_args()
+    names = tuple(dict.fromkeys(["plain", *args.arms.split(",")]))
+    unknown = set(names) - set(ARMS + EXTRA_ARMS)
+    if unknown:
+        ap.error(f"--arms: unknown {', '.join(sorted(unknown))}")
 
     import refrun
     import refrun.xla
 
-    arms = {name: bench.mlp() for name in ARMS}
+    arms = {name: bench.mlp() for name in names}
     with tempfile.TemporaryDirectory() as tmp:
-        run = refrun.start_run("xla-step-floor", "candidate", hardware="cpu",
-                               backend="torch_xla", tracking_uri=f"sqlite:///{tmp}/m.db")
-        probe = refrun.xla.instrument(run, model=arms["probe"].model,
-                                      optimizer=arms["probe"].optimizer)
-        loops: dict[str, Any] = {"plain": None, "plain-again": None,
-                                 "boundary": Boundary(args.keep), "probe": probe}
-        for name in ARMS:  # warm-up: compilations and the probe's first flush
+        runs, loops = [], {}
+        for name in names:
+            loops[name] = Boundary(args.keep) if name == "boundary" else None
+            if name.startswith("probe"):
+                run = refrun.start_run(f"xla-step-floor-{name}", "candidate", hardware="cpu",
+                                       backend="torch_xla",
+                                       tracking_uri=f"sqlite:///{tmp}/{name}.db",
+                                       spool_dir=f"{tmp}/spool-{name}")
+                probe = refrun.xla.instrument(run, model=arms[name].model,
+                                              optimizer=arms[name].optimizer)
+                runs.append((run, probe))
+                loops[name] = probe if name == "probe" else StepOnly(probe)
+        for name in names:  # warm-up: compilations and the probe's first flush
             bench.run_block(arms[name], 1100, loops[name])
+        if args.gc_freeze:
+            gc.collect()
+            gc.freeze()
         rng = random.Random(args.seed)
-        blocks: dict[str, list[float]] = {a: [] for a in ARMS}
+        blocks: dict[str, list[float]] = {a: [] for a in names}
+        cpu0 = children_cpu_s()
         t0 = time.perf_counter()
         for _ in range(args.rounds):
-            order = list(ARMS)
+            order = list(names)
             rng.shuffle(order)
             for a in order:
                 blocks[a].append(bench.run_block(arms[a], args.steps, loops[a]))
-        probe.close()
-        run.close()
+        delivery_cpu = children_cpu_s() - cpu0
+        for run, probe in runs:
+            probe.close()
+            run.close()
     plain_ms = statistics.median(blocks["plain"]) * 1e3
     print(f"MLP (bench_xla_probe.py), plain step {plain_ms:.3f} ms; "
-          f"{args.rounds} rounds x {args.steps} steps, {time.perf_counter() - t0:.0f} s")
+          f"{args.rounds} rounds x {args.steps} steps, {time.perf_counter() - t0:.0f} s"
+          + ("; gc.freeze() after the warm-up" if args.gc_freeze else ""))
     print("| arm | / plain [95 % CI] | upper end <= 1.01 |")
     print("|---|---|---|")
-    for a in ARMS[1:]:  # the paired blocks' geometric mean and its 95 % t-interval
+    for a in names[1:]:  # the paired blocks' geometric mean and its 95 % t-interval
         g, lo, hi, _ = bench.round_ratio(blocks[a], blocks["plain"])
         print(f"| {a} | {g:.4f} [{lo:.4f}, {hi:.4f}] | {'yes' if hi <= 1.01 else 'no'} |")
+    probed = sum(1 for a in names if a.startswith("probe")) * args.rounds * args.steps
+    if probed:
+        print(f"delivery processes' CPU: {delivery_cpu:.1f} s over the rounds, "
+              f"{1e6 * delivery_cpu / probed:.0f} us per probed step")
 
 
 if __name__ == "__main__":

@@ -391,3 +391,30 @@ def test_the_sampler_that_reads_around_compilations_changes_no_value_and_says_wh
     # stretch (a window that met a compilation, read rather than dropped)
     assert sum(1 for n in busy.values() if n) == 24 and trimmed == 9
     assert_matmul_cross_check(src)
+
+
+# --- the seventh record: a window that meets a compilation ends and is taken again ----------
+SEVENTH = Path(__file__).parent / "fixtures" / "tpu" / "record-2026-12-07-seventh.tgz"
+
+
+def test_every_tpu_run_of_the_seventh_record_has_a_busy_fraction_and_the_same_losses(
+        tmp_path: Path) -> None:
+    """The seventh record (2026-12-07, code ea9075d: a window in which a compilation starts
+    ends at once and is taken again once the loop is steady) against the fourth: every
+    run's loss at every step the same, bit for bit; **every run has busy-fraction points**
+    from the device timeline (the sixth record's two runs whose 2.4 s evaluation compile
+    outlasted the window's wait included); the matmul cross-check holds."""
+    fourth = _store_runs(FOURTH, tmp_path / "fourth")
+    seventh = _store_runs(SEVENTH, tmp_path / "seventh")
+    assert set(seventh) == set(fourth) and len(seventh) == 26
+    src = tmp_path / "seventh" / "tpu-store"
+    busy = {v: n for v, n in source_rows(
+        src, f"SELECT t.value, COUNT(m.value) FROM tags t LEFT JOIN metrics m ON "
+             f"m.run_uuid = t.run_uuid AND m.key = '{BUSY}' WHERE t.key = 'pipeline.variant' "
+             f"GROUP BY t.value")}
+    for variant, run in seventh.items():
+        assert run["loss"] == fourth[variant]["loss"], variant
+        assert busy[variant] >= 1, variant
+        source = run["tags"][schema.TAG_UTILIZATION_SOURCE]
+        assert source.startswith("profiler: busy time of the device timeline"), variant
+    assert_matmul_cross_check(src)
