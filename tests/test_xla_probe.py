@@ -1299,6 +1299,27 @@ def test_bad_arguments_raise_input_errors(store) -> None:
     run.close()
 
 
+def test_a_second_probe_open_at_once_is_refused_and_one_after_close_is_not(store) -> None:
+    """torch_xla's counters are process-wide: a second probe open beside the first would
+    take the first one's copies (its copier thread's) for transfers inside its own steps.
+    So it is refused with an input error naming the cause, and accepted once the first
+    is closed (its run's close closes it too)."""
+    first_run = start(store)
+    first = refrun.xla.instrument(first_run)
+    second_run = start(store)
+    with pytest.raises(RefrunInputError, match="another PyTorch/XLA probe is open"):
+        refrun.xla.instrument(second_run)
+    first.close()
+    second = refrun.xla.instrument(second_run)  # the first one closed: no error
+    with pytest.raises(RefrunInputError, match="another PyTorch/XLA probe is open"):
+        refrun.xla.instrument(first_run)
+    second_run.close()  # closes its probe
+    assert second.closed
+    third = refrun.xla.instrument(first_run)
+    third.close()
+    first_run.close()
+
+
 def test_refrun_never_imports_torch_xla_itself() -> None:
     code = ("import sys, refrun, refrun.xla, refrun.probes.base, refrun.probes.xla, "
             "refrun.probes.tpu_monitor, refrun.recording.session; "

@@ -74,10 +74,15 @@ def instrument(
     own = [lambda: TpuMonitor.create(backend.device),
            lambda: ChipBusyMonitor.create(torch_xla_sessions(), _platform(),
                                           opts.warmup_steps)] if tpu_monitor else []
-    all_monitors = resolve_monitors(opts.monitors, own)
-    warn_if_not_a_job(run, _process_count(torch), "the XLA runtime's process count")
-    return Probe(run, backend, warmup_steps=opts.warmup_steps, monitors=all_monitors,
-                 sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
+    try:
+        all_monitors = resolve_monitors(opts.monitors, own)
+        warn_if_not_a_job(run, _process_count(torch), "the XLA runtime's process count")
+        return Probe(run, backend, warmup_steps=opts.warmup_steps, monitors=all_monitors,
+                     sample_interval_s=opts.sample_interval_s,
+                     recheck_every=opts.recheck_every)
+    except BaseException:
+        backend.close()  # one open backend a process: a failed start leaves none open
+        raise
 
 
 def _platform() -> str:

@@ -69,6 +69,7 @@ import numbers
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ from typing import Any
 import torch
 
 from refrun import schema
+from refrun.errors import RefrunInputError
 from refrun.probes.base import BackendBase
 from refrun.probes.hardware import family as hardware_family
 from refrun.probes.tensors import (
@@ -391,6 +393,25 @@ class _DirectCopies:
 
 
 DIRECT_COPIES = _DirectCopies()
+
+# The process's open backend, if any.  torch_xla's counters are process-wide: a second
+# backend open at the same time would take the first one's copies (its copier thread's)
+# for transfers inside its own steps, count them in ``xfer/d2h`` and fall back to exact
+# reads at every step.  Weak: a backend nobody holds any more does not block the next.
+_OPEN: list[weakref.ref[XlaBackend]] = []
+
+
+def _claim(backend: XlaBackend) -> None:
+    """Make ``backend`` the process's open one; :class:`RefrunInputError` when another
+    is still open."""
+    other = _OPEN[0]() if _OPEN else None
+    if other is not None and not other._closed:
+        raise RefrunInputError(
+            "refrun.xla.instrument: another PyTorch/XLA probe is open in this process; "
+            "torch_xla's counters are process-wide, so two open probes count each other's "
+            "copies as their own steps' transfers: close the first probe (or its run) "
+            "before instrumenting another")
+    _OPEN[:] = [weakref.ref(backend)]
 
 
 class XlaCounters:
@@ -719,6 +740,7 @@ class XlaBackend(BackendBase):
     def __post_init__(self) -> None:
         import torch_xla  # lazy: only this backend and refrun.xla ever import torch_xla
 
+        _claim(self)
         BackendBase.__init__(self)
         self._xla = torch_xla
         self._counters = XlaCounters(torch_xla._XLAC)
