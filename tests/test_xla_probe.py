@@ -1317,6 +1317,17 @@ def test_a_second_probe_open_at_once_is_refused_and_one_after_close_is_not(store
     assert second.closed
     third = refrun.xla.instrument(first_run)
     third.close()
+    # a probe whose start failed (here: a model whose parameters cannot be listed) and
+    # that is still held, as a notebook's last traceback holds it, blocks no later probe
+    class Unlistable(torch.nn.Module):
+        def parameters(self, recurse: bool = True):
+            raise RuntimeError("parameters unavailable")
+
+    with pytest.raises(RuntimeError, match="parameters unavailable") as failed:
+        refrun.xla.instrument(first_run, model=Unlistable())
+    fourth = refrun.xla.instrument(first_run)
+    assert failed.traceback  # the failed start's frames are still held here
+    fourth.close()
     first_run.close()
 
 

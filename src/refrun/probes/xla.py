@@ -398,12 +398,12 @@ DIRECT_COPIES = _DirectCopies()
 # backend open at the same time would take the first one's copies (its copier thread's)
 # for transfers inside its own steps, count them in ``xfer/d2h`` and fall back to exact
 # reads at every step.  Weak: a backend nobody holds any more does not block the next.
+# Set once a backend is fully made, so that one whose start raised blocks nothing.
 _OPEN: list[weakref.ref[XlaBackend]] = []
 
 
-def _claim(backend: XlaBackend) -> None:
-    """Make ``backend`` the process's open one; :class:`RefrunInputError` when another
-    is still open."""
+def _refuse_if_open() -> None:
+    """:class:`RefrunInputError` when another backend is open in this process."""
     other = _OPEN[0]() if _OPEN else None
     if other is not None and not other._closed:
         raise RefrunInputError(
@@ -411,7 +411,6 @@ def _claim(backend: XlaBackend) -> None:
             "torch_xla's counters are process-wide, so two open probes count each other's "
             "copies as their own steps' transfers: close the first probe (or its run) "
             "before instrumenting another")
-    _OPEN[:] = [weakref.ref(backend)]
 
 
 class XlaCounters:
@@ -740,16 +739,16 @@ class XlaBackend(BackendBase):
     def __post_init__(self) -> None:
         import torch_xla  # lazy: only this backend and refrun.xla ever import torch_xla
 
-        _claim(self)
+        _refuse_if_open()
         BackendBase.__init__(self)
         self._xla = torch_xla
+        if self.device is None:  # the user's objects first: a start they fail changes nothing
+            self.device = _param_device(self.model, self.optimizer) or torch_xla.device()
         self._counters = XlaCounters(torch_xla._XLAC)
         self._tally = SummaryTally(self.warmup_steps)
         self._copier = _Copier(torch_xla._XLAC)
         self._transfers = TransferCount(self._counters, self.warmup_steps, self._copier)
         DIRECT_COPIES.install(torch_xla._XLAC)
-        if self.device is None:
-            self.device = _param_device(self.model, self.optimizer) or torch_xla.device()
         built_before = modules_built_before_torch_xla(self.model)
         if built_before:
             shown = ", ".join(built_before[:5]) + (" ..." if len(built_before) > 5 else "")
@@ -761,6 +760,7 @@ class XlaBackend(BackendBase):
                 "training thread's time a step of a GRU language model on PJRT CPU "
                 "(docs/xla.md). "
                 "Import torch_xla before building the model."))
+        _OPEN[:] = [weakref.ref(self)]
 
     # --- timing -------------------------------------------------------------------
     def begin_step(self, step: int) -> Any:
