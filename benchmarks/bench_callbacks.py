@@ -257,22 +257,13 @@ def children_settled(window_s: float = 0.25, idle_cpu_s: float = 0.01,
     JAX's async dispatch overlaps with (measured on Keras/JAX: 3.6 ms wall = 3.6 ms CPU
     per step instead of 2.1 ms wall / 3.9 ms CPU), and the recorded variants looked
     serialised while the probe added no wait of its own.  A real run pays it once."""
-    import psutil
+    from children_cpu import children_cpu_s  # beside this script
 
-    def cpu() -> float:
-        total = 0.0
-        for c in psutil.Process().children(recursive=True):
-            try:
-                t = c.cpu_times()
-            except psutil.Error:  # exited meanwhile
-                continue
-            total += t.user + t.system
-        return total
-
-    t_end, first, last, quiet = time.monotonic() + deadline_s, cpu(), cpu(), 0
+    t_end, first, last, quiet = (time.monotonic() + deadline_s, children_cpu_s(),
+                                 children_cpu_s(), 0)
     while quiet < 2 and time.monotonic() < t_end:
         time.sleep(window_s)
-        now = cpu()
+        now = children_cpu_s()
         quiet = quiet + 1 if now - last < idle_cpu_s else 0
         last = now
     return last - first

@@ -44,6 +44,7 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_xla_probe as bench
+from children_cpu import children_cpu_s
 
 ARMS = ("plain", "plain-again", "boundary", "probe")
 EXTRA_ARMS = ("probe-step",)
@@ -63,21 +64,6 @@ class StepOnly:
 
     def log_eval(self, step: int, **values: Any) -> None:
         pass
-
-
-def children_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's live child processes (the delivery
-    processes), from psutil."""
-    import psutil
-
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            t = child.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
 
 
 class Boundary:

@@ -360,6 +360,15 @@ def test_the_ports_recorded_through_metrics_buffers_on_the_chip_change_no_value(
 SIXTH = Path(__file__).parent / "fixtures" / "tpu" / "record-2026-12-07-sixth.tgz"
 
 
+def busy_points(source: Path) -> dict[str, int]:
+    """The number of busy-fraction points of each pipeline run in a record, by
+    ``pipeline.variant`` (0 for a run without any)."""
+    return {v: n for v, n in source_rows(
+        source, f"SELECT t.value, COUNT(m.value) FROM tags t LEFT JOIN metrics m ON "
+                f"m.run_uuid = t.run_uuid AND m.key = '{BUSY}' WHERE t.key = "
+                f"'pipeline.variant' GROUP BY t.value")}
+
+
 def test_the_sampler_that_reads_around_compilations_changes_no_value_and_says_why_not(
         tmp_path: Path) -> None:
     """The sixth record (2026-12-07, code 5db3551: the sampler looks at the loop during a
@@ -372,10 +381,7 @@ def test_the_sampler_that_reads_around_compilations_changes_no_value_and_says_wh
     sixth = _store_runs(SIXTH, tmp_path / "sixth")
     assert set(sixth) == set(fourth) and len(sixth) == 26
     src = tmp_path / "sixth" / "tpu-store"
-    busy = {v: n for v, n in source_rows(
-        src, f"SELECT t.value, COUNT(m.value) FROM tags t LEFT JOIN metrics m ON "
-             f"m.run_uuid = t.run_uuid AND m.key = '{BUSY}' WHERE t.key = 'pipeline.variant' "
-             f"GROUP BY t.value")}
+    busy = busy_points(src)
     trimmed = 0
     for variant, run in sixth.items():
         assert run["loss"] == fourth[variant]["loss"], variant
@@ -408,10 +414,7 @@ def test_every_tpu_run_of_the_seventh_record_has_a_busy_fraction_and_the_same_lo
     seventh = _store_runs(SEVENTH, tmp_path / "seventh")
     assert set(seventh) == set(fourth) and len(seventh) == 26
     src = tmp_path / "seventh" / "tpu-store"
-    busy = {v: n for v, n in source_rows(
-        src, f"SELECT t.value, COUNT(m.value) FROM tags t LEFT JOIN metrics m ON "
-             f"m.run_uuid = t.run_uuid AND m.key = '{BUSY}' WHERE t.key = 'pipeline.variant' "
-             f"GROUP BY t.value")}
+    busy = busy_points(src)
     for variant, run in seventh.items():
         assert run["loss"] == fourth[variant]["loss"], variant
         assert busy[variant] >= 1, variant
