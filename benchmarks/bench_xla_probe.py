@@ -17,12 +17,26 @@ Each model shape runs at its own step length (one line each in the summary table
   through Python meta kernels on XLA, issue 52), and ``rnn``, a ``GRUCell`` unrolled over
   ``--seq`` time steps with Adam (the step of the earlier runs in docs/xla.md).
 
-For each model: two instances of the same graph, one run by a plain loop, one inside
-``probe.step`` with ``probe.log(loss=...)`` (the probe given the model and the optimizer:
-it also reads the learning rate at every step), and with ``--burn US`` a third, the
-plain step plus US microseconds of thread CPU in a Python loop (a positive control: a
-known cost, so the table shows whether the design resolves a cost of that size on this
-machine at this hour).  Each round runs one block of every arm, in an order drawn at
+For each model: one instance (model, optimizer, batches), whose steps run either in a
+plain loop or inside ``probe.step`` with ``probe.log(loss=...)`` (the probe given the model
+and the optimizer: it also reads the learning rate at every step), and with ``--burn US``
+a third arm, the plain step plus US microseconds of thread CPU in a Python loop (a
+positive control: a known cost, so the table shows whether the design resolves a cost of
+that size on this machine at this hour).  The arms share the instance so that the only
+difference between them is the probe: two instances of the same graph (``--twins``, the
+design before 2026-12-07, eleventh session) differed by themselves by 1-3 % from run to
+run on this machine (docs/xla.md, eighth session), as large as the cost to be bounded.
+The probe sees only its own arm's steps; the plain arm's run between them, outside any
+probed step.
+
+Run it under ``taskset -c 0`` on a machine of few cores: on the 2-vCPU machine of
+docs/xla.md the MLP's step flips between a ~0.9 ms and a ~1.6 ms mode as the scheduler
+puts the XLA runtime's threads beside the training thread or not, and the paired blocks'
+ratios scattered by 14-17 % (one core: 2-3 %).  On one core every CPU second refrun
+spends (its threads, its delivery process, which inherits the CPU set) is taken from the
+step: the strictest reading of the probe's cost.  The header prints the CPU set.
+
+Each round runs one block of every arm, in an order drawn at
 random for each round (seeded); a block is ``--steps`` steps, or by default as many as
 take about ``--block-s`` seconds of plain steps (at least 16), measured after the
 warm-up.  An arm's block over the same round's plain block is one paired sample; the table
@@ -60,6 +74,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -74,6 +89,9 @@ import torch_xla
 import refrun
 import refrun.xla
 from refrun.probes.xla import XlaCounters
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children_cpu import children_cpu_s
 
 DEV = torch_xla.device()
 # torch.nn.GRU as PyTorch defines it (importing torch_xla replaced torch.nn.GRU)
@@ -429,15 +447,16 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
     round; prints its rows and returns its line of the summary table."""
     tmp = tempfile.mkdtemp(prefix=f"refrun-bench-xla-{shape.name}-")
     arms = ["plain", "probed"] + (["burn"] if args.burn else [])
-    state = {arm: shape.build() for arm in arms}
+    one = None if args.twins else shape.build()
+    state = {arm: one or shape.build() for arm in arms}
     plain_a, probed_a = state["plain"], state["probed"]
     run = refrun.start_run(f"bench-xla-{shape.name}", "candidate", hardware="cpu",
                            backend="torch_xla", tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                            spool_dir=f"{tmp}/spool", snapshot_environment=False)
     probe = refrun.xla.instrument(run, model=probed_a.model, optimizer=probed_a.optimizer)
     t0 = time.perf_counter()
-    run_block(plain_a, 5)  # warm-up: compile the graphs (evaluation's too, at step 20)
-    run_block(probed_a, 5, probe)
+    run_block(plain_a, 25)  # warm-up: compile the graphs (evaluation's too, at step 20)
+    run_block(probed_a, 25, probe)
     if args.burn:
         run_block(state["burn"], 5, burn_us=args.burn)
     warm = time.perf_counter() - t0
@@ -449,6 +468,7 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
     orders: list[list[str]] = []
     rng = random.Random(args.seed)
     hooks = time_hooks(probe) if args.hooked_rounds else None  # the design before 2026-12-06
+    cpu0 = children_cpu_s()
     for _ in range(args.rounds):
         order = list(arms)
         rng.shuffle(order)  # a fixed order can line up with a periodic effect of the machine
@@ -457,6 +477,7 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
             per_arm[arm].append(run_block(state[arm], steps,
                                           arm_probe if arm == "probed" else None,
                                           burn_us=args.burn if arm == "burn" else 0))
+    delivery_us = (children_cpu_s() - cpu0) / (args.rounds * steps) * 1e6
     plain, probed = per_arm["plain"], per_arm["probed"]
     # The probe's own work: hooked probed blocks after the paired ones (each after a plain
     # block, as in the rounds), and what the hooks add to their reading, measured the same
@@ -518,8 +539,10 @@ def bench_shape(shape: Shape, args: argparse.Namespace, fill: int) -> ShapeResul
          "{:.4f} [{:.4f}, {:.4f}]".format(*result.hodges_lehmann)),
         ("probed / plain, paired blocks, position in the round taken out (cross-over): "
          "ratio [95 % CI]", crossover_row(probed, plain, first)),
+        ("delivery process's CPU per probed step (beside the training process)",
+         f"{delivery_us:.0f} us"),
         ("paired blocks x steps", f"{args.rounds} x {steps}, order drawn per round (seed "
-         f"{args.seed})"
+         f"{args.seed}), " + ("two instances (--twins)" if args.twins else "one instance")
          + (" (A/A: the probed model's blocks ran without the probe)" if args.null else "")),
         *([(f"positive control: plain + {args.burn:g} us of thread CPU a step / plain, "
             "paired: geometric mean [95 % CI]",
@@ -617,8 +640,8 @@ def main() -> None:
                     help="plain steps of the first model run first so that torch_xla's "
                          "metric sample windows (1024) are full, as in a long run")
     ap.add_argument("--null", action="store_true",
-                    help="A/A test: the second instance's blocks run without the probe, "
-                         "so the design's own bias and noise show")
+                    help="A/A test: the probed arm's blocks run without the probe, so the "
+                         "design's own bias and noise show")
     ap.add_argument("--burn", type=float, default=0.0, metavar="US",
                     help="add a positive-control arm, a plain step plus US microseconds "
                          "of thread CPU (e.g. the probe's own work)")
@@ -628,6 +651,9 @@ def main() -> None:
     ap.add_argument("--hooked-rounds", action="store_true",
                     help="hook the probe during the paired rounds too (the design before "
                          "2026-12-06, sixth session: the ratio then includes the hooks)")
+    ap.add_argument("--twins", action="store_true",
+                    help="one model instance per arm (the design before 2026-12-07), "
+                         "instead of one instance for every arm")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block order")
     ap.add_argument("--dump", default=None, help="write every block's time here (JSON)")
     ap.add_argument("--counter-costs", action="store_true",
@@ -640,6 +666,8 @@ def main() -> None:
         ap.error(f"--models: unknown {unknown or names}; choose from {', '.join(known)}")
     if args.dump and os.path.exists(args.dump):
         os.remove(args.dump)
+    print(f"CPUs this process may run on: {sorted(os.sched_getaffinity(0))} of "
+          f"{os.cpu_count()}; load average {os.getloadavg()[0]:.1f}", flush=True)
     results = [bench_shape(known[n], args, args.fill if i == 0 else 0)
                for i, n in enumerate(names)]
     print(summary_table(results))

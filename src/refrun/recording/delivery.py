@@ -49,6 +49,7 @@ from refrun.store import mlflow_ui
 from refrun.store.client import client as store_client
 from refrun.store.client import ensure_experiment, transient
 from refrun.store.curves import summary_tags, write_curves
+from refrun.store.surface import StoreClient
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -187,7 +188,7 @@ def _record_skipped(spool: Spool, skipped: int, reasons: list[str]) -> None:
     spool.update_meta(change)
 
 
-def deliver_tags_params(spool: Spool, client: MlflowClient, run_id: str) -> None:
+def deliver_tags_params(spool: Spool, client: StoreClient, run_id: str) -> None:
     """Send every tag and param in the spool metadata (idempotent: values never change)."""
     from mlflow.entities import Param, RunTag
 
@@ -216,7 +217,7 @@ def deliver_tags_params(spool: Spool, client: MlflowClient, run_id: str) -> None
     spool.update_meta(done)
 
 
-def _send_points(spool: Spool, client: MlflowClient, run_id: str, points: list) -> None:
+def _send_points(spool: Spool, client: StoreClient, run_id: str, points: list) -> None:
     from mlflow.entities import Metric
 
     def send(chunk: list) -> None:
@@ -250,7 +251,7 @@ def _storable(spool: Spool, batch: list[Point]) -> list[Point]:
     return good
 
 
-def deliver_points(spool: Spool, client: MlflowClient, run_id: str, every: int = 1,
+def deliver_points(spool: Spool, client: StoreClient, run_id: str, every: int = 1,
                    max_batches: int | None = None) -> int:
     """Send the MLflow view of undelivered spool lines; returns how many lines were read.
 
@@ -283,10 +284,22 @@ def deliver_pending(spool: Spool, max_batches: int | None = None) -> str:
         return meta.run_id or ""
     run_id = ensure_run(spool)
     meta = spool.read_meta()
-    client = store_client(meta.tracking_uri, create=True)
+    client = points_client(meta.tracking_uri)
     deliver_tags_params(spool, client, run_id)
     deliver_points(spool, client, run_id, meta.mlflow_every, max_batches)
     return run_id
+
+
+def points_client(uri: str) -> StoreClient:
+    """The client that writes a run's points, tags and params: refrun's own access to a
+    local sqlite store where :mod:`refrun.store.direct` may serve it (MLflow's semantics,
+    ``tests/test_store_direct.py``), MLflow's client otherwise (a server, another MLflow
+    release).  MLflow's SQLAlchemy ``log_batch`` was ~75 % of a delivery process's CPU,
+    ~350 us a recorded step of a 1.6 ms PyTorch/XLA MLP step (eleven points a step;
+    py-spy, 2026-12-07): on a machine of few cores that CPU is taken from the training
+    it records.  The run is created, its artifacts uploaded and it is terminated through
+    MLflow's client (a new store or experiment gets MLflow's defaults)."""
+    return store_client(uri, create=True, direct=True)
 
 
 def deliver_artifacts(spool: Spool, client: MlflowClient, run_id: str) -> None:
@@ -459,10 +472,10 @@ def finalize(spool: Spool) -> str:
     cursor = spool.read_cursor()
     owed = view.owed_at_end(cursor.view)
     if owed:
-        _send_points(spool, client, run_id, owed)
+        _send_points(spool, points_client(meta.tracking_uri), run_id, owed)
         spool.write_cursor(Cursor(cursor.lines, cursor.nbytes, cursor.view))
     _note_skipped(spool, spool.read_meta())
-    deliver_tags_params(spool, client, run_id)
+    deliver_tags_params(spool, points_client(meta.tracking_uri), run_id)
     deliver_artifacts(spool, client, run_id)
     meta = spool.read_meta()
     _clear_stale_tags(client, run_id, meta)

@@ -1,0 +1,93 @@
+"""The delivery writes a run's points, tags and params to a local sqlite store through
+refrun's own access (:mod:`refrun.store.direct`) where it may, and the store then holds
+exactly what MLflow's client would have written."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+
+import refrun
+from refrun.recording import delivery
+from refrun.store.direct import DirectClient
+
+
+def _record(root: Path) -> str:
+    """One run with what a training run logs: per-step points, NaN and +-inf, a step
+    logged twice with the same value, evaluation points, params and tags (one changed
+    while it runs); returns its run id."""
+    with refrun.start_run("direct-delivery", "candidate", seed=3, hardware="cpu",
+                          tracking_uri=f"sqlite:///{root}/mlflow.db",
+                          spool_dir=str(root / "spool"), snapshot_environment=False,
+                          params={"lr": 0.01, "batch": 32}) as run:
+        for step in range(300):
+            run.log(step, loss=1.0 / (step + 1), grad_norm=float(step % 7))
+            if step % 50 == 0:
+                run.log_eval(step, accuracy=step / 300)
+        run.log(300, loss=math.nan, grad_norm=math.inf)
+        run.log(301, loss=-math.inf)
+        run.log(5, loss=1.0 / 6)  # a step logged again with its value
+        run.set_tags({"phase": "one"})
+        run.set_tags({"phase": "two"})
+        return run.run_id
+
+
+def _stored(root: Path, run_id: str) -> dict[str, list[tuple]]:
+    """The rows a run has in MLflow's tables, without the run id."""
+    con = sqlite3.connect(root / "mlflow.db")
+    try:
+        return {
+            "metrics": sorted(con.execute(
+                "SELECT key, value, step, is_nan FROM metrics WHERE run_uuid = ?",
+                (run_id,)).fetchall()),
+            "latest": sorted(con.execute(
+                "SELECT key, value, step, is_nan FROM latest_metrics WHERE run_uuid = ?",
+                (run_id,)).fetchall()),
+            "params": sorted(con.execute(
+                "SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)).fetchall()),
+            "tags": sorted(con.execute(
+                "SELECT key, value FROM tags WHERE run_uuid = ? AND key NOT IN "
+                "('mlflow.runName', 'refrun.local_id') AND key NOT LIKE '%time%' "
+                "AND key NOT LIKE 'refrun.env.%' AND key NOT LIKE 'refrun.host%'",
+                (run_id,)).fetchall()),
+        }
+    finally:
+        con.close()
+
+
+def test_a_run_delivered_directly_is_stored_as_mlflow_stores_it(tmp_path, monkeypatch) -> None:
+    runs = {}
+    for kind, setting in (("direct", "1"), ("mlflow", "0")):
+        monkeypatch.setenv("REFRUN_SQLITE_DIRECT", setting)  # the delivery process's too
+        root = tmp_path / kind
+        runs[kind] = _stored(root, _record(root))
+    direct, mlflow = runs["direct"], runs["mlflow"]
+    assert {r[2] for r in direct["metrics"] if r[0] == "loss"} == set(range(302))
+    for part in ("metrics", "latest", "params", "tags"):
+        assert direct[part] == mlflow[part], part
+    assert ("loss", 0.0, 300, 1) in direct["metrics"]  # NaN as MLflow keeps it
+    assert ("phase", "two") in direct["tags"]
+
+
+def test_the_delivery_writes_points_without_mlflows_log_batch(tmp_path, monkeypatch) -> None:
+    """Delivery on the training process's thread, MLflow's SQL ``log_batch`` made to fail:
+    every point, tag and param still arrives (refrun's own access wrote them); with
+    ``REFRUN_SQLITE_DIRECT=0`` the same run's points do not."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("MLflow's log_batch was called")
+
+    monkeypatch.setattr(SqlAlchemyStore, "log_batch", refuse)
+    monkeypatch.setenv("REFRUN_DELIVERY", "thread")
+    monkeypatch.setenv("REFRUN_CLOSE_TIMEOUT_S", "2")
+    monkeypatch.delenv("REFRUN_SQLITE_DIRECT", raising=False)
+    stored = _stored(tmp_path / "direct", _record(tmp_path / "direct"))
+    assert isinstance(delivery.points_client(f"sqlite:///{tmp_path}/direct/mlflow.db"),
+                      DirectClient)
+    assert {r[2] for r in stored["metrics"] if r[0] == "loss"} == set(range(302))
+    assert ("lr", "0.01") in stored["params"] and ("phase", "two") in stored["tags"]
+    monkeypatch.setenv("REFRUN_SQLITE_DIRECT", "0")
+    refused = _stored(tmp_path / "mlflow", _record(tmp_path / "mlflow"))
+    assert not refused["metrics"] and not refused["params"]
