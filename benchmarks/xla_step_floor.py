@@ -1,14 +1,21 @@
 """What this machine can resolve of a PyTorch/XLA probe's cost on a sub-millisecond step.
 
-Paired blocks of ``bench_xla_probe.py``'s MLP (PJRT CPU), four arms in a random order each
-round, each arm its own model instance:
+Paired blocks of ``bench_xla_probe.py``'s MLP (PJRT CPU), its arms in a random order each
+round, every arm stepping one model instance (``--twins``: each arm its own instance, the
+design before 2026-12-07, eleventh session, which measured instance bias of 1-3 %; run
+it under ``taskset -c 0`` on a machine of few cores, as bench_xla_probe.py says why):
 
 * ``plain``: the step alone (the baseline);
-* ``plain-again``: the same, another instance (an A/A arm: its ratio's truth is 1, so its
-  interval is the resolution of the design on this machine, instance bias included);
+* ``plain-again``: the same (an A/A arm: its ratio's truth is 1, so its interval is the
+  resolution of the design on this machine; with ``--twins`` instance bias included);
 * ``boundary``: the least a Python step boundary does: two ``perf_counter`` reads, one
   list append, the last ``--keep`` losses kept alive (torch_xla's ``sync`` sees every live
   XLA tensor);
+* ``exact-boundary`` (with ``--arms``): the least a boundary that records each step's
+  own counts reads, inlined in the loop, no call of its own: ``boundary`` plus the two
+  transfer sentinels at entry and exit, the compilation, cache-hit and execution counters
+  at exit and ``thread_time`` at both (seven counter reads, four clocks, one tuple a
+  step): what the XLA probe reads at a steady step, without anything else it does;
 * ``probe``: ``refrun.xla.instrument(run, model=..., optimizer=...)``, ``probe.step`` and
   ``probe.log(loss=...)`` as ``bench_xla_probe.py`` uses them;
 * ``probe-step`` (with ``--arms``): a probe of its own run around the step, nothing logged
@@ -47,7 +54,7 @@ import bench_xla_probe as bench
 from children_cpu import children_cpu_s
 
 ARMS = ("plain", "plain-again", "boundary", "probe")
-EXTRA_ARMS = ("probe-step",)
+EXTRA_ARMS = ("probe-step", "exact-boundary")
 
 
 class StepOnly:
@@ -93,6 +100,32 @@ class Boundary:
         pass
 
 
+class ExactBoundary(Boundary):
+    """:class:`Boundary` plus the counter reads and thread clocks of a step whose counts are
+    recorded exactly (the XLA probe's steady-step reads), kept as one tuple a step."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__(keep)
+        import torch_xla
+
+        self._c = torch_xla._XLAC._xla_counter_value
+        self._entry: tuple[float, ...] = ()
+        self.rows: list[tuple[float, ...]] = []
+
+    def __enter__(self) -> ExactBoundary:
+        c = self._c
+        self._entry = (time.perf_counter(), c("xla::_to_copy"), c("xla::_to_cpu"),
+                       time.thread_time())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        c, (t0, copies, to_cpu, cpu0) = self._c, self._entry
+        self.rows.append((time.perf_counter() - t0, time.thread_time() - cpu0, copies,
+                          to_cpu, c("xla::_to_copy"), c("xla::_to_cpu"),
+                          c("UncachedCompile"), c("CachedCompile"), c("ExecuteComputation")))
+        del self.rows[:-64]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=300)
@@ -102,6 +135,8 @@ def main() -> None:
     ap.add_argument("--arms", default=",".join(ARMS),
                     help=f"arms to run, among {', '.join(ARMS + EXTRA_ARMS)} (plain always)")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
+    ap.add_argument("--twins", action="store_true",
+                    help="each arm its own model instance (the design before 2026-12-07)")
     args = ap.parse_args()
     names = tuple(dict.fromkeys(["plain", *args.arms.split(",")]))
     unknown = set(names) - set(ARMS + EXTRA_ARMS)
@@ -111,11 +146,13 @@ def main() -> None:
     import refrun
     import refrun.xla
 
-    arms = {name: bench.mlp() for name in names}
+    one = None if args.twins else bench.mlp()
+    arms = {name: one or bench.mlp() for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         runs, loops = [], {}
         for name in names:
-            loops[name] = Boundary(args.keep) if name == "boundary" else None
+            loops[name] = (Boundary(args.keep) if name == "boundary" else
+                           ExactBoundary(args.keep) if name == "exact-boundary" else None)
             if name.startswith("probe"):
                 run = refrun.start_run(f"xla-step-floor-{name}", "candidate", hardware="cpu",
                                        backend="torch_xla",
@@ -144,6 +181,8 @@ def main() -> None:
             probe.close()
             run.close()
     plain_ms = statistics.median(blocks["plain"]) * 1e3
+    print(f"CPUs {sorted(os.sched_getaffinity(0))} of {os.cpu_count()}; "
+          + ("one model instance per arm (--twins)" if args.twins else "one model instance"))
     print(f"MLP (bench_xla_probe.py), plain step {plain_ms:.3f} ms; "
           f"{args.rounds} rounds x {args.steps} steps, {time.perf_counter() - t0:.0f} s"
           + ("; gc.freeze() after the warm-up" if args.gc_freeze else ""))
