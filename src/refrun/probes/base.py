@@ -58,6 +58,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from array import array
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -157,6 +158,29 @@ class BackendBase:
 
     def artifacts(self) -> Mapping[str, Any]:
         return {}
+
+
+class OnePerProcess:
+    """At most one open backend of a kind in a process, for backends whose counters or
+    hooks are process-wide (two open at once would count each other's work as their own
+    steps').  :meth:`refuse_if_open` where a backend starts, before it installs anything;
+    :meth:`register` once it is fully made, so that one whose start raised blocks
+    nothing.  Weak: a backend nobody holds any more does not block the next; one held but
+    never closed does (its hooks or threads still run)."""
+
+    def __init__(self, refusal: str) -> None:
+        self._refusal = refusal
+        self._open: weakref.ref[Any] | None = None
+
+    def refuse_if_open(self) -> None:
+        """:class:`RefrunInputError` (the refusal given) when another backend is open."""
+        other = self._open() if self._open is not None else None
+        if other is not None and not other.closed:
+            raise RefrunInputError(self._refusal)
+
+    def register(self, backend: Any) -> None:
+        """``backend`` (with a ``closed`` attribute) is this kind's open backend now."""
+        self._open = weakref.ref(backend)
 
 
 class Monitor(Protocol):

@@ -69,7 +69,6 @@ import numbers
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,8 +77,7 @@ from typing import Any
 import torch
 
 from refrun import schema
-from refrun.errors import RefrunInputError
-from refrun.probes.base import BackendBase
+from refrun.probes.base import BackendBase, OnePerProcess
 from refrun.probes.hardware import family as hardware_family
 from refrun.probes.tensors import (
     count_devices,
@@ -394,23 +392,14 @@ class _DirectCopies:
 
 DIRECT_COPIES = _DirectCopies()
 
-# The process's open backend, if any.  torch_xla's counters are process-wide: a second
-# backend open at the same time would take the first one's copies (its copier thread's)
-# for transfers inside its own steps, count them in ``xfer/d2h`` and fall back to exact
-# reads at every step.  Weak: a backend nobody holds any more does not block the next.
-# Set once a backend is fully made, so that one whose start raised blocks nothing.
-_OPEN: list[weakref.ref[XlaBackend]] = []
-
-
-def _refuse_if_open() -> None:
-    """:class:`RefrunInputError` when another backend is open in this process."""
-    other = _OPEN[0]() if _OPEN else None
-    if other is not None and not other._closed:
-        raise RefrunInputError(
-            "refrun.xla.instrument: another PyTorch/XLA probe is open in this process; "
-            "torch_xla's counters are process-wide, so two open probes count each other's "
-            "copies as their own steps' transfers: close the first probe (or its run) "
-            "before instrumenting another")
+# torch_xla's counters are process-wide: a second backend open at the same time would take
+# the first one's copies (its copier thread's) for transfers inside its own steps, count
+# them in ``xfer/d2h`` and fall back to exact reads at every step.
+_ONE_OPEN = OnePerProcess(
+    "refrun.xla.instrument: another PyTorch/XLA probe is open in this process; "
+    "torch_xla's counters are process-wide, so two open probes count each other's "
+    "copies as their own steps' transfers: close the first probe (or its run) "
+    "before instrumenting another")
 
 
 class XlaCounters:
@@ -739,7 +728,7 @@ class XlaBackend(BackendBase):
     def __post_init__(self) -> None:
         import torch_xla  # lazy: only this backend and refrun.xla ever import torch_xla
 
-        _refuse_if_open()
+        _ONE_OPEN.refuse_if_open()
         BackendBase.__init__(self)
         self._xla = torch_xla
         if self.device is None:  # the user's objects first: a start they fail changes nothing
@@ -760,7 +749,7 @@ class XlaBackend(BackendBase):
                 "training thread's time a step of a GRU language model on PJRT CPU "
                 "(docs/xla.md). "
                 "Import torch_xla before building the model."))
-        _OPEN[:] = [weakref.ref(self)]
+        _ONE_OPEN.register(self)
 
     # --- timing -------------------------------------------------------------------
     def begin_step(self, step: int) -> Any:
@@ -1055,6 +1044,10 @@ class XlaBackend(BackendBase):
                 "steps": {str(step): ops for step, ops in self._tally.fallback_steps.items()},
             },
         }
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         """Release held tensors (the summary is read afterwards through the hooks)."""
