@@ -57,37 +57,27 @@ def _stored(root: Path, run_id: str) -> dict[str, list[tuple]]:
 
 
 def test_a_run_delivered_directly_is_stored_as_mlflow_stores_it(tmp_path, monkeypatch) -> None:
-    runs = {}
-    for kind, setting in (("direct", "1"), ("mlflow", "0")):
-        monkeypatch.setenv("REFRUN_SQLITE_DIRECT", setting)  # the delivery process's too
-        root = tmp_path / kind
-        runs[kind] = _stored(root, _record(root))
-    direct, mlflow = runs["direct"], runs["mlflow"]
-    assert {r[2] for r in direct["metrics"] if r[0] == "loss"} == set(range(302))
-    for part in ("metrics", "latest", "params", "tags"):
-        assert direct[part] == mlflow[part], part
-    assert ("loss", 0.0, 300, 1) in direct["metrics"]  # NaN as MLflow keeps it
-    assert ("phase", "two") in direct["tags"]
-
-
-def test_the_delivery_writes_points_without_mlflows_log_batch(tmp_path, monkeypatch) -> None:
-    """Delivery on the training process's thread, MLflow's SQL ``log_batch`` made to fail:
-    every point, tag and param still arrives (refrun's own access wrote them); with
-    ``REFRUN_SQLITE_DIRECT=0`` the same run's points do not."""
+    """The same run recorded twice, delivered on the training process's thread: once with
+    MLflow's SQL ``log_batch`` made to fail (every point, tag and param still arrives:
+    refrun's own access wrote them), once through MLflow's client
+    (``REFRUN_SQLITE_DIRECT=0``); the store holds the same rows either way."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     def refuse(*args, **kwargs):
         raise AssertionError("MLflow's log_batch was called")
 
-    monkeypatch.setattr(SqlAlchemyStore, "log_batch", refuse)
     monkeypatch.setenv("REFRUN_DELIVERY", "thread")
     monkeypatch.setenv("REFRUN_CLOSE_TIMEOUT_S", "2")
     monkeypatch.delenv("REFRUN_SQLITE_DIRECT", raising=False)
-    stored = _stored(tmp_path / "direct", _record(tmp_path / "direct"))
+    with monkeypatch.context() as m:
+        m.setattr(SqlAlchemyStore, "log_batch", refuse)
+        direct = _stored(tmp_path / "direct", _record(tmp_path / "direct"))
     assert isinstance(delivery.points_client(f"sqlite:///{tmp_path}/direct/mlflow.db"),
                       DirectClient)
-    assert {r[2] for r in stored["metrics"] if r[0] == "loss"} == set(range(302))
-    assert ("lr", "0.01") in stored["params"] and ("phase", "two") in stored["tags"]
     monkeypatch.setenv("REFRUN_SQLITE_DIRECT", "0")
-    refused = _stored(tmp_path / "mlflow", _record(tmp_path / "mlflow"))
-    assert not refused["metrics"] and not refused["params"]
+    mlflow = _stored(tmp_path / "mlflow", _record(tmp_path / "mlflow"))
+    assert {r[2] for r in direct["metrics"] if r[0] == "loss"} == set(range(302))
+    assert ("loss", 0.0, 300, 1) in direct["metrics"]  # NaN as MLflow keeps it
+    assert ("lr", "0.01") in direct["params"] and ("phase", "two") in direct["tags"]
+    for part in ("metrics", "latest", "params", "tags"):
+        assert direct[part] == mlflow[part], part
