@@ -136,39 +136,29 @@ def main() -> None:
         run = refrun.start_run("bench-jax-probe", "candidate", hardware="cpu", backend="jax",
                                tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                                spool_dir=Path(tmp) / "spool", snapshot_environment=False)
+        probe = refrun.jax.instrument(run, params=params, step_fns=[step])
         run_off = refrun.start_run("bench-jax-probe", "candidate", hardware="cpu",
                                    backend="jax", tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                                    spool_dir=Path(tmp) / "spool-off",
                                    snapshot_environment=False)
-        # One open JAX probe a process (JAX's compilation events and the host-read hook
-        # are process-wide): each round opens the counter-on and the counter-off probe in
-        # turn, each on its own run, caches kept (the step was compiled above).
-        settings = {"on": (run, {}), "off": (run_off, {"count_host_reads": False})}
+        probe_off = refrun.jax.instrument(run_off, params=params, step_fns=[step],
+                                          count_host_reads=False, fresh_caches=False)
         plain, wrapped, off = [], [], []
-        closes: dict[str, list[float]] = {"on": [], "off": []}
         for r in range(args.rounds):
             plain.append(round_unwrapped(step, params, x, y, args.steps))
             # counter on and off alternate which goes first, so drift and the other
             # run's background delivery hit both alike
-            order = [("on", wrapped), ("off", off)]
-            for which, out in order if r % 2 == 0 else order[::-1]:
-                on_run, extra = settings[which]
-                pr = refrun.jax.instrument(on_run, params=params, step_fns=[step],
-                                           fresh_caches=False, **extra)
+            order = [(probe, wrapped), (probe_off, off)]
+            for pr, out in order if r % 2 == 0 else order[::-1]:
                 out.append(round_wrapped(pr, step, params, x, y, args.steps,
                                          r * args.steps))
-                t0 = time.perf_counter()
-                pr.close()
-                closes[which].append(time.perf_counter() - t0)
-        books = {}
-        for which, (on_run, extra) in settings.items():
-            with refrun.jax.instrument(on_run, params=params, step_fns=[step],
-                                       fresh_caches=False, **extra) as pr:
-                books[which] = bookkeeping_us(pr.backend)
-        book_on, book_off = books["on"], books["off"]
+        book_on, book_off = bookkeeping_us(probe.backend), bookkeeping_us(probe_off.backend)
+        probe_off.close()
         run_off.close()
+        t0 = time.perf_counter()
+        probe.close()
+        close_s = time.perf_counter() - t0
         run.close()
-    close_s = statistics.median(closes["on"])
     reads = read_costs()
     p, w, o = statistics.median(plain), statistics.median(wrapped), statistics.median(off)
     print(f"{'measure':<34}{'value':>14}")
@@ -184,7 +174,7 @@ def main() -> None:
     print(f"{'  counter cost / unwrapped step':<34}{(book_on - book_off) * 1e-6 / p:>14.5%}")
     for name, plain_us, counted_us in reads:
         print(f"{name + ' uncounted / counted (us)':<34}{plain_us:>6.2f} / {counted_us:<6.2f}")
-    print(f"{'probe.close() (s), median of rounds':<34}{close_s:>14.3f}")
+    print(f"{'probe.close() (s)':<34}{close_s:>14.3f}")
     print(f"steps per round {args.steps}, rounds {args.rounds}, width {args.width}, "
           f"jax {jax.__version__}, backend {jax.default_backend()}")
 

@@ -34,13 +34,16 @@ def _record(root: Path) -> str:
 
 
 def _stored(root: Path, run_id: str) -> dict[str, list[tuple]]:
-    """The rows a run has in MLflow's tables, without the run id."""
+    """The rows a run has in MLflow's tables, without the run id and the times: the
+    metric points as the set of (key, value, step, is_nan) a history shows (a step logged
+    again with its value is one row or two as the two loggings fall in one millisecond
+    or not, whichever client writes it)."""
     con = sqlite3.connect(root / "mlflow.db")
     try:
         return {
-            "metrics": sorted(con.execute(
+            "metrics": sorted(set(con.execute(
                 "SELECT key, value, step, is_nan FROM metrics WHERE run_uuid = ?",
-                (run_id,)).fetchall()),
+                (run_id,)).fetchall())),
             "latest": sorted(con.execute(
                 "SELECT key, value, step, is_nan FROM latest_metrics WHERE run_uuid = ?",
                 (run_id,)).fetchall()),

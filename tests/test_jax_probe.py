@@ -354,38 +354,3 @@ def test_transfer_log_is_summarised_not_flooded(store) -> None:
     assert sum(s["count"] for s in doc["sites"]) == total
     tags = store.client().get_run(rid).data.tags
     assert tags[schema.TAG_JAX_TRANSFERS] == str(total)
-
-
-def test_a_second_probe_open_at_once_is_refused_and_one_after_close_is_not(store) -> None:
-    """JAX's compilation events and refrun's host-read hook are process-wide, and a probe
-    clears JAX's compilation caches when it starts: a second probe open beside the first
-    would count the first one's compilations and reads as its own steps', and make the
-    first one's step compile again.  So it is refused with an input error naming the
-    cause, before it installs or clears anything, and accepted once the first is
-    closed."""
-    step = jax.jit(lambda x: x * 2.0)
-    first_run = start(store)
-    first = refrun.jax.instrument(first_run, step_fns=[step])
-    with first.step(0):
-        step(jnp.ones(3)).block_until_ready()
-    second_run = start(store)
-    with pytest.raises(RefrunInputError, match="another JAX probe is open"):
-        refrun.jax.instrument(second_run)
-    with first.step(1):  # the refused start cleared no cache: no compilation again
-        step(jnp.ones(3)).block_until_ready()
-    first.close()
-    assert first.backend.compiles.graphs == 1
-    second = refrun.jax.instrument(second_run)  # the first one closed: no error
-    with pytest.raises(RefrunInputError, match="another JAX probe is open"):
-        refrun.jax.instrument(first_run)
-    second_run.close()  # closes its probe
-    assert second.backend.closed
-    # a probe whose start failed after its backend was made (a batch whose dict keys
-    # cannot be sorted) and that is still held, as a notebook's last traceback holds it,
-    # blocks no later probe
-    with pytest.raises(ValueError, match="sorting pytree dictionary keys") as failed:
-        refrun.jax.instrument(first_run, batch={1: jnp.ones(2), "a": jnp.ones(2)})
-    third = refrun.jax.instrument(first_run)
-    assert failed.traceback  # the failed start's frames are still held here
-    third.close()
-    first_run.close()

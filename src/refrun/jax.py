@@ -111,21 +111,16 @@ def instrument(
                          hardware=opts.declared(run),
                          mesh=mesh, fresh_caches=fresh_caches,
                          count_host_reads=count_host_reads)
-    try:
-        backend.observe(params=params, batch=batch)
-        own: list[Any] = [JaxMemoryMonitor.available] if memory else []
-        if chip_busy is not False:
-            sampling = chip_busy if isinstance(chip_busy, BusySampling) else None
-            own.append(lambda: ChipBusyMonitor.create(jax_sessions(), jax.default_backend(),
-                                                      opts.warmup_steps, sampling))
-        mons = resolve_monitors(opts.monitors, own)
-        warn_if_not_a_job(run, jax.process_count(), "jax.process_count()")
-        return JaxProbe(run=run, backend=backend, warmup_steps=opts.warmup_steps,
-                        monitors=mons, sample_interval_s=opts.sample_interval_s,
-                        recheck_every=opts.recheck_every)
-    except BaseException:
-        backend.close()  # one open backend a process: a failed start leaves none open
-        raise
+    backend.observe(params=params, batch=batch)
+    own: list[Any] = [JaxMemoryMonitor.available] if memory else []
+    if chip_busy is not False:
+        sampling = chip_busy if isinstance(chip_busy, BusySampling) else None
+        own.append(lambda: ChipBusyMonitor.create(jax_sessions(), jax.default_backend(),
+                                                  opts.warmup_steps, sampling))
+    mons = resolve_monitors(opts.monitors, own)
+    warn_if_not_a_job(run, jax.process_count(), "jax.process_count()")
+    return JaxProbe(run=run, backend=backend, warmup_steps=opts.warmup_steps, monitors=mons,
+                    sample_interval_s=opts.sample_interval_s, recheck_every=opts.recheck_every)
 
 
 __all__ = ["BusySampling", "JaxProbe", "MetricsBuffer", "ProbeOptions", "flatten_pytree",

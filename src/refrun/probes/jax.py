@@ -74,7 +74,7 @@ from refrun import limits, schema
 from refrun.errors import RefrunInputError
 from refrun.keys import key_problem
 from refrun.probes import host_reads
-from refrun.probes.base import BackendBase, OnePerProcess, Probe, _flush_interval, _StepScope
+from refrun.probes.base import BackendBase, Probe, _flush_interval, _StepScope
 from refrun.probes.hardware import is_accelerator
 from refrun.probes.jax_blocks import (
     LOST,
@@ -503,17 +503,6 @@ def placement_warnings(declared: str | None, backend: str,
 
 
 # --- the backend ---------------------------------------------------------------------------
-# JAX's compilation events and the host-read hook are process-wide, and a backend clears
-# JAX's compilation caches when it starts (fresh_caches): a second backend open at the same
-# time would count the first one's compilations and reads in its own steps, and make the
-# first one's step functions compile again.
-_ONE_OPEN = OnePerProcess(
-    "refrun.jax.instrument: another JAX probe is open in this process; JAX's compilation "
-    "events and refrun's host-read hook are process-wide (and a new probe clears JAX's "
-    "compilation caches), so two open probes count each other's compilations and reads "
-    "as their own steps': close the first probe (or its run) before instrumenting another")
-
-
 class JaxBackend(BackendBase):
     """:class:`refrun.probes.base.Backend` for JAX; see the module doc for what it records.
 
@@ -527,9 +516,7 @@ class JaxBackend(BackendBase):
     def __init__(self, *, step_fns: Iterable[Any] = (), transfer_guard: str | None = None,
                  hardware: str | None = None, mesh: Any = None,
                  fresh_caches: bool = True, count_host_reads: bool = True) -> None:
-        _ONE_OPEN.refuse_if_open()  # before anything is installed or cleared
         super().__init__()
-        self._closed = False
         names = [f if isinstance(f, str) else getattr(f, "__name__", None) for f in step_fns]
         self.compiles = CompileTracker(frozenset(n for n in names if n) or None)
         self.fresh_caches = fresh_caches
@@ -561,7 +548,6 @@ class JaxBackend(BackendBase):
         if transfer_guard in ("log", "log_explicit"):
             self._h2d = StderrLineCounter()
         self.cumulative_names, self.cumulative = self._counter_reader()
-        _ONE_OPEN.register(self)
 
     def _counter_reader(self) -> tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]]:
         """The names of the cumulative counters and a reader of them as one tuple, built
@@ -672,12 +658,7 @@ class JaxBackend(BackendBase):
             desc[schema.TAG_EXEC_MEMORY_PEAK] = peak
         return desc
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
-        self._closed = True
         self.compiles.remove()
         if self._reads is not None:
             self._reads = None
