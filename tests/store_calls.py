@@ -113,7 +113,7 @@ def plan(root: Path) -> dict[str, Any]:
     return {"uri": f"sqlite:///{root / 'mlflow.db'}", "experiments": [*exps, "987654"],
             "names": [*names, "no such experiment"], "runs": [*runs, "0" * 32],
             "keys": [*keys, "no_such_metric"],
-            "dirs": [None, "refrun", "refrun/sub", "refrun/a.json", "missing"]}
+            "dirs": [None, "refrun", "refrun/ranks", "refrun/sub", "refrun/a.json", "missing"]}
 
 
 # --- answers --------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def writes(c: Any, p: dict[str, Any], tmp: Path) -> tuple[dict[str, Any], list[s
     """What refrun writes (a complete run: create, params, metrics, tags, a rename,
     artifacts, FINISHED; the saved view's experiment tag; a failed run deleted) and what
     the store must refuse; returns the answers and the ids of the runs made."""
-    from refrun.store.complete import _entities
+    from refrun.store.client import entities_for as _entities
     from refrun.store.direct import Metric, Param, RunTag
 
     out: dict[str, Any] = {}
@@ -207,6 +207,12 @@ def writes(c: Any, p: dict[str, Any], tmp: Path) -> tuple[dict[str, Any], list[s
     (tree / "refrun").mkdir(parents=True, exist_ok=True)
     (tree / "refrun" / "curves.parquet").write_bytes(b"PAR1")
     out["artifacts"] = answer(lambda: c.log_artifacts(rid, str(tree)))
+    one = tmp / "summary.json"
+    one.write_text('{"rank": 1}')
+    out["artifact"] = answer(lambda: c.log_artifact(rid, str(one), artifact_path="refrun/ranks"))
+    out["artifact at root"] = answer(lambda: c.log_artifact(rid, str(one)))
+    out["delete tag"] = answer(lambda: c.delete_tag(rid, "k"))
+    out["delete missing tag"] = answer(lambda: c.delete_tag(rid, "never-set"))
     out["finished"] = answer(lambda: c.set_terminated(rid, "FINISHED",
                                                       end_time=1_700_000_200_000))
     out["name clash"] = answer(lambda: c.create_run(exp, tags={RUN_NAME: "a"},
@@ -219,6 +225,7 @@ def writes(c: Any, p: dict[str, Any], tmp: Path) -> tuple[dict[str, Any], list[s
         out["tag on deleted"] = answer(lambda: c.log_batch(gone, tags=_entities(
             c, [RunTag("late", "x")])))
         out["end deleted"] = answer(lambda: c.set_terminated(gone, "FINISHED", end_time=7))
+        out["delete tag of deleted"] = answer(lambda: c.delete_tag(gone, "late"))
     for e in p["experiments"]:  # other workspaces', deleted, missing experiments
         if e != exp:
             create(f"create in {e}", e, start_time=5, run_name="elsewhere")

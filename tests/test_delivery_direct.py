@@ -4,7 +4,10 @@ exactly what MLflow's client would have written."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -84,3 +87,72 @@ def test_a_run_delivered_directly_is_stored_as_mlflow_stores_it(tmp_path, monkey
     assert ("lr", "0.01") in direct["params"] and ("phase", "two") in direct["tags"]
     for part in ("metrics", "latest", "params", "tags"):
         assert direct[part] == mlflow[part], part
+
+
+TRAINER = """
+import sys
+import refrun
+with refrun.start_run("direct-delivery", "candidate", seed=int(sys.argv[2]), hardware="cpu",
+                      tracking_uri=sys.argv[1], params={"lr": 0.01}) as run:
+    for step in range(120):
+        run.log(step, loss=1.0 / (step + 1))
+        if step % 40 == 0:
+            run.log_eval(step, accuracy=step / 120)
+    run.set_tags({"phase": "done"})
+print(run.run_id)
+print("mlflow" in sys.modules, "sqlalchemy" in sys.modules)
+"""
+
+
+def _train(tmp_path: Path, uri: str, seed: int, env: dict[str, str]) -> tuple[str, str]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", TRAINER, uri, str(seed)],
+                          env={**os.environ, **env}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_id, imported = proc.stdout.strip().splitlines()[-2:]
+    return run_id, imported
+
+
+def test_a_trainer_recording_into_an_existing_store_never_imports_mlflow(tmp_path) -> None:
+    """Into a store whose experiment exists, a trainer and its delivery process (refrun's
+    default) create, fill, upload and end the run without MLflow: MLflow is made
+    unimportable for both, and the run still reads back through MLflow's client FINISHED,
+    with every point, its artifacts and the same tags and params as a run recorded
+    through MLflow's client (``REFRUN_SQLITE_DIRECT=0``)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {"REFRUN_DELIVERY": "process", "REFRUN_SQLITE_DIRECT": "1"}
+    first, imported = _train(tmp_path, uri, 0, env)  # a new store: MLflow creates it
+    assert imported == "True True"
+    blocked = tmp_path / "no-mlflow" / "mlflow"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('mlflow imported')\n")
+    # its version file stays readable: refrun reads it (without importing MLflow) to know
+    # the release whose schema the store has
+    real = importlib.util.find_spec("mlflow").submodule_search_locations[0]
+    shutil.copy(Path(real) / "version.py", blocked / "version.py")
+    no_mlflow = {**env, "PYTHONPATH": os.pathsep.join(
+        [str(blocked.parent), os.environ.get("PYTHONPATH", "")])}
+    direct, imported = _train(tmp_path, uri, 1, no_mlflow)
+    assert imported == "False False"
+    through_mlflow, _ = _train(tmp_path, uri, 1, {**env, "REFRUN_SQLITE_DIRECT": "0"})
+    c = MlflowClient(uri)
+    runs = {k: c.get_run(r) for k, r in (("direct", direct), ("mlflow", through_mlflow))}
+    for k, run in runs.items():
+        assert run.info.status == "FINISHED" and run.info.end_time >= run.info.start_time, k
+        assert [m.step for m in c.get_metric_history(run.info.run_id, "loss")] == \
+            list(range(120)), k
+    arts = {k: sorted(a.path for a in c.list_artifacts(r.info.run_id, "refrun"))
+            for k, r in runs.items()}
+    assert "refrun/curves.parquet" in arts["direct"] and arts["direct"] == arts["mlflow"]
+    assert runs["direct"].data.params == runs["mlflow"].data.params == {"lr": "0.01"}
+    varying = ("mlflow.runName", "refrun.local_id", "refrun.host", "refrun.pid")
+    tags = {k: {t: v for t, v in r.data.tags.items()
+                if t not in varying and "time" not in t and not t.startswith("refrun.env.")}
+            for k, r in runs.items()}
+    assert tags["direct"] == tags["mlflow"] and tags["direct"]["phase"] == "done"
+    assert first != direct != through_mlflow

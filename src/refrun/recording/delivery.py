@@ -16,7 +16,10 @@ background thread (``delivery="thread"``), the delivery process
 A batch the store refuses permanently (an MLflow error that is not a connection error or a
 server error) is split until the offending points are found; those are skipped, counted in
 ``refrun.skipped`` and named in ``refrun/warnings.json``, so one bad point never blocks a run.
-MLflow is imported on first use, so the session and the delivery process start light.
+MLflow is imported on first use, so the session and the delivery process start light; on
+a local sqlite store whose schema refrun knows (:mod:`refrun.store.direct`) and whose
+experiment exists with its artifacts on this machine, a run is created, filled, given its
+artifacts and terminated without importing MLflow at all (~2.3 s of CPU a process).
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ from refrun.recording.spool import (
 )
 from refrun.store import mlflow_ui
 from refrun.store.client import client as store_client
-from refrun.store.client import ensure_experiment, transient
+from refrun.store.client import entities_for, run_writer, transient
 from refrun.store.curves import summary_tags, write_curves
+from refrun.store.direct import DirectClient, Metric, Param, RunTag, local_path
 from refrun.store.surface import StoreClient
 
 if TYPE_CHECKING:
@@ -142,8 +146,9 @@ def ensure_run(spool: Spool) -> str:
         meta = spool.read_meta()
         if meta.run_id:
             return meta.run_id
-        client = store_client(meta.tracking_uri, create=True)
-        exp_id = ensure_experiment(client, meta.experiment)
+        client, exp_id = run_writer(meta.tracking_uri, meta.experiment)
+        if meta.run_name is None and isinstance(client, DirectClient):
+            client = store_client(meta.tracking_uri, create=True)  # MLflow draws a name
         mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
         run = client.create_run(exp_id, start_time=meta.start_ms, tags=meta.tags,
                                 run_name=meta.run_name)
@@ -190,8 +195,6 @@ def _record_skipped(spool: Spool, skipped: int, reasons: list[str]) -> None:
 
 def deliver_tags_params(spool: Spool, client: StoreClient, run_id: str) -> None:
     """Send every tag and param in the spool metadata (idempotent: values never change)."""
-    from mlflow.entities import Param, RunTag
-
     meta = spool.read_meta()
     version = meta.tags_version
     if meta.tags_delivered >= version:
@@ -200,8 +203,10 @@ def deliver_tags_params(spool: Spool, client: StoreClient, run_id: str) -> None:
     items += [Param(k, str(v)) for k, v in meta.params.items()]
 
     def send(chunk: list[Any]) -> None:
-        client.log_batch(run_id, tags=[x for x in chunk if isinstance(x, RunTag)],
-                         params=[x for x in chunk if isinstance(x, Param)])
+        client.log_batch(run_id, tags=entities_for(client, [x for x in chunk
+                                                            if isinstance(x, RunTag)]),
+                         params=entities_for(client, [x for x in chunk
+                                                      if isinstance(x, Param)]))
 
     refused: list[str] = []
     for i in range(0, len(items), limits.TAGS_PER_BATCH):
@@ -218,10 +223,9 @@ def deliver_tags_params(spool: Spool, client: StoreClient, run_id: str) -> None:
 
 
 def _send_points(spool: Spool, client: StoreClient, run_id: str, points: list) -> None:
-    from mlflow.entities import Metric
-
     def send(chunk: list) -> None:
-        client.log_batch(run_id, metrics=[Metric(k, v, t, s) for k, s, t, v in chunk])
+        client.log_batch(run_id, metrics=entities_for(
+            client, [Metric(k, v, t, s) for k, s, t, v in chunk]))
 
     refused: list[str] = []
     skipped = 0
@@ -297,12 +301,23 @@ def points_client(uri: str) -> StoreClient:
     release).  MLflow's SQLAlchemy ``log_batch`` was ~75 % of a delivery process's CPU,
     ~350 us a recorded step of a 1.6 ms PyTorch/XLA MLP step (eleven points a step;
     py-spy, 2026-12-07): on a machine of few cores that CPU is taken from the training
-    it records.  The run is created, its artifacts uploaded and it is terminated through
-    MLflow's client (a new store or experiment gets MLflow's defaults)."""
+    it records.  The run is created by :func:`refrun.store.client.run_writer`'s client (a new
+    store or experiment is made by MLflow, with MLflow's defaults) and uploaded and ended
+    by :func:`run_client`'s."""
     return store_client(uri, create=True, direct=True)
 
 
-def deliver_artifacts(spool: Spool, client: MlflowClient, run_id: str) -> None:
+def run_client(uri: str, run_id: str) -> StoreClient:
+    """The client that uploads a run's artifacts, mends its tags and terminates it:
+    :func:`points_client` where that is refrun's own access and the run's artifacts are on
+    this machine; MLflow's client otherwise (an object store, a server)."""
+    c = points_client(uri)
+    if isinstance(c, DirectClient) and local_path(c.get_run(run_id).info.artifact_uri):
+        return c
+    return store_client(uri, create=True)
+
+
+def deliver_artifacts(spool: Spool, client: StoreClient, run_id: str) -> None:
     """Upload files in the spool's artifacts/ not yet uploaded (recorded in the meta)."""
     done = set(spool.read_meta().artifacts_delivered)
     for path in sorted(Path(spool.artifacts_dir).rglob("*")):
@@ -468,7 +483,6 @@ def finalize(spool: Spool) -> str:
         return finalize_rank(spool)
     run_id = deliver_pending(spool)
     meta = spool.read_meta()
-    client = store_client(meta.tracking_uri, create=True)
     cursor = spool.read_cursor()
     owed = view.owed_at_end(cursor.view)
     points = points_client(meta.tracking_uri)
@@ -477,6 +491,7 @@ def finalize(spool: Spool) -> str:
         spool.write_cursor(Cursor(cursor.lines, cursor.nbytes, cursor.view))
     _note_skipped(spool, spool.read_meta())
     deliver_tags_params(spool, points, run_id)
+    client = run_client(meta.tracking_uri, run_id)
     deliver_artifacts(spool, client, run_id)
     meta = spool.read_meta()
     _clear_stale_tags(client, run_id, meta)
@@ -490,7 +505,7 @@ def finalize(spool: Spool) -> str:
     return run_id
 
 
-def _clear_stale_tags(client: MlflowClient, run_id: str, meta: SpoolMeta) -> None:
+def _clear_stale_tags(client: StoreClient, run_id: str, meta: SpoolMeta) -> None:
     """Delete tags a disk-full end put on the run that no longer hold once the spool is
     delivered: ``refrun.sync.pending`` always, ``refrun.curves.missing`` when the curves
     artifact has been written since (the spool's metadata no longer carries it)."""
@@ -534,12 +549,10 @@ def terminate_in_store(spool: Spool, ending: Ending | None, why: BaseException) 
     ``refrun.sync.pending`` with the points not delivered yet.  The spool stays for
     ``refrun sync``, which delivers the rest and removes the tags that no longer hold.
     Returns the run id, or None when the run does not exist in the store."""
-    from mlflow.entities import RunTag
-
     meta = spool.read_meta()
     if not meta.run_id or meta.secondary_rank is not None:
         return None
-    client = store_client(meta.tracking_uri, create=True)
+    client = points_client(meta.tracking_uri)
     status = ending.status if ending is not None else (
         "KILLED" if meta.status == "RUNNING" else meta.status)
     end_ms = ending.end_ms if ending is not None else (
@@ -552,8 +565,8 @@ def terminate_in_store(spool: Spool, ending: Ending | None, why: BaseException) 
                                      f"{spool.path}; run `refrun sync`")
     if not (spool.artifacts_dir / curves_artifact(meta)).exists():
         tags.setdefault(schema.TAG_CURVES_MISSING, f"not written: {reason} at {spool.path}")
-    client.log_batch(meta.run_id, tags=[RunTag(k, v[:limits.TAG_VALUE_LENGTH])
-                                        for k, v in tags.items()])
+    client.log_batch(meta.run_id, tags=entities_for(
+        client, [RunTag(k, v[:limits.TAG_VALUE_LENGTH]) for k, v in tags.items()]))
     client.set_terminated(meta.run_id, status=status, end_time=end_ms)
     return meta.run_id
 
@@ -572,7 +585,7 @@ def _ending_in_store(spool: Spool, meta: SpoolMeta) -> tuple[RunStatus, int] | N
     rather than calling the run KILLED."""
     if not meta.run_id:
         return None
-    run = store_client(meta.tracking_uri, create=True).get_run(meta.run_id)
+    run = points_client(meta.tracking_uri).get_run(meta.run_id)
     if schema.TAG_SYNC_PENDING not in run.data.tags or run.info.status == "RUNNING":
         return None
     return run.info.status, run.info.end_time  # type: ignore[return-value]

@@ -191,7 +191,7 @@ def _warm_up(spool: Spool, open_timeout_s: float) -> None:
     t = threading.Thread(target=beat, daemon=True)
     t.start()
     try:
-        store_client(spool.read_meta().tracking_uri, create=True)
+        store_client(spool.read_meta().tracking_uri, create=True, direct=True)
     except Exception as exc:  # the delivery loop retries and reports it
         _say(f"opening the store failed: {exc}")
     finally:

@@ -598,8 +598,8 @@ class RunSession:
                 # Opening a database server's store is a connection (MLflow's client
                 # connects when it is built): the thread below does it, within the wait.
                 import mlflow.tracking  # noqa: F401
-            else:
-                store_client(uri, create=True)
+            else:  # a sqlite store refrun's own access serves is opened without MLflow
+                store_client(uri, create=True, direct=True)
         except Exception as exc:
             failure.append(exc)
         t = threading.Thread(target=create, name="refrun-create-run", daemon=True)

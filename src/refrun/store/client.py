@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from refrun.errors import RefrunStoreError
 from refrun.settings import Settings, settings
@@ -124,14 +124,22 @@ def _open(uri: str, create: bool, s: Settings, direct: bool = False
             health.check_database(uri)
         return _guarded(uri, lambda: _new_client(uri))
 
-    def made() -> MlflowClient | direct_store.DirectClient:
+    def ours() -> direct_store.DirectClient | None:
         if direct and direct_store.usable(path, s.http_timeout_s):
             return direct_store.DirectClient(
                 uri, path, s.http_timeout_s,
                 workspaces=bool(direct_store.workspaces_enabled()))
+        return None
+
+    def made() -> MlflowClient | direct_store.DirectClient:
+        if (c := ours()) is not None:
+            return c
         if not create:
             _no_tables_to_create(uri, path, s.http_timeout_s)
-        return _guarded(uri, lambda: _new_client(uri))
+        mlflow_client = _guarded(uri, lambda: _new_client(uri))
+        # A store that did not exist: MLflow's client has just created it (tables and all),
+        # so refrun's own access may serve it from now on (this client is kept per process).
+        return (ours() if direct and create else None) or mlflow_client
 
     # Checked and opened under the lock a writer holds while MLflow creates and migrates a
     # new store (exclusive for writers, shared for readers), so nobody sees it half-made.
@@ -264,6 +272,46 @@ def transient(exc: BaseException) -> bool:
     if not isinstance(exc, refusals()):
         return True
     return not 400 <= exc.get_http_status_code() < 500 or exc.get_http_status_code() == 429
+
+
+def run_writer(uri: str, experiment: str) -> tuple[StoreClient, str]:
+    """The client that writes a run of ``experiment`` and the experiment's id: refrun's own
+    sqlite access (:mod:`refrun.store.direct`) where the store's schema is known and the
+    experiment exists with its artifacts on this machine; MLflow's client otherwise (a new
+    store or experiment is made by MLflow, with MLflow's defaults).  Importing MLflow and
+    building its client costs a process ~2.3 s of CPU; a recording trainer or an import
+    into a store that has its experiment never pays it."""
+    c = client(uri, create=True, direct=True)  # a new sqlite store: created once, locked
+    if not isinstance(c, direct_store.DirectClient):
+        return c, ensure_experiment(c, experiment)
+
+    def ours() -> str | None:
+        exp = c.get_experiment_by_name(experiment)
+        if (exp is not None and exp.lifecycle_stage == "active"
+                and direct_store.local_path(exp.artifact_location) is not None):
+            return exp.experiment_id
+        return None
+
+    exp_id = ours()
+    if exp_id is not None:
+        return c, exp_id
+    mlflow_client = client(uri, create=True)
+    exp_id = ensure_experiment(mlflow_client, experiment)
+    # MLflow made the experiment; the run is written by refrun's own access when it can
+    # (MLflow's ORM takes ~20 s for a run of 100,000 metrics, refrun's ~2 s).
+    return (c, exp_id) if ours() == exp_id else (mlflow_client, exp_id)
+
+
+def entities_for(c: StoreClient, items: list[Any]) -> list[Any]:
+    """``items`` (:mod:`refrun.store.direct`'s Metric, Param, RunTag) as the client ``c``
+    takes them: as they are for refrun's sqlite access, as MLflow's entities for MLflow's
+    (imported only then)."""
+    if isinstance(c, direct_store.DirectClient) or not items:
+        return items
+    from mlflow import entities
+
+    kind = getattr(entities, type(items[0]).__name__)
+    return [kind(**{f: getattr(x, f) for f in x.__slots__}) for x in items]
 
 
 def ensure_experiment(c: MlflowClient, name: str) -> str:

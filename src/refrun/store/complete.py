@@ -38,10 +38,9 @@ from refrun import limits, schema
 from refrun.errors import RefrunStoreError
 from refrun.identity import RunIdentity
 from refrun.store import health, mlflow_ui
-from refrun.store.client import client as store_client
-from refrun.store.client import ensure_experiment, store_failures
+from refrun.store.client import entities_for, run_writer, store_failures
 from refrun.store.curves import SCHEMA, summary_tags, write_curves
-from refrun.store.direct import DirectClient, Metric, Param, RunTag, local_path
+from refrun.store.direct import Metric, Param, RunTag
 from refrun.store.uri import resolve_tracking_uri
 from refrun.util.thinning import MLFLOW_MAX_POINTS, bounded_view, sorted_unique
 
@@ -222,10 +221,10 @@ def write_copied_run(run: CopiedRun, tracking_uri: str | None = None) -> str:
     client, run_id = _create(uri, run.experiment, start_time=run.start_time,
                              tags=dict(run.tags), run_name=run.run_name)
     with _deleted_on_failure(client, uri, run_id):
-        params = _entities(client, [Param(k, v) for k, v in run.params.items()])
+        params = entities_for(client, [Param(k, v) for k, v in run.params.items()])
         for i in range(0, len(params), limits.TAGS_PER_BATCH):
             client.log_batch(run_id, params=params[i:i + limits.TAGS_PER_BATCH])
-        history = _entities(client, run.history)
+        history = entities_for(client, run.history)
         for i in range(0, len(history), limits.METRICS_PER_BATCH):
             client.log_batch(run_id, metrics=history[i:i + limits.METRICS_PER_BATCH])
         if any(run.artifacts.iterdir()):
@@ -238,7 +237,7 @@ def _create(uri: str, experiment: str, *, start_time: int | None, tags: dict[str
             run_name: str) -> tuple[StoreClient, str]:
     """The writing client and a new run in ``experiment`` (created when missing)."""
     try:
-        client, exp_id = _writer(uri, experiment)
+        client, exp_id = run_writer(uri, experiment)
         mlflow_ui.prepare_experiment(client, exp_id)  # training kind, saved view
         run_id = client.create_run(exp_id, start_time=start_time, tags=tags,
                                    run_name=run_name).info.run_id
@@ -264,50 +263,13 @@ def _deleted_on_failure(client: StoreClient, uri: str, run_id: str) -> Iterator[
         raise
 
 
-def _writer(uri: str, experiment: str) -> tuple[StoreClient, str]:
-    """The client that writes the run and its experiment's id: refrun's own sqlite access
-    (:mod:`refrun.store.direct`) where the store's schema is known and the experiment
-    exists with its artifacts on this machine; MLflow's client otherwise (a new store or
-    experiment is made by MLflow, with MLflow's defaults)."""
-    c = store_client(uri, create=True, direct=True)  # a new sqlite store: created once, locked
-    if not isinstance(c, DirectClient):
-        return c, ensure_experiment(c, experiment)
-
-    def ours() -> str | None:
-        exp = c.get_experiment_by_name(experiment)
-        if (exp is not None and exp.lifecycle_stage == "active"
-                and local_path(exp.artifact_location) is not None):
-            return exp.experiment_id
-        return None
-
-    exp_id = ours()
-    if exp_id is not None:
-        return c, exp_id
-    mlflow_client = store_client(uri, create=True)
-    exp_id = ensure_experiment(mlflow_client, experiment)
-    # MLflow made the experiment; the run is written by refrun's own access when it can
-    # (MLflow's ORM takes ~20 s for a run of 100,000 metrics, refrun's ~2 s).
-    return (c, exp_id) if ours() == exp_id else (mlflow_client, exp_id)
-
-
-def _entities(client: StoreClient, items: list[Any]) -> list[Any]:
-    """``items`` (:mod:`refrun.store.direct`'s Metric, Param, RunTag) as the client takes
-    them: as they are for refrun's sqlite access, as MLflow's entities for MLflow's."""
-    if isinstance(client, DirectClient) or not items:
-        return items
-    from mlflow import entities
-
-    kind = getattr(entities, type(items[0]).__name__)
-    return [kind(**{f: getattr(x, f) for f in x.__slots__}) for x in items]
-
-
 def _fill(client: StoreClient, run_id: str, run: CompleteRun, view: list[Metric],
           files: Future[dict[str, str]], tree: Path, cut: list[str]) -> None:
-    params = _entities(client, [Param(k, v) for k, v in _fitted(
+    params = entities_for(client, [Param(k, v) for k, v in _fitted(
         run.params, limits.PARAM_VALUE_LENGTH, "param", cut).items()])
     for i in range(0, len(params), limits.TAGS_PER_BATCH):
         client.log_batch(run_id, params=params[i:i + limits.TAGS_PER_BATCH])
-    view = _entities(client, view)
+    view = entities_for(client, view)
     for i in range(0, len(view), limits.METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=view[i:i + limits.METRICS_PER_BATCH])
     summary = files.result()  # raises what the writer raised
@@ -324,7 +286,7 @@ def _fill(client: StoreClient, run_id: str, run: CompleteRun, view: list[Metric]
     end = _fitted(end, limits.TAG_VALUE_LENGTH, "tag", cut)
     if cut:  # set only when something was cut: the tags of a complete run stay as they were
         end[schema.TAG_TRUNCATED] = str(len(cut))
-    tags = _entities(client, [RunTag(k, v) for k, v in end.items()])
+    tags = entities_for(client, [RunTag(k, v) for k, v in end.items()])
     for i in range(0, len(tags), limits.TAGS_PER_BATCH):
         client.log_batch(run_id, tags=tags[i:i + limits.TAGS_PER_BATCH])
     client.set_terminated(run_id, "FINISHED", end_time=now_ms())

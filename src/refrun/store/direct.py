@@ -53,6 +53,7 @@ import re
 import shutil
 import sqlite3
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -576,6 +577,39 @@ class DirectClient:
         dest = root / artifact_path if artifact_path else root
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copytree(local_dir, dest, dirs_exist_ok=True)
+
+    def log_artifact(self, run_id: str, local_file: str, artifact_path: str | None = None
+                     ) -> None:
+        """Copy one file into the run's artifact directory under ``artifact_path``, as
+        MLflow's local artifact repository does: into a hidden file beside the target
+        (``.artifact.uploading.*``, which listings leave out), then renamed over it, so a
+        reader never sees half a file; the file's times and mode are kept."""
+        root = self._artifact_root(run_id)
+        dest_dir = root / os.path.normpath(artifact_path) if artifact_path else root
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        dest = dest_dir / os.path.basename(local_file)
+        if dest.exists() and os.path.samefile(local_file, dest):
+            return
+        fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=UPLOADING_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as out, open(local_file, "rb") as src:
+                shutil.copyfileobj(src, out)
+            shutil.copystat(local_file, tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def delete_tag(self, run_id: str, key: str) -> None:
+        """Delete a tag of an active run; a tag the run does not have is refused."""
+        with self._db(write=True) as con:
+            self._active(con, run_id)
+            gone = con.execute("DELETE FROM tags WHERE run_uuid = ? AND key = ?",
+                               (run_id, key)).rowcount
+            if not gone:
+                raise DirectStoreError(f"No tag with name: {key} in run with id {run_id}",
+                                       NOT_FOUND)
 
     def set_terminated(self, run_id: str, status: str = "FINISHED",
                        end_time: int | None = None) -> None:
