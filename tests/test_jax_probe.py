@@ -354,3 +354,34 @@ def test_transfer_log_is_summarised_not_flooded(store) -> None:
     assert sum(s["count"] for s in doc["sites"]) == total
     tags = store.client().get_run(rid).data.tags
     assert tags[schema.TAG_JAX_TRANSFERS] == str(total)
+
+
+def test_clearing_caches_under_an_open_probe_that_compiled_is_refused(store) -> None:
+    """Probes opened together and stepped in turn may each clear JAX's caches at start
+    (nothing has compiled yet); once one probe's steps have compiled, a second probe with
+    ``fresh_caches=True`` is refused before it clears anything (the first then counts no
+    recompilation it did not cause), one with ``fresh_caches=False`` is not, and after the
+    first closes the refusal is gone."""
+    train_step = make_train_step()
+    runs = [start(store) for _ in range(4)]
+    first = refrun.jax.instrument(runs[0], step_fns=[train_step])
+    early = refrun.jax.instrument(runs[1], step_fns=[train_step])  # nothing compiled yet
+    early.close()
+    w = jnp.zeros(3)
+    for n in range(3):
+        x, y = (jnp.asarray(a) for a in batch(n, 8))
+        with first.step(n):
+            w, loss = train_step(w, x, y)
+            first.log(loss=loss)
+        if n == 0:
+            with pytest.raises(RefrunInputError, match="fresh_caches=False"):
+                refrun.jax.instrument(runs[2], step_fns=[train_step])
+            keeps = refrun.jax.instrument(runs[2], step_fns=[train_step], fresh_caches=False)
+    first.close()
+    keeps.close()
+    after = refrun.jax.instrument(runs[3], step_fns=[train_step])  # the compiled one closed
+    after.close()
+    for r in runs:
+        r.close()
+    assert values(store, runs[0].run_id, schema.M_COMPILE_GRAPHS) == [1.0, 0.0, 0.0]
+    assert values(store, runs[0].run_id, schema.M_COMPILE_RECOMPILES) == [0.0, 0.0, 0.0]

@@ -59,6 +59,7 @@ import select
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -503,6 +504,25 @@ def placement_warnings(declared: str | None, backend: str,
 
 
 # --- the backend ---------------------------------------------------------------------------
+# Several JAX probes may be open in one process and stepped in turn (they do not interfere:
+# each counts the compilations of its own steps).  One thing does: clearing JAX's compiled
+# caches (fresh_caches=True) under a probe whose steps have compiled makes that probe
+# count their recompilation as a recompile at its next step.
+_OPEN_BACKENDS: weakref.WeakSet[JaxBackend] = weakref.WeakSet()
+
+
+def _refuse_clearing_compiled_steps_of_others() -> None:
+    """:class:`RefrunInputError` when another open JAX probe has counted a compilation:
+    clearing the caches now would show that probe a recompilation it never caused."""
+    for other in list(_OPEN_BACKENDS):
+        if not other._closed and other.compiles.graphs + other.compiles.cache_hits:
+            raise RefrunInputError(
+                "refrun.jax.instrument(fresh_caches=True) while another JAX probe of this "
+                "process is open and its steps have compiled: clearing JAX's compilation "
+                "caches would make that probe count a recompilation at its next step. "
+                "Pass fresh_caches=False, or close the other probe first")
+
+
 class JaxBackend(BackendBase):
     """:class:`refrun.probes.base.Backend` for JAX; see the module doc for what it records.
 
@@ -521,6 +541,7 @@ class JaxBackend(BackendBase):
         self.compiles = CompileTracker(frozenset(n for n in names if n) or None)
         self.fresh_caches = fresh_caches
         if fresh_caches:
+            _refuse_clearing_compiled_steps_of_others()
             forget_compiled()
         self.transfer_guard = transfer_guard
         self.declared_hardware = hardware
@@ -548,6 +569,8 @@ class JaxBackend(BackendBase):
         if transfer_guard in ("log", "log_explicit"):
             self._h2d = StderrLineCounter()
         self.cumulative_names, self.cumulative = self._counter_reader()
+        self._closed = False
+        _OPEN_BACKENDS.add(self)
 
     def _counter_reader(self) -> tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]]:
         """The names of the cumulative counters and a reader of them as one tuple, built
@@ -659,6 +682,7 @@ class JaxBackend(BackendBase):
         return desc
 
     def close(self) -> None:
+        self._closed = True
         self.compiles.remove()
         if self._reads is not None:
             self._reads = None
