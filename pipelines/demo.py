@@ -228,7 +228,7 @@ def init_store(uri: str, experiment: str = EXPERIMENT) -> None:
     """
     from mlflow.tracking import MlflowClient
 
-    from refrun.recording.delivery import ensure_experiment
+    from refrun.store.client import ensure_experiment
 
     client = MlflowClient(uri)
     client.search_experiments(max_results=1)
