@@ -481,3 +481,33 @@ def test_values_of_a_step_reach_the_session_in_logging_order_with_repeats_counte
     assert _series(df, "ahead") == {100: 0.0, 101: 1.0, 102: 2.0}
     assert _series(df, "late") == {2: 7.0}
     assert sorted(_series(df, schema.M_STEP_TIME)) == [0, 1, 2]
+
+
+def test_the_placement_tag_changes_with_devices_not_with_each_recheck(store) -> None:
+    """At every placement re-check the probe re-describes the run, but the placement tag
+    names the devices values were logged on and counts them only at close: a tag that
+    changed at each re-check had the session rewrite the spool's metadata (a lock and an
+    fsync) and the delivery re-send every tag.  After the first step no re-check sets a
+    tag; the close sets the counts."""
+    model, (x, y) = _mlp(), _data()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    steps, seen, calls = 40, {}, []
+    with _start(store) as run:
+        set_tags = run.set_tags
+        run.set_tags = lambda tags: (calls.append((len(seen), dict(tags))), set_tags(tags))
+        probe = refrun.torch.instrument(run, model=model, optimizer=opt, recheck_every=5,
+                                        monitors=[])
+        for n in range(steps):
+            with probe.step(n):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                probe.log(loss=loss)
+            if n in (4, 19, 39):
+                seen[n] = json.loads(run.tags[schema.TAG_PLACEMENT])
+        probe.close()
+    assert seen[4] == seen[19] == seen[39] and seen[4]["logged"] == {"cpu": None}
+    assert [tags for after, tags in calls if 1 <= after < 3] == []  # steps 5-39: none
+    final = json.loads(store.client().get_run(run.run_id).data.tags[schema.TAG_PLACEMENT])
+    assert final["logged"] == {"cpu": steps} and final["params"] == seen[4]["params"]

@@ -53,6 +53,8 @@ A backend never raises into the loop: failures become recorded warnings.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import json
 import math
@@ -118,9 +120,13 @@ class Backend(Protocol):
         of those names, and ``counter_row()``, the counters as a tuple in that order; such a
         backend's ``end_step`` returns seconds (a float) at every step or at none."""
 
-    def describe(self) -> Mapping[str, Any]:
-        """Device truth and placement, recorded as tags at start and at close; placement
-        problems as a list of sentences under ``schema.TAG_PLACEMENT_WARNING``."""
+    def describe(self, final: bool = False) -> Mapping[str, Any]:
+        """Device truth and placement, recorded as tags at start, at each placement
+        re-check and at close (``final``); placement problems as a list of sentences under
+        ``schema.TAG_PLACEMENT_WARNING``.  Running counts (values logged per device) belong
+        in the ``final`` description only: a tag that changes at every re-check makes the
+        session rewrite the spool's metadata and the delivery re-send every tag.  A backend
+        whose ``describe`` takes no ``final`` is asked without it at close too."""
 
     def close(self) -> None:
         """Remove listeners/hooks the backend installed."""
@@ -708,10 +714,14 @@ class Probe:
         for w in warnings or ():
             self.run.warn_once(w.key, w.message, w.step)
 
-    def _describe(self) -> None:
+    def _describe(self, final: bool = False) -> None:
         """Record the backend's description as tags (only those that changed); a placement
-        warning also becomes a run warning, once per distinct text."""
-        desc = dict(self._guard(self.backend.describe) or {})
+        warning also becomes a run warning, once per distinct text.  ``final``: at close,
+        with the backend's running counts."""
+        describe = self.backend.describe
+        if final and "final" in inspect.signature(describe).parameters:  # else: no counts
+            describe = functools.partial(describe, final=True)
+        desc = dict(self._guard(describe) or {})
         for m in self.monitors:
             tags_of = getattr(m, "tags", None)
             if tags_of is not None:
@@ -845,7 +855,7 @@ class Probe:
             self._guard(m.close)
         self._flush_rows()
         self._drain(block=True)
-        self._describe()
+        self._describe(final=True)
         stats = self.step_time_stats()
         tags: dict[str, Any] = {}
         if stats is not None:

@@ -640,7 +640,7 @@ class JaxBackend(BackendBase):
     def step_time_kind(self) -> str:
         return "interval"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, final: bool = False) -> dict[str, Any]:
         devices = jax.devices()
         used: set[str] = set()
         meshes: list[dict[str, int]] = []

@@ -280,7 +280,7 @@ class Placement:
     params: dict[str, int]
     optimizer_params: dict[str, int]
     optimizer_state: dict[str, int]
-    logged: dict[str, int]
+    logged: dict[str, int | None]  # device -> values logged there (None: not counted yet)
     accelerator: str | None
     expected: str | None
 
@@ -567,8 +567,9 @@ class TorchBackend(BackendBase):
         stats = utils.counters.get("stats")
         return self._watch.compiles, (stats.get("unique_graphs", 0) if stats else 0)
 
-    def placement(self) -> Placement:
-        """Current placement of parameters, optimizer state and logged tensors."""
+    def placement(self, final: bool = True) -> Placement:
+        """Current placement of parameters, optimizer state and logged tensors (how many
+        were logged on each device when ``final``, else None for each device seen)."""
         params = count_devices(self.model.parameters()) if self.model is not None else {}
         opt_params: dict[str, int] = {}
         opt_state: dict[str, int] = {}
@@ -576,13 +577,15 @@ class TorchBackend(BackendBase):
             opt_params = count_devices(p for g in self.optimizer.param_groups
                                        for p in g["params"])
             opt_state = count_devices(optimizer_state_tensors(self.optimizer))
-        logged = {str(d): n for d, n in self._logged.items()}
+        logged: dict[str, int | None] = {str(d): n for d, n in self._logged.items()}
         if self._logged_cpu:
-            logged["cpu"] = logged.get("cpu", 0) + self._logged_cpu
+            logged["cpu"] = (logged.get("cpu") or 0) + self._logged_cpu
+        if not final:
+            logged = dict.fromkeys(logged)
         return Placement(params, opt_params, opt_state, logged, self._accelerator, self.expected)
 
-    def describe(self) -> Mapping[str, Any]:
-        pl = self.placement()
+    def describe(self, final: bool = False) -> Mapping[str, Any]:
+        pl = self.placement(final)
         devices = {d for d in pl.params if not d.startswith("cpu")}
         out: dict[str, Any] = {
             schema.TAG_PLACEMENT: pl.to_json(),

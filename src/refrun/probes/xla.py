@@ -981,7 +981,7 @@ class XlaBackend(BackendBase):
         rebind(self, model, optimizer, **other)
 
     # --- device truth -----------------------------------------------------------------
-    def describe(self) -> Mapping[str, Any]:
+    def describe(self, final: bool = False) -> Mapping[str, Any]:
         """Device truth and placement.  What the runtime says of the device (hardware,
         device type, device and process counts) is fixed once the runtime is up, so it is
         asked once; placement is counted at every call (parameters can move)."""
@@ -995,7 +995,7 @@ class XlaBackend(BackendBase):
             schema.TAG_EXEC_XLA_DEVICE: str(self.device),
             schema.TAG_FW_PJRT_DEVICE: os.environ.get("PJRT_DEVICE", ""),
         }
-        placement = self._placement()
+        placement = self._placement(final)
         out[schema.TAG_PLACEMENT] = json.dumps(placement, sort_keys=True)
         out[schema.TAG_PLACEMENT_WARNING] = placement_warnings(self.declared_hardware, hw,
                                                                 placement)
@@ -1013,11 +1013,15 @@ class XlaBackend(BackendBase):
             schema.TAG_EXEC_WORLD_SIZE: int(xr.world_size()),
         }
 
-    def _placement(self) -> dict[str, Any]:
+    def _placement(self, final: bool = True) -> dict[str, Any]:
+        """Devices of parameters, optimizer state and logged values (with how many values
+        were logged on each when ``final``; None each before: a count that changes at
+        every re-check would re-send every tag)."""
         params = count_devices(self.model.parameters()) if self.model is not None else {}
         opt_state = count_devices(optimizer_state_tensors(self.optimizer))
         return {"params": params, "optimizer_state": opt_state,
-                "logged": {str(d): n for d, n in self._logged_devices.items()},
+                "logged": {str(d): n if final else None
+                           for d, n in self._logged_devices.items()},
                 "declared_hardware": self.declared_hardware}
 
     # --- end ----------------------------------------------------------------------
