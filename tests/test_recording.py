@@ -80,8 +80,14 @@ def test_points_and_params_the_store_refuses_are_skipped_not_blocking(store, tmp
     run = refrun.start_run(workload="w", role="candidate", flush_interval_s=0.05,
                            delivery="thread")
     run.log_params({"lr": 0.1})
-    wait_for(lambda: run.spool.read_meta().tags_delivered >= run.spool.read_meta().tags_version,
-             "the first params to be delivered")
+
+    def first_params_delivered() -> bool:
+        # log_params is queued: until the writer thread puts it into the spool's metadata,
+        # the metadata's earlier version is delivered and would end this wait too early
+        m = run.spool.read_meta()
+        return m.params.get("lr") == "0.1" and m.tags_delivered >= m.tags_version
+
+    wait_for(first_params_delivered, "the first params to be delivered")
     run.log_params({"lr": 0.2})  # refused at entry: params keep their first value
     assert run.points_refused == 1
 
