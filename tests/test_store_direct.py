@@ -17,6 +17,8 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +220,58 @@ def test_a_write_that_fails_midway_leaves_no_visible_run(store) -> None:
         stages = con.execute("SELECT status, lifecycle_stage FROM runs WHERE name != 'first' "
                              "AND experiment_id = ?", (int(exp),)).fetchall()
     assert stages == [("FAILED", "deleted")]
+
+
+def test_a_tree_of_artifacts_is_published_a_whole_file_at_a_time(store, tmp_path) -> None:
+    """``log_artifacts`` publishes each file of the tree as ``log_artifact`` does (a hidden
+    staging file, then a rename): while a file is still being copied, the run's listing
+    does not show it and its final path does not exist.  The file being copied is a named
+    pipe, so the copy is held open, part written, until the test lets it finish."""
+    run_id = write_complete_run(_complete("tree"), store.tracking_uri)
+    tree = tmp_path / "tree"
+    (tree / "refrun" / "ranks").mkdir(parents=True)
+    (tree / "refrun" / "ranks" / "1.json").write_text('{"rank": 1}')
+    os.mkfifo(tree / "refrun" / "big.bin")
+    c = store_client(store.tracking_uri, direct=True)
+    assert isinstance(c, direct.DirectClient)
+    root = Path(store.client().get_run(run_id).info.artifact_uri.removeprefix("file://"))
+    failed: list[BaseException] = []
+
+    def upload() -> None:
+        try:
+            c.log_artifacts(run_id, str(tree))
+        except BaseException as exc:  # reported by the test's thread below
+            failed.append(exc)
+
+    worker = threading.Thread(target=upload)
+    worker.start()
+    part, rest = b"\x00" * 70_000, b"\x01" * 30_000
+    deadline = time.monotonic() + 30
+    while True:  # the pipe opens for writing once the copy opened it for reading
+        try:
+            fd = os.open(tree / "refrun" / "big.bin", os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader yet
+            assert worker.is_alive() and time.monotonic() < deadline, failed
+            time.sleep(0.01)
+    os.set_blocking(fd, True)
+    with open(fd, "wb") as pipe:
+        pipe.write(part)
+        pipe.flush()
+        staged = root / "refrun"
+        while not [f for f in staged.iterdir() if f.name.startswith(direct.UPLOADING_PREFIX)
+                   and f.stat().st_size > 0]:  # part of the data written
+            assert time.monotonic() < deadline, "the copy never started"
+            time.sleep(0.01)
+        assert not (staged / "big.bin").exists()
+        listed = {f.path for f in store.client().list_artifacts(run_id, "refrun")}
+        assert "refrun/big.bin" not in listed
+        pipe.write(rest)
+    worker.join(30)
+    assert not worker.is_alive() and not failed
+    assert (staged / "big.bin").read_bytes() == part + rest
+    assert (staged / "ranks" / "1.json").read_text() == '{"rank": 1}'
+    assert not [f for f in staged.rglob("*") if f.name.startswith(direct.UPLOADING_PREFIX)]
 
 
 def test_what_refrun_does_not_know_goes_through_mlflow(store, tmp_path) -> None:

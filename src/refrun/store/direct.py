@@ -307,6 +307,23 @@ _RUN_COLUMNS = ("r.run_uuid, r.experiment_id, r.name, r.user_id, r.status, r.sta
                 "r.end_time, r.artifact_uri, r.lifecycle_stage")
 
 
+def _publish(src: str, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` as MLflow's local artifact repository publishes a file:
+    into a hidden file beside it (``.artifact.uploading.*``, which listings leave out),
+    its times and mode kept, then renamed over ``dest``, so a reader never sees half a
+    file and a failed copy leaves nothing."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=UPLOADING_PREFIX)
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as data:
+            shutil.copyfileobj(data, out)
+        shutil.copystat(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 class DirectClient:
     """The calls of :class:`refrun.store.surface.StoreClient` on a local sqlite store this
     module may serve (:func:`usable`).  One connection and one transaction per call, so
@@ -571,12 +588,19 @@ class DirectClient:
 
     def log_artifacts(self, run_id: str, local_dir: str, artifact_path: str | None = None
                       ) -> None:
-        """Copy the tree under ``local_dir`` into the run's artifact directory (what
-        MLflow's local artifact repository does)."""
+        """Copy the tree under ``local_dir`` into the run's artifact directory, as MLflow's
+        local artifact repository does (``shutil.copy2`` per file: times and mode kept),
+        each file published as :meth:`log_artifact` publishes one: a reader listing the
+        run while it is being filled never sees half a file (MLflow's copies in place)."""
         root = self._artifact_root(run_id)
         dest = root / artifact_path if artifact_path else root
         dest.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(local_dir, dest, dirs_exist_ok=True)
+        for dirpath, dirnames, filenames in os.walk(local_dir):
+            into = dest / os.path.relpath(dirpath, local_dir)
+            for d in dirnames:
+                (into / d).mkdir(exist_ok=True)
+            for f in filenames:
+                _publish(os.path.join(dirpath, f), into / f)
 
     def log_artifact(self, run_id: str, local_file: str, artifact_path: str | None = None
                      ) -> None:
@@ -590,16 +614,7 @@ class DirectClient:
         dest = dest_dir / os.path.basename(local_file)
         if dest.exists() and os.path.samefile(local_file, dest):
             return
-        fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=UPLOADING_PREFIX)
-        try:
-            with os.fdopen(fd, "wb") as out, open(local_file, "rb") as src:
-                shutil.copyfileobj(src, out)
-            shutil.copystat(local_file, tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        _publish(local_file, dest)
 
     def delete_tag(self, run_id: str, key: str) -> None:
         """Delete a tag of an active run; a tag the run does not have is refused."""
