@@ -254,12 +254,20 @@ def throughput_by_hand(store, run_id: str) -> float:
     ceil(10 % of the steps), compilation steps left out; a step's samples the increase of
     progress/samples there), the median over blocks of consecutive steps, each closed by
     the step that brings its own time to 0.1 s (an incomplete last block joins the one
-    before; with fewer than 3 blocks, the whole window)."""
+    before; with fewer than 3 blocks, the whole window).  A JAX run's step times run from
+    entry to entry: the step before one whose compile/other moved (a compilation between
+    the two) and the last step (its interval ends at the probe's close) are left out too."""
+    from mlflow import MlflowClient
+
     t = history(store, run_id, schema.M_STEP_TIME)
     seen = history(store, run_id, schema.M_PROGRESS_SAMPLES)
     compiled = {s for m in schema.STEP_TIME_COMPILE_METRICS
                 for s, v in history(store, run_id, m).items() if v > 0}
     first, last = min(t), max(t)
+    tags = MlflowClient(store.tracking_uri).get_run(run_id).data.tags
+    if tags[schema.TAG_STEP_TIME_KIND] == "interval":
+        compiled |= {last} | {s - 1 for s, v in history(store, run_id,
+                                                        schema.M_COMPILE_OTHER).items() if v > 0}
     start = first + math.ceil(0.1 * (last - first + 1))
     assert all(seen[s] - seen.get(s - 1, 0.0) == BATCH for s in seen)  # what the probe logs
     blocks: list[list[float]] = [[0.0, 0.0]]  # [samples, seconds] per block

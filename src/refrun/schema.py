@@ -204,6 +204,9 @@ M_PROGRESS_TOKENS = "progress/tokens"
 PROGRESS_PREFIX = "progress/"  # axis metrics: never compared as measurements
 # Step time, as the probes summarise it at the end of a run.
 TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"  # cuda_event | wall | ready | interval
+# An interval step time runs from a step's entry to the next step's entry (the last
+# step's: to the probe's close), so it holds what ran between the steps.
+STEP_TIME_INTERVAL = "interval"
 TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"  # steady-state median, seconds
 TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
 TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"  # step times left out of median/p90

@@ -201,7 +201,7 @@ class RunThroughput:
     mean_per_s: float | None  # sum of units / sum of seconds over the same steps
     steps: int  # steady steps it rests on
     blocks: int  # blocks of at least BLOCK_S of step time (1: the whole window)
-    compile_steps: int  # compilation steps left out
+    compile_steps: int  # steps left out (rv.steady_step_times: compilations, between-step work)
     warmup_end_step: int | None
     why: str = ""  # why not measured (per_s None)
 

@@ -638,7 +638,7 @@ class JaxBackend(BackendBase):
                 self.placement[what] = placement_summary(tree)
 
     def step_time_kind(self) -> str:
-        return "interval"
+        return schema.STEP_TIME_INTERVAL
 
     def describe(self, final: bool = False) -> dict[str, Any]:
         devices = jax.devices()

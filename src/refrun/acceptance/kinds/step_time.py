@@ -353,7 +353,8 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     if m.ratio is None:
         return result(c, NOT_EVALUABLE, f"no steady {c.metric!r} value after step {start} "
                       f"(reference n={m.reference_n}, candidate n={m.candidate_n})", ev)
-    tail = f"({cand[2]} compilation step(s) of the candidate left out)"
+    tail = (f"({cand[2]} step(s) of the candidate left out: compilations, and an "
+            "interval step time's between-step work)")
     if per is not None:
         tail += (f"; per {per[2]}: the candidate processes {per[0]} per step, the "
                  f"references {', '.join(map(str, sorted(set(per[1]))))}")
