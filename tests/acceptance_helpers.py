@@ -6,6 +6,7 @@ against numpy computed on the raw data, independently of the code under test.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,9 +50,11 @@ def record(uri: str, spool: Path, role: str, metrics: dict[str, np.ndarray], *,
            hardware: str = "nvidia-l4", backend: str | None = "torch", seed: int = 0,
            tags: dict[str, str] | None = None,
            planned_steps: int | None = N, eval_every: int = 10,
-           fail: bool = False) -> Logged:
+           fail: bool = False, hold_s: float = 0.0) -> Logged:
     """Record one run: per-step metrics at every step where the value is not None;
-    ``eval/...`` metrics only every ``eval_every`` steps and at the last step."""
+    ``eval/...`` metrics only every ``eval_every`` steps and at the last step.
+    ``hold_s``: the run's own time after its points (a workload that takes that long:
+    the hours L4 cost prices, refrun's start-up left out)."""
     run = refrun.start_run("accept-test", role, hardware=hardware, backend=backend, seed=seed,
                            chips=1, tracking_uri=uri, spool_dir=spool, tags=tags or {},
                            planned_steps=planned_steps, snapshot_environment=False,
@@ -74,6 +77,7 @@ def record(uri: str, spool: Path, role: str, metrics: dict[str, np.ndarray], *,
                         continue
                     point[m] = float(v[i])
                 run.log_metrics(i, point)
+            time.sleep(hold_s)  # the workload's own time, not a wait for a condition
             if fail:
                 raise RuntimeError("simulated crash")
     except RuntimeError:

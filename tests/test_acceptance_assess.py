@@ -12,6 +12,7 @@ import pytest
 from acceptance_helpers import STEPS, Logged, N, base_loss, eval_steps, record, write_criteria
 from mlflow.tracking import MlflowClient
 
+from refrun import schema
 from refrun.acceptance import assess, load_criteria
 from refrun.acceptance.record import ARTIFACT_ASSESSMENT, ARTIFACT_CRITERIA
 from refrun.cli import main
@@ -55,7 +56,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         "compile/graphs": np.r_[3.0, np.zeros(N - 1)],
         "xfer/d2h": np.ones(N),
         "sys/tpu0_duty_cycle_pct": np.r_[np.full(10, 5.0), np.full(N - 10, 80.0)],
-    }, hardware="tpu-v5e", seed=10,
+    }, hardware="tpu-v5e", seed=10, hold_s=0.02,
         tags={"refrun.exec.hardware": "TPU", "refrun.fallback.ops": '{"aten::nonzero": 4}'})
     rng = np.random.default_rng(11)
     drift = np.where(STEPS >= 60, 0.4, 0.0)
@@ -66,7 +67,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         "compile/graphs": np.where(STEPS % 25 == 0, 1.0, 0.0),
         "xfer/d2h": np.r_[np.ones(50), np.full(N - 50, 4.0)],
         "sys/tpu0_duty_cycle_pct": np.full(N, 13.0),
-    }, hardware="tpu-v5e", seed=11,
+    }, hardware="tpu-v5e", seed=11, hold_s=0.02,
         tags={"refrun.exec.hardware": "CPU", "refrun.placement.warning": "params on cpu",
               "refrun.fallback.ops": '{"aten::nonzero": 4, "aten::_unique2": 7}'})
     short_loss = (base_loss() + 0.01)[:60]
@@ -307,8 +308,9 @@ def test_step_time_and_cost(world: World, tmp_path: Path) -> None:
         assert co.evidence["candidate_cost"] == pytest.approx(cost_c)
         assert co.evidence["ratio"] == pytest.approx(cost_c / cost_r)
         assert co.outcome == ("pass" if cost_c / cost_r <= 5.0 else "fail")
-        info = MlflowClient(world.uri).get_run(cand.run_id).info
-        wall_h = (info.end_time - info.start_time) / 3.6e6
+        run = MlflowClient(world.uri).get_run(cand.run_id)
+        start_up_ms = 1e3 * float(run.data.tags[schema.TAG_RECORDING_START_S])
+        wall_h = (run.info.end_time - run.info.start_time - start_up_ms) / 3.6e6
         assert a.result("wallcost").evidence["candidate_cost"] == pytest.approx(wall_h * 1.20)
     assert co.outcome == "fail"  # the bad candidate: 3x slower at a higher price
 

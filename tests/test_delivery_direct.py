@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import refrun
+from refrun import schema
 from refrun.recording import delivery
 from refrun.store.direct import DirectClient
 
@@ -54,7 +55,8 @@ def _stored(root: Path, run_id: str) -> dict[str, list[tuple]]:
                 "SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)).fetchall()),
             "tags": sorted(con.execute(
                 "SELECT key, value FROM tags WHERE run_uuid = ? AND key NOT IN "
-                "('mlflow.runName', 'refrun.local_id') AND key NOT LIKE '%time%' "
+                "('mlflow.runName', 'refrun.local_id', 'refrun.perf.recording_start_s') "
+                "AND key NOT LIKE '%time%' "
                 "AND key NOT LIKE 'refrun.env.%' AND key NOT LIKE 'refrun.host%'",
                 (run_id,)).fetchall()),
         }
@@ -92,6 +94,7 @@ def test_a_run_delivered_directly_is_stored_as_mlflow_stores_it(tmp_path, monkey
 TRAINER = """
 import sys
 import refrun
+from refrun import schema
 with refrun.start_run("direct-delivery", "candidate", seed=int(sys.argv[2]), hardware="cpu",
                       tracking_uri=sys.argv[1], params={"lr": 0.01}) as run:
     for step in range(120):
@@ -150,7 +153,8 @@ def test_a_trainer_recording_into_an_existing_store_never_imports_mlflow(tmp_pat
             for k, r in runs.items()}
     assert "refrun/curves.parquet" in arts["direct"] and arts["direct"] == arts["mlflow"]
     assert runs["direct"].data.params == runs["mlflow"].data.params == {"lr": "0.01"}
-    varying = ("mlflow.runName", "refrun.local_id", "refrun.host", "refrun.pid")
+    varying = ("mlflow.runName", "refrun.local_id", "refrun.host", "refrun.pid",
+               schema.TAG_RECORDING_START_S)  # a duration: each run's own
     tags = {k: {t: v for t, v in r.data.tags.items()
                 if t not in varying and "time" not in t and not t.startswith("refrun.env.")}
             for k, r in runs.items()}

@@ -208,19 +208,20 @@ def test_a_throughput_goal_failed_beside_busy_neighbours_is_not_judged(
 def test_a_cost_goal_prices_the_candidate_for_the_references_work(
         store, tmp_path: Path) -> None:
     uri, spool = store.tracking_uri, store.spool_dir
-    refs = [record(uri, spool, "reference", _metrics(s, 0.01), seed=s).run_id
+    refs = [record(uri, spool, "reference", _metrics(s, 0.01), seed=s, hold_s=0.05).run_id
             for s in (0, 1)]
     # Half the references' samples: 50 steps of the same batch.
     half = _metrics(7, 0.005, steps=N // 2)
     cand = record(uri, spool, "candidate", half, seed=7, hardware="tpu-v5e", backend="jax",
-                  planned_steps=N // 2).run_id
+                  planned_steps=N // 2, hold_s=0.05).run_id
     a, _ = assess_ids(load_criteria(write_criteria(tmp_path, GOALS)), refs, cand, uri)
     r = a.result("goal-cost")
     client = MlflowClient(uri)
 
-    def hours(rid: str) -> float:
-        info = client.get_run(rid).info
-        return (info.end_time - info.start_time) / 3.6e6
+    def hours(rid: str) -> float:  # MLflow's end - start, less refrun's own start-up
+        run = client.get_run(rid)
+        start_up_ms = 1e3 * float(run.data.tags[schema.TAG_RECORDING_START_S])
+        return (run.info.end_time - run.info.start_time - start_up_ms) / 3.6e6
 
     # By hand: the candidate's hours x (32 x 100) / (32 x 50) at 4.0 per hour, against
     # the references' own hours at 1.0 per hour.

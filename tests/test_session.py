@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -268,3 +269,27 @@ def test_probe_left_open_is_closed_by_the_run(store):
                 probe.log(loss=torch.tensor(float(n) / 2))
     history = store.client().get_metric_history(run.run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(n, n / 2) for n in range(5)]
+
+
+def test_the_run_says_how_long_refruns_own_start_up_took(store) -> None:
+    """The run's start time is taken before refrun's own start-up (the spool, the
+    environment snapshot, the store's opening and the run's creation), which depends on
+    how the run is recorded (an MLflow import, a store created), not on the workload: the
+    run records its length, and a run's hours (L4 cost) leave it out."""
+    from refrun.acceptance.runview import run_hours
+    from refrun.comparison import load_run
+
+    before = time.time_ns() // 1_000_000
+    with refrun.start_run(workload="tiny-regression", role="reference", hardware="cpu",
+                          backend="torch", seed=0, tracking_uri=store.tracking_uri) as run:
+        returned = time.time_ns() // 1_000_000
+        _train(run, 5)
+    r = store.client().get_run(run.run_id)
+    start_up_ms = 1e3 * float(r.data.tags[schema.TAG_RECORDING_START_S])
+    assert before <= r.info.start_time <= returned
+    # measured from the start time to just before start_run returned
+    assert 0 <= returned - r.info.start_time - start_up_ms <= 1000
+    hours, how = run_hours(load_run(run.run_id, tracking_uri=store.tracking_uri), "run_wall")
+    wall_ms = r.info.end_time - r.info.start_time
+    assert hours == pytest.approx((wall_ms - start_up_ms) / 3.6e6, rel=1e-9)
+    assert "less refrun's own start-up" in how

@@ -209,6 +209,9 @@ TAG_STEP_TIME_KIND = "refrun.perf.step_time_kind"  # cuda_event | wall | ready |
 STEP_TIME_INTERVAL = "interval"
 TAG_STEP_TIME_MEDIAN = "refrun.perf.step_time_median_s"  # steady-state median, seconds
 TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
+# Seconds from the run's start time to the end of start_run: refrun's own start-up, left
+# out of the run's hours (L4 cost).
+TAG_RECORDING_START_S = "refrun.perf.recording_start_s"
 TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"  # step times left out of median/p90
 TAG_STEADY_STEPS = "refrun.perf.steady_steps"
 # JAX steps timed by wall: written by refrun 0.1.0 (kind ready); JAX steps are now all timed

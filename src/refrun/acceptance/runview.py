@@ -56,6 +56,15 @@ def tag_int(run: RunData, tag: str) -> int | None:
         return None
 
 
+def tag_float(run: RunData, tag: str) -> float | None:
+    """The tag as a finite number, else None (absent, empty or not a number)."""
+    try:
+        v = float(run.tags.get(tag) or "nan")
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
 def tag_json(run: RunData, tag: str) -> object | None:
     v = run.tags.get(tag)
     if v is None:
@@ -89,12 +98,23 @@ def hardware_price(run: RunData, prices: Prices) -> tuple[str | None, float | No
 
 def run_hours(run: RunData, source: str, step_metric: str = schema.M_STEP_TIME,
               keep: str = "last") -> tuple[float | None, str]:
-    """Hours the run took: ``run_wall`` = (end - start) of the MLflow run; ``step_time_sum``
-    = sum of the finite per-step times (seconds) / 3600."""
+    """Hours the run took: ``run_wall`` = (end - start) of the MLflow run, less refrun's own
+    start-up where the run says it (``refrun.perf.recording_start_s``: the store's
+    opening and the run's creation come after its start time, and they depend on how it
+    was recorded, not on the workload); ``step_time_sum`` = sum of the finite per-step
+    times (seconds) / 3600."""
     if source == "run_wall":
         if run.status == "RUNNING" or run.end_time_ms is None or run.start_time_ms is None:
             return None, f"run {run.run_id} has no end time (status {run.status})"
-        return (run.end_time_ms - run.start_time_ms) / 3.6e6, "MLflow end - start time"
+        wall_s = (run.end_time_ms - run.start_time_ms) / 1e3
+        start_s = tag_float(run, schema.TAG_RECORDING_START_S)
+        if start_s is None or not 0 <= start_s <= wall_s:
+            return wall_s / 3600.0, "MLflow end - start time"
+        if start_s == wall_s:
+            return None, (f"run {run.run_id}: its whole MLflow run time ({wall_s:.3g} s) was "
+                          "refrun's own start-up: no time of its own to price")
+        return (wall_s - start_s) / 3600.0, (f"MLflow end - start time, less refrun's own "
+                                              f"start-up ({start_s:.3g} s)")
     r = resolved(run, step_metric, keep)
     if r is None:
         return None, f"run {run.run_id} has no metric {step_metric!r}"

@@ -22,7 +22,8 @@ class Cost(Criterion):
     max_ratio: float | None = key("largest allowed cost ratio", None, gt=0)
     max_cost: float | None = key("largest allowed candidate cost, in [prices] currency",
                                  None, ge=0)
-    time_source: str = key("'run_wall': MLflow end - start time of the run; "
+    time_source: str = key("'run_wall': MLflow end - start time of the run, less refrun's "
+                           "own start-up where the run records it; "
                            "'step_time_sum': sum of perf/step_time_s", "run_wall",
                            enum=("run_wall", "step_time_sum"))
     same_work: bool = key(
