@@ -420,3 +420,26 @@ def test_a_chip_busy_fraction_read_once_at_the_end_of_a_short_run_is_measured(
         assert a.performance["busy"]["candidate_pct"] == pytest.approx(7.25, rel=1e-12), \
             a.performance["busy"]
 
+
+
+def test_run_hours_leave_out_refruns_start_up_and_never_price_a_run_that_was_only_that() -> None:
+    """``run_wall`` hours: MLflow's end - start less the start-up the run recorded; a run
+    without the tag (recorded before it, or imported) keeps its whole wall; a run whose
+    whole wall was start-up has no hours of its own (its cost is not evaluable, never 0);
+    a tag longer than the wall (a clock stepped back) is not trusted."""
+    import pandas as pd
+
+    from refrun.acceptance.runview import run_hours
+    from refrun.comparison import RunData
+
+    def run(start_up: str | None, start_ms: int = 1_000, end_ms: int = 4_600) -> RunData:
+        tags = {} if start_up is None else {schema.TAG_RECORDING_START_S: start_up}
+        return RunData("r", tags, {}, "FINISHED", start_ms, end_ms, pd.DataFrame())
+
+    hours, how = run_hours(run("1.200"), "run_wall")
+    assert hours == pytest.approx((3.6 - 1.2) / 3600, rel=1e-12) and "1.2 s" in how
+    assert run_hours(run(None), "run_wall")[0] == pytest.approx(3.6 / 3600, rel=1e-12)
+    assert run_hours(run("not a number"), "run_wall")[0] == pytest.approx(3.6 / 3600)
+    assert run_hours(run("9.0"), "run_wall")[0] == pytest.approx(3.6 / 3600)
+    none, why = run_hours(run("3.600"), "run_wall")
+    assert none is None and "whole MLflow run time (3.6 s) was refrun's own start-up" in why
