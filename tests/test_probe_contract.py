@@ -117,7 +117,7 @@ class _Summarising(BackendBase):
     def counters(self) -> dict[str, float]:
         return {}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, final: bool = False) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:

@@ -54,7 +54,6 @@ A backend never raises into the loop: failures become recorded warnings.
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import json
 import math
@@ -125,8 +124,7 @@ class Backend(Protocol):
         re-check and at close (``final``); placement problems as a list of sentences under
         ``schema.TAG_PLACEMENT_WARNING``.  Running counts (values logged per device) belong
         in the ``final`` description only: a tag that changes at every re-check makes the
-        session rewrite the spool's metadata and the delivery re-send every tag.  A backend
-        whose ``describe`` takes no ``final`` is asked without it at close too."""
+        session rewrite the spool's metadata and the delivery re-send every tag."""
 
     def close(self) -> None:
         """Remove listeners/hooks the backend installed."""
@@ -718,10 +716,7 @@ class Probe:
         """Record the backend's description as tags (only those that changed); a placement
         warning also becomes a run warning, once per distinct text.  ``final``: at close,
         with the backend's running counts."""
-        describe = self.backend.describe
-        if final and "final" in inspect.signature(describe).parameters:  # else: no counts
-            describe = functools.partial(describe, final=True)
-        desc = dict(self._guard(describe) or {})
+        desc = dict(self._guard(functools.partial(self.backend.describe, final=final)) or {})
         for m in self.monitors:
             tags_of = getattr(m, "tags", None)
             if tags_of is not None:

@@ -567,7 +567,7 @@ class TorchBackend(BackendBase):
         stats = utils.counters.get("stats")
         return self._watch.compiles, (stats.get("unique_graphs", 0) if stats else 0)
 
-    def placement(self, final: bool = True) -> Placement:
+    def placement(self, final: bool) -> Placement:
         """Current placement of parameters, optimizer state and logged tensors (how many
         were logged on each device when ``final``, else None for each device seen)."""
         params = count_devices(self.model.parameters()) if self.model is not None else {}

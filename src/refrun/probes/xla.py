@@ -1013,7 +1013,7 @@ class XlaBackend(BackendBase):
             schema.TAG_EXEC_WORLD_SIZE: int(xr.world_size()),
         }
 
-    def _placement(self, final: bool = True) -> dict[str, Any]:
+    def _placement(self, final: bool) -> dict[str, Any]:
         """Devices of parameters, optimizer state and logged values (with how many values
         were logged on each when ``final``; None each before: a count that changes at
         every re-check would re-send every tag)."""
