@@ -309,8 +309,9 @@ def test_step_time_and_cost(world: World, tmp_path: Path) -> None:
         assert co.evidence["ratio"] == pytest.approx(cost_c / cost_r)
         assert co.outcome == ("pass" if cost_c / cost_r <= 5.0 else "fail")
         run = MlflowClient(world.uri).get_run(cand.run_id)
-        start_up_ms = 1e3 * float(run.data.tags[schema.TAG_RECORDING_START_S])
-        wall_h = (run.info.end_time - run.info.start_time - start_up_ms) / 3.6e6
+        own_ms = 1e3 * (float(run.data.tags[schema.TAG_RECORDING_START_S])
+                        + float(run.data.tags[schema.TAG_RECORDING_CLOSE_S]))
+        wall_h = (run.info.end_time - run.info.start_time - own_ms) / 3.6e6
         assert a.result("wallcost").evidence["candidate_cost"] == pytest.approx(wall_h * 1.20)
     assert co.outcome == "fail"  # the bad candidate: 3x slower at a higher price
 

@@ -55,7 +55,8 @@ def _stored(root: Path, run_id: str) -> dict[str, list[tuple]]:
                 "SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)).fetchall()),
             "tags": sorted(con.execute(
                 "SELECT key, value FROM tags WHERE run_uuid = ? AND key NOT IN "
-                "('mlflow.runName', 'refrun.local_id', 'refrun.perf.recording_start_s') "
+                "('mlflow.runName', 'refrun.local_id', 'refrun.perf.recording_start_s', "
+                "'refrun.perf.recording_close_s') "
                 "AND key NOT LIKE '%time%' "
                 "AND key NOT LIKE 'refrun.env.%' AND key NOT LIKE 'refrun.host%'",
                 (run_id,)).fetchall()),
@@ -154,7 +155,7 @@ def test_a_trainer_recording_into_an_existing_store_never_imports_mlflow(tmp_pat
     assert "refrun/curves.parquet" in arts["direct"] and arts["direct"] == arts["mlflow"]
     assert runs["direct"].data.params == runs["mlflow"].data.params == {"lr": "0.01"}
     varying = ("mlflow.runName", "refrun.local_id", "refrun.host", "refrun.pid",
-               schema.TAG_RECORDING_START_S)  # a duration: each run's own
+               schema.TAG_RECORDING_START_S, schema.TAG_RECORDING_CLOSE_S)  # durations
     tags = {k: {t: v for t, v in r.data.tags.items()
                 if t not in varying and "time" not in t and not t.startswith("refrun.env.")}
             for k, r in runs.items()}

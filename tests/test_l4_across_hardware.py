@@ -288,14 +288,16 @@ def throughput_by_hand(store, run_id: str) -> float:
 
 
 def cost_by_hand(store, run_id: str) -> float:
-    """MLflow's end - start of the run less refrun's own start-up (the seconds from the
-    run's start time to the end of start_run, its tag), in hours, x the price of its
-    declared hardware (every run here processed STEPS x BATCH samples: the same work)."""
+    """MLflow's end - start of the run less refrun's own start-up and close (the seconds
+    from the run's start time to the end of start_run, and from the call of close to the
+    end time: its tags), in hours, x the price of its declared hardware (every run here
+    processed STEPS x BATCH samples: the same work)."""
     from mlflow import MlflowClient
 
     run = MlflowClient(store.tracking_uri).get_run(run_id)
-    start_up_s = float(run.data.tags[schema.TAG_RECORDING_START_S])
-    hours = (run.info.end_time - run.info.start_time - 1e3 * start_up_s) / 3.6e6
+    own_s = (float(run.data.tags[schema.TAG_RECORDING_START_S])
+             + float(run.data.tags[schema.TAG_RECORDING_CLOSE_S]))
+    hours = (run.info.end_time - run.info.start_time - 1e3 * own_s) / 3.6e6
     return hours * PRICES[run.data.tags[schema.TAG_HARDWARE]]
 
 

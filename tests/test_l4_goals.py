@@ -218,10 +218,11 @@ def test_a_cost_goal_prices_the_candidate_for_the_references_work(
     r = a.result("goal-cost")
     client = MlflowClient(uri)
 
-    def hours(rid: str) -> float:  # MLflow's end - start, less refrun's own start-up
+    def hours(rid: str) -> float:  # MLflow's end - start, less refrun's own start-up, close
         run = client.get_run(rid)
-        start_up_ms = 1e3 * float(run.data.tags[schema.TAG_RECORDING_START_S])
-        return (run.info.end_time - run.info.start_time - start_up_ms) / 3.6e6
+        own_ms = 1e3 * (float(run.data.tags[schema.TAG_RECORDING_START_S])
+                        + float(run.data.tags[schema.TAG_RECORDING_CLOSE_S]))
+        return (run.info.end_time - run.info.start_time - own_ms) / 3.6e6
 
     # By hand: the candidate's hours x (32 x 100) / (32 x 50) at 4.0 per hour, against
     # the references' own hours at 1.0 per hour.
@@ -423,18 +424,28 @@ def test_a_chip_busy_fraction_read_once_at_the_end_of_a_short_run_is_measured(
 
 
 def test_run_hours_leave_out_refruns_start_up_and_never_price_a_run_that_was_only_that() -> None:
-    """``run_wall`` hours: MLflow's end - start less the start-up the run recorded; a run
-    without the tag (recorded before it, or imported) keeps its whole wall; a run whose
-    whole wall was start-up has no hours of its own (its cost is not evaluable, never 0);
-    a tag longer than the wall (a clock stepped back) is not trusted."""
+    """``run_wall`` hours: MLflow's end - start less the start-up and the close the run
+    recorded; a run without the tags (recorded before them, or imported) keeps its whole
+    wall; a run whose whole wall was refrun's own has no hours of its own (its cost is not
+    evaluable, never 0); tags longer than the wall (a clock stepped back) are not
+    trusted."""
     import pandas as pd
 
     from refrun.acceptance.runview import run_hours
     from refrun.comparison import RunData
 
-    def run(start_up: str | None, start_ms: int = 1_000, end_ms: int = 4_600) -> RunData:
+    def run(start_up: str | None, start_ms: int = 1_000, end_ms: int = 4_600,
+            close: str | None = None) -> RunData:
         tags = {} if start_up is None else {schema.TAG_RECORDING_START_S: start_up}
+        tags |= {} if close is None else {schema.TAG_RECORDING_CLOSE_S: close}
         return RunData("r", tags, {}, "FINISHED", start_ms, end_ms, pd.DataFrame())
+
+    hours, how = run_hours(run("1.200", close="0.700"), "run_wall")
+    assert hours == pytest.approx((3.6 - 1.2 - 0.7) / 3600, rel=1e-12)
+    assert "start-up (1.2 s) and close (0.7 s)" in how
+    assert run_hours(run(None, close="0.600"), "run_wall")[0] == pytest.approx(3.0 / 3600)
+    assert run_hours(run("3.000", close="0.600"), "run_wall")[0] is None
+    assert run_hours(run("3.000", close="0.700"), "run_wall")[0] == pytest.approx(3.6 / 3600)
 
     hours, how = run_hours(run("1.200"), "run_wall")
     assert hours == pytest.approx((3.6 - 1.2) / 3600, rel=1e-12) and "1.2 s" in how

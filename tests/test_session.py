@@ -286,10 +286,46 @@ def test_the_run_says_how_long_refruns_own_start_up_took(store) -> None:
         _train(run, 5)
     r = store.client().get_run(run.run_id)
     start_up_ms = 1e3 * float(r.data.tags[schema.TAG_RECORDING_START_S])
+    close_ms = 1e3 * float(r.data.tags[schema.TAG_RECORDING_CLOSE_S])
     assert before <= r.info.start_time <= returned
     # measured from the start time to just before start_run returned
     assert 0 <= returned - r.info.start_time - start_up_ms <= 1000
     hours, how = run_hours(load_run(run.run_id, tracking_uri=store.tracking_uri), "run_wall")
     wall_ms = r.info.end_time - r.info.start_time
-    assert hours == pytest.approx((wall_ms - start_up_ms) / 3.6e6, rel=1e-9)
+    assert hours == pytest.approx((wall_ms - start_up_ms - close_ms) / 3.6e6, rel=1e-9)
     assert "less refrun's own start-up" in how
+
+
+def test_the_run_says_how_long_refruns_own_close_took(store) -> None:
+    """The run's end time is taken after the probes' close (their pending values read,
+    their summaries written): the run records how long that took, from the call of close
+    (the workload's end) to its end time, and a run's hours leave it out, so that they run
+    from start_run's return to the workload's end, as the test's own clock reads them."""
+    from refrun.acceptance.runview import run_hours
+    from refrun.comparison import load_run
+
+    with refrun.start_run(workload="tiny-regression", role="reference", hardware="cpu",
+                          backend="torch", seed=0, tracking_uri=store.tracking_uri) as run:
+        returned = time.time_ns() // 1_000_000
+        _train(run, 5)
+        closing = {}
+
+        def slow_close() -> None:  # a probe's close with 1 s of work to do
+            closing["entered"] = time.time_ns() // 1_000_000
+            deadline = time.perf_counter() + 1.0
+            while time.perf_counter() < deadline:
+                pass
+
+        run.add_close_hook(slow_close)
+        left = time.time_ns() // 1_000_000
+    r = store.client().get_run(run.run_id)
+    close_ms = 1e3 * float(r.data.tags[schema.TAG_RECORDING_CLOSE_S])
+    # from the call of close (after the block was left, before the hook ran) to the end
+    assert closing["entered"] - left + 1000 <= close_ms + 1
+    assert close_ms <= r.info.end_time - left + 1
+    hours, how = run_hours(load_run(run.run_id, tracking_uri=store.tracking_uri), "run_wall")
+    # the workload's own time by the test's clock, start_run's return to the block's end
+    # (with the close's second counted, it would be at least 1000 ms longer)
+    own_ms = hours * 3.6e6
+    assert left - returned - 5 <= own_ms <= left - returned + 500
+    assert "and close" in how

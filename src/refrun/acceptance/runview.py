@@ -99,22 +99,27 @@ def hardware_price(run: RunData, prices: Prices) -> tuple[str | None, float | No
 def run_hours(run: RunData, source: str, step_metric: str = schema.M_STEP_TIME,
               keep: str = "last") -> tuple[float | None, str]:
     """Hours the run took: ``run_wall`` = (end - start) of the MLflow run, less refrun's own
-    start-up where the run says it (``refrun.perf.recording_start_s``: the store's
-    opening and the run's creation come after its start time, and they depend on how it
-    was recorded, not on the workload); ``step_time_sum`` = sum of the finite per-step
-    times (seconds) / 3600."""
+    start-up and close where the run says them (``refrun.perf.recording_start_s``: the
+    store's opening and the run's creation come after its start time;
+    ``refrun.perf.recording_close_s``: the probes' pending values and summaries come before
+    its end time; both depend on how it was recorded, not on the workload);
+    ``step_time_sum`` = sum of the finite per-step times (seconds) / 3600."""
     if source == "run_wall":
         if run.status == "RUNNING" or run.end_time_ms is None or run.start_time_ms is None:
             return None, f"run {run.run_id} has no end time (status {run.status})"
         wall_s = (run.end_time_ms - run.start_time_ms) / 1e3
-        start_s = tag_float(run, schema.TAG_RECORDING_START_S)
-        if start_s is None or not 0 <= start_s <= wall_s:
+        own = [(what, s) for what, tag in (("start-up", schema.TAG_RECORDING_START_S),
+                                           ("close", schema.TAG_RECORDING_CLOSE_S))
+               if (s := tag_float(run, tag)) is not None and s >= 0]
+        own_s = sum(s for _, s in own)
+        # the tags and the times are in milliseconds: within half of one they are equal
+        if not own or own_s > wall_s + 5e-4:  # none said, or not of this run: its whole wall
             return wall_s / 3600.0, "MLflow end - start time"
-        if start_s == wall_s:
+        said = " and ".join(f"{what} ({s:.3g} s)" for what, s in own)
+        if own_s >= wall_s - 5e-4:
             return None, (f"run {run.run_id}: its whole MLflow run time ({wall_s:.3g} s) was "
-                          "refrun's own start-up: no time of its own to price")
-        return (wall_s - start_s) / 3600.0, (f"MLflow end - start time, less refrun's own "
-                                              f"start-up ({start_s:.3g} s)")
+                          f"refrun's own {said}: no time of its own to price")
+        return (wall_s - own_s) / 3600.0, f"MLflow end - start time, less refrun's own {said}"
     r = resolved(run, step_metric, keep)
     if r is None:
         return None, f"run {run.run_id} has no metric {step_metric!r}"

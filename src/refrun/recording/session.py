@@ -104,6 +104,7 @@ class RunSession:
         self._closed = False
         self._status: RunStatus | None = None
         self._end_ms = 0
+        self._close_ms: int | None = None  # when close() was called: the workload's end
         self._dropped = 0  # queue full
         self._refused = 0  # bad name/key/step/value/param at entry
         # What was refused, by (name, reason): first step and count (refrun/warnings.json).
@@ -649,6 +650,7 @@ class RunSession:
         """
         if self._closed:
             return True
+        self._close_ms = _now_ms()
         for hook in self._close_hooks:  # probes: resolve pending values while we accept
             try:
                 hook()
@@ -757,7 +759,16 @@ class RunSession:
             schema.TAG_REFUSED: str(self._refused),
             schema.TAG_TRUNCATED: str(self._truncated),
             schema.TAG_WARNINGS: str(len(self._warnings)),
+            **self._close_tag(),
         }
+
+    def _close_tag(self) -> dict[str, str]:
+        # The run's end time is taken after the probes' close (pending values read, summary
+        # artifacts written): refrun's own work, said so that a run's hours are the
+        # workload's (refrun.acceptance.runview.run_hours), as the start-up tag is.
+        if self._close_ms is None or not self._end_ms:
+            return {}
+        return {schema.TAG_RECORDING_CLOSE_S: f"{(self._end_ms - self._close_ms) / 1e3:.3f}"}
 
 
 def artifact_name_problem(name: Any) -> str | None:
