@@ -30,6 +30,17 @@ if [ "$(cat "$site/.installed" 2>/dev/null)" != "$stamp" ]; then
     && echo "$stamp" > "$site/.installed"
 fi
 echo "install: $(( $(date +%s) - t0 )) s"
+# The wheelhouse carries refrun's own wheel, built from the code at the time it was built:
+# a record made with a stale wheel would be labelled with this clone's code but run the
+# wheel's (it happened: 2026-12-07, the eighth record).  Refuse, before the chip is used.
+tree_sum() { (cd "$1" && find . -name '*.py' -not -path '*/__pycache__/*' | LC_ALL=C sort \
+              | xargs cat | sha256sum | cut -c1-16); }
+if [ "$(tree_sum "$site/refrun")" != "$(tree_sum src/refrun)" ]; then
+  echo "run.sh: $wheelhouse's refrun wheel is not this clone's src/refrun: rebuild it" \
+       "(scripts/build_wheelhouse.py, docs/tpu.md)" >&2
+  exit 2
+fi
+echo "refrun: the wheel is this clone's src/refrun ($(tree_sum src/refrun))"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site:$PWD"
 { date -u; python3 -c 'import platform, sys; print(platform.libc_ver(), sys.version)'
   python3 -c 'import jax, refrun; print("jax", jax.__version__, jax.devices(), "refrun", refrun.__file__)'
