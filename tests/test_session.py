@@ -329,3 +329,55 @@ def test_the_run_says_how_long_refruns_own_close_took(store) -> None:
     own_ms = hours * 3.6e6
     assert left - returned - 5 <= own_ms <= left - returned + 500
     assert "and close" in how
+
+
+class _SlowStop:
+    """A utilisation source whose ``stop`` has 1 s of work to do at the probe's close (as
+    the chip-busy monitor reads its last profile window there)."""
+
+    name = "slow-stop"
+
+    def sample(self) -> dict[str, float]:
+        return {}
+
+    def stop(self) -> None:
+        deadline = time.perf_counter() + 1.0
+        while time.perf_counter() < deadline:
+            pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_probe_closed_inside_the_run_counts_its_close_as_refruns_own(store) -> None:
+    """A probe closed before the run's own close (inside the ``with`` block, as a loop
+    that closes its probe when training ends does) reads its pending values and writes
+    its summaries then: that time is refrun's too, added to the close tag, and the run's
+    hours end where the probe's close began, by the test's own clock."""
+    import refrun.torch
+    from refrun.acceptance.runview import run_hours
+    from refrun.comparison import load_run
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with refrun.start_run(workload="tiny-regression", role="reference", hardware="cpu",
+                          backend="torch", seed=0, tracking_uri=store.tracking_uri) as run:
+        returned = time.time_ns() // 1_000_000
+        probe = refrun.torch.instrument(run, model=model, optimizer=opt,
+                                        monitors=[_SlowStop()])
+        for n in range(5):
+            with probe.step(n):
+                opt.zero_grad()
+                loss = model(torch.ones(8, 4)).pow(2).mean()
+                loss.backward()
+                opt.step()
+                probe.log(loss=loss)
+        closing = time.time_ns() // 1_000_000
+        probe.close()
+        left = time.time_ns() // 1_000_000
+    r = store.client().get_run(run.run_id)
+    close_ms = 1e3 * float(r.data.tags[schema.TAG_RECORDING_CLOSE_S])
+    assert left - closing >= 1000 and 1000 <= close_ms <= r.info.end_time - closing + 1
+    hours, _ = run_hours(load_run(run.run_id, tracking_uri=store.tracking_uri), "run_wall")
+    own_ms = hours * 3.6e6  # start_run's return to the probe's close (not 1 s after it)
+    assert closing - returned - 5 <= own_ms <= closing - returned + 500

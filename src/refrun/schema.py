@@ -212,8 +212,8 @@ TAG_STEP_TIME_P90 = "refrun.perf.step_time_p90_s"
 # Seconds from the run's start time to the end of start_run: refrun's own start-up, left
 # out of the run's hours (L4 cost).
 TAG_RECORDING_START_S = "refrun.perf.recording_start_s"
-# Seconds from the call of the session's close (the workload's end) to the run's end time:
-# refrun's own close (the probes' pending values and summaries), left out likewise.
+# Seconds of refrun's own close: from the call of the session's close to the run's end time,
+# plus any probe closed before it (its pending values and summaries), left out likewise.
 TAG_RECORDING_CLOSE_S = "refrun.perf.recording_close_s"
 TAG_WARMUP_STEPS = "refrun.perf.warmup_steps"  # step times left out of median/p90
 TAG_STEADY_STEPS = "refrun.perf.steady_steps"

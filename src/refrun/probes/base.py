@@ -280,6 +280,9 @@ class Probe:
     # The backend's warnings are BackendBase's queue (take_warnings not overridden): a step
     # exit looks at the queue and calls take_warnings only when it holds something.
     _queued_warnings: bool = field(default=False, repr=False)
+    # perf_counter() when close began: refrun's own close is counted from there (the run's
+    # hours leave it out, RunSession.add_own_close_s); an interval step ends there.
+    _close_entry: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # Closed by the run at the latest, so pending values are never lost when the user
@@ -835,6 +838,8 @@ class Probe:
         if self._closed:
             return
         self._closed = True
+        if self._close_entry is None:
+            self._close_entry = time.perf_counter()
         self._stop_sampler.set()
         if self._sampler is not None:
             self._sampler.join(timeout=5)
@@ -870,6 +875,9 @@ class Probe:
         arts = getattr(self.backend, "artifacts", None)
         for path, payload in (self._guard(arts) or {} if arts is not None else {}).items():
             self._guard(lambda p=path, d=payload: self.run.log_json(p, d))
+        own = getattr(self.run, "add_own_close_s", None)  # a run of refrun's own session
+        if own is not None:
+            self._guard(lambda: own(time.perf_counter() - self._close_entry))
 
     def __enter__(self) -> Probe:
         return self

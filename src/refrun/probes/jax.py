@@ -798,7 +798,6 @@ class JaxProbe(Probe):
     _pending_row: tuple[int, float, int] | None = field(default=None, repr=False)
     _last_cum: tuple[Any, ...] = field(default=(), repr=False)
     _wall_offset: float = field(default=0.0, repr=False)
-    _close_entry: float | None = field(default=None, repr=False)
     _rows_seen: int = field(default=0, repr=False)
     # (logged name, the arrays as logged, steps done when the decision is due)
     _probing: list[tuple[str, list[Any], int]] = field(default_factory=list, repr=False)

@@ -105,6 +105,7 @@ class RunSession:
         self._status: RunStatus | None = None
         self._end_ms = 0
         self._close_ms: int | None = None  # when close() was called: the workload's end
+        self._early_close_s = 0.0  # refrun's own close before it (add_own_close_s)
         self._dropped = 0  # queue full
         self._refused = 0  # bad name/key/step/value/param at entry
         # What was refused, by (name, reason): first step and count (refrun/warnings.json).
@@ -559,6 +560,14 @@ class RunSession:
             return None
         return path
 
+    def add_own_close_s(self, seconds: float) -> None:
+        """Count ``seconds`` of refrun's own closing work done before the run's close: a
+        probe closed inside the ``with`` block (its pending values read, its summaries
+        written).  Recorded with the close's own time (``refrun.perf.recording_close_s``),
+        which a run's hours leave out; once the run is closing, its window holds it."""
+        if self._close_ms is None and seconds > 0:
+            self._early_close_s += seconds
+
     def add_close_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` when the run ends, before the final flush (probes close here)."""
         self._close_hooks.append(hook)
@@ -768,7 +777,8 @@ class RunSession:
         # workload's (refrun.acceptance.runview.run_hours), as the start-up tag is.
         if self._close_ms is None or not self._end_ms:
             return {}
-        return {schema.TAG_RECORDING_CLOSE_S: f"{(self._end_ms - self._close_ms) / 1e3:.3f}"}
+        own_s = (self._end_ms - self._close_ms) / 1e3 + self._early_close_s
+        return {schema.TAG_RECORDING_CLOSE_S: f"{own_s:.3f}"}
 
 
 def artifact_name_problem(name: Any) -> str | None:
