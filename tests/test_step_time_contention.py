@@ -349,6 +349,65 @@ def test_neighbours_busy_on_a_saturated_machine_make_a_slow_step_not_evaluable(
         assert cont is not None and cont.known and not cont.took_cpu, kw
 
 
+def test_a_pass_against_references_slowed_by_neighbours_is_not_judged(
+        store, tmp_path: Path) -> None:
+    """The references' rule, the mirror of the candidate's: references recorded on a
+    saturated machine beside neighbours (a tenth of its CPUs and half a core), half a core
+    more than during the candidate or with the candidate's figure unknown (a TPU VM under
+    gVisor reads no system CPU), make a pass not judged: their step times may hold what
+    the neighbours cost them, so a candidate can look fast enough against them while it
+    is not.  A fail stays a fail; a candidate as contended as the references, references
+    beside a small neighbour or with CPUs idle: judged as before.  Verify recomputes a
+    format-7 record without the rule's figures."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    refs = [record(uri, spool, "reference", _metrics(s, 0.20, 1.6), seed=s) for s in (0, 1)]
+    ref_ids = [r.run_id for r in refs]
+    crit = load_criteria(write_criteria(tmp_path, CRITERIA))
+
+    def judge(metrics: dict[str, np.ndarray], seed: int, ids: list[str] = ref_ids):
+        cand = record(uri, spool, "candidate", metrics, seed=seed)
+        a, _ = assess_ids(crit, ids, cand.run_id, uri)
+        return cand, a, a.result("speed")
+
+    # 0.25 s against the contended references' 0.20 s: ratio 1.25 <= 1.5 would pass.
+    cand, a, r = judge(_metrics(7, 0.25, 0.1), 7)
+    assert r.outcome == "not_evaluable" and a.verdict == "incomplete", r.reason
+    cont = Contention.of_result(r.evidence)
+    assert cont is not None and cont.references_busier and not cont.took_cpu
+    want_r = [float(np.median(x.metrics[OTHERS])) for x in refs]  # the figures by hand
+    want_c = float(np.median(cand.metrics[OTHERS]))
+    assert list(cont.reference_cores or ()) == pytest.approx(want_r)
+    assert list(cont.reference_cpu_pct or ()) == [100.0, 100.0]
+    assert list(cont.reference_logical_cpus or ()) == [2.0, 2.0]
+    assert (f"other processes used up to {max(want_r):.2f} of 2 CPUs during a reference "
+            f"(machine 100 % busy) vs {want_c:.2f} during the candidate: step time not "
+            "judged (it would pass: steady median step time") in r.reason, r.reason
+    assert f"ratio {r.evidence['ratio']:.3f} <= 1.5" in r.reason
+    assert r.evidence["ratio"] == pytest.approx(1.25, rel=0.02)
+    # The candidate's figure not known (a host that reads no system CPU): not judged.
+    _, _, r = judge(_metrics(8, 0.25, None), 8)
+    assert r.outcome == "not_evaluable", r.reason
+    assert "vs the candidate's not known" in r.reason, r.reason
+    # A fail stays a fail: 0.50 s, ratio 2.5, whatever slowed the references.
+    _, a, r = judge(_metrics(9, 0.50, 0.1), 9)
+    assert r.outcome == "fail" and a.verdict == "fail", r.reason
+    # The candidate as contended (1.3 of 2 CPUs, 0.3 less than the references): judged.
+    _, _, r = judge(_metrics(10, 0.25, 1.3), 10)
+    assert r.outcome == "pass", r.reason
+    cont = Contention.of_result(r.evidence)
+    assert cont is not None and not cont.references_busier
+    # References beside a neighbour under half a core, or with CPUs idle: judged.
+    for seed, kw in ((20, {"others": 0.4}), (22, {"others": 1.6, "cpu_pct": 85.0})):
+        quiet = [record(uri, spool, "reference", _metrics(seed + i, 0.20, **kw),
+                        seed=seed + i).run_id for i in (0, 1)]
+        _, _, r = judge(_metrics(seed + 5, 0.25, 0.1), seed + 5, quiet)
+        assert r.outcome == "pass", (kw, r.reason)
+    recorded = next(x for x in a.to_dict()["results"] if x["id"] == "speed")
+    old = result_as_version(recorded, "7")["evidence"][schema.EV_CONTENTION]
+    assert "references_busier" not in old and "reference_cpu_pct" not in old
+    assert "references_busier" in recorded["evidence"][schema.EV_CONTENTION]
+
+
 # --- issue 52, item 4: a slowdown contention cannot explain fails on a busy machine ------
 
 # The limit the real runs below are judged against.  The floor of a 3x candidate is at

@@ -38,11 +38,12 @@ from typing import Any, Literal
 from refrun import schema
 from refrun.acceptance.paired import PairJudgement
 
-VERSION = "7"
+VERSION = "8"
 # Result evidence keys each evidence format version added (none before 3); a dotted key
 # names a key inside one (version 5: the second contention rule's figures; version 6: a
 # paired result's numerics, refrun.acceptance.precision; version 7: a step_time result's
-# CPU floor on a busy machine, refrun.acceptance.kinds.step_time.CpuFloor).
+# CPU floor on a busy machine, refrun.acceptance.kinds.step_time.CpuFloor; version 8: the
+# references' own machine figures and the rule for references busier than the candidate).
 ADDED_IN: dict[str, tuple[str, ...]] = {
     "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
     "4": (schema.EV_CONTENTION,),
@@ -50,7 +51,9 @@ ADDED_IN: dict[str, tuple[str, ...]] = {
         "share_margin_cores", "candidate_starved", "candidate_run_cores",
         "reference_run_cores", "shared_fraction", "candidate_shared")),
     "6": ("numerics",),
-    "7": (schema.EV_CPU_FLOOR,)}
+    "7": (schema.EV_CPU_FLOOR,),
+    "8": tuple(f"{schema.EV_CONTENTION}.{k}" for k in (
+        "reference_cpu_pct", "reference_logical_cpus", "references_busier"))}
 
 Side = Literal["above", "below"]
 
@@ -229,7 +232,14 @@ class Contention:
     the run itself got at least ``share_margin_cores`` less than any reference did);
     ``candidate_shared``: the third rule held (on a machine at least ``saturated_pct``
     busy, others took at least ``shared_fraction`` of its CPUs and ``margin_cores``);
-    ``missing``: the runs without the others' metric."""
+    ``missing``: the runs without the others' metric; ``reference_cpu_pct`` and
+    ``reference_logical_cpus``: each reference's median system CPU busy share and CPU count
+    (None when a reference lacks one); ``references_busier``: the references' rule held
+    (known even when the candidate's figures are not: a TPU host that reads no system CPU
+    figures): a reference ran on a machine at least ``saturated_pct`` busy beside other
+    processes using at least ``margin_cores`` and ``shared_fraction`` of its CPUs, and at
+    least ``margin_cores`` more than during the candidate (or the candidate's figure is not
+    known), so a pass may be the references' slowness, not the candidate's speed."""
 
     known: bool
     metric: str
@@ -247,6 +257,9 @@ class Contention:
     reference_run_cores: tuple[float, ...] | None = None
     shared_fraction: float | None = None
     candidate_shared: bool = False
+    reference_cpu_pct: tuple[float, ...] | None = None
+    reference_logical_cpus: tuple[float, ...] | None = None
+    references_busier: bool = False
 
     @property
     def reference_max(self) -> float | None:
@@ -282,7 +295,8 @@ class Contention:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for k in ("reference_cores", "reference_run_cores"):
+        for k in ("reference_cores", "reference_run_cores", "reference_cpu_pct",
+                  "reference_logical_cpus"):
             d[k] = None if d[k] is None else list(d[k])
         d["missing"] = list(self.missing)
         return d
@@ -315,12 +329,33 @@ class Contention:
                    candidate_run_cores=num("candidate_run_cores"),
                    reference_run_cores=nums("reference_run_cores"),
                    shared_fraction=num("shared_fraction"),
-                   candidate_shared=d.get("candidate_shared") is True)
+                   candidate_shared=d.get("candidate_shared") is True,
+                   reference_cpu_pct=nums("reference_cpu_pct"),
+                   reference_logical_cpus=nums("reference_logical_cpus"),
+                   references_busier=d.get("references_busier") is True)
 
     @classmethod
     def of_result(cls, evidence: Any) -> Contention | None:
         return cls.from_dict(evidence.get(schema.EV_CONTENTION)) \
             if isinstance(evidence, Mapping) else None
+
+    def references_summary(self) -> str:
+        """One line for the references' rule: how busy the busiest reference's machine
+        was, against the candidate's (or that the candidate's is not known)."""
+        top = self.reference_max
+        i = self.reference_cores.index(top) if self.reference_cores and top is not None \
+            else None
+        cpus = self.reference_logical_cpus[i] if i is not None and \
+            self.reference_logical_cpus and i < len(self.reference_logical_cpus) else None
+        pct = self.reference_cpu_pct[i] if i is not None and self.reference_cpu_pct and \
+            i < len(self.reference_cpu_pct) else None
+        of = f" of {cpus:g} CPUs" if cpus else " cores"
+        busy = f" (machine {pct:.0f} % busy)" if pct is not None else ""
+        cand = (f"{self.candidate_cores:.2f} during the candidate"
+                if self.candidate_cores is not None else
+                f"the candidate's not known (no {self.metric})")
+        return (f"other processes used up to {top or 0:.2f}{of} during a reference{busy} "
+                f"vs {cand}")
 
     def summary(self) -> str:
         """One line: the figures, or that contention was not known."""

@@ -26,15 +26,16 @@ from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
 FORMAT = schema.FORMAT_EVIDENCE
-FORMAT_VERSION = criterion_evidence.VERSION  # "7"
+FORMAT_VERSION = criterion_evidence.VERSION  # "8"
 # Version 2 added each run's ``points_from``; version 3 each per-step result's
 # ``first_divergence`` (where the candidate first left the criterion's band); version 4
 # each step_time result's ``contention`` (how busy other processes kept the machine);
 # version 5 the contention's second rule (the CPU the run itself got); version 6 a paired
 # result's numerics (refrun.acceptance.precision) and the precision twin's run (role
-# twin).  Evidence recorded in an older version is recomputed in that version, so an older
+# twin); version 7 a step_time result's CPU floor; version 8 the references' own machine
+# figures and their rule (a pass against references slowed by neighbours).  Evidence recorded in an older version is recomputed in that version, so an older
 # sign-off still verifies against unchanged data.
-FORMAT_VERSIONS = ("1", "2", "3", "4", "5", "6", "7")
+FORMAT_VERSIONS = ("1", "2", "3", "4", "5", "6", "7", "8")
 # Result evidence keys each version added (left out when recomputing an older version):
 # the typed shape's own record (refrun.acceptance.criterion_evidence).
 ADDED_RESULT_KEYS = criterion_evidence.ADDED_IN

@@ -74,20 +74,32 @@ def contention(candidate: RunData, references: list[RunData], keep: str) -> Cont
     ``sys/others_cpu_cores`` and ``sys/run_cpu_cores`` per run (the candidate's and each
     reference's), the candidate's median ``sys/cpu_pct`` and logical CPU count.  Not known
     when a run lacks the others' figure or the candidate its busy share; the second rule
-    is not applied when a run lacks its own figure, the third without the CPU count."""
+    is not applied when a run lacks its own figure, the third without the CPU count.  The
+    references' rule (:func:`references_busier`) is read whenever every reference has
+    its figures, the candidate's or not."""
     others, own = schema.M_SYS_OTHERS_CPU_CORES, schema.M_SYS_RUN_CPU_CORES
-    base = {"metric": others, "margin_cores": CONTENTION_MARGIN_CORES,
-            "saturated_pct": CONTENTION_SATURATED_PCT,
-            "share_margin_cores": CONTENTION_SHARE_MARGIN_CORES,
-            "shared_fraction": CONTENTION_SHARED_FRACTION}
+    base: dict[str, Any] = {"metric": others, "margin_cores": CONTENTION_MARGIN_CORES,
+                            "saturated_pct": CONTENTION_SATURATED_PCT,
+                            "share_margin_cores": CONTENTION_SHARE_MARGIN_CORES,
+                            "shared_fraction": CONTENTION_SHARED_FRACTION}
     cand = run_median(candidate, others, keep)
     busy = run_median(candidate, schema.M_SYS_CPU_PCT, keep)
     refs = [run_median(r, others, keep) for r in references]
+    ref_pct = [run_median(r, schema.M_SYS_CPU_PCT, keep) for r in references]
+    ref_cpus = [run_median(r, schema.M_SYS_LOGICAL_CPUS, keep) for r in references]
+    if refs and all(v is not None for v in (*refs, *ref_pct)):
+        base.update(reference_cores=tuple(float(v) for v in refs if v is not None),
+                    reference_cpu_pct=tuple(float(v) for v in ref_pct if v is not None),
+                    reference_logical_cpus=None if any(v is None for v in ref_cpus) else
+                    tuple(float(v) for v in ref_cpus if v is not None))
+        base["references_busier"] = references_busier(
+            base["reference_cores"], base["reference_cpu_pct"], ref_cpus, cand)
     missing = ([] if cand is not None and busy is not None else [candidate.run_id]) + [
         r.run_id for r, v in zip(references, refs, strict=True) if v is None]
     if missing or not refs:
         return Contention(known=False, missing=tuple(missing), **base)
     ref_cores = tuple(float(v) for v in refs if v is not None)
+    base.pop("reference_cores", None)
     assert cand is not None and busy is not None
     saturated = busy >= CONTENTION_SATURATED_PCT
     busier = saturated and cand - max(ref_cores) >= CONTENTION_MARGIN_CORES
@@ -105,6 +117,26 @@ def contention(candidate: RunData, references: list[RunData], keep: str) -> Cont
                       reference_cores=ref_cores, candidate_cpu_pct=busy, logical_cpus=cpus,
                       candidate_starved=starved, candidate_run_cores=cand_own,
                       reference_run_cores=ref_own, candidate_shared=shared, **base)
+
+
+def references_busier(ref_cores: tuple[float, ...], ref_pct: tuple[float, ...],
+                      ref_cpus: list[float | None], candidate_cores: float | None) -> bool:
+    """The references' rule (docs/acceptance.md, "Step time on a busy machine"): some
+    reference ran on a machine at least CONTENTION_SATURATED_PCT busy beside other
+    processes using at least CONTENTION_MARGIN_CORES and CONTENTION_SHARED_FRACTION of its
+    CPUs (the third rule's neighbour, seen from the reference), and at least
+    CONTENTION_MARGIN_CORES more than during the candidate, or the candidate's figure is
+    not known (a host that reads no system CPU figures, as a TPU VM under gVisor).  Its
+    step times may then include what those neighbours cost it, which no recorded figure
+    takes back out, so a candidate that looks fast enough against it is not judged: the
+    mirror of the candidate's rules, which only ever turn a fail into not_evaluable."""
+    for cores, pct, cpus in zip(ref_cores, ref_pct, ref_cpus, strict=True):
+        need = CONTENTION_MARGIN_CORES if not cpus else \
+            max(CONTENTION_MARGIN_CORES, CONTENTION_SHARED_FRACTION * cpus)
+        if pct >= CONTENTION_SATURATED_PCT and cores >= need and (
+                candidate_cores is None or cores - candidate_cores >= CONTENTION_MARGIN_CORES):
+            return True
+    return False
 
 
 def cpu_inflation_bound(others_cores: float, logical_cpus: float) -> float:
@@ -235,8 +267,14 @@ def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont:
     (:attr:`Contention.took_cpu`) is not judged (the ratio cannot tell slower code from
     less CPU), unless the candidate's own CPU time per step (``floor``) puts the ratio over
     ``max_ratio`` whatever the neighbours did (then it fails, the floor in the reason); a
-    pass there stands (the code was within the limit even with less CPU)."""
+    pass there stands (the code was within the limit even with less CPU).  A pass against
+    references the machine slowed more than the candidate (:attr:`Contention.references_busier`)
+    is not judged either: the ratio cannot tell a fast candidate from slowed references."""
     ev = {**ev, schema.EV_CONTENTION: cont.to_dict()}
+    if outcome == PASS and cont.references_busier:
+        return result(c, NOT_EVALUABLE, f"{cont.references_summary()}: {what} not judged "
+                      f"(it would pass: {reason}); re-record the references on a machine "
+                      "as idle as the candidate's", ev)
     if outcome == FAIL and cont.took_cpu:
         if floor is not None:
             ev[schema.EV_CPU_FLOOR] = floor.to_dict()
