@@ -439,3 +439,88 @@ def window_mean_prediction(means: np.ndarray, ses: np.ndarray, coverage: float) 
     t = float(st.t.ppf(1.0 - a / 2.0, n - 1))
     z = float(st.norm.ppf(1.0 - a / 2.0))
     return math.sqrt((1.0 + 1.0 / n) * (t * t * tau2 + z * z * se2))
+
+
+def point_prediction(s: float, se: float, group: int, coverage: float) -> float:
+    """Half-width of a two-sided prediction bound, at ``coverage``, for one new run's
+    single value (a final evaluation, a test accuracy) minus the mean of ``group``
+    references' values, when each value carries a known sampling error ``se`` beside the
+    seeds' spread.
+
+    :func:`window_mean_prediction` for a window of one point: a run's value is
+    ``mu + b + e``, ``b`` its seed's level (variance ``tau^2``), ``e`` the value's own
+    sampling error (variance ``se^2``, known from outside the N values: a proportion's
+    binomial error, :func:`proportion_error`).  ``s`` (the seeds' std, ddof=1) estimates
+    ``tau^2 + se^2`` with ``group - 1`` degrees of freedom, so the between-seed part
+    ``tau^2 = max(0, s^2 - se^2)`` is taken at Student's ``t_{1-a/2, group-1}`` and the
+    sampling part at the normal ``z_{1-a/2}``:
+    ``sqrt((1 + 1/group)(t^2 tau^2 + z^2 se^2))``, ``a = 1 - coverage``; and never below
+    :func:`prediction_z` ``* s`` (Hahn, Meeker & Escobar eq. 4.7, the bound on the seeds'
+    spread alone, which it is when ``se = 0``): a known sampling error only ever widens
+    the bound.  With references that agree more closely than their own sampling error
+    allows (``s < se``) it is still ``z se sqrt(1 + 1/group)``.  group >= 2."""
+    if group < 2:
+        raise ValueError(f"a prediction bound needs a group of >= 2, got {group}")
+    a = 1.0 - coverage
+    st = _scipy_stats()
+    tau2 = max(0.0, s * s - se * se)
+    t = float(st.t.ppf(1.0 - a / 2.0, group - 1))
+    z = float(st.norm.ppf(1.0 - a / 2.0))
+    return math.sqrt(1.0 + 1.0 / group) * max(t * s, math.sqrt(t * t * tau2 + z * z * se * se))
+
+
+# A proportion's denominator is searched up to this many times the one its smallest gap
+# implies (a gap of m/n between the closest two values when no two differ by one example).
+PROPORTION_MAX_GAP_MULTIPLE = 64
+PROPORTION_MAX_N = 10_000_000
+FLOAT32_REL = 2.0 ** -23  # a value logged as float32 is within this of k/n, relatively
+
+
+def proportion_size(values: np.ndarray, resolution: float) -> int | None:
+    """The number of examples ``n`` behind a metric that is a proportion (an accuracy
+    over a finite evaluation set), read from its values; None when they are not one.
+
+    Every value of a proportion over n examples is ``k/n``: the values lie in [0, 1] and,
+    times n, on integers (to float32 rounding, ``|v n - round(v n)| <= 2^-23 v n + 1e-9``).
+    The gaps between values are multiples of ``1/n``, so ``n >= 1/resolution`` (the
+    smallest gap, :func:`refrun.acceptance.calibration.derive.resolution_of`): ``n`` is the
+    smallest integer from about ``1/resolution`` (less the gap's own float32 rounding)
+    up to 64 times it on which every value lies.  A smaller lattice than the true one
+    (every count even, say) gives a larger binomial error, a wider band: the error is on
+    the side of no false alarm.  None with
+    fewer than 2 distinct values, a value outside [0, 1], or no lattice found (a
+    continuous metric)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(np.unique(v)) < 2 or resolution <= 0 or v.min() < 0 or v.max() > 1:
+        return None
+    # the gap itself carries the values' float32 rounding: relatively 2^-23 / resolution
+    start = max(1, math.floor(1.0 / resolution * (1.0 - 1e-3 - 4 * FLOAT32_REL / resolution)))
+    stop = min(PROPORTION_MAX_N, start * PROPORTION_MAX_GAP_MULTIPLE)
+    u = np.unique(v)
+    probe = u[np.linspace(0, len(u) - 1, min(len(u), 8)).astype(int)]  # a few, to sieve
+    for lo in range(start, stop + 1, 8192):
+        n = np.arange(lo, min(stop, lo + 8191) + 1, dtype=float)
+        for cand in n[_on_lattice(probe, n)]:
+            if _on_lattice(u, np.array([cand]))[0]:
+                return int(cand)
+    return None
+
+
+def _on_lattice(values: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """For each ``n``: whether every value times ``n`` is an integer to float32 rounding."""
+    x = values[None, :] * n[:, None]
+    return np.all(np.abs(x - np.round(x)) <= FLOAT32_REL * x + 1e-9, axis=1)
+
+
+def proportion_error(values: np.ndarray, n: int | None) -> float:
+    """Binomial standard error of one proportion over ``n`` examples at the mean of
+    ``values``: ``sqrt(p (1 - p) / n)`` (0 when ``n`` is None).  For a fixed evaluation
+    set it bounds the seed-to-seed spread that evaluation sampling alone adds when the
+    seeds' errors on different examples are independent (``mean p_j (1 - p_j) <= p (1 -
+    p)`` over examples j), and it is exactly the error of a run evaluated on another draw
+    of n examples (a port that shards or shuffles its evaluation set differently)."""
+    if n is None:
+        return 0.0
+    p = float(np.mean(np.asarray(values, dtype=float)))
+    return math.sqrt(max(0.0, p * (1.0 - p)) / n)

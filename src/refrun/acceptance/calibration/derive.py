@@ -33,7 +33,10 @@ from refrun.acceptance.statistics import (
     ar1_mean_variance,
     log_mad_null,
     need_quantile,
+    point_prediction,
     prediction_z,
+    proportion_error,
+    proportion_size,
     symmetric_limit,
     tost,
     upper_limit,
@@ -657,17 +660,19 @@ def window_noise(series: list[_Series], opts: CalibrationOptions, cov: float
 
 
 def one_point_tol(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float,
-                  resolution: float = 0.0) -> tuple[float, float, np.ndarray]:
+                  resolution: float = 0.0, point_se: float = 0.0
+                  ) -> tuple[float, float, np.ndarray]:
     """``(abs_tol, worst, needs)`` of a min-max envelope of one value per run: the need is
     the signed distance of the held-out value outside the group's range (negative
-    inside); never below :func:`range_tol_floor`."""
+    inside); never below :func:`range_tol_floor` (with the value's own sampling error
+    ``point_se``, :func:`point_error`)."""
     def need(i: int, grp: tuple[int, ...]) -> float:
         v = values[list(grp)]
         return float(max(v.min() - values[i], values[i] - v.max()))
 
     needs = _worst_by_seed(len(values), opts, g, need)
     lim, worst = upper_limit(needs, cov, opts.confidence, n=len(values))
-    return max(0.0, lim, range_tol_floor(values, g, cov, resolution)), worst, needs
+    return max(0.0, lim, range_tol_floor(values, g, cov, resolution, point_se)), worst, needs
 
 
 def resolution_of(series: list[_Series]) -> float:
@@ -680,7 +685,8 @@ def resolution_of(series: list[_Series]) -> float:
     return float(gaps.min()) if len(gaps) else 0.0
 
 
-def range_tol_floor(values: np.ndarray, g: int, cov: float, resolution: float = 0.0) -> float:
+def range_tol_floor(values: np.ndarray, g: int, cov: float, resolution: float = 0.0,
+                    point_se: float = 0.0) -> float:
     """The least ``abs_tol`` of a min-max band of ``g`` reference values that one more seed
     meets with probability about ``cov``, whatever the few held-out needs showed.
 
@@ -691,15 +697,47 @@ def range_tol_floor(values: np.ndarray, g: int, cov: float, resolution: float = 
     seeds (the band is centred on its group; the narrowest is the worst case).  Never below
     the metric's ``resolution``: held-out needs of a quantised metric are often exactly
     0 (five seeds on two adjacent accuracy values), and a tolerance of 0 fails the next
-    seed one example away."""
+    seed one example away.
+
+    ``point_se``: the value's own sampling error where it is known (a proportion's
+    binomial error, :func:`point_error`); the prediction interval is then
+    :func:`refrun.acceptance.statistics.point_prediction`, which is never narrower than
+    ``z point_se sqrt(1 + 1/g)`` however closely the seeds happen to agree (``z_k s``
+    exactly when ``point_se`` is 0)."""
     v = np.asarray(values, dtype=float)
     floor = float(resolution)
-    if len(v) >= 3 and g >= 2 and float(np.std(v, ddof=1)) > 0:
+    s = float(np.std(v, ddof=1)) if len(v) >= 2 else 0.0
+    if len(v) >= 3 and g >= 2 and (s > 0 or point_se > 0):
         k = min(g, len(v) - 1)
         narrowest = min(float(np.ptp(v[list(c)])) for c in itertools.islice(
             itertools.combinations(range(len(v)), k), 200))
-        floor = max(floor, prediction_z(k, cov) * float(np.std(v, ddof=1)) - narrowest / 2)
+        floor = max(floor, point_prediction(s, point_se, k, cov) - narrowest / 2)
     return floor
+
+
+@dataclass(frozen=True)
+class PointError:
+    """A single value's own sampling error (:func:`point_error`): ``se``, and ``examples``,
+    the evaluation set's size it was read from (None: not a proportion, ``se`` 0)."""
+
+    se: float
+    examples: int | None
+
+
+def point_error(series: list[_Series], values: np.ndarray) -> PointError:
+    """The sampling error of one end-of-run value of a metric, where its values tell it.
+
+    A proportion over n examples (an accuracy on a finite evaluation set) takes values
+    ``k/n`` only; n is read from every value the references logged
+    (:func:`refrun.acceptance.statistics.proportion_size`) and the error is binomial at
+    the references' mean, ``sqrt(p (1 - p) / n)``
+    (:func:`refrun.acceptance.statistics.proportion_error`).  Five seeds that land within
+    one example of each other (five test accuracies within 3 of 897 examples) say little
+    about the next seed, whose accuracy on the same n examples moves by that error; a port
+    that evaluates another draw of n examples (sharded, shuffled, the last partial batch
+    dropped) moves by exactly it.  Any other metric: 0 (its seeds' spread alone)."""
+    n = proportion_size(np.concatenate([s.values for s in series]), resolution_of(series))
+    return PointError(proportion_error(values, n), n)
 
 
 def final_values(series: list[_Series]) -> tuple[int, np.ndarray]:
@@ -719,8 +757,8 @@ def tost_half_width(values: np.ndarray, g: int, alpha: float = 0.05) -> float:
         math.sqrt(1 + 1 / g)
 
 
-def equivalence_margin(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float
-                       ) -> tuple[float, float, np.ndarray]:
+def equivalence_margin(values: np.ndarray, opts: CalibrationOptions, g: int, cov: float,
+                       point_se: float = 0.0) -> tuple[float, float, np.ndarray]:
     """``(margin, worst, needs)`` of a TOST equivalence criterion: a held-out seed needs
     the margin at which TOST just declares it equivalent to its group, the larger bound
     of the (1 - 2 alpha) interval of its difference from the group's mean,
@@ -733,10 +771,11 @@ def equivalence_margin(values: np.ndarray, opts: CalibrationOptions, g: int, cov
 
     needs = _worst_by_seed(len(values), opts, g, need)
     lim, worst = upper_limit(needs, cov, opts.confidence, n=len(values))
-    return max(lim, tost_margin_floor(values, g, cov)), worst, needs
+    return max(lim, tost_margin_floor(values, g, cov, point_se)), worst, needs
 
 
-def tost_margin_floor(values: np.ndarray, g: int, cov: float) -> float:
+def tost_margin_floor(values: np.ndarray, g: int, cov: float, point_se: float = 0.0
+                      ) -> float:
     """A margin one more seed meets with probability about ``cov`` whatever the few
     held-out needs showed: ``s (z_k + sqrt(1 + 1/g) t_{1-alpha, g-1})``, ``s`` the std of
     the N seeds' values: ``z_k = sqrt(1 + 1/k) t_{1-a/2, k-1}``, ``a = 1 - cov``,
@@ -752,13 +791,16 @@ def tost_margin_floor(values: np.ndarray, g: int, cov: float) -> float:
     0.0016, ``t_{1-a/2, 4}`` = 7.6 against ``t_{1-a/2, 3}`` = 11.0), and TOST then rejected
     about 7 in 100 held-out digits seeds whose value the range criterion accepted: five
     references that agree more closely than seeds do (test accuracies within 3 of 897
-    examples, where 40 further seeds spread over 17)."""
+    examples, where 40 further seeds spread over 17).  With the value's own sampling
+    error ``point_se`` (:func:`point_error`) the first term is
+    :func:`refrun.acceptance.statistics.point_prediction` (``z_k s`` when it is 0), as in
+    :func:`range_tol_floor`."""
     from scipy import stats as sps
 
     n = len(values)
     s = float(np.std(values, ddof=1))
-    return s * (prediction_z(min(g, n - 1), cov)
-                + math.sqrt(1 + 1 / g) * float(sps.t.ppf(1 - TOST_ALPHA, g - 1)))
+    return point_prediction(s, point_se, min(g, n - 1), cov) \
+        + s * math.sqrt(1 + 1 / g) * float(sps.t.ppf(1 - TOST_ALPHA, g - 1))
 
 
 def step_time_limit(runs: list[RunData], opts: CalibrationOptions, g: int, cov: float,
@@ -1127,13 +1169,15 @@ def _calibrate(runs: list[RunData], opts: CalibrationOptions,
                      "envelope only: no final-window closeness, since seeds end a run at "
                      "different gradient norms")
     for m, (step, values) in one_values.items():
-        res = resolution_of([_series(r, m, keep) for r in runs])
-        env_d = _one_point(m, values, one_point_tol(values, opts, g, cov, res), len(runs),
-                           step)
+        m_series = [_series(r, m, keep) for r in runs]
+        res, pe = resolution_of(m_series), point_error(m_series, values)
+        env_d = _one_point(m, values, one_point_tol(values, opts, g, cov, res, pe.se),
+                           len(runs), step, pe)
         out.append(env_d)
         if not (tost_ok and float(np.std(values)) > 0):
             continue
-        eq = _equivalence(m, values, equivalence_margin(values, opts, g, cov), g, step)
+        eq = _equivalence(m, values, equivalence_margin(values, opts, g, cov, pe.se), g,
+                          step, pe)
         # Written only where it adds power: a TOST that detects no smaller shift than the
         # range criterion on the same value would only add false alarms.
         det_eq = float(eq.table["calibration"]["detectable_shift"])
@@ -1460,17 +1504,18 @@ def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: Calibration
 
 
 def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], n: int,
-               step: int | None = None) -> Derived:
+               step: int | None = None, pe: PointError | None = None) -> Derived:
     """A min-max envelope of one value per run (``step`` None), or of a periodically
     evaluated metric's final evaluation (``step``: the last evaluation step the
-    references share; the check judges the last aligned evaluation)."""
+    references share; the check judges the last aligned evaluation).  ``pe``: the
+    value's own sampling error (:func:`point_error`), written when known."""
     tol, worst, _ = op
     tol = _round_up(tol) if tol > 0 else 0.0
     spread = float(values.max() - values.min())
     det = (f"a value more than {tol:.3g} outside the reference group's range (seeds span "
            f"{spread:.3g})")
     cal = {"worst": clean_float(worst), "margin": clean_float(tol - worst),
-           "seeds": n, "detectable_shift": clean_float(tol)}
+           "seeds": n, "detectable_shift": clean_float(tol), **_point_error_keys(pe)}
     if step is None:
         table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": "L3",
                  "metric": m, "band": "minmax", "abs_tol": tol,
@@ -1484,7 +1529,21 @@ def _one_point(m: str, values: np.ndarray, op: tuple[float, float, np.ndarray], 
                                 f"candidate shares with the references; calibrated at "
                                 f"step {step}) within the reference group's range "
                                 "+- abs_tol (calibrated)", "calibration": cal}
-    return Derived(table, worst, tol - worst, det, _range_comment(worst, tol, n, det), n)
+    return Derived(table, worst, tol - worst, det,
+                   _range_comment(worst, tol, n, det) + _point_error_comment(pe), n)
+
+
+def _point_error_keys(pe: PointError | None) -> dict[str, Any]:
+    if pe is None or pe.examples is None:
+        return {}
+    return {"examples": float(pe.examples), "point_se": clean_float(pe.se)}
+
+
+def _point_error_comment(pe: PointError | None) -> list[str]:
+    if pe is None or pe.examples is None:
+        return []
+    return [f"a proportion of {pe.examples} examples (every value k/{pe.examples}): its "
+            f"binomial error {pe.se:.3g} enters the prediction floor"]
 
 
 def run_quantiles(series: list[_Series], q: float) -> np.ndarray:
@@ -1513,7 +1572,7 @@ def _quantile(m: str, q: float, values: np.ndarray, op: tuple[float, float, np.n
 
 
 def _equivalence(m: str, values: np.ndarray, eq: tuple[float, float, np.ndarray], g: int,
-                 step: int | None) -> Derived:
+                 step: int | None, pe: PointError | None = None) -> Derived:
     """A TOST ``equivalence`` criterion on a one-value quantity with a calibrated margin."""
     margin, worst, _ = eq
     margin = _round_up(margin)
@@ -1524,7 +1583,8 @@ def _equivalence(m: str, values: np.ndarray, eq: tuple[float, float, np.ndarray]
            f"interval's half-width {half:.3g} for {g} references)")
     what = "final evaluation" if step is not None else "value"
     cal = {"worst": clean_float(worst), "margin": clean_float(margin - worst), "seeds": n,
-           "group_size": g, "detectable_shift": clean_float(max(margin - half, 0.0))}
+           "group_size": g, "detectable_shift": clean_float(max(margin - half, 0.0)),
+           **_point_error_keys(pe)}
     if step is not None:
         cal["step"] = float(step)
     table = {"id": f"{_slug(m)}-equivalence", "kind": "equivalence", "level": "L3",
@@ -1534,7 +1594,7 @@ def _equivalence(m: str, values: np.ndarray, eq: tuple[float, float, np.ndarray]
              "calibration": cal}
     return Derived(table, worst, margin - worst, det,
                    [_held_out_line(worst, margin - worst, n, "TOST interval bound"),
-                    f"detects: {det}"], n)
+                    *_point_error_comment(pe), f"detects: {det}"], n)
 
 
 def _goal(goal: Goal, runs: list[RunData], shared: list[str], keep: str) -> Derived:
