@@ -383,6 +383,71 @@ class EnvelopeK:
     points: int  # steps common to every reference (the fraction's calibrated_points)
     effects: SeedEffects  # the seed level and scale the model's k was drawn with
     abs_tol: float = 0.0  # slack for steps where a group agreed exactly (agreeing_gap)
+    fraction: FractionLimit | None = None  # the steps required inside (envelope_fraction)
+
+
+@dataclass(frozen=True)
+class FractionLimit:
+    """The fraction of steps a per-step envelope requires inside (:func:`envelope_fraction`).
+
+    ``required``: what the criterion's ``min_fraction`` is; ``limit``: the upper tolerance
+    limit of the held-out shortfalls (``1 - fraction inside``); ``worst``: the largest
+    shortfall; ``shortfalls``: every held-out trial's, one row per seed; ``floor``: the
+    least fraction ever required (``2 min_fraction - 1``)."""
+
+    required: float
+    limit: float
+    worst: float
+    shortfalls: np.ndarray
+    floor: float
+
+
+def envelope_fraction(series: list[_Series], opts: CalibrationOptions, g: int, cov: float,
+                      k: float, abs_tol: float = 0.0) -> FractionLimit:
+    """The fraction of steps a per-step envelope of half-width ``k std + abs_tol`` (as
+    written: rounded) requires inside, from how far the references' own steps stray from
+    it.
+
+    Leave-one-out, as every threshold: each reference seed ``i`` is judged against groups
+    of ``g`` others (:func:`groups_for`), and its *shortfall* in a trial is the fraction of
+    the common steps outside the group's band, ``u = 1 - mean_t 1{|x_t - mean_t| <= k s_t
+    + abs_tol}``.  The shortfall of one more seed is bounded by the upper tolerance limit
+    of those trials, ``U = max(worst, mean(u) + k_N sd(u))``
+    (:func:`refrun.acceptance.statistics.upper_limit`: ``k_N`` the one-sided normal
+    tolerance factor for N seeds at the criterion's Bonferroni coverage and
+    ``--confidence``; Natrella, NBS Handbook 91, 1963, 2-5; NIST/SEMATECH e-Handbook
+    7.2.6.3), the small-sample allowance: with 5 seeds the factor is about 6, so a
+    metric whose seeds stray from the band by different amounts (a run-long excursion in
+    one, none in another) gets room for a seed that strays more.  Then
+
+        required = min(min_fraction, max(1 - U, 2 min_fraction - 1))
+
+    * never above ``min_fraction`` (``--min-fraction``, 0.9): ``k`` was fitted so that a
+      new seed keeps that fraction of its steps inside (:func:`envelope_k`); references
+      far inside their band say that ``k`` is wide, not that a seed may be held to more;
+    * never below ``2 min_fraction - 1`` (80 % at the default): at most twice the
+      allowance ``k`` was fitted for.  A seed outside on more steps than that strays like
+      a defect that shows on a fifth of the run (a warmup left out, per-device clipping
+      in the early steps); a metric whose references need more room than that needs a
+      wider band, which :func:`envelope_k`'s need model and held-out needs already give.
+    """
+    def shortfall(i: int, grp: tuple[int, ...]) -> float:
+        dev, std = _deviations(series, i, grp)
+        if len(dev) == 0:
+            return 0.0
+        return float(np.mean(dev > k * std + abs_tol))
+
+    u = _worst_by_seed(len(series), opts, g, shortfall)
+    limit, worst = upper_limit(u, cov, opts.confidence, n=len(series))
+    floor = 2.0 * opts.min_fraction - 1.0
+    required = min(opts.min_fraction, max(1.0 - limit, floor))
+    return FractionLimit(_round_down(required), limit, worst, u, floor)
+
+
+def _round_down(x: float, digits: int = 4) -> float:
+    """``x`` rounded down to ``digits`` decimals (a required fraction as written: never
+    above the one derived)."""
+    return math.floor(x * 10 ** digits + 1e-9) / 10 ** digits
 
 
 def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: float
@@ -442,7 +507,10 @@ def envelope_k(series: list[_Series], opts: CalibrationOptions, g: int, cov: flo
     k = max(worst, min(k_model, prediction_z(g, per_step)))
     std = np.median(np.std(np.vstack([s.values[np.searchsorted(s.steps, common)]
                                       for s in series]), 0, ddof=1))
-    return EnvelopeK(k, worst, float(std), needs, k_model, len(common), effects, abs_tol)
+    frac = envelope_fraction(series, opts, g, cov, _round_up(k),
+                             _round_up(abs_tol) if abs_tol > 0 else 0.0)
+    return EnvelopeK(k, worst, float(std), needs, k_model, len(common), effects, abs_tol,
+                     frac)
 
 
 def _deviations(series: list[_Series], i: int, grp: tuple[int, ...]
@@ -1437,17 +1505,18 @@ def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,
     tol = _round_up(tol) if tol > 0 else 0.0
     shift = k * std + tol
     level = "L1"
-    frac = 1.0 if exact is not None else opts.min_fraction
+    fl = env.fraction if exact is None else None
+    frac = 1.0 if exact is not None else fl.required if fl else opts.min_fraction
     slack = f" plus {tol:.3g}, the largest gap from seeds that agreed exactly" if tol else ""
     det = (f"a value off the references' own at any step by more than {tol:.3g} "
            f"({EXACT_REL_TOL:g} of its largest value)" if exact is not None else
            f"a shift of about {shift:.3g} ({k:.3g} x the median seed std {std:.3g}{slack}) "
-           f"on more than {1 - frac:.0%} of the steps")
+           f"on more than {1 - frac:.1%} of the steps")
     table = {"id": f"{_slug(m)}-envelope", "kind": "envelope", "level": level, "metric": m,
              "band": "std", "k": k, **({"abs_tol": tol} if tol else {}),
              "min_fraction": frac, "calibrated_points": points,
              "description": f"{m} inside mean +- {'(k std + abs_tol)' if tol else 'k std'} "
-                            f"of the reference group at >= {frac:.0%} of the steps "
+                            f"of the reference group at >= {frac:.1%} of the steps "
                             + ("(every reference logged the same values at every step: a "
                                "schedule, not a measurement)" if exact is not None
                                else "(calibrated)"),
@@ -1456,9 +1525,16 @@ def _envelope(m: str, env: EnvelopeK, opts: CalibrationOptions, n: int, g: int,
                              "seed_level": clean_float(round(env.effects.level, 4)),
                              "seed_scale_sd": clean_float(round(env.effects.scale_sd, 4)),
                              "detectable_shift": clean_float(shift)}}
-    return Derived(table, worst, k - worst, det,
-                   [_held_out_line(worst, k - worst, n, f"k needed for {opts.min_fraction:.0%}"
-                                   " of the steps"), f"detects: {det}"], n)
+    comment = [_held_out_line(worst, k - worst, n, f"k needed for {opts.min_fraction:.0%}"
+                              " of the steps")]
+    if fl is not None:
+        table["calibration"].update(shortfall_worst=clean_float(fl.worst),
+                                    shortfall_limit=clean_float(fl.limit))
+        comment.append(
+            f"steps required inside {frac:.1%}: held-out seeds fell outside this band on "
+            f"at most {fl.worst:.1%} of the steps, tolerance limit {fl.limit:.1%} "
+            f"(between {fl.floor:.0%} and {opts.min_fraction:.0%} inside)")
+    return Derived(table, worst, k - worst, det, [*comment, f"detects: {det}"], n)
 
 
 def _final_window(m: str, fw: tuple[float, float, np.ndarray], opts: CalibrationOptions,
