@@ -232,9 +232,10 @@ def test_calibrate_judges_a_schedule_at_every_step_on_the_backends_that_record_i
         assert c.backends == list(schema.OPT_BACKENDS), c.id
     env = crit.criterion("opt-lr-envelope")
     assert env.min_fraction == 1.0
-    # The loss, a measurement, keeps the default allowance; so does an evaluation.
-    assert crit.criterion("loss-envelope").min_fraction == 0.9
-    assert crit.criterion("accuracy-envelope").min_fraction == 0.9  # eval/accuracy
+    # The loss, a measurement, keeps an allowance for run-to-run noise (derived from the
+    # references: between 2 x 0.9 - 1 and --min-fraction 0.9); so does an evaluation.
+    assert 0.8 <= crit.criterion("loss-envelope").min_fraction <= 0.9
+    assert 0.8 <= crit.criterion("accuracy-envelope").min_fraction <= 0.9  # eval/accuracy
 
 
 @pytest.mark.parametrize(("name", "outcome"), [("xla", "pass"), ("no-warmup", "fail"),
