@@ -67,8 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="references per held-out group = references you will pass to "
                         "accept (default N - 1)")
     p.add_argument("--min-fraction", type=float, default=0.9, metavar="F",
-                   help="fraction of steps a per-step envelope requires inside "
-                        "(k is calibrated for it; default 0.9)")
+                   help="fraction of steps k is calibrated for and the most a per-step "
+                        "envelope requires inside; the fraction required is derived from "
+                        "the references' leave-one-out shortfalls, at least 2F - 1 "
+                        "(default 0.9)")
     p.add_argument("--max-groups", type=int, default=None, metavar="K",
                    help="held-out groups per seed: every combination up to K, else a "
                         "fixed sample of K (default 100; --check: 5)")
