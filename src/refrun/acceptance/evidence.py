@@ -33,8 +33,9 @@ FORMAT_VERSION = criterion_evidence.VERSION  # "8"
 # version 5 the contention's second rule (the CPU the run itself got); version 6 a paired
 # result's numerics (refrun.acceptance.precision) and the precision twin's run (role
 # twin); version 7 a step_time result's CPU floor; version 8 the references' own machine
-# figures and their rule (a pass against references slowed by neighbours).  Evidence recorded in an older version is recomputed in that version, so an older
-# sign-off still verifies against unchanged data.
+# figures and their rule (a pass against references slowed by neighbours).  Evidence
+# recorded in an older version is recomputed in that version, so an older sign-off still
+# verifies against unchanged data.
 FORMAT_VERSIONS = ("1", "2", "3", "4", "5", "6", "7", "8")
 # Result evidence keys each version added (left out when recomputing an older version):
 # the typed shape's own record (refrun.acceptance.criterion_evidence).
