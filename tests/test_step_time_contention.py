@@ -408,6 +408,49 @@ def test_a_pass_against_references_slowed_by_neighbours_is_not_judged(
     assert "references_busier" in recorded["evidence"][schema.EV_CONTENTION]
 
 
+def test_the_references_own_cpu_time_can_keep_a_pass_against_busy_references(
+        store, tmp_path: Path) -> None:
+    """The references' rule has a ceiling, the mirror of the candidate's CPU floor: an idle
+    reference step takes at least its own CPU seconds, which neighbours inflated at most
+    ``B = 1 + min(1, others / CPUs)``, so ``candidate's step x B / references' CPU`` bounds
+    the ratio on an idle machine from above.  Within the limit: the pass stands, with the
+    ceiling in its reason and evidence; over it: not judged, the ceiling said."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    cpu = schema.M_STEP_CPU
+
+    def with_cpu(m: dict[str, np.ndarray], cpu_s: float) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(len(m[OTHERS]))
+        return {**m, cpu: cpu_s * (1 + rng.normal(0, 0.01, N))}
+
+    refs = [record(uri, spool, "reference", with_cpu(_metrics(s, 0.20, 1.6), 0.19), seed=s)
+            for s in (0, 1)]
+    ref_ids = [r.run_id for r in refs]
+    crit = load_criteria(write_criteria(tmp_path, CRITERIA))
+    others = max(float(np.median(r.metrics[OTHERS])) for r in refs)
+    b = 1 + min(1.0, others / 2)  # the inflation bound, by hand
+    ref_cpu = float(np.median(np.concatenate([r.metrics[cpu][5:] for r in refs])))
+
+    def judge(step_s: float, seed: int):
+        cand = record(uri, spool, "candidate", _metrics(seed, step_s, 0.1), seed=seed)
+        a, _ = assess_ids(crit, ref_ids, cand.run_id, uri)
+        r = a.result("speed")
+        return float(np.median(cand.metrics[schema.M_STEP_TIME][5:])), r
+
+    cand_s, r = judge(0.14, 40)  # ceiling 0.14 x 1.8 / 0.19 = 1.33 <= 1.5
+    assert r.outcome == "pass", r.reason
+    ceil = r.evidence[schema.EV_CPU_CEILING]
+    assert ceil["usable"] and ceil["inflation_bound"] == pytest.approx(b)
+    assert ceil["reference_cpu_s"] == pytest.approx(ref_cpu, rel=0.01)
+    assert ceil["upper_ratio"] == pytest.approx(cand_s * b / ref_cpu, rel=0.02)
+    assert ceil["upper_ratio"] <= 1.5 and "busy references cannot explain it" in r.reason
+    cand_s, r = judge(0.25, 41)  # ceiling 0.25 x 1.8 / 0.19 = 2.37 > 1.5
+    assert r.outcome == "not_evaluable", r.reason
+    ceil = r.evidence[schema.EV_CPU_CEILING]
+    assert ceil["upper_ratio"] == pytest.approx(cand_s * b / ref_cpu, rel=0.02)
+    assert f"puts the ratio on an idle machine at <= {ceil['upper_ratio']:.3f} > 1.5" \
+        in r.reason, r.reason
+
+
 # --- issue 52, item 4: a slowdown contention cannot explain fails on a busy machine ------
 
 # The limit the real runs below are judged against.  The floor of a 3x candidate is at

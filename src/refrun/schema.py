@@ -377,6 +377,8 @@ EV_CONTENTION = "contention"
 # bounds its step-time ratio from below, whatever the neighbours took
 # (refrun.acceptance.kinds.step_time.CpuFloor).
 EV_CPU_FLOOR = "cpu_floor"
+# The references' CPU time per step as a ceiling on a pass's ratio (step_time, busy references).
+EV_CPU_CEILING = "cpu_ceiling"
 # A failing per-step criterion's reason ends with this, then the axis value and side.
 FIRST_LEFT_REASON = "; first left the band at "
 

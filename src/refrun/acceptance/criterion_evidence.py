@@ -52,8 +52,9 @@ ADDED_IN: dict[str, tuple[str, ...]] = {
         "reference_run_cores", "shared_fraction", "candidate_shared")),
     "6": ("numerics",),
     "7": (schema.EV_CPU_FLOOR,),
-    "8": tuple(f"{schema.EV_CONTENTION}.{k}" for k in (
-        "reference_cpu_pct", "reference_logical_cpus", "references_busier"))}
+    "8": (*(f"{schema.EV_CONTENTION}.{k}" for k in (
+        "reference_cpu_pct", "reference_logical_cpus", "references_busier")),
+        schema.EV_CPU_CEILING)}
 
 Side = Literal["above", "below"]
 

@@ -241,6 +241,82 @@ def cpu_floor(candidate: RunData, c: StepTime, keep: str, start: int, ref_time: 
     return CpuFloor(True, lower_ratio=cpu_floor_ratio(got, infl, ref_time), **base)
 
 
+@dataclass(frozen=True)
+class CpuCeiling:
+    """What the references' own CPU seconds per step (``metric``) say about a pass against
+    references recorded beside busy neighbours (:attr:`Contention.references_busier`):
+    ``upper_ratio`` = (candidate's step-time statistic x ``inflation_bound``) / the
+    references' CPU statistic, an upper bound on the ratio against the references on an idle
+    machine, since an idle reference step takes at least its CPU seconds, which the
+    neighbours inflated by at most :func:`cpu_inflation_bound`.  ``usable`` and ``why`` as
+    :class:`CpuFloor`'s (the clock must resolve the references' CPU seconds)."""
+
+    usable: bool
+    metric: str
+    statistic: str
+    why: str = ""
+    reference_cpu_s: float | None = None
+    reference_n: int = 0
+    candidate_time_s: float | None = None
+    others_cores: float | None = None
+    logical_cpus: float | None = None
+    inflation_bound: float | None = None
+    clock_step_s: float | None = None
+    clock_fraction: float = CPU_CLOCK_FRACTION
+    upper_ratio: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in d.items()}
+
+    def summary(self) -> str:
+        if not self.usable:
+            return f"the references' CPU time per step cannot bound it ({self.why})"
+        return (f"the references' own CPU time per step ({self.statistic} "
+                f"{rv.fnum(self.reference_cpu_s)} s), which neighbours of up to "
+                f"{self.others_cores:.2f} of {self.logical_cpus:g} CPUs inflate at most "
+                f"{self.inflation_bound:.2f}x, puts the ratio on an idle machine at <= "
+                f"{self.upper_ratio:.3f}")
+
+
+def cpu_ceiling(references: list[RunData], c: StepTime, keep: str, start: int,
+                cand_time: float, cont: Contention,
+                per_step: tuple[int, ...] | None = None) -> CpuCeiling:
+    """The :class:`CpuCeiling` of a pass against busy references: their steady
+    ``perf/step_cpu_s`` pooled (divided by each reference's data per step where times are
+    per sample or token), the criterion's statistic, against the candidate's
+    ``cand_time``; the inflation of the busiest reference's neighbours."""
+    q = c.low_quantile
+    stat = "median" if q is None else f"fastest {q:.0%}"
+    i = cont.reference_cores.index(cont.reference_max) \
+        if cont.reference_cores and cont.reference_max is not None else None
+    cpus = cont.reference_logical_cpus[i] if i is not None and \
+        cont.reference_logical_cpus else None
+    base: dict[str, Any] = {"metric": schema.M_STEP_CPU, "statistic": stat,
+                            "candidate_time_s": cand_time, "others_cores": cont.reference_max,
+                            "logical_cpus": cpus}
+    parts = [rv.steady_step_times(r, schema.M_STEP_CPU, c.compile_metrics, keep, start)[1]
+             / (per_step[k] if per_step else 1) for k, r in enumerate(references)]
+    if any(not len(p) for p in parts):
+        return CpuCeiling(False, why=f"a reference has no steady {schema.M_STEP_CPU} values",
+                          **base)
+    cpu = np.concatenate(parts)
+    if cont.reference_max is None or not cpus:
+        return CpuCeiling(False, why="the references' CPU count is not known",
+                          reference_n=len(cpu), **base)
+    got = float(np.median(cpu) if q is None else np.quantile(cpu, q))
+    tick = max(clock_step(p) for p in parts)  # the coarsest of their clocks
+    infl = cpu_inflation_bound(cont.reference_max, cpus)
+    base.update(reference_cpu_s=got, reference_n=len(cpu), inflation_bound=infl,
+                clock_step_s=tick)
+    if not got > 0 or tick > CPU_CLOCK_FRACTION * got:
+        return CpuCeiling(False, why=f"the thread CPU clock moves in steps of up to "
+                          f"{rv.fnum(tick)} s, more than {CPU_CLOCK_FRACTION:.0%} of "
+                          f"{rv.fnum(got)} s", **base)
+    return CpuCeiling(True, upper_ratio=cand_time * infl / got, **base)
+
+
 def contended_references(cont: Contention, floor: CpuFloor | None) -> str:
     """The clause a not-judged result adds when its CPU floor was usable but no higher
     than the limit while the references were themselves recorded beside busy neighbours
@@ -261,7 +337,8 @@ def contended_references(cont: Contention, floor: CpuFloor | None) -> str:
 
 def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont: Contention,
            what: str = "step time", floor: CpuFloor | None = None,
-           max_ratio: float | None = None) -> CriterionResult:
+           max_ratio: float | None = None, ceiling: CpuCeiling | None = None
+           ) -> CriterionResult:
     """A speed result (``what``: step time, throughput) with its contention evidence.  A
     fail on a machine that took CPU from the candidate it did not take from the references
     (:attr:`Contention.took_cpu`) is not judged (the ratio cannot tell slower code from
@@ -269,12 +346,23 @@ def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont:
     ``max_ratio`` whatever the neighbours did (then it fails, the floor in the reason); a
     pass there stands (the code was within the limit even with less CPU).  A pass against
     references the machine slowed more than the candidate (:attr:`Contention.references_busier`)
-    is not judged either: the ratio cannot tell a fast candidate from slowed references."""
+    is not judged either: the ratio cannot tell a fast candidate from slowed references,
+    unless the references' own CPU time per step (``ceiling``) keeps the ratio within
+    ``max_ratio`` whatever their neighbours did."""
     ev = {**ev, schema.EV_CONTENTION: cont.to_dict()}
     if outcome == PASS and cont.references_busier:
+        if ceiling is not None:
+            ev[schema.EV_CPU_CEILING] = ceiling.to_dict()
+            if ceiling.usable and max_ratio is not None and ceiling.upper_ratio is not None \
+                    and ceiling.upper_ratio <= max_ratio:
+                return result(c, PASS, f"{reason}; busy references cannot explain it: "
+                              f"{cont.references_summary()}, but {ceiling.summary()} <= "
+                              f"{max_ratio:g}", ev)
+        tail = "" if ceiling is None else f"; {ceiling.summary()}" + (
+            f" > {max_ratio:g}" if ceiling.usable else "")
         return result(c, NOT_EVALUABLE, f"{cont.references_summary()}: {what} not judged "
-                      f"(it would pass: {reason}); re-record the references on a machine "
-                      "as idle as the candidate's", ev)
+                      f"(it would pass: {reason}{tail}); re-record the references on a "
+                      "machine as idle as the candidate's", ev)
     if outcome == FAIL and cont.took_cpu:
         if floor is not None:
             ev[schema.EV_CPU_FLOOR] = floor.to_dict()
@@ -402,11 +490,15 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
         floor = None if ok or not cont.took_cpu or m.reference_median is None else \
             cpu_floor(ctx.candidate, c, ctx.keep, start, m.reference_median, cont,
                       per[0] if per is not None else 1.0)
+        ceiling = None if not ok or not cont.references_busier or \
+            m.candidate_median is None else \
+            cpu_ceiling(list(ctx.references), c, ctx.keep, start, m.candidate_median, cont,
+                        per[1] if per is not None else None)
         return judged(c, PASS if ok else FAIL,
                        f"steady median step time {rv.fnum(m.candidate_median)} s vs "
                        f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
                        f"{'<=' if ok else '>'} {c.max_ratio:g} {tail}", ev, cont,
-                      floor=floor, max_ratio=c.max_ratio)
+                      floor=floor, max_ratio=c.max_ratio, ceiling=ceiling)
     ref_low = float(np.quantile(np.concatenate([s[1] for s in refs]), c.low_quantile))
     cand_low = float(np.quantile(cand[1], c.low_quantile))
     low = cand_low / ref_low if ref_low > 0 else math.inf
@@ -416,10 +508,13 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
     floor = None if ok or not cont.took_cpu else \
         cpu_floor(ctx.candidate, c, ctx.keep, start, ref_low, cont,
                   per[0] if per is not None else 1.0)
+    ceiling = None if not ok or not cont.references_busier else \
+        cpu_ceiling(list(ctx.references), c, ctx.keep, start, cand_low, cont,
+                    per[1] if per is not None else None)
     return judged(c, PASS if ok else FAIL,
                    f"fastest {c.low_quantile:.0%} of the steady steps "
                    f"{rv.fnum(cand_low)} s vs {rv.fnum(ref_low)} s: ratio {low:.3f} "
                    f"{'<=' if ok else '>'} {c.max_ratio:g} (medians "
                    f"{rv.fnum(m.candidate_median)} s vs {rv.fnum(m.reference_median)} s, "
                    f"ratio {m.ratio:.3f}) {tail}", ev, cont, floor=floor,
-                  max_ratio=c.max_ratio)
+                  max_ratio=c.max_ratio, ceiling=ceiling)
