@@ -340,16 +340,24 @@ class Contention:
         return cls.from_dict(evidence.get(schema.EV_CONTENTION)) \
             if isinstance(evidence, Mapping) else None
 
+    def busiest_reference(self) -> tuple[float | None, float | None]:
+        """``(machine busy %, logical CPUs)`` of the reference whose neighbours used the
+        most CPU (None where not known)."""
+        top = self.reference_max
+        if not self.reference_cores or top is None:
+            return None, None
+        i = self.reference_cores.index(top)
+
+        def at(v: tuple[float, ...] | None) -> float | None:
+            return v[i] if v and i < len(v) else None
+
+        return at(self.reference_cpu_pct), at(self.reference_logical_cpus)
+
     def references_summary(self) -> str:
         """One line for the references' rule: how busy the busiest reference's machine
         was, against the candidate's (or that the candidate's is not known)."""
         top = self.reference_max
-        i = self.reference_cores.index(top) if self.reference_cores and top is not None \
-            else None
-        cpus = self.reference_logical_cpus[i] if i is not None and \
-            self.reference_logical_cpus and i < len(self.reference_logical_cpus) else None
-        pct = self.reference_cpu_pct[i] if i is not None and self.reference_cpu_pct and \
-            i < len(self.reference_cpu_pct) else None
+        pct, cpus = self.busiest_reference()
         of = f" of {cpus:g} CPUs" if cpus else " cores"
         busy = f" (machine {pct:.0f} % busy)" if pct is not None else ""
         cand = (f"{self.candidate_cores:.2f} during the candidate"

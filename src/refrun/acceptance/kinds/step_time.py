@@ -289,10 +289,7 @@ def cpu_ceiling(references: list[RunData], c: StepTime, keep: str, start: int,
     ``cand_time``; the inflation of the busiest reference's neighbours."""
     q = c.low_quantile
     stat = "median" if q is None else f"fastest {q:.0%}"
-    i = cont.reference_cores.index(cont.reference_max) \
-        if cont.reference_cores and cont.reference_max is not None else None
-    cpus = cont.reference_logical_cpus[i] if i is not None and \
-        cont.reference_logical_cpus else None
+    cpus = cont.busiest_reference()[1]
     base: dict[str, Any] = {"metric": schema.M_STEP_CPU, "statistic": stat,
                             "candidate_time_s": cand_time, "others_cores": cont.reference_max,
                             "logical_cpus": cpus}
