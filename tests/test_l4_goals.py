@@ -30,6 +30,7 @@ from refrun.acceptance import load_criteria
 from refrun.acceptance.assess import assess_ids
 from refrun.acceptance.calibration import parse_goal
 from refrun.acceptance.calibration.goals import PerformanceGoal
+from refrun.acceptance.evidence import result_as_version
 from refrun.cli import main
 from refrun.errors import RefrunInputError
 
@@ -203,6 +204,107 @@ def test_a_throughput_goal_failed_beside_busy_neighbours_is_not_judged(
     # Faster is a pass, busy neighbours or not.
     r = judge(_metrics(9, 0.005, 1.8, run_cores=0.2), 9)
     assert r.outcome == "pass", r.reason
+
+
+def _bound_by_hand(m: dict[str, np.ndarray], others: float) -> float:
+    """A run's throughput on an idle machine at most: the median block rate of samples
+    over its CPU seconds per step divided by 1 + min(1, others / 2 CPUs), from the
+    warm-up end (10 % of the steps)."""
+    n = len(m[schema.M_STEP_CPU])
+    start = math.ceil(0.1 * n)
+    per = np.diff(np.concatenate([[0.0], m[schema.M_PROGRESS_SAMPLES]]))
+    b = 1 + min(1.0, others / 2)
+    return float(np.median(_blocks_by_hand(per[start:], m[schema.M_STEP_CPU][start:] / b)))
+
+
+def test_the_runs_own_cpu_time_settles_a_throughput_ratio_the_load_left_unjudged(
+        store, tmp_path: Path) -> None:
+    """Throughput's counterpart of step time's CPU ceiling and floor (the bound in
+    ``cpu_rate_bound`` evidence): a step takes at least its thread's CPU seconds, which
+    neighbours using o of n CPUs inflate at most 1 + min(1, o/n).  A pass against
+    references recorded beside busy neighbours stands when the references' CPU time keeps
+    the ratio over the goal on an idle machine, else it is not judged with the bound said;
+    a fail beside busy neighbours stands when the candidate's CPU time keeps it under the
+    goal, else not judged.  A reference without CPU time per step (a JAX run) bounds
+    nothing; a format-8 record is recomputed without the bound."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    crit = load_criteria(write_criteria(tmp_path, GOALS))
+    cpu = schema.M_STEP_CPU
+
+    def with_cpu(m: dict[str, np.ndarray], seed: int, cpu_s: float) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(100 + seed)
+        return {**m, cpu: cpu_s * (1 + rng.normal(0, 0.01, len(m["loss"])))}
+
+    def judge(refs: list[str], m: dict[str, np.ndarray], seed: int):  # type: ignore[no-untyped-def]
+        cand = record(uri, spool, "candidate", m, seed=seed, hardware="tpu-v5e",
+                      backend="jax").run_id
+        a, _ = assess_ids(crit, refs, cand, uri)
+        return a, a.result("goal-throughput")
+
+    # References beside a neighbour using 1.6 of 2 CPUs, 9 ms of their 10 ms step on CPU.
+    ref_m = [with_cpu(_metrics(s, 0.010, 1.6), s, 0.009) for s in (0, 1)]
+    refs = [record(uri, spool, "reference", m, seed=s).run_id
+            for s, m in zip((0, 1), ref_m, strict=True)]
+    ref_rate = float(np.mean([_median_rate(m) for m in ref_m]))
+    ref_bound = float(np.mean([_bound_by_hand(m, 1.6) for m in ref_m]))
+    # A TPU candidate (no system CPU figures): twice their throughput, and over the goal
+    # even against their idle bound (0.009 / 1.8 = 5 ms a step at most): the pass stands.
+    fast = _metrics(7, 0.005)
+    a, r = judge(refs, fast, 7)
+    lower = _median_rate(fast) / ref_bound
+    assert 0.9 < lower < _median_rate(fast) / ref_rate
+    assert r.outcome == "pass", r.reason
+    ev = r.evidence[schema.EV_CPU_RATE_BOUND]
+    assert ev["usable"] and ev["side"] == "references"
+    assert ev["inflation_bounds"] == pytest.approx([1.8, 1.8])
+    assert ev["rates_bound_per_s"] == pytest.approx([_bound_by_hand(m, 1.6) for m in ref_m])
+    assert ev["ratio_bound"] == pytest.approx(lower, rel=1e-9)
+    assert "busy references cannot explain it" in r.reason, r.reason
+    assert f"on an idle machine at >= {lower:.3f} >= 0.9" in r.reason, r.reason
+    # 1.25x their throughput, but under the goal against their idle bound: not judged.
+    near = _metrics(8, 0.008)
+    a, r = judge(refs, near, 8)
+    lower = _median_rate(near) / ref_bound
+    assert lower < 0.9 <= _median_rate(near) / ref_rate
+    assert r.outcome == "not_evaluable" and a.verdict == "incomplete", r.reason
+    assert "(it would pass: steady throughput" in r.reason, r.reason
+    assert f"on an idle machine at >= {lower:.3f} < 0.9" in r.reason, r.reason
+    assert r.evidence[schema.EV_CPU_RATE_BOUND]["ratio_bound"] == pytest.approx(lower)
+    recorded = next(x for x in a.to_dict()["results"] if x["id"] == "goal-throughput")
+    assert schema.EV_CPU_RATE_BOUND not in result_as_version(recorded, "8")["evidence"]
+    # References that record no CPU time per step bound nothing: not judged, said why.
+    jax_refs = [record(uri, spool, "reference", _metrics(s, 0.010, 1.6), seed=s).run_id
+                for s in (2, 3)]
+    _, r = judge(jax_refs, _metrics(9, 0.005), 9)
+    assert r.outcome == "not_evaluable", r.reason
+    assert f"the references' CPU time per step cannot bound it (run {jax_refs[0]} has no " \
+        f"steady {cpu} values" in r.reason, r.reason
+
+    # Quiet references (a neighbour of 0.2 core on an idle machine), a candidate beside
+    # neighbours using 1.8 of 2 CPUs that gets 0.2 core itself.
+    quiet_m = [with_cpu(_metrics(s, 0.010, 0.2, cpu_pct=60.0), s, 0.009) for s in (4, 5)]
+    quiet = [record(uri, spool, "reference", m, seed=s).run_id
+             for s, m in zip((4, 5), quiet_m, strict=True)]
+    quiet_rate = float(np.mean([_median_rate(m) for m in quiet_m]))
+    # 3x slower, 25 ms of its own CPU a step: at most 1.9x faster idle, still under the
+    # goal: the fail stands.
+    slow = with_cpu(_metrics(10, 0.030, 1.8, run_cores=0.2), 10, 0.025)
+    _, r = judge(quiet, slow, 10)
+    upper = _bound_by_hand(slow, 1.8) / quiet_rate
+    assert upper < 0.9
+    assert r.outcome == "fail", r.reason
+    ev = r.evidence[schema.EV_CPU_RATE_BOUND]
+    assert ev["side"] == "candidate" and ev["ratio_bound"] == pytest.approx(upper)
+    assert ev["inflation_bounds"] == pytest.approx([1.9])
+    assert "contention cannot explain it" in r.reason, r.reason
+    assert f"on an idle machine at <= {upper:.3f} < 0.9" in r.reason, r.reason
+    # 3x slower on 5 ms of its own CPU: the neighbours can explain it: not judged.
+    light = with_cpu(_metrics(11, 0.030, 1.8, run_cores=0.2), 11, 0.005)
+    _, r = judge(quiet, light, 11)
+    upper = _bound_by_hand(light, 1.8) / quiet_rate
+    assert upper >= 0.9
+    assert r.outcome == "not_evaluable" and "(it would fail: steady throughput" in r.reason
+    assert f"on an idle machine at <= {upper:.3f} >= 0.9" in r.reason, r.reason
 
 
 def test_a_cost_goal_prices_the_candidate_for_the_references_work(

@@ -379,6 +379,10 @@ EV_CONTENTION = "contention"
 EV_CPU_FLOOR = "cpu_floor"
 # The references' CPU time per step as a ceiling on a pass's ratio (step_time, busy references).
 EV_CPU_CEILING = "cpu_ceiling"
+# Runs' CPU time per step as a bound on a throughput ratio the machine's load made not
+# judgeable: the references' (a pass) or the candidate's (a fail)
+# (refrun.acceptance.kinds.throughput.CpuRateBound).
+EV_CPU_RATE_BOUND = "cpu_rate_bound"
 # A failing per-step criterion's reason ends with this, then the axis value and side.
 FIRST_LEFT_REASON = "; first left the band at "
 

@@ -38,12 +38,14 @@ from typing import Any, Literal
 from refrun import schema
 from refrun.acceptance.paired import PairJudgement
 
-VERSION = "8"
+VERSION = "9"
 # Result evidence keys each evidence format version added (none before 3); a dotted key
 # names a key inside one (version 5: the second contention rule's figures; version 6: a
 # paired result's numerics, refrun.acceptance.precision; version 7: a step_time result's
 # CPU floor on a busy machine, refrun.acceptance.kinds.step_time.CpuFloor; version 8: the
-# references' own machine figures and the rule for references busier than the candidate).
+# references' own machine figures and the rule for references busier than the candidate;
+# version 9: a throughput result's bound from the runs' CPU time per step,
+# refrun.acceptance.kinds.throughput.CpuRateBound).
 ADDED_IN: dict[str, tuple[str, ...]] = {
     "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
     "4": (schema.EV_CONTENTION,),
@@ -54,7 +56,8 @@ ADDED_IN: dict[str, tuple[str, ...]] = {
     "7": (schema.EV_CPU_FLOOR,),
     "8": (*(f"{schema.EV_CONTENTION}.{k}" for k in (
         "reference_cpu_pct", "reference_logical_cpus", "references_busier")),
-        schema.EV_CPU_CEILING)}
+        schema.EV_CPU_CEILING),
+    "9": (schema.EV_CPU_RATE_BOUND,)}
 
 Side = Literal["above", "below"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -158,6 +158,40 @@ def clock_step(values: np.ndarray) -> float:
     return float(d.min()) if len(d) else math.inf
 
 
+def clock_unresolved(tick: float, cpu_s: float) -> str:
+    """Why CPU seconds per step of ``cpu_s`` read off a clock whose values step by up to
+    ``tick`` (:func:`clock_step`) cannot bound a ratio (more than
+    :data:`CPU_CLOCK_FRACTION` of them, or none); empty when the clock resolves them."""
+    if cpu_s > 0 and tick <= CPU_CLOCK_FRACTION * cpu_s:
+        return ""
+    return (f"the thread CPU clock moves in steps of up to {rv.fnum(tick)} s, more than "
+            f"{CPU_CLOCK_FRACTION:.0%} of {rv.fnum(cpu_s)} s")
+
+
+def finite_dict(bound: Any) -> dict[str, Any]:
+    """A bound's evidence: its dataclass fields, an infinite or NaN figure as None (JSON)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in asdict(bound).items()}
+
+
+class SpeedBound(Protocol):
+    """What a run's own CPU seconds per step say about a speed ratio the machine's load
+    made not judgeable (:class:`CpuFloor`, :class:`CpuCeiling`, and throughput's
+    ``CpuRateBound``): :meth:`holds` is true when the bound settles the result whatever
+    the neighbours did (a fail stands, or a pass stands, against ``limit``)."""
+
+    evidence_key: ClassVar[str]
+    usable: bool
+
+    def holds(self, limit: float) -> bool: ...
+
+    def versus(self, limit: float) -> str: ...
+
+    def summary(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 def cpu_floor_ratio(candidate_cpu_s: float, inflation: float, reference_time_s: float
                     ) -> float:
     """A lower bound on the candidate's step-time ratio on a machine as idle as the
@@ -181,6 +215,7 @@ class CpuFloor:
     resolved them (``clock_step_s`` <= ``CPU_CLOCK_FRACTION`` of ``candidate_cpu_s``);
     ``why``: why not, when not."""
 
+    evidence_key: ClassVar[str] = schema.EV_CPU_FLOOR
     usable: bool
     metric: str
     statistic: str
@@ -196,9 +231,14 @@ class CpuFloor:
     lower_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in d.items()}
+        return finite_dict(self)
+
+    def holds(self, limit: float) -> bool:
+        """The fail stands: even on an idle machine the ratio would exceed ``limit``."""
+        return self.usable and self.lower_ratio is not None and self.lower_ratio > limit
+
+    def versus(self, limit: float) -> str:
+        return f" > {limit:g}" if self.holds(limit) else f" <= {limit:g}"
 
     def summary(self) -> str:
         if not self.usable:
@@ -234,10 +274,8 @@ def cpu_floor(candidate: RunData, c: StepTime, keep: str, start: int, ref_time: 
     infl = cpu_inflation_bound(cont.candidate_cores, cont.logical_cpus)
     base.update(candidate_cpu_s=got, candidate_n=len(cpu), inflation_bound=infl,
                 clock_step_s=tick)
-    if not got > 0 or tick > CPU_CLOCK_FRACTION * got:
-        return CpuFloor(False, why=f"the thread CPU clock moves in steps of up to "
-                        f"{rv.fnum(tick)} s, more than {CPU_CLOCK_FRACTION:.0%} of "
-                        f"{rv.fnum(got)} s", **base)
+    if why := clock_unresolved(tick, got):
+        return CpuFloor(False, why=why, **base)
     return CpuFloor(True, lower_ratio=cpu_floor_ratio(got, infl, ref_time), **base)
 
 
@@ -251,6 +289,7 @@ class CpuCeiling:
     neighbours inflated by at most :func:`cpu_inflation_bound`.  ``usable`` and ``why`` as
     :class:`CpuFloor`'s (the clock must resolve the references' CPU seconds)."""
 
+    evidence_key: ClassVar[str] = schema.EV_CPU_CEILING
     usable: bool
     metric: str
     statistic: str
@@ -266,9 +305,14 @@ class CpuCeiling:
     upper_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in d.items()}
+        return finite_dict(self)
+
+    def holds(self, limit: float) -> bool:
+        """The pass stands: even against idle references the ratio is within ``limit``."""
+        return self.usable and self.upper_ratio is not None and self.upper_ratio <= limit
+
+    def versus(self, limit: float) -> str:
+        return f" <= {limit:g}" if self.holds(limit) else f" > {limit:g}"
 
     def summary(self) -> str:
         if not self.usable:
@@ -307,14 +351,12 @@ def cpu_ceiling(references: list[RunData], c: StepTime, keep: str, start: int,
     infl = cpu_inflation_bound(cont.reference_max, cpus)
     base.update(reference_cpu_s=got, reference_n=len(cpu), inflation_bound=infl,
                 clock_step_s=tick)
-    if not got > 0 or tick > CPU_CLOCK_FRACTION * got:
-        return CpuCeiling(False, why=f"the thread CPU clock moves in steps of up to "
-                          f"{rv.fnum(tick)} s, more than {CPU_CLOCK_FRACTION:.0%} of "
-                          f"{rv.fnum(got)} s", **base)
+    if why := clock_unresolved(tick, got):
+        return CpuCeiling(False, why=why, **base)
     return CpuCeiling(True, upper_ratio=cand_time * infl / got, **base)
 
 
-def contended_references(cont: Contention, floor: CpuFloor | None) -> str:
+def contended_references(cont: Contention, floor: SpeedBound | None) -> str:
     """The clause a not-judged result adds when its CPU floor was usable but no higher
     than the limit while the references were themselves recorded beside busy neighbours
     (:attr:`Contention.references_beside_neighbours`): the floor divides by their step
@@ -333,43 +375,42 @@ def contended_references(cont: Contention, floor: CpuFloor | None) -> str:
 
 
 def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont: Contention,
-           what: str = "step time", floor: CpuFloor | None = None,
-           max_ratio: float | None = None, ceiling: CpuCeiling | None = None
+           what: str = "step time", floor: SpeedBound | None = None,
+           limit: float | None = None, ceiling: SpeedBound | None = None
            ) -> CriterionResult:
     """A speed result (``what``: step time, throughput) with its contention evidence.  A
     fail on a machine that took CPU from the candidate it did not take from the references
     (:attr:`Contention.took_cpu`) is not judged (the ratio cannot tell slower code from
-    less CPU), unless the candidate's own CPU time per step (``floor``) puts the ratio over
-    ``max_ratio`` whatever the neighbours did (then it fails, the floor in the reason); a
-    pass there stands (the code was within the limit even with less CPU).  A pass against
+    less CPU), unless the candidate's own CPU time per step (``floor``) settles it against
+    ``limit`` whatever the neighbours did (then it fails, the floor in the reason); a pass
+    there stands (the code was within the limit even with less CPU).  A pass against
     references the machine slowed more than the candidate (:attr:`Contention.references_busier`)
     is not judged either: the ratio cannot tell a fast candidate from slowed references,
-    unless the references' own CPU time per step (``ceiling``) keeps the ratio within
-    ``max_ratio`` whatever their neighbours did."""
+    unless the references' own CPU time per step (``ceiling``) settles it against ``limit``
+    whatever their neighbours did."""
     ev = {**ev, schema.EV_CONTENTION: cont.to_dict()}
     if outcome == PASS and cont.references_busier:
         if ceiling is not None:
-            ev[schema.EV_CPU_CEILING] = ceiling.to_dict()
-            if ceiling.usable and max_ratio is not None and ceiling.upper_ratio is not None \
-                    and ceiling.upper_ratio <= max_ratio:
+            ev[ceiling.evidence_key] = ceiling.to_dict()
+            if limit is not None and ceiling.holds(limit):
                 return result(c, PASS, f"{reason}; busy references cannot explain it: "
-                              f"{cont.references_summary()}, but {ceiling.summary()} <= "
-                              f"{max_ratio:g}", ev)
+                              f"{cont.references_summary()}, but {ceiling.summary()}"
+                              f"{ceiling.versus(limit)}", ev)
         tail = "" if ceiling is None else f"; {ceiling.summary()}" + (
-            f" > {max_ratio:g}" if ceiling.usable else "")
+            ceiling.versus(limit) if ceiling.usable and limit is not None else "")
         return result(c, NOT_EVALUABLE, f"{cont.references_summary()}: {what} not judged "
                       f"(it would pass: {reason}{tail}); re-record the references on a "
                       "machine as idle as the candidate's", ev)
     if outcome == FAIL and cont.took_cpu:
         if floor is not None:
-            ev[schema.EV_CPU_FLOOR] = floor.to_dict()
-            if floor.usable and max_ratio is not None and floor.lower_ratio is not None \
-                    and floor.lower_ratio > max_ratio:
+            ev[floor.evidence_key] = floor.to_dict()
+            if limit is not None and floor.holds(limit):
                 return result(c, FAIL, f"{reason}; contention cannot explain it: "
-                              f"{cont.summary()}, but {floor.summary()} > {max_ratio:g}",
+                              f"{cont.summary()}, but {floor.summary()}{floor.versus(limit)}",
                               ev)
         tail = "" if floor is None else (
-            f"; {floor.summary()}" + (f" <= {max_ratio:g}" if floor.usable else ""))
+            f"; {floor.summary()}" + (floor.versus(limit) if floor.usable and limit is not None
+                                      else ""))
         return result(c, NOT_EVALUABLE, f"{cont.summary()}: {what} not judged (it would "
                       f"fail: {reason}{tail}){contended_references(cont, floor)}; re-run "
                       "the candidate on a machine as idle as the references'", ev)
@@ -495,7 +536,7 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
                        f"steady median step time {rv.fnum(m.candidate_median)} s vs "
                        f"{rv.fnum(m.reference_median)} s: ratio {m.ratio:.3f} "
                        f"{'<=' if ok else '>'} {c.max_ratio:g} {tail}", ev, cont,
-                      floor=floor, max_ratio=c.max_ratio, ceiling=ceiling)
+                      floor=floor, limit=c.max_ratio, ceiling=ceiling)
     ref_low = float(np.quantile(np.concatenate([s[1] for s in refs]), c.low_quantile))
     cand_low = float(np.quantile(cand[1], c.low_quantile))
     low = cand_low / ref_low if ref_low > 0 else math.inf
@@ -514,4 +555,4 @@ def step_time(c: StepTime, ctx: Context) -> CriterionResult:
                    f"{'<=' if ok else '>'} {c.max_ratio:g} (medians "
                    f"{rv.fnum(m.candidate_median)} s vs {rv.fnum(m.reference_median)} s, "
                    f"ratio {m.ratio:.3f}) {tail}", ev, cont, floor=floor,
-                  max_ratio=c.max_ratio, ceiling=ceiling)
+                  limit=c.max_ratio, ceiling=ceiling)

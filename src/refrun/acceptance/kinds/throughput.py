@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
 import numpy as np
 
 from refrun import schema
 from refrun.acceptance import performance as perf
+from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
-from refrun.acceptance.kinds.step_time import contention, judged
+from refrun.acceptance.kinds.step_time import (
+    CPU_CLOCK_FRACTION,
+    clock_step,
+    clock_unresolved,
+    contention,
+    cpu_inflation_bound,
+    finite_dict,
+    judged,
+)
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
+from refrun.comparison import RunData
 
 
 @kind("throughput")
@@ -36,8 +50,10 @@ class Throughput(Criterion):
 def throughput(c: Throughput, ctx: Context) -> CriterionResult:
     """Candidate's steady throughput / mean of the references' >= ``min_ratio``
     (:func:`refrun.acceptance.performance.run_throughput` on every run, in one unit).  A
-    fail on a machine that took CPU from the candidate is not judged, as for step time
-    (:func:`refrun.acceptance.kinds.step_time.judged`)."""
+    fail on a machine that took CPU from the candidate, and a pass against references
+    recorded beside busier neighbours, are not judged, as for step time
+    (:func:`refrun.acceptance.kinds.step_time.judged`), unless the runs' own CPU time per
+    step settles them (:class:`CpuRateBound`)."""
     runs = [*ctx.references, ctx.candidate]
     unit, note = perf.choose_unit(runs, c.unit)
     if unit is None:
@@ -64,5 +80,130 @@ def throughput(c: Throughput, ctx: Context) -> CriterionResult:
     reason = (f"steady throughput {perf.fmt(cand)} vs {perf.fmt(ref)} {unit}/s: ratio "
               f"{ratio:.3f} "
               f"{'>=' if ok else '<'} {c.min_ratio:g}" + (f" ({note})" if note else ""))
-    return judged(c, PASS if ok else FAIL, reason, ev,
-                  contention(ctx.candidate, list(ctx.references), ctx.keep), "throughput")
+    cont = contention(ctx.candidate, list(ctx.references), ctx.keep)
+    refs = list(ctx.references)
+    bound = None
+    if ok and cont.references_busier:
+        bound = cpu_rate_bound("references", refs, cont.reference_cores,
+                               cont.reference_logical_cpus, figs[:-1], unit, ctx.keep,
+                               c.compile_metrics, cand)
+    elif not ok and cont.took_cpu:
+        bound = cpu_rate_bound("candidate", [ctx.candidate], (cont.candidate_cores,),
+                               (cont.logical_cpus,), figs[-1:], unit, ctx.keep,
+                               c.compile_metrics, ref)
+    return judged(c, PASS if ok else FAIL, reason, ev, cont, "throughput",
+                  floor=None if ok else bound, limit=c.min_ratio,
+                  ceiling=bound if ok else None)
+
+
+Side = Literal["references", "candidate"]
+
+
+@dataclass(frozen=True)
+class CpuRateBound:
+    """What runs' own CPU seconds per step say about a throughput ratio the machine's load
+    made not judgeable: the throughput counterpart of step time's
+    :class:`~refrun.acceptance.kinds.step_time.CpuCeiling` (``side`` "references") and
+    :class:`~refrun.acceptance.kinds.step_time.CpuFloor` (``side`` "candidate").
+
+    A step takes at least its training thread's CPU seconds ``c`` (a thread accrues CPU
+    time only while it runs), and neighbours using ``o`` of ``n`` CPUs lengthen those by
+    at most ``B = cpu_inflation_bound(o, n)`` (shared hardware only), so on an idle
+    machine each step would take at least ``c / B``.  A run's throughput on an idle
+    machine is then at most the same statistic over those times: the median of the
+    batch-means block rates (:func:`refrun.acceptance.performance.block_rates`) of its
+    steady steps' units over ``c / B``, each bounded run's figure in
+    ``rates_bound_per_s``.
+
+    * side "references" (a pass against references busier than the candidate):
+      ``ratio_bound`` = the candidate's throughput / the mean of the references' bounds,
+      a lower bound on the ratio against the references on an idle machine; the pass
+      stands when it is at least the criterion's ``min_ratio``.
+    * side "candidate" (a fail on a machine that took CPU from the candidate):
+      ``ratio_bound`` = the candidate's bound / the references' mean throughput, an upper
+      bound on its ratio on an idle machine; the fail stands when it is below
+      ``min_ratio``.
+
+    ``usable``: every bounded run has steady ``perf/step_cpu_s`` values with known units,
+    its machine's load and CPU count are known, and its thread CPU clock resolves its
+    median step (``clock_step_s``, the coarsest, at most ``clock_fraction`` of it);
+    ``why``: why not, when not."""
+
+    evidence_key: ClassVar[str] = schema.EV_CPU_RATE_BOUND
+    usable: bool
+    side: Side
+    metric: str
+    why: str = ""
+    rates_bound_per_s: tuple[float, ...] | None = None
+    inflation_bounds: tuple[float, ...] | None = None
+    clock_step_s: float | None = None
+    clock_fraction: float = CPU_CLOCK_FRACTION
+    ratio_bound: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = finite_dict(self)
+        for k in ("rates_bound_per_s", "inflation_bounds"):
+            d[k] = None if d[k] is None else list(d[k])
+        return d
+
+    def holds(self, limit: float) -> bool:
+        """The bound settles the result against ``limit``: the pass stands (references)
+        or the fail stands (candidate) whatever the neighbours did."""
+        r = self.ratio_bound
+        if not self.usable or r is None:
+            return False
+        return r >= limit if self.side == "references" else r < limit
+
+    def versus(self, limit: float) -> str:
+        above = self.ratio_bound is not None and self.ratio_bound >= limit
+        return f" >= {limit:g}" if above else f" < {limit:g}"
+
+    def summary(self) -> str:
+        whose = "the references'" if self.side == "references" else "the candidate's"
+        if not self.usable:
+            return f"{whose} CPU time per step cannot bound it ({self.why})"
+        infl = ", ".join(f"{b:.2f}x" for b in self.inflation_bounds or ())
+        at = "at >=" if self.side == "references" else "at <="
+        return (f"{whose} own CPU time per step, which their neighbours inflate at most "
+                f"{infl}, puts the ratio on an idle machine {at} {self.ratio_bound:.3f}")
+
+
+def cpu_rate_bound(side: Side, runs: Sequence[RunData],
+                   others: Sequence[float | None] | None, cpus: Sequence[float | None] | None,
+                   figs: Sequence[perf.RunThroughput], unit: perf.Unit, keep: str,
+                   compile_metrics: Sequence[str], against: float) -> CpuRateBound:
+    """The :class:`CpuRateBound` of ``runs`` (the references, or the candidate alone):
+    each run's steady ``perf/step_cpu_s`` from its throughput's warm-up end (``figs``),
+    compilation steps left out as for its step times; ``others`` and ``cpus`` each run's
+    median other processes' cores and CPU count (:class:`Contention`); ``against``: the
+    candidate's throughput (side "references") or the references' mean (side
+    "candidate")."""
+    base: dict[str, Any] = {"side": side, "metric": schema.M_STEP_CPU}
+    n = len(runs)
+    others = others if others is not None and len(others) == n else (None,) * n
+    cpus = cpus if cpus is not None and len(cpus) == n else (None,) * n
+    bounds, infls, ticks = [], [], []
+    for run, o, cpu_n, fig in zip(runs, others, cpus, figs, strict=True):
+        if o is None or not cpu_n:
+            return CpuRateBound(False, why=f"run {run.run_id}'s machine load or CPU count "
+                                "is not known", **base)
+        steps, cpu, _ = rv.steady_step_times(run, schema.M_STEP_CPU, list(compile_metrics),
+                                             keep, fig.warmup_end_step or 0)
+        units = perf.step_units(run, unit, steps, keep)
+        ok = (cpu > 0) & np.isfinite(units)
+        if not ok.any():
+            return CpuRateBound(False, why=f"run {run.run_id} has no steady "
+                                f"{schema.M_STEP_CPU} values with a known {unit} count",
+                                **base)
+        tick, median = clock_step(cpu[ok]), float(np.median(cpu[ok]))
+        if why := clock_unresolved(tick, median):
+            return CpuRateBound(False, why=f"run {run.run_id}: {why}", clock_step_s=tick,
+                                **base)
+        infl = cpu_inflation_bound(o, cpu_n)
+        bounds.append(float(np.median(perf.block_rates(units[ok], cpu[ok] / infl))))
+        infls.append(infl)
+        ticks.append(tick)
+    mean = float(np.mean(bounds))
+    ratio = against / mean if side == "references" else mean / against
+    return CpuRateBound(True, rates_bound_per_s=tuple(bounds), inflation_bounds=tuple(infls),
+                        clock_step_s=max(ticks), ratio_bound=ratio, **base)
