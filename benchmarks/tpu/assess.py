@@ -252,7 +252,10 @@ def table(rows: list[Row], markdown: bool) -> str:
         g = r.goals
         added = [cid for cid, _, _ in g.failing if cid not in {c for c, _, _ in o.failing}] \
             if g is not None else []
-        goals = "-" if g is None else g.verdict + (f": {', '.join(added)}" if added else "")
+        unjudged = [cid for cid in g.not_evaluable if cid not in o.not_evaluable] \
+            if g is not None else []
+        goals = "-" if g is None else g.verdict + (f": {', '.join(added)}" if added else "") \
+            + (f"; not judged: {', '.join(unjudged)}" if unjudged else "")
         body.append((r.variant.workload, r.variant.name, r.variant.precision, r.variant.kind,
                      o.verdict, ok, failing, l4.get("throughput", "-"), l4.get("cost", "-"),
                      l4.get("busy_pct", "-"), r.chip.get("hbm_peak_mib", "-"), goals))
