@@ -48,7 +48,8 @@ metrics of the criteria the digits pipeline expects them to trip
 Exit code 0 when every benign candidate was accepted, every defect rejected for its
 intended reason and the false-alarm rate over all workloads' held-out seeds together was
 at most 5 %; 1 otherwise.  Training dominates the time (about 60 training processes plus
-the held-out seeds, trained ten to a process; ``--jobs`` at a time).
+the held-out seeds, trained ten to a process; ``--jobs`` at a time: 19 min with the
+default 1 on a 2-core machine, 14-15 min with 2, at the price of an uneven load).
 """
 
 from __future__ import annotations
@@ -554,7 +555,11 @@ def main(argv: list[str] | None = None) -> int:
                          "calibrated with the plan's own")
     ap.add_argument("--references-from", type=int, default=None, metavar="SEED",
                     help="first of the --more-references seeds (never a held-out seed)")
-    ap.add_argument("--jobs", type=int, default=2, help="training processes at a time")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="training processes at a time (default 1: references and candidates "
+                    "each recorded alone, on the same idle machine; more on a machine of few "
+                    "cores make the load a recording meets depend on how the jobs fall, and "
+                    "the references' contention rule then leaves some passes not judged)")
     ap.add_argument("--goal", action="append", default=[], metavar="WORKLOAD=GOAL",
                     help="refrun calibrate --goal GOAL for that workload (at most one each; "
                          "e.g. markov=eval/val_accuracy>=0.4)")

@@ -511,23 +511,30 @@ _CLI = ("import sys, json\nfrom refrun.cli import main\n"
 _CLI_MANY = ("import contextlib, io, json, sys\nfrom refrun.cli import main\n"
              "out = []\n"
              "for argv in json.loads(sys.argv[1]):\n"
-             "    buf = io.StringIO()\n"
-             "    with contextlib.redirect_stdout(buf):\n"
+             "    buf, err = io.StringIO(), io.StringIO()\n"
+             "    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):\n"
              "        rc = main(argv)\n"
-             "    out.append([rc, buf.getvalue()])\n"
+             "    out.append([rc, buf.getvalue(), err.getvalue()])\n"
              "print(json.dumps(out))\n")
+# One process for every workspace asked (MLflow's own client-side switch, WorkspaceContext:
+# each call resolves the workspace then), one MLflow import.
 _SEEN = """
 import json, sys
 from mlflow.tracking import MlflowClient
-c = MlflowClient(sys.argv[1])
-out = {}
-for e in c.search_experiments():
-    runs = c.search_runs([e.experiment_id], order_by=["attributes.run_name"])
-    out[e.name] = sorted(
-        [r.info.run_name, r.data.tags.get("refrun.role", ""),
-         r.data.tags.get("refrun.seed", ""), r.data.tags.get("refrun.acceptance.verdict", ""),
-         sorted(r.data.metrics), sorted(r.data.params), r.info.status] for r in runs)
-print(json.dumps(out))
+from mlflow.utils.workspace_context import WorkspaceContext
+seen = {}
+for ws in json.loads(sys.argv[2]):
+    with WorkspaceContext(ws):
+        c = MlflowClient(sys.argv[1])
+        out = seen[ws] = {}
+        for e in c.search_experiments():
+            runs = c.search_runs([e.experiment_id], order_by=["attributes.run_name"])
+            out[e.name] = sorted(
+                [r.info.run_name, r.data.tags.get("refrun.role", ""),
+                 r.data.tags.get("refrun.seed", ""),
+                 r.data.tags.get("refrun.acceptance.verdict", ""),
+                 sorted(r.data.metrics), sorted(r.data.params), r.info.status] for r in runs)
+print(json.dumps(seen))
 """
 
 
@@ -540,21 +547,24 @@ def _cli(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, bool, st
 
 
 def _cli_many(commands: list[list[str]], env: dict[str, str], cwd: Path
-              ) -> list[tuple[int, str]]:
-    """Several ``refrun`` commands in one fresh process (set-up steps that are not the
-    subject: one MLflow import for all of them): each one's (exit code, stdout)."""
+              ) -> list[tuple[int, str, str]]:
+    """Several ``refrun`` commands in one fresh process (steps whose subject is not which
+    modules a process imports: one MLflow import for all of them): each one's (exit code,
+    stdout, stderr)."""
     proc = subprocess.run([sys.executable, "-c", _CLI_MANY, json.dumps(commands)],
                           capture_output=True, text=True, timeout=600, cwd=cwd,
                           env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return [(rc, out) for rc, out in json.loads(proc.stdout.strip().splitlines()[-1])]
+    return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
-def _seen(uri: str, env: dict[str, str]) -> dict:
-    """What MLflow's client sees in the store with ``env``'s workspace: per experiment,
-    every run's name, role, seed, verdict, metric and param names and status."""
-    proc = subprocess.run([sys.executable, "-c", _SEEN, uri], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env})
+def _seen(uri: str, env: dict[str, str], workspaces: list[str]) -> dict:
+    """What MLflow's client sees in the store in each of ``workspaces`` (``env``: with
+    workspaces on): per workspace and experiment, every run's name, role, seed, verdict,
+    metric and param names and status."""
+    proc = subprocess.run([sys.executable, "-c", _SEEN, uri, json.dumps(workspaces)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -598,8 +608,8 @@ def test_import_accept_report_with_workspaces_see_and_write_what_mlflow_would(
                     "--seed", str(k), "--run-name",
                     f"{'candidate' if k == len(files) - 1 else 'reference'} {k}",
                     "--tracking-uri", uri] for k, f in enumerate(files)]
-        for rc, out in _cli_many(imports, env, root):
-            assert rc == 0, out
+        for rc, out, err in _cli_many(imports, env, root):
+            assert rc == 0, (out, err)
             ids.append(out.strip().splitlines()[0].split()[0])
         refs, cand = ids[:-1], ids[-1]
         accept = ["accept", "--criteria", str(crit), "--reference", *refs, "--candidate",
@@ -614,23 +624,20 @@ def test_import_accept_report_with_workspaces_see_and_write_what_mlflow_would(
             assert rc == 0 and imported, err[-2000:]
             mlflows = json.loads((root / "b.json").read_text())
             assert mlflows["evidence_sha256"] == doc["evidence_sha256"]
-        rc, _, _, err = _cli(["report", "--reference", *refs, "--candidate", cand,
-                              "--criteria", str(crit), "--html", str(root / "r.html"),
-                              "--json", str(root / "m.json"), "--tracking-uri", uri],
-                             env, root)
+        (rc, _, err), (rc_a, _, err_a) = _cli_many(
+            [["report", "--reference", *refs, "--candidate", cand, "--criteria", str(crit),
+              "--html", str(root / "r.html"), "--json", str(root / "m.json"),
+              "--tracking-uri", uri],
+             ["accept", "--criteria", str(crit), "--reference", team_a_run, "--candidate",
+              cand, "--tracking-uri", uri, "--no-record"]], env, root)
         assert rc == 0, err[-2000:]
         matrix = json.loads((root / "m.json").read_text())
-        rc, _, _, err = _cli(["accept", "--criteria", str(crit), "--reference", team_a_run,
-                              "--candidate", cand, "--tracking-uri", uri, "--no-record"],
-                             env, root)
-        assert rc == 2 and f"run {team_a_run!r}: not found" in err
+        assert rc_a == 2 and f"run {team_a_run!r}: not found" in err_a, err_a
         results[setting] = {
             "verdict": doc["verdict"], "levels": doc["levels"],
             "matrix": [(c["verdict"], c["highest_level"], sorted(c["cells"]))
                        for c in matrix["candidates"]],
-            "teamB": _seen(uri, {**WS_ON, "MLFLOW_WORKSPACE": "teamB"}),
-            "teamA": _seen(uri, {**WS_ON, "MLFLOW_WORKSPACE": "teamA"}),
-            "default": _seen(uri, {**WS_ON, "MLFLOW_WORKSPACE": "default"})}
+            **_seen(uri, WS_ON, ["teamB", "teamA", "default"])}
     assert results["1"] == results["0"]
     seen = results["1"]
     assert seen["verdict"] == "pass"
