@@ -516,24 +516,23 @@ _CLI_MANY = ("import contextlib, io, json, sys\nfrom refrun.cli import main\n"
              "        rc = main(argv)\n"
              "    out.append([rc, buf.getvalue(), err.getvalue()])\n"
              "print(json.dumps(out))\n")
-# One process for every workspace asked (MLflow's own client-side switch, WorkspaceContext:
-# each call resolves the workspace then), one MLflow import.
+# One process for every workspace asked, one MLflow import: MLflow's client resolves the
+# workspace from MLFLOW_WORKSPACE at each call (mlflow.utils.workspace_context
+# .get_request_workspace), so the variable is set before each workspace's reads.
 _SEEN = """
-import json, sys
+import json, os, sys
 from mlflow.tracking import MlflowClient
-from mlflow.utils.workspace_context import WorkspaceContext
 seen = {}
 for ws in json.loads(sys.argv[2]):
-    with WorkspaceContext(ws):
-        c = MlflowClient(sys.argv[1])
-        out = seen[ws] = {}
-        for e in c.search_experiments():
-            runs = c.search_runs([e.experiment_id], order_by=["attributes.run_name"])
-            out[e.name] = sorted(
-                [r.info.run_name, r.data.tags.get("refrun.role", ""),
-                 r.data.tags.get("refrun.seed", ""),
-                 r.data.tags.get("refrun.acceptance.verdict", ""),
-                 sorted(r.data.metrics), sorted(r.data.params), r.info.status] for r in runs)
+    os.environ["MLFLOW_WORKSPACE"] = ws
+    c = MlflowClient(sys.argv[1])
+    out = seen[ws] = {}
+    for e in c.search_experiments():
+        runs = c.search_runs([e.experiment_id], order_by=["attributes.run_name"])
+        out[e.name] = sorted(
+            [r.info.run_name, r.data.tags.get("refrun.role", ""),
+             r.data.tags.get("refrun.seed", ""), r.data.tags.get("refrun.acceptance.verdict", ""),
+             sorted(r.data.metrics), sorted(r.data.params), r.info.status] for r in runs)
 print(json.dumps(seen))
 """
 
