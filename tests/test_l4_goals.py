@@ -307,6 +307,68 @@ def test_the_runs_own_cpu_time_settles_a_throughput_ratio_the_load_left_unjudged
     assert f"on an idle machine at <= {upper:.3f} >= 0.9" in r.reason, r.reason
 
 
+def test_a_cost_pass_against_references_slowed_by_neighbours_is_not_judged(
+        store, tmp_path: Path) -> None:
+    """The references' rule holds for cost as for step time and throughput: references
+    recorded beside busy neighbours ran longer, so cost more, than alone, and a candidate
+    can look cheap enough against them while it is not.  A ratio's pass against them is
+    not judged, with the would-be pass in its reason; a fail stands; against quiet
+    references, or with an absolute price only (``max_cost``), the pass stands.  A
+    format-8 record is recomputed without a cost result's contention figures (a
+    step-time or throughput result keeps them)."""
+    uri, spool = store.tracking_uri, store.spool_dir
+
+    def goals(cost_keys: str) -> Path:
+        body = GOALS.replace("max_ratio = 100.0\nsame_work = true", cost_keys, 1)
+        assert body != GOALS
+        return write_criteria(tmp_path, body, f"c{abs(hash(cost_keys))}.toml")
+
+    busy = [record(uri, spool, "reference", _metrics(s, 0.010, 1.6), seed=s,
+                   hold_s=0.05).run_id for s in (0, 1)]
+    quiet = [record(uri, spool, "reference", _metrics(s, 0.010, 0.2, cpu_pct=60.0), seed=s,
+                    hold_s=0.05).run_id for s in (2, 3)]
+    cand = record(uri, spool, "candidate", _metrics(7, 0.005), seed=7, hardware="tpu-v5e",
+                  backend="jax", hold_s=0.05).run_id
+    client = MlflowClient(uri)
+
+    def hours(rid: str) -> float:  # MLflow's end - start, less refrun's own start-up, close
+        run = client.get_run(rid)
+        own_ms = 1e3 * (float(run.data.tags[schema.TAG_RECORDING_START_S])
+                        + float(run.data.tags[schema.TAG_RECORDING_CLOSE_S]))
+        return (run.info.end_time - run.info.start_time - own_ms) / 3.6e6
+
+    def judge(path: Path, refs: list[str]):  # type: ignore[no-untyped-def]
+        a, _ = assess_ids(load_criteria(path), refs, cand, uri)
+        return a, a.result("goal-cost")
+
+    # By hand: the candidate's hours at 4.0 an hour against the references' at 1.0.
+    ratio = hours(cand) * 4.0 / float(np.mean([hours(rid) for rid in busy]))
+    limit = round(ratio * 2, 6)  # a pass, twice the ratio
+    a, r = judge(goals(f"max_ratio = {limit}"), busy)
+    assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
+    assert r.evidence["ratio"] == pytest.approx(ratio, rel=1e-9)
+    assert r.reason.startswith("other processes used up to 1.6"), r.reason
+    assert f"cost not judged (it would pass: candidate {r.evidence['candidate_cost']:.4g} " \
+        in r.reason, r.reason
+    assert "re-record the references on a machine as idle as the candidate's" in r.reason
+    assert r.evidence[schema.EV_CONTENTION]["references_busier"] is True
+    recorded = next(x for x in a.to_dict()["results"] if x["id"] == "goal-cost")
+    assert schema.EV_CONTENTION not in result_as_version(recorded, "8")["evidence"]
+    step = next(x for x in a.to_dict()["results"] if x["id"] == "goal-throughput")
+    assert schema.EV_CONTENTION in result_as_version(step, "8")["evidence"]
+    # A fail stands: half the ratio as the limit.
+    _, r = judge(goals(f"max_ratio = {round(ratio / 2, 6)}"), busy)
+    assert r.outcome == "fail" and f"ratio {ratio:.3f} > " in r.reason, r.reason
+    # Quiet references: judged, a pass.
+    q_ratio = hours(cand) * 4.0 / float(np.mean([hours(rid) for rid in quiet]))
+    _, r = judge(goals(f"max_ratio = {round(q_ratio * 2, 6)}"), quiet)
+    assert r.outcome == "pass" and r.evidence["ratio"] == pytest.approx(q_ratio, rel=1e-9)
+    # An absolute price only: the references play no part, the pass stands.
+    _, r = judge(goals(f"max_cost = {hours(cand) * 4.0 * 2:.6g}"), busy)
+    assert r.outcome == "pass", r.reason
+    assert r.evidence["candidate_cost"] == pytest.approx(hours(cand) * 4.0, rel=1e-9)
+
+
 def test_a_cost_goal_prices_the_candidate_for_the_references_work(
         store, tmp_path: Path) -> None:
     uri, spool = store.tracking_uri, store.spool_dir

@@ -45,7 +45,8 @@ VERSION = "9"
 # CPU floor on a busy machine, refrun.acceptance.kinds.step_time.CpuFloor; version 8: the
 # references' own machine figures and the rule for references busier than the candidate;
 # version 9: a throughput result's bound from the runs' CPU time per step,
-# refrun.acceptance.kinds.throughput.CpuRateBound).
+# refrun.acceptance.kinds.throughput.CpuRateBound, and a cost result's contention figures;
+# ``KIND:key`` names a key a version added to results of that kind only).
 ADDED_IN: dict[str, tuple[str, ...]] = {
     "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
     "4": (schema.EV_CONTENTION,),
@@ -57,7 +58,7 @@ ADDED_IN: dict[str, tuple[str, ...]] = {
     "8": (*(f"{schema.EV_CONTENTION}.{k}" for k in (
         "reference_cpu_pct", "reference_logical_cpus", "references_busier")),
         schema.EV_CPU_CEILING),
-    "9": (schema.EV_CPU_RATE_BOUND,)}
+    "9": (schema.EV_CPU_RATE_BOUND, f"cost:{schema.EV_CONTENTION}")}
 
 Side = Literal["above", "below"]
 

@@ -135,7 +135,7 @@ def build_evidence(criteria_sha256: str, results: Sequence[CriterionResult],
         "runs": runs,
         "results": {r.id: {"level": r.level, "kind": r.kind, "outcome": r.outcome,
                            "evaluated": r.evaluated,
-                           "evidence": _as_version(r.evidence, format_version)}
+                           "evidence": _as_version(r.evidence, format_version, r.kind)}
                     for r in results},
     })
 
@@ -148,17 +148,26 @@ def result_as_version(result: dict[str, Any], format_version: str) -> dict[str, 
         return result
     out = dict(result)
     if isinstance(out.get("evidence"), dict):
-        out["evidence"] = _as_version(out["evidence"], format_version)
+        out["evidence"] = _as_version(out["evidence"], format_version,
+                                      str(out.get("kind") or ""))
     if int(format_version) < 3 and isinstance(out.get("reason"), str):
         out["reason"] = out["reason"].split(schema.FIRST_LEFT_REASON)[0]
     return out
 
 
-def _as_version(evidence: dict[str, Any], format_version: str) -> dict[str, Any]:
+def _as_version(evidence: dict[str, Any], format_version: str, kind: str = ""
+                ) -> dict[str, Any]:
     """A result's evidence without the keys added after ``format_version`` (a dotted key:
-    a key inside one)."""
-    drop = {k for v, keys in ADDED_RESULT_KEYS.items() if int(v) > int(format_version)
-            for k in keys}
+    a key inside one; ``KIND:key``: a key that version added to results of that kind
+    only)."""
+    drop = set()
+    for v, keys in ADDED_RESULT_KEYS.items():
+        if int(v) <= int(format_version):
+            continue
+        for k in keys:
+            scope, _, name = k.rpartition(":")
+            if not scope or scope == kind:
+                drop.add(name)
     if not drop:
         return evidence
     out = {k: v for k, v in evidence.items() if k not in drop}
