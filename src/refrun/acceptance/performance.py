@@ -206,6 +206,17 @@ class RunThroughput:
     why: str = ""  # why not measured (per_s None)
 
 
+def steady_units(run: RunData, unit: Unit, keep: str, start: int, metric: str,
+                 compile_metrics: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(units, seconds, steps left out)`` of the run's steady steps from ``start``
+    (:func:`refrun.acceptance.runview.steady_step_times` of ``metric``), keeping the steps
+    whose seconds are > 0 and whose units are known (:func:`step_units`)."""
+    steps, secs, n_comp = rv.steady_step_times(run, metric, list(compile_metrics), keep, start)
+    units = step_units(run, unit, steps, keep)
+    ok = (secs > 0) & np.isfinite(units)
+    return units[ok], secs[ok], n_comp
+
+
 def run_throughput(run: RunData, unit: Unit, keep: str, start_of: Callable[[np.ndarray], int],
                    metric: str = schema.M_STEP_TIME,
                    compile_metrics: Sequence[str] = schema.STEP_TIME_COMPILE_METRICS
@@ -220,17 +231,14 @@ def run_throughput(run: RunData, unit: Unit, keep: str, start_of: Callable[[np.n
         return RunThroughput(None, None, 0, 0, 0, None,
                              f"run {run.run_id} has no finite {metric!r}")
     start = start_of(f.steps)
-    steps, secs, n_comp = rv.steady_step_times(run, metric, list(compile_metrics), keep, start)
-    units = step_units(run, unit, steps, keep)
-    ok = (secs > 0) & np.isfinite(units)
-    if not ok.any():
+    u, t, n_comp = steady_units(run, unit, keep, start, metric, compile_metrics)
+    if not len(u):
         return RunThroughput(None, None, 0, 0, n_comp, start,
                              f"run {run.run_id}: no steady {metric!r} value after step "
                              f"{start} with a known {unit} count ({n_comp} compilation "
                              "step(s) left out)")
-    u, t = units[ok], secs[ok]
     rates = block_rates(u, t)
-    return RunThroughput(float(np.median(rates)), float(u.sum() / t.sum()), int(ok.sum()),
+    return RunThroughput(float(np.median(rates)), float(u.sum() / t.sum()), len(u),
                          len(rates), n_comp, start)
 
 

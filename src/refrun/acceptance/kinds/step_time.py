@@ -378,7 +378,8 @@ def judged(c: Criterion, outcome: str, reason: str, ev: dict[str, object], cont:
            what: str = "step time", floor: SpeedBound | None = None,
            limit: float | None = None, ceiling: SpeedBound | None = None
            ) -> CriterionResult:
-    """A speed result (``what``: step time, throughput) with its contention evidence.  A
+    """A speed or cost result (``what``: step time, throughput, cost) with its contention
+    evidence.  A
     fail on a machine that took CPU from the candidate it did not take from the references
     (:attr:`Contention.took_cpu`) is not judged (the ratio cannot tell slower code from
     less CPU), unless the candidate's own CPU time per step (``floor``) settles it against

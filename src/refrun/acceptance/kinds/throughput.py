@@ -10,7 +10,6 @@ import numpy as np
 
 from refrun import schema
 from refrun.acceptance import performance as perf
-from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.kinds.step_time import (
     CPU_CLOCK_FRACTION,
@@ -80,8 +79,8 @@ def throughput(c: Throughput, ctx: Context) -> CriterionResult:
     reason = (f"steady throughput {perf.fmt(cand)} vs {perf.fmt(ref)} {unit}/s: ratio "
               f"{ratio:.3f} "
               f"{'>=' if ok else '<'} {c.min_ratio:g}" + (f" ({note})" if note else ""))
-    cont = contention(ctx.candidate, list(ctx.references), ctx.keep)
     refs = list(ctx.references)
+    cont = contention(ctx.candidate, refs, ctx.keep)
     bound = None
     if ok and cont.references_busier:
         bound = cpu_rate_bound("references", refs, cont.reference_cores,
@@ -187,20 +186,18 @@ def cpu_rate_bound(side: Side, runs: Sequence[RunData],
         if o is None or not cpu_n:
             return CpuRateBound(False, why=f"run {run.run_id}'s machine load or CPU count "
                                 "is not known", **base)
-        steps, cpu, _ = rv.steady_step_times(run, schema.M_STEP_CPU, list(compile_metrics),
-                                             keep, fig.warmup_end_step or 0)
-        units = perf.step_units(run, unit, steps, keep)
-        ok = (cpu > 0) & np.isfinite(units)
-        if not ok.any():
+        units, cpu, _ = perf.steady_units(run, unit, keep, fig.warmup_end_step or 0,
+                                          schema.M_STEP_CPU, compile_metrics)
+        if not len(cpu):
             return CpuRateBound(False, why=f"run {run.run_id} has no steady "
                                 f"{schema.M_STEP_CPU} values with a known {unit} count",
                                 **base)
-        tick, median = clock_step(cpu[ok]), float(np.median(cpu[ok]))
+        tick, median = clock_step(cpu), float(np.median(cpu))
         if why := clock_unresolved(tick, median):
             return CpuRateBound(False, why=f"run {run.run_id}: {why}", clock_step_s=tick,
                                 **base)
         infl = cpu_inflation_bound(o, cpu_n)
-        bounds.append(float(np.median(perf.block_rates(units[ok], cpu[ok] / infl))))
+        bounds.append(float(np.median(perf.block_rates(units, cpu / infl))))
         infls.append(infl)
         ticks.append(tick)
     mean = float(np.mean(bounds))
