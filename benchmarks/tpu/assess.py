@@ -19,6 +19,10 @@ For each workload (``plan.WORKLOADS``):
    reason from the detection benchmark), and the L4 measurements (throughput and cost
    against the references, chip busy fraction and HBM as recorded on the chip).
 
+``--json`` holds one object per TPU run: the row's fields, and ``l4_goals``, the result of
+each L4 goal in the goals file's assessment (id, kind, outcome, reason, and the evidence it
+was decided on: the ratio, the machine's contention, and any CPU-time bound).
+
 Expected outcomes are written in docs/tpu.md before each run of record.
 """
 
@@ -32,6 +36,13 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from refrun.acceptance.criteria import CriteriaFile
+    from refrun.acceptance.results import CriterionResult
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -49,6 +60,9 @@ import plan  # noqa: E402
 # table is calibrated without goals: L4 is then shown as measurements only.
 L4_GOALS = ("throughput>=1.0x", "cost<=1.2x", "utilization>=50%")
 PRICES = ("tpu=1.20", "cpu=0.0971")
+# The evidence key of the ratio a throughput, cost or step_time result was decided on, as
+# those kinds write it (refrun.schema has no EV_ name for it).
+RATIO = "ratio"
 
 
 @dataclass(frozen=True)
@@ -61,12 +75,31 @@ class Row:
     error: str | None = None
     l4: dict[str, str] | None = None  # throughput and cost against the references
     goals: det.Outcome | None = None  # the same run judged by the file with L4 goals
+    l4_goals: list[dict] | None = None  # that judgement's L4 goal results (goal_results)
+
+
+def goal_results(crit: CriteriaFile, results: Iterable[CriterionResult]) -> list[dict]:
+    """The results of ``crit``'s L4 goals (the L4 ``migration_only`` criteria ``refrun
+    calibrate --goal`` writes), each with the evidence that says why: the ratio, the
+    machine's contention (null where the result has none) and, where present, the runs'
+    CPU-time bounds."""
+    from refrun import schema
+    from refrun.util.jsonsafe import json_safe
+
+    goals = {c.id for c in crit.criteria if c.level == schema.LEVELS[-1] and c.migration_only}
+    always = (RATIO, schema.EV_CONTENTION)
+    present = (schema.EV_CPU_RATE_BOUND, schema.EV_CPU_FLOOR, schema.EV_CPU_CEILING)
+    return [{"id": r.id, "kind": r.kind, "outcome": r.outcome, "reason": r.reason,
+             "evidence": json_safe({**{k: r.evidence.get(k) for k in always},
+                                    **{k: r.evidence[k] for k in present if k in r.evidence}})}
+            for r in results if r.id in goals]
 
 
 def assess(crit_path: Path, ref_ids: list[str], name: str, v: plan.TpuVariant, run_id: str,
-           uri: str) -> tuple[det.Outcome, dict[str, str]]:
-    """The detection benchmark's outcome of one run, and its L4 figures (ratios against
-    the references' mean, as ``refrun accept`` prints them)."""
+           uri: str) -> tuple[det.Outcome, dict[str, str], list[dict]]:
+    """The detection benchmark's outcome of one run, its L4 figures (ratios against the
+    references' mean, as ``refrun accept`` prints them) and its L4 goals' results
+    (:func:`goal_results`)."""
     from refrun.acceptance.assess import assess_ids
     from refrun.acceptance.criteria import load_criteria
 
@@ -89,7 +122,8 @@ def assess(crit_path: Path, ref_ids: list[str], name: str, v: plan.TpuVariant, r
                  "unit": str(perf.get("unit") or "-"),
                  "busy_pct": f"{busy['candidate_pct']:.1f}"
                  if isinstance(busy.get("candidate_pct"), int | float)
-                 else f"n/a ({busy.get('candidate_why') or '-'})"}
+                 else f"n/a ({busy.get('candidate_why') or '-'})"}, \
+        goal_results(crit, a.results)
 
 
 def merge(tpu_db: Path, uri: str) -> str:
@@ -191,11 +225,11 @@ def run_workload(name: str, tpu_db: Path, store: Path, *, jobs: int, reuse: bool
         if rid is None:
             rows.append(Row(v, None, None, intent, {}, "not recorded on the TPU"))
             continue
-        out, figures = assess(crit, group, v.name, v, rid, uri)
-        judged = assess(crit_goals, group, v.name, v, rid, uri)[0] \
-            if error_goals is None else None
+        out, figures, _ = assess(crit, group, v.name, v, rid, uri)
+        judged, _, goal = assess(crit_goals, group, v.name, v, rid, uri) \
+            if error_goals is None else (None, None, None)
         rows.append(Row(v, rid, out, intent, chip_figures(uri, rid), l4=figures,
-                        goals=judged))
+                        goals=judged, l4_goals=goal))
     return rows, crit, None
 
 
@@ -229,6 +263,19 @@ def as_intended(r: Row) -> bool | None:
     if o is None:
         return False
     return bool(o.caught_by(r.intent)) if r.variant.kind == "defect" else o.accepted
+
+
+def as_json(r: Row) -> dict:
+    """One run's object in ``--json``."""
+    return {
+        "variant": r.variant.name, "workload": r.variant.workload,
+        "precision": r.variant.precision, "kind": r.variant.kind, "run_id": r.run_id,
+        "verdict": r.outcome.verdict if r.outcome else None,
+        "as_intended": as_intended(r),
+        "failing": [list(f[:2]) for f in r.outcome.failing] if r.outcome else [],
+        "intent": list(r.intent), "chip": r.chip, "l4": r.l4,
+        "with_goals": (r.goals.verdict, [list(f[:2]) for f in r.goals.failing])
+        if r.goals else None, "error": r.error, "l4_goals": r.l4_goals}
 
 
 def table(rows: list[Row], markdown: bool) -> str:
@@ -303,16 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(text + "\n")
     if args.json:
-        args.json.write_text(json.dumps([{
-            "variant": r.variant.name, "workload": r.variant.workload,
-            "precision": r.variant.precision, "kind": r.variant.kind, "run_id": r.run_id,
-            "verdict": r.outcome.verdict if r.outcome else None,
-            "as_intended": as_intended(r),
-            "failing": [list(f[:2]) for f in r.outcome.failing] if r.outcome else [],
-            "intent": list(r.intent), "chip": r.chip, "l4": r.l4,
-            "with_goals": (r.goals.verdict, [list(f[:2]) for f in r.goals.failing])
-            if r.goals else None, "error": r.error} for r in rows],
-            indent=1))
+        args.json.write_text(json.dumps([as_json(r) for r in rows], indent=1))
     print(f"\n{len(rows)} TPU runs assessed in {time.perf_counter() - t0:.0f} s "
           f"(load {os.getloadavg()[0]:.1f})", flush=True)
     return 0
