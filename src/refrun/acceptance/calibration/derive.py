@@ -24,10 +24,10 @@ from refrun.acceptance import runview as rv
 from refrun.acceptance.calibration import evaluation
 from refrun.acceptance.calibration.goals import PerformanceGoal, parse_performance_goal
 from refrun.acceptance.calibration.render import clean_float, render
+from refrun.acceptance.contention import run_median
 from refrun.acceptance.criteria import CriteriaSettings, Prices
 from refrun.acceptance.kinds.best_of import BEST_OF_REL_TOL, best_index, reports
 from refrun.acceptance.kinds.quantile import run_quantile
-from refrun.acceptance.kinds.step_time import run_median
 from refrun.acceptance.statistics import (
     NEED_MAX_STEPS,
     ar1_mean_variance,

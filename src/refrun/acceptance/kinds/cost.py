@@ -9,7 +9,7 @@ import numpy as np
 
 from refrun.acceptance import performance as perf
 from refrun.acceptance.checks import Context, result
-from refrun.acceptance.kinds.step_time import contention, judged
+from refrun.acceptance.contention import contention, judged
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData
@@ -50,7 +50,7 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
     """Cost per run = hours x price per hour (``same_work``: hours for the references'
     mean work); ratio = candidate cost / mean reference cost.  A ratio's pass against
     references recorded beside busier neighbours than the candidate is not judged (the
-    references' rule, :func:`refrun.acceptance.kinds.step_time.judged`): their hours hold
+    references' rule, :func:`refrun.acceptance.contention.judged`): their hours hold
     what those neighbours cost them.  A fail stands, as the candidate's load is not read
     here (see docs/acceptance.md, "L4 across hardware")."""
     prices = ctx.criteria.prices
@@ -99,7 +99,7 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
         return result(c, FAIL, summary + ": " + "; ".join(problems), ev, metric=None)
     if c.max_ratio is None:  # an absolute price: the references' machine plays no part
         return result(c, PASS, summary, ev, metric=None)
-    # The references' rule (step_time.judged): references recorded beside busier
+    # The references' rule (contention.judged): references recorded beside busier
     # neighbours ran longer, so cost more, than they would alone; a candidate can look
     # cheap enough against them while it is not, so such a pass is not judged.
     return judged(c, PASS, summary, ev, contention(ctx.candidate, list(ctx.references),

@@ -11,7 +11,7 @@ import numpy as np
 from refrun import schema
 from refrun.acceptance import performance as perf
 from refrun.acceptance.checks import Context, result
-from refrun.acceptance.kinds.step_time import (
+from refrun.acceptance.contention import (
     CPU_CLOCK_FRACTION,
     clock_step,
     clock_unresolved,
@@ -51,7 +51,7 @@ def throughput(c: Throughput, ctx: Context) -> CriterionResult:
     (:func:`refrun.acceptance.performance.run_throughput` on every run, in one unit).  A
     fail on a machine that took CPU from the candidate, and a pass against references
     recorded beside busier neighbours, are not judged, as for step time
-    (:func:`refrun.acceptance.kinds.step_time.judged`), unless the runs' own CPU time per
+    (:func:`refrun.acceptance.contention.judged`), unless the runs' own CPU time per
     step settles them (:class:`CpuRateBound`)."""
     runs = [*ctx.references, ctx.candidate]
     unit, note = perf.choose_unit(runs, c.unit)
