@@ -138,7 +138,7 @@ def test_verify_names_points_switching_from_artifact_to_history(store, signed,
     # 4: step_time results' contention; 5: its second rule's figures (issue 21); 6: a
     # paired result's numerics and the precision twin (issue 51); 7: a step_time result's
     # CPU floor on a busy machine (issue 52); 8: the references' machine figures and rule
-    assert evidence["format_version"] == "9"
+    assert evidence["format_version"] == "10"
     assert evidence["runs"][cand.run_id]["points_from"].startswith(
         "curves artifact refrun/curves.parquet")
     # Evidence recorded before points_from (format 1) is recomputed without it, so an

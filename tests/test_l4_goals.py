@@ -369,6 +369,103 @@ def test_a_cost_pass_against_references_slowed_by_neighbours_is_not_judged(
     assert r.evidence["candidate_cost"] == pytest.approx(hours(cand) * 4.0, rel=1e-9)
 
 
+def test_a_cost_fail_beside_busy_neighbours_stands_only_on_the_candidates_own_cpu_time(
+        store, tmp_path: Path) -> None:
+    """The candidate's rule for cost, the counterpart of step time's CPU floor: a run
+    slowed by neighbours ran longer, so cost more, than alone, so a cost fail on a machine
+    that took CPU from the candidate is not judged, unless its own CPU seconds in its
+    steps, over 1 + min(1, others/CPUs), priced, already exceed the limit (evidence
+    ``cpu_cost_bound``).  Against the ratio and against an absolute price; a candidate
+    without CPU time per step bounds nothing; on a quiet machine the fail stands as before;
+    a format-9 record is recomputed without the bound.  Hours are the sum of the step
+    times here (``time_source = "step_time_sum"``), so every figure is computed by hand
+    from the arrays the runs logged."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    cpu = schema.M_STEP_CPU
+
+    def goals(cost_keys: str) -> Path:
+        body = GOALS.replace("max_ratio = 100.0\nsame_work = true",
+                             cost_keys + '\ntime_source = "step_time_sum"', 1)
+        assert body != GOALS
+        return write_criteria(tmp_path, body, f"c{abs(hash(cost_keys))}.toml")
+
+    def with_cpu(m: dict[str, np.ndarray], seed: int, cpu_s: float) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(200 + seed)
+        return {**m, cpu: cpu_s * (1 + rng.normal(0, 0.01, len(m["loss"])))}
+
+    # Quiet references (a neighbour of 0.2 core on a machine 60 % busy), 1.0 an hour.
+    ref_m = [with_cpu(_metrics(s, 0.010, 0.2, cpu_pct=60.0), s, 0.009) for s in (0, 1)]
+    refs = [record(uri, spool, "reference", m, seed=s).run_id
+            for s, m in zip((0, 1), ref_m, strict=True)]
+    ref_cost = float(np.mean([m[schema.M_STEP_TIME].sum() / 3600 * 1.0 for m in ref_m]))
+
+    def candidate(m: dict[str, np.ndarray], seed: int, backend: str = "jax") -> str:
+        return record(uri, spool, "candidate", m, seed=seed, hardware="tpu-v5e",
+                      backend=backend).run_id
+
+    def by_hand(m: dict[str, np.ndarray]) -> tuple[float, float]:
+        """(cost, its floor on an idle machine) at 4.0 an hour, neighbours at 1.8 of 2."""
+        return (m[schema.M_STEP_TIME].sum() / 3600 * 4.0,
+                m[cpu].sum() / (1 + 1.8 / 2) / 3600 * 4.0)
+
+    # 3x slower beside neighbours using 1.8 of 2 CPUs, 25 ms of its own CPU a step: even
+    # idle its ratio exceeds 3: the fail stands, the floor in its reason.
+    slow = with_cpu(_metrics(7, 0.030, 1.8, run_cores=0.2), 7, 0.025)
+    cand = candidate(slow, 7)
+    got, floor = by_hand(slow)
+    assert floor / ref_cost > 3.0
+    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, cand, uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "fail", r.reason
+    assert r.evidence["ratio"] == pytest.approx(got / ref_cost, rel=1e-9)
+    ev = r.evidence[schema.EV_CPU_COST_BOUND]
+    assert ev["usable"] and ev["against"] == "ratio" and ev["steps"] == N
+    assert ev["inflation_bound"] == pytest.approx(1.9)
+    assert ev["cost_lower"] == pytest.approx(floor, rel=1e-9)
+    assert ev["ratio_lower"] == pytest.approx(floor / ref_cost, rel=1e-9)
+    assert "contention cannot explain it" in r.reason, r.reason
+    assert f"puts its cost ratio at >= {floor / ref_cost:.3f} on an idle machine > 3" \
+        in r.reason, r.reason
+    recorded = next(x for x in a.to_dict()["results"] if x["id"] == "goal-cost")
+    assert schema.EV_CPU_COST_BOUND not in result_as_version(recorded, "9")["evidence"]
+    assert schema.EV_CONTENTION in result_as_version(recorded, "9")["evidence"]
+    # An absolute price between the floor and the cost: the neighbours can explain the
+    # fail: not judged, the floor said; under the floor: the fail stands.
+    a, _ = assess_ids(load_criteria(goals(f"max_cost = {(floor + got) / 2:.6g}")), refs,
+                      cand, uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
+    assert "cost not judged (it would fail: candidate" in r.reason, r.reason
+    assert f"puts its cost at >= {floor:.4g} USD on an idle machine <= " in r.reason, r.reason
+    a, _ = assess_ids(load_criteria(goals(f"max_cost = {floor / 2:.6g}")), refs, cand, uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "fail" and r.evidence[schema.EV_CPU_COST_BOUND]["against"] == "cost"
+
+    # 3x slower on 5 ms of its own CPU a step: idle it could be within 3x: not judged.
+    light = with_cpu(_metrics(8, 0.030, 1.8, run_cores=0.2), 8, 0.005)
+    got, floor = by_hand(light)
+    assert floor / ref_cost <= 3.0 < got / ref_cost
+    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, candidate(light, 8),
+                      uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
+    assert f"at >= {floor / ref_cost:.3f} on an idle machine <= 3" in r.reason, r.reason
+    assert "re-run the candidate on a machine as idle as the references'" in r.reason
+    # Without CPU time per step (a JAX run as recorded today) nothing bounds it.
+    bare = _metrics(9, 0.030, 1.8, run_cores=0.2)
+    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, candidate(bare, 9),
+                      uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "not_evaluable", r.reason
+    assert f"cannot bound it (no {cpu} values)" in r.reason, r.reason
+    # The same slow candidate on a quiet machine: the fail stands, no bound read.
+    quiet = with_cpu(_metrics(10, 0.030, 0.2, cpu_pct=60.0), 10, 0.005)
+    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, candidate(quiet, 10),
+                      uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "fail" and schema.EV_CPU_COST_BOUND not in r.evidence, r.reason
+
+
 def test_a_cost_goal_prices_the_candidate_for_the_references_work(
         store, tmp_path: Path) -> None:
     uri, spool = store.tracking_uri, store.spool_dir

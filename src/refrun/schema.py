@@ -383,6 +383,9 @@ EV_CPU_CEILING = "cpu_ceiling"
 # judgeable: the references' (a pass) or the candidate's (a fail)
 # (refrun.acceptance.kinds.throughput.CpuRateBound).
 EV_CPU_RATE_BOUND = "cpu_rate_bound"
+# The candidate's CPU time in its steps as a floor under a cost fail on a machine that took
+# CPU from it (refrun.acceptance.kinds.cost.CpuCostFloor).
+EV_CPU_COST_BOUND = "cpu_cost_bound"
 # A failing per-step criterion's reason ends with this, then the axis value and side.
 FIRST_LEFT_REASON = "; first left the band at "
 

@@ -38,7 +38,7 @@ from typing import Any, Literal
 from refrun import schema
 from refrun.acceptance.paired import PairJudgement
 
-VERSION = "9"
+VERSION = "10"
 # Result evidence keys each evidence format version added (none before 3); a dotted key
 # names a key inside one (version 5: the second contention rule's figures; version 6: a
 # paired result's numerics, refrun.acceptance.precision; version 7: a step_time result's
@@ -46,7 +46,8 @@ VERSION = "9"
 # references' own machine figures and the rule for references busier than the candidate;
 # version 9: a throughput result's bound from the runs' CPU time per step,
 # refrun.acceptance.kinds.throughput.CpuRateBound, and a cost result's contention figures;
-# ``KIND:key`` names a key a version added to results of that kind only).
+# version 10: a cost fail's floor from the candidate's CPU time, refrun.acceptance.kinds.
+# cost.CpuCostFloor; ``KIND:key`` names a key a version added to results of that kind only).
 ADDED_IN: dict[str, tuple[str, ...]] = {
     "3": (schema.EV_FIRST_DIVERGENCE, schema.EV_FIRST_DIVERGENCE_STEP),
     "4": (schema.EV_CONTENTION,),
@@ -58,7 +59,8 @@ ADDED_IN: dict[str, tuple[str, ...]] = {
     "8": (*(f"{schema.EV_CONTENTION}.{k}" for k in (
         "reference_cpu_pct", "reference_logical_cpus", "references_busier")),
         schema.EV_CPU_CEILING),
-    "9": (schema.EV_CPU_RATE_BOUND, f"cost:{schema.EV_CONTENTION}")}
+    "9": (schema.EV_CPU_RATE_BOUND, f"cost:{schema.EV_CONTENTION}"),
+    "10": (schema.EV_CPU_COST_BOUND,)}
 
 Side = Literal["above", "below"]
 

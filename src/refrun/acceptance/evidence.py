@@ -26,7 +26,7 @@ from refrun.acceptance.results import CriterionResult, clean
 from refrun.comparison import RunData
 
 FORMAT = schema.FORMAT_EVIDENCE
-FORMAT_VERSION = criterion_evidence.VERSION  # "9"
+FORMAT_VERSION = criterion_evidence.VERSION  # "10"
 # Version 2 added each run's ``points_from``; version 3 each per-step result's
 # ``first_divergence`` (where the candidate first left the criterion's band); version 4
 # each step_time result's ``contention`` (how busy other processes kept the machine);
@@ -36,7 +36,7 @@ FORMAT_VERSION = criterion_evidence.VERSION  # "9"
 # figures and their rule (a pass against references slowed by neighbours).  Evidence
 # recorded in an older version is recomputed in that version, so an older sign-off still
 # verifies against unchanged data.
-FORMAT_VERSIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
+FORMAT_VERSIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")
 # Result evidence keys each version added (left out when recomputing an older version):
 # the typed shape's own record (refrun.acceptance.criterion_evidence).
 ADDED_RESULT_KEYS = criterion_evidence.ADDED_IN
