@@ -327,6 +327,20 @@ def busy_not_judged(r, tp: float) -> bool:  # type: ignore[no-untyped-def]
     return True
 
 
+def cost_busy_not_judged(r, cost: float) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the cost goal's fail was left unjudged because the machine took CPU from
+    the candidate, and said so: its hours then hold what the neighbours cost it, and a JAX
+    run records no CPU time per step that could bound its idle hours (the candidate's rule,
+    docs/acceptance.md "Busy machines")."""
+    if r.outcome != "not_evaluable":
+        return False
+    cont = r.evidence[schema.EV_CONTENTION]
+    assert cont["known"] and "cost not judged (it would fail: candidate" in r.reason, r.reason
+    assert f"ratio {cost:.3f} > 1.2" in r.reason, r.reason
+    assert f"cannot bound it (no {schema.M_STEP_CPU} values)" in r.reason, r.reason
+    return True
+
+
 def assess(w: World, file: str, cand: str):  # type: ignore[no-untyped-def]
     a, _ = assess_ids(load_criteria(w.files[file]), w.refs[:3], w.cands[cand],
                       w.store.tracking_uri)
@@ -369,13 +383,18 @@ def test_a_faster_but_costlier_migration_fails_its_cost_goal_and_passes_its_thro
         assert tp >= 0.9 and r_tp.outcome == "pass", r_tp.reason  # quiet: about 3x
     assert r_tp.evidence["ratio"] == pytest.approx(tp, rel=1e-9)
     assert r_tp.evidence["unit"] == "samples"
-    assert r_cost.outcome == "fail", r_cost.reason
+    cost_unjudged = cost_busy_not_judged(r_cost, cost)
+    assert cost_unjudged or r_cost.outcome == "fail", r_cost.reason
     assert r_cost.evidence["ratio"] == pytest.approx(cost, rel=1e-6)
     assert r_cost.evidence["work_factor"] == {rid: 1.0 for rid in
                                               [*world.refs[:3], world.cands["clean"]]}
     # The same-machine step time is not applicable across backends, as before.
     assert a.result("step-time").outcome == "not_applicable"
-    assert a.level("L4").status == "fail" and a.highest_level == "L3" and a.verdict == "fail"
+    if not cost_unjudged:
+        assert a.level("L4").status == "fail" and a.highest_level == "L3"
+        assert a.verdict == "fail"
+    else:  # nothing in L4 failed that the load cannot explain: never a pass
+        assert a.verdict == "incomplete" and a.highest_level == "L3", a.table()
     # The figures the assessment carries are the same numbers.
     assert a.performance["throughput"]["ratio"] == pytest.approx(tp, rel=1e-9)
     assert a.performance["cost"]["ratio"] == pytest.approx(cost, rel=1e-6)
@@ -431,9 +450,11 @@ def test_without_goals_the_figures_are_measured_and_change_no_verdict(world: Wor
 def test_accept_prints_the_figures_judged_or_measured(
         world: World, capsys: pytest.CaptureFixture[str]) -> None:
     tp, cost = ratios_by_hand(world, world.cands["clean"], world.refs[:3])
-    judged = assess(world, "goals", "clean").result("goal-throughput").outcome.upper()
+    a = assess(world, "goals", "clean")
+    judged, costed = (a.result(g).outcome.upper() for g in ("goal-throughput", "goal-cost"))
     for name, rc, head in (("measured", 0, "measured only (no L4 goal declared"),
-                           ("goals", 1, f"judged by goal-throughput {judged}, goal-cost FAIL")):
+                           ("goals", 1, f"judged by goal-throughput {judged}, goal-cost "
+                                        f"{costed}")):
         assert main(["accept", "--criteria", str(world.files[name]), "--reference",
                      *world.refs[:3], "--candidate", world.cands["clean"], "--no-record",
                      "--tracking-uri", world.store.tracking_uri]) == rc
