@@ -88,7 +88,8 @@ def goal_results(crit: CriteriaFile, results: Iterable[CriterionResult]) -> list
 
     goals = {c.id for c in crit.criteria if c.level == schema.LEVELS[-1] and c.migration_only}
     always = (RATIO, schema.EV_CONTENTION)
-    present = (schema.EV_CPU_RATE_BOUND, schema.EV_CPU_FLOOR, schema.EV_CPU_CEILING)
+    present = (schema.EV_CPU_RATE_BOUND, schema.EV_CPU_FLOOR, schema.EV_CPU_CEILING,
+               schema.EV_CPU_COST_BOUND)
     return [{"id": r.id, "kind": r.kind, "outcome": r.outcome, "reason": r.reason,
              "evidence": json_safe({**{k: r.evidence.get(k) for k in always},
                                     **{k: r.evidence[k] for k in present if k in r.evidence}})}
