@@ -419,10 +419,10 @@ def test_a_cost_fail_beside_busy_neighbours_stands_only_on_the_candidates_own_cp
     assert r.outcome == "fail", r.reason
     assert r.evidence["ratio"] == pytest.approx(got / ref_cost, rel=1e-9)
     ev = r.evidence[schema.EV_CPU_COST_BOUND]
-    assert ev["usable"] and ev["against"] == "ratio" and ev["steps"] == N
-    assert ev["inflation_bound"] == pytest.approx(1.9)
+    assert ev["usable"] and ev["side"] == "candidate" and ev["against"] == "ratio"
+    assert ev["steps"] == [N] and ev["inflation_bounds"] == pytest.approx([1.9])
     assert ev["cost_lower"] == pytest.approx(floor, rel=1e-9)
-    assert ev["ratio_lower"] == pytest.approx(floor / ref_cost, rel=1e-9)
+    assert ev["ratio_bound"] == pytest.approx(floor / ref_cost, rel=1e-9)
     assert "contention cannot explain it" in r.reason, r.reason
     assert f"puts its cost ratio at >= {floor / ref_cost:.3f} on an idle machine > 3" \
         in r.reason, r.reason
@@ -453,17 +453,73 @@ def test_a_cost_fail_beside_busy_neighbours_stands_only_on_the_candidates_own_cp
     assert "re-run the candidate on a machine as idle as the references'" in r.reason
     # Without CPU time per step (a JAX run as recorded today) nothing bounds it.
     bare = _metrics(9, 0.030, 1.8, run_cores=0.2)
-    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, candidate(bare, 9),
-                      uri)
+    bare_id = candidate(bare, 9)
+    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, bare_id, uri)
     r = a.result("goal-cost")
     assert r.outcome == "not_evaluable", r.reason
-    assert f"cannot bound it (no {cpu} values)" in r.reason, r.reason
+    assert f"cannot bound it (run {bare_id} has no {cpu} values)" in r.reason, r.reason
     # The same slow candidate on a quiet machine: the fail stands, no bound read.
     quiet = with_cpu(_metrics(10, 0.030, 0.2, cpu_pct=60.0), 10, 0.005)
     a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, candidate(quiet, 10),
                       uri)
     r = a.result("goal-cost")
     assert r.outcome == "fail" and schema.EV_CPU_COST_BOUND not in r.evidence, r.reason
+
+
+def test_a_cost_pass_against_busy_references_stands_on_their_own_cpu_time(
+        store, tmp_path: Path) -> None:
+    """The references' side of the cost bound: references recorded beside busy
+    neighbours would have been billed at least their steps' CPU seconds over
+    1 + min(1, others/CPUs) alone, so the candidate's cost over the mean of those floors is
+    an upper bound on its ratio against idle references; a pass whose bound is within the
+    limit stands, one whose bound is not stays not judged with the bound said.  Hours are
+    the sum of the step times (``time_source = "step_time_sum"``), every figure by hand."""
+    uri, spool = store.tracking_uri, store.spool_dir
+    cpu = schema.M_STEP_CPU
+
+    def goals(cost_keys: str) -> Path:
+        body = GOALS.replace("max_ratio = 100.0\nsame_work = true",
+                             cost_keys + '\ntime_source = "step_time_sum"', 1)
+        return write_criteria(tmp_path, body, f"r{abs(hash(cost_keys))}.toml")
+
+    # References beside a neighbour using 1.6 of 2 CPUs, 9 ms of their 10 ms step on CPU,
+    # at 1.0 an hour; a TPU candidate (no system CPU figures) at 4.0 an hour, 2 ms a step.
+    ref_m = [{**_metrics(s, 0.010, 1.6),
+              cpu: 0.009 * (1 + np.random.default_rng(300 + s).normal(0, 0.01, N))}
+             for s in (0, 1)]
+    refs = [record(uri, spool, "reference", m, seed=s).run_id
+            for s, m in zip((0, 1), ref_m, strict=True)]
+    fast = _metrics(7, 0.002)
+    cand = record(uri, spool, "candidate", fast, seed=7, hardware="tpu-v5e",
+                  backend="jax").run_id
+    cand_cost = fast[schema.M_STEP_TIME].sum() / 3600 * 4.0
+    ratio = cand_cost / np.mean([m[schema.M_STEP_TIME].sum() / 3600 for m in ref_m])
+    floors = [m[cpu].sum() / (1 + 1.6 / 2) / 3600 * 1.0 for m in ref_m]
+    upper = cand_cost / float(np.mean(floors))
+    assert ratio < upper
+    # A limit over the bound: the pass stands, the bound in its reason.
+    limit = round((upper + 0.2), 3)
+    a, _ = assess_ids(load_criteria(goals(f"max_ratio = {limit}")), refs, cand, uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "pass", r.reason
+    ev = r.evidence[schema.EV_CPU_COST_BOUND]
+    assert ev["usable"] and ev["side"] == "references" and ev["against"] == "ratio"
+    assert ev["inflation_bounds"] == pytest.approx([1.8, 1.8])
+    assert ev["costs_lower"] == pytest.approx(floors, rel=1e-9)
+    assert ev["ratio_bound"] == pytest.approx(upper, rel=1e-9)
+    assert "busy references cannot explain it" in r.reason, r.reason
+    assert f"puts the cost ratio on an idle machine at <= {upper:.3f} <= {limit:g}" \
+        in r.reason, r.reason
+    # A limit between the ratio and the bound: it would pass, but idle references might
+    # make it fail: not judged, the bound said.
+    limit = round((ratio + upper) / 2, 3)
+    a, _ = assess_ids(load_criteria(goals(f"max_ratio = {limit}")), refs, cand, uri)
+    r = a.result("goal-cost")
+    assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
+    assert "cost not judged (it would pass: candidate" in r.reason, r.reason
+    assert f"at <= {upper:.3f} > {limit:g}" in r.reason, r.reason
+    recorded = next(x for x in a.to_dict()["results"] if x["id"] == "goal-cost")
+    assert schema.EV_CPU_COST_BOUND not in result_as_version(recorded, "9")["evidence"]
 
 
 def test_a_cost_goal_prices_the_candidate_for_the_references_work(

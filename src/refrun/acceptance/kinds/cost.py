@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -21,7 +22,6 @@ from refrun.acceptance.contention import (
     finite_dict,
     judged,
 )
-from refrun.acceptance.criterion_evidence import Contention
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
 from refrun.comparison import RunData
@@ -63,10 +63,10 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
     mean work); ratio = candidate cost / mean reference cost.  A ratio's pass against
     references recorded beside busier neighbours than the candidate is not judged (the
     references' rule, :func:`refrun.acceptance.contention.judged`): their hours hold
-    what those neighbours cost them.  A fail on a machine that took CPU from the
-    candidate is not judged either, unless the candidate's own CPU time per step puts its
-    cost on an idle machine over the limit (:class:`CpuCostFloor`): its hours hold what its
-    neighbours cost it."""
+    what those neighbours cost them, unless their own CPU time keeps the ratio within the
+    limit on an idle machine.  A fail on a machine that took CPU from the candidate is not
+    judged either, unless the candidate's own CPU time puts its cost on an idle machine over
+    the limit: its hours hold what its neighbours cost it (both: :class:`CpuCostBound`)."""
     prices = ctx.criteria.prices
     factors: dict[str, float] = {}
     work_ev: dict[str, Any] = {}
@@ -109,140 +109,186 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
     summary = (f"candidate {cand['cost']:.4g} {prices.currency}"
                + (f" vs reference {ev['reference_cost']:.4g} (ratio {ev['ratio']:.3f})"
                   if "ratio" in ev else ""))
-    cont = contention(ctx.candidate, list(ctx.references), ctx.keep)
+    refs = list(ctx.references)
+    cont = contention(ctx.candidate, refs, ctx.keep)
     if problems:
-        floor = cpu_cost_floor(
-            ctx.candidate, c, ctx.keep, cand, factors.get(ctx.candidate.run_id),
-            prices.currency, ev.get("reference_cost"), cont,
-            ratio_failed=c.max_ratio is not None and ev["ratio"] > c.max_ratio
-        ) if cont.took_cpu else None
+        # The candidate's rule (contention.judged): a candidate beside neighbours that
+        # took CPU from it ran longer, so cost more, than it would alone.
+        floor = None
+        if cont.took_cpu:
+            ratio_failed = c.max_ratio is not None and ev["ratio"] > c.max_ratio
+            cost_failed = c.max_cost is not None and cand["cost"] > c.max_cost
+            floor = cpu_cost_bound(
+                "candidate", [ctx.candidate], (cont.candidate_cores,), (cont.logical_cpus,),
+                rows[-1:], [factors.get(ctx.candidate.run_id)], ctx.keep, prices.currency,
+                ev.get("reference_cost"), c.max_ratio if ratio_failed else None,
+                c.max_cost if cost_failed else None)
         return judged(c, FAIL, summary + ": " + "; ".join(problems), ev, cont, "cost",
                       floor=floor, limit=None if floor is None else floor.limit)
     if c.max_ratio is None:  # an absolute price: the references' machine plays no part
         return result(c, PASS, summary, ev, metric=None)
     # The references' rule (contention.judged): references recorded beside busier
     # neighbours ran longer, so cost more, than they would alone; a candidate can look
-    # cheap enough against them while it is not, so such a pass is not judged.
-    return judged(c, PASS, summary, ev, cont, "cost")
+    # cheap enough against them while it is not, so such a pass is not judged unless
+    # their own CPU time proves it.
+    ceiling = cpu_cost_bound(
+        "references", refs, cont.reference_cores, cont.reference_logical_cpus, rows[:-1],
+        [factors.get(r.run_id) for r in refs], ctx.keep, prices.currency, cand["cost"],
+        c.max_ratio, None) if cont.references_busier else None
+    return judged(c, PASS, summary, ev, cont, "cost", limit=c.max_ratio, ceiling=ceiling)
 
 
+Side = Literal["references", "candidate"]
 Against = Literal["ratio", "cost"]
 
 
 @dataclass(frozen=True)
-class CpuCostFloor:
-    """What the candidate's own CPU seconds per step say about a cost fail on a machine
-    that took CPU from it: the cost counterpart of step time's
-    :class:`~refrun.acceptance.kinds.step_time.CpuFloor`.
+class CpuCostBound:
+    """What runs' own CPU seconds say about a cost result the machine's load made not
+    judgeable: the cost counterpart of throughput's
+    :class:`~refrun.acceptance.kinds.throughput.CpuRateBound`.
 
-    A step takes at least its training thread's CPU seconds ``c_i`` (a thread accrues CPU
-    time only while it runs), which neighbours using ``o`` of ``n`` CPUs lengthen by at
-    most ``B = cpu_inflation_bound(o, n)``; the steps run one after the other inside the
-    priced time (the run's wall less refrun's own start-up and close, or the sum of its
-    step times), and the rest of it takes no less than nothing.  So on an idle machine the
-    run would be billed at least ``hours_lower = sum(c_i) / B / 3600`` hours (x the
-    same-work ``factor``), for ``cost_lower = hours_lower x price_per_hour``, and its ratio
-    against the references' mean cost would be at least ``ratio_lower``.  The sum is over
-    every step with a finite ``perf/step_cpu_s`` (a step without one adds nothing: still a
-    lower bound).
+    A run's steps run one after the other inside its priced time (its wall less refrun's
+    own start-up and close, or the sum of its step times), and the rest of that time takes
+    no less than nothing.  Each step takes at least its training thread's CPU seconds
+    ``c_i`` (a thread accrues CPU time only while it runs), which neighbours using ``o`` of
+    ``n`` CPUs lengthen by at most ``B = cpu_inflation_bound(o, n)`` (shared hardware
+    only).  So on an idle machine a run would be billed at least ``sum(c_i) / B / 3600``
+    hours (x its same-work factor), at least its price per hour times that
+    (``costs_lower``, one per bounded run; the sum over every step with a finite
+    ``perf/step_cpu_s``: a step without one adds nothing, still a lower bound).
 
-    ``against``: the limit the bound is read against (``ratio``: ``max_ratio``, ``cost``:
-    ``max_cost``), the one it settles when it settles one; ``limit``: that limit.  The fail
-    stands when the bound exceeds it.  ``usable``: the candidate has such values, its
-    machine's load and CPU count are known and its thread CPU clock resolves its median
-    step (``clock_step_s`` at most ``clock_fraction`` of it); ``why``: why not."""
+    * side "candidate" (a fail on a machine that took CPU from the candidate):
+      ``cost_lower`` its floor, ``ratio_bound`` = ``cost_lower`` / the references' mean
+      cost (``against_cost``), a lower bound on its ratio on an idle machine.  Read against
+      ``against`` ``ratio`` (``max_ratio``) or ``cost`` (``max_cost``): the limit it settles
+      when it settles one (the ratio first), else the first that failed.  The fail stands
+      when the figure exceeds ``limit``.
+    * side "references" (a ``max_ratio`` pass against references busier than the
+      candidate): ``cost_lower`` the mean of their floors, ``ratio_bound`` = the
+      candidate's cost (``against_cost``) / ``cost_lower``, an upper bound on the ratio
+      against them on an idle machine; the pass stands when it is at most ``limit``.
+
+    ``usable``: every bounded run has such values, its machine's load and CPU count are
+    known and its thread CPU clock resolves its median step (``clock_step_s``, the
+    coarsest, at most ``clock_fraction`` of it); ``why``: why not, when not."""
 
     evidence_key: ClassVar[str] = schema.EV_CPU_COST_BOUND
     usable: bool
+    side: Side
     metric: str
     against: Against
     limit: float
     currency: str
     why: str = ""
-    steps: int = 0
-    candidate_cpu_s: float | None = None
-    others_cores: float | None = None
-    logical_cpus: float | None = None
-    inflation_bound: float | None = None
+    steps: tuple[int, ...] | None = None
+    cpu_s: tuple[float, ...] | None = None
+    others_cores: tuple[float, ...] | None = None
+    logical_cpus: tuple[float, ...] | None = None
+    inflation_bounds: tuple[float, ...] | None = None
     clock_step_s: float | None = None
     clock_fraction: float = CPU_CLOCK_FRACTION
-    factor: float | None = None
-    price_per_hour: float | None = None
-    hours_lower: float | None = None
+    costs_lower: tuple[float, ...] | None = None
     cost_lower: float | None = None
-    reference_cost: float | None = None
-    ratio_lower: float | None = None
+    against_cost: float | None = None
+    ratio_bound: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return finite_dict(self)
+        d = finite_dict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @property
     def figure(self) -> float | None:
-        return self.ratio_lower if self.against == "ratio" else self.cost_lower
+        return self.cost_lower if self.against == "cost" else self.ratio_bound
 
     def holds(self, limit: float) -> bool:
-        """The fail stands: even on an idle machine the figure exceeds ``limit``."""
-        return self.usable and self.figure is not None and self.figure > limit
+        """The bound settles the result against ``limit``: the fail stands (candidate) or
+        the pass stands (references) whatever the neighbours did."""
+        f = self.figure
+        if not self.usable or f is None:
+            return False
+        return f > limit if self.side == "candidate" else f <= limit
 
     def versus(self, limit: float) -> str:
-        return f" > {limit:g}" if self.holds(limit) else f" <= {limit:g}"
+        above = self.figure is not None and self.figure > limit
+        return f" > {limit:g}" if above else f" <= {limit:g}"
 
     def summary(self) -> str:
+        whose = "the candidate's" if self.side == "candidate" else "the references'"
         if not self.usable:
-            return f"the candidate's CPU time per step cannot bound it ({self.why})"
-        what = (f"its cost ratio at >= {self.ratio_lower:.3f}" if self.against == "ratio"
+            return f"{whose} CPU time per step cannot bound it ({self.why})"
+        if self.side == "references":
+            infl = ", ".join(f"{b:.2f}x" for b in self.inflation_bounds or ())
+            return (f"the references' own CPU time in their steps, which their neighbours "
+                    f"inflate at most {infl}, puts the cost ratio on an idle machine at <= "
+                    f"{self.ratio_bound:.3f}")
+        assert self.cpu_s and self.steps and self.others_cores and self.logical_cpus \
+            and self.inflation_bounds
+        what = (f"its cost ratio at >= {self.ratio_bound:.3f}" if self.against == "ratio"
                 else f"its cost at >= {self.cost_lower:.4g} {self.currency}")
-        return (f"the candidate's own CPU time in its steps ({rv.fnum(self.candidate_cpu_s)}"
-                f" s over {self.steps} steps), which neighbours using {self.others_cores:.2f}"
-                f" of {self.logical_cpus:g} CPUs inflate at most {self.inflation_bound:.2f}x,"
-                f" puts {what} on an idle machine")
+        return (f"the candidate's own CPU time in its steps ({rv.fnum(self.cpu_s[0])} s over "
+                f"{self.steps[0]} steps), which neighbours using {self.others_cores[0]:.2f} "
+                f"of {self.logical_cpus[0]:g} CPUs inflate at most "
+                f"{self.inflation_bounds[0]:.2f}x, puts {what} on an idle machine")
 
 
-def cpu_cost_floor(candidate: RunData, c: Cost, keep: str, row: dict[str, Any],
-                   factor: float | None, currency: str, reference_cost: float | None,
-                   cont: Contention, ratio_failed: bool) -> CpuCostFloor:
-    """The :class:`CpuCostFloor` of a failing candidate (its cost ``row`` as :func:`cost`
-    priced it, its same-work ``factor`` when one applied) on a machine that took CPU from
-    it.  Read against
-    ``max_ratio`` when the ratio failed and the bound settles it, else against
-    ``max_cost`` when that failed and the bound settles it, else against whichever
-    failed (ratio first)."""
+def cpu_cost_bound(side: Side, runs: Sequence[RunData],
+                   others: Sequence[float | None] | None, cpus: Sequence[float | None] | None,
+                   rows: Sequence[dict[str, Any]], factors: Sequence[float | None],
+                   keep: str, currency: str, against_cost: float | None,
+                   max_ratio: float | None, max_cost: float | None) -> CpuCostBound:
+    """The :class:`CpuCostBound` of ``runs`` (the candidate alone, or the references):
+    ``others`` and ``cpus`` each run's median other processes' cores and CPU count
+    (:class:`~refrun.acceptance.criterion_evidence.Contention`), ``rows`` their cost rows
+    as :func:`cost` priced them and ``factors`` their same-work factors (None: as run);
+    ``against_cost``: the references' mean cost (side "candidate") or the candidate's
+    cost (side "references"); ``max_ratio`` and ``max_cost``: the limits it may be read
+    against (side "candidate": those that failed; side "references": ``max_ratio``)."""
     metric = schema.M_STEP_CPU
-    cost_failed = c.max_cost is not None and row["cost"] > c.max_cost
-    first: Against = "ratio" if ratio_failed else "cost"
-    base: dict[str, Any] = {
-        "metric": metric, "currency": currency, "factor": factor,
-        "others_cores": cont.candidate_cores, "logical_cpus": cont.logical_cpus,
-        "reference_cost": reference_cost, "price_per_hour": row["price_per_hour"]}
-
-    def limit_of(a: Against) -> float:
-        v = c.max_ratio if a == "ratio" else c.max_cost
-        assert v is not None
-        return v
-
-    r = rv.resolved(candidate, metric, keep)
-    cpu = rv.finite(r).values if r is not None else np.empty(0)
-    cpu = cpu[cpu >= 0]
-    if not len(cpu):
-        return CpuCostFloor(False, against=first, limit=limit_of(first),
-                            why=f"no {metric} values", **base)
-    if cont.candidate_cores is None or not cont.logical_cpus:
-        return CpuCostFloor(False, against=first, limit=limit_of(first), steps=len(cpu),
-                            why="the machine's CPU count is not known", **base)
-    tick, total = clock_step(cpu), float(cpu.sum())
-    infl = cpu_inflation_bound(cont.candidate_cores, cont.logical_cpus)
-    base.update(steps=len(cpu), candidate_cpu_s=total, inflation_bound=infl,
-                clock_step_s=tick)
-    if why := clock_unresolved(tick, float(np.median(cpu))):
-        return CpuCostFloor(False, against=first, limit=limit_of(first), why=why, **base)
-    hours = total / infl / 3600.0 * (1.0 if factor is None else factor)
-    cost_lower = hours * row["price_per_hour"]
-    ratio_lower = (cost_lower / reference_cost if reference_cost else
-                   (math.inf if reference_cost == 0 else None))
-    base.update(hours_lower=hours, cost_lower=cost_lower, ratio_lower=ratio_lower)
-    against = first
-    if ratio_failed and ratio_lower is not None and ratio_lower > limit_of("ratio"):
-        against = "ratio"
-    elif cost_failed and cost_lower > limit_of("cost"):
-        against = "cost"
-    return CpuCostFloor(True, against=against, limit=limit_of(against), **base)
+    first: Against = "ratio" if max_ratio is not None else "cost"
+    limit = max_ratio if max_ratio is not None else max_cost
+    assert limit is not None
+    base: dict[str, Any] = {"side": side, "metric": metric, "currency": currency,
+                            "against_cost": against_cost}
+    n = len(runs)
+    others = others if others is not None and len(others) == n else (None,) * n
+    cpus = cpus if cpus is not None and len(cpus) == n else (None,) * n
+    steps, totals, infls, ticks, costs = [], [], [], [], []
+    for run, o, cpu_n, row, factor in zip(runs, others, cpus, rows, factors, strict=True):
+        if o is None or not cpu_n:
+            return CpuCostBound(False, against=first, limit=limit, why=f"run {run.run_id}'s "
+                                "machine load or CPU count is not known", **base)
+        r = rv.resolved(run, metric, keep)
+        cpu = rv.finite(r).values if r is not None else np.empty(0)
+        cpu = cpu[cpu >= 0]
+        if not len(cpu):
+            return CpuCostBound(False, against=first, limit=limit,
+                                why=f"run {run.run_id} has no {metric} values", **base)
+        tick = clock_step(cpu)
+        if why := clock_unresolved(tick, float(np.median(cpu))):
+            return CpuCostBound(False, against=first, limit=limit, clock_step_s=tick,
+                                why=f"run {run.run_id}: {why}", **base)
+        infl = cpu_inflation_bound(o, cpu_n)
+        hours = float(cpu.sum()) / infl / 3600.0 * (1.0 if factor is None else factor)
+        steps.append(len(cpu))
+        totals.append(float(cpu.sum()))
+        infls.append(infl)
+        ticks.append(tick)
+        costs.append(hours * row["price_per_hour"])
+    mean = float(np.mean(costs))
+    if side == "candidate":
+        ratio = None if against_cost is None else (
+            mean / against_cost if against_cost > 0 else math.inf)
+    else:
+        ratio = (against_cost or 0.0) / mean if mean > 0 else math.inf
+    against: Against = first
+    if side == "candidate" and not (max_ratio is not None and ratio is not None
+                                    and ratio > max_ratio) \
+            and max_cost is not None and mean > max_cost:
+        against, limit = "cost", max_cost
+    return CpuCostBound(True, against=against, limit=limit, steps=tuple(steps),
+                        cpu_s=tuple(totals), others_cores=tuple(float(o) for o in others
+                                                                if o is not None),
+                        logical_cpus=tuple(float(x) for x in cpus if x),
+                        inflation_bounds=tuple(infls), clock_step_s=max(ticks),
+                        costs_lower=tuple(costs), cost_lower=mean, ratio_bound=ratio, **base)
