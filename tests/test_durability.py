@@ -28,6 +28,15 @@ from tests.conftest import MlflowServer, free_port
 pytestmark = pytest.mark.server
 
 
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Delivery tries a store that failed at least every second
+    (``$REFRUN_DELIVERY_RETRY_MAX_S=1``, default 30 s): a test that brings the store back
+    after the trainer closed waits for the background delivery to resume, which the default
+    back-off, doubling while the server restarts, put off by ~6 s."""
+    monkeypatch.setenv("REFRUN_DELIVERY_RETRY_MAX_S", "1")
+
+
 def _loop(run, steps: int, on_step=None, sleep_s: float = 0.01) -> list[float]:
     durations = []
     for step in range(steps):
@@ -128,6 +137,7 @@ def test_close_with_server_down_thread_delivery_leaves_spool_for_sync(tmp_path):
         server.kill()
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_close_with_server_down_delivery_process_finishes_later(tmp_path):
     server = MlflowServer(tmp_path, free_port())
     server.start()
@@ -145,6 +155,23 @@ def test_close_with_server_down_delivery_process_finishes_later(tmp_path):
         _assert_exactly_once(client, run.run_id, 30)
     finally:
         server.kill()
+
+
+def test_the_retry_cap_setting_caps_the_back_off(monkeypatch) -> None:
+    from refrun.errors import RefrunInputError
+    from refrun.settings import DEFAULT_DELIVERY_RETRY_MAX_S, settings
+
+    monkeypatch.delenv("REFRUN_DELIVERY_RETRY_MAX_S", raising=False)
+    backoff = delivery.Backoff()
+    assert [backoff.failed() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert DEFAULT_DELIVERY_RETRY_MAX_S == 30
+    monkeypatch.setenv("REFRUN_DELIVERY_RETRY_MAX_S", "2.5")
+    backoff = delivery.Backoff(first_s=0.5)
+    assert [backoff.failed() for _ in range(5)] == [0.5, 1, 2, 2.5, 2.5]
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("REFRUN_DELIVERY_RETRY_MAX_S", bad)
+        with pytest.raises(RefrunInputError, match="REFRUN_DELIVERY_RETRY_MAX_S"):
+            settings()  # refused where the run starts
 
 
 def _wait_for_status(client: MlflowClient, run_id: str, status: str, timeout: float = 300):

@@ -20,6 +20,11 @@ variable                            default    meaning
                                                create the run before training goes on
 ``REFRUN_DELIVERY_FINAL_TIMEOUT_S`` ``600``    seconds a delivery process whose trainer is
                                                gone keeps retrying an unreachable store
+``REFRUN_DELIVERY_RETRY_MAX_S``     ``30``     longest pause between two tries of a store
+                                               that failed (delivery's back-off doubles up
+                                               to it): how long after a store's return
+                                               delivery may take to resume, against how
+                                               often a store that is down is tried
 ``REFRUN_STORE_TIMEOUT_S``          ``15``     the longest one store call waits on a store
                                                that does not answer (a server that is down
                                                or silent, a locked sqlite file) before the
@@ -103,7 +108,8 @@ def settings() -> Settings:
     delivery = os.environ.get("REFRUN_DELIVERY") or "process"
     if delivery not in DELIVERIES:
         raise RefrunInputError(f"$REFRUN_DELIVERY={delivery!r}: use 'process' or 'thread'")
-    delivery_nice()  # a malformed value is refused where the run starts, not in delivery
+    delivery_nice()  # malformed values are refused where the run starts, not in delivery
+    delivery_retry_max_s()
     return Settings(
         spool_root=Path(os.environ.get("REFRUN_SPOOL_DIR") or DEFAULT_SPOOL_ROOT).absolute(),
         delivery=delivery,  # type: ignore[arg-type]  # checked against DELIVERIES above
@@ -130,6 +136,20 @@ def show_traceback() -> bool:
     """``$REFRUN_TRACEBACK``: print the traceback of an unforeseen error (default no: one
     line, exit 2)."""
     return os.environ.get("REFRUN_TRACEBACK", "").strip() not in ("", "0")
+
+
+DEFAULT_DELIVERY_RETRY_MAX_S = 30.0
+
+
+def delivery_retry_max_s() -> float:
+    """``$REFRUN_DELIVERY_RETRY_MAX_S``: the cap of delivery's retry back-off (seconds,
+    default 30; :class:`refrun.recording.delivery.Backoff`).  Above 0: a store that is down
+    is never tried in a loop without pause."""
+    value = _float("REFRUN_DELIVERY_RETRY_MAX_S", DEFAULT_DELIVERY_RETRY_MAX_S)
+    if value == 0:
+        raw = os.environ["REFRUN_DELIVERY_RETRY_MAX_S"]
+        raise RefrunInputError(f"$REFRUN_DELIVERY_RETRY_MAX_S={raw!r}: must be > 0")
+    return value
 
 
 DEFAULT_DELIVERY_NICE = 10

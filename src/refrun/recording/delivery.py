@@ -6,7 +6,8 @@ background thread (``delivery="thread"``), the delivery process
 
 * the lock files (``lock``: the live session; ``delivery.lock``: the live delivery
   process) and the status file (``delivery.json``) the process reports through;
-* the single retry back-off (:class:`Backoff`: 1 s doubling to 30 s);
+* the single retry back-off (:class:`Backoff`: 1 s doubling to 30 s,
+  ``$REFRUN_DELIVERY_RETRY_MAX_S``);
 * one delivery step (:func:`deliver_pending`) and the complete delivery of a closed spool
   (:func:`finalize`), which sends MLflow the bounded view of :mod:`refrun.recording.view`;
 * the end-of-run seal (:func:`seal`: curves artifact + summary tags + status);
@@ -30,7 +31,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -48,6 +49,7 @@ from refrun.recording.spool import (
     disk_full,
     unlock,
 )
+from refrun.settings import delivery_retry_max_s
 from refrun.store import mlflow_ui
 from refrun.store.client import client as store_client
 from refrun.store.client import entities_for, run_writer, transient
@@ -71,10 +73,11 @@ T = TypeVar("T")
 # --- the retry back-off ----------------------------------------------------------------
 @dataclass(slots=True)
 class Backoff:
-    """Retry pacing after store errors: ``first_s`` doubling up to ``cap_s``."""
+    """Retry pacing after store errors: ``first_s`` doubling up to ``cap_s``
+    (``$REFRUN_DELIVERY_RETRY_MAX_S``, default 30 s)."""
 
     first_s: float = 1.0
-    cap_s: float = 30.0
+    cap_s: float = field(default_factory=delivery_retry_max_s)
     delay_s: float = 0.0
     retry_at: float = 0.0
 
