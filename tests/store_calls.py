@@ -4,7 +4,12 @@ sqlite access and MLflow's client.  Run as a script, in its own process: MLflow 
 store per process and URI, fixed when it is first opened (workspaces on or off).
 
     python tests/store_calls.py build STORE_DIR on|off     # a store with every feature
-    python tests/store_calls.py calls URI direct|mlflow PLAN_JSON
+    python tests/store_calls.py calls PLAN_JSON direct|mlflow=STORE_DIR ...
+
+``calls`` takes one or more copies of a store, each with the path that serves it, and
+answers for each in turn (in its directory, a store and URI of its own; the environment
+as it was for each), one MLflow import for all: ``direct=COPY1 mlflow=COPY2`` answers
+through refrun's direct access, then through MLflow's client (``REFRUN_SQLITE_DIRECT=0``).
 
 ``build`` writes the store through MLflow's client only (and, for artifacts on another
 system, the location a server started with ``--default-artifact-root s3://...`` records)
@@ -261,11 +266,27 @@ def calls(uri: str, kind: str, p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def each_copy(p: dict[str, Any], jobs: list[str]) -> list[dict[str, Any]]:
+    """``calls`` on each ``KIND=STORE_DIR`` in turn, from that directory."""
+    out = []
+    for job in jobs:
+        kind, where = job.split("=", 1)
+        env, cwd = dict(os.environ), os.getcwd()
+        os.chdir(where)
+        try:
+            out.append(calls(f"sqlite:///{Path(where) / 'mlflow.db'}", kind, p))
+        finally:
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+    return out
+
+
 def main(argv: list[str]) -> None:
     if argv[0] == "build":
         print(json.dumps(build(Path(argv[1]), argv[2] == "on")))
     else:
-        print(json.dumps(calls(argv[1], argv[2], json.loads(argv[3]))))
+        print(json.dumps(each_copy(json.loads(argv[1]), argv[2:])))
 
 
 if __name__ == "__main__":

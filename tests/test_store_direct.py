@@ -419,14 +419,15 @@ def _normalised_answers(doc: dict, root: Path) -> dict:
 
 def _both(tmp_path: Path, store: Path, plan: dict, env: dict[str, str]) -> tuple[dict, ...]:
     """The plan's calls on two copies of ``store``: through refrun's direct access and
-    through MLflow's client (``REFRUN_SQLITE_DIRECT=0``)."""
-    docs = []
-    for kind in ("direct", "mlflow"):
-        copy = tmp_path / kind
+    through MLflow's client (``REFRUN_SQLITE_DIRECT=0``), in one process (one MLflow
+    import), each copy a store and URI of its own."""
+    copies = {kind: tmp_path / kind for kind in ("direct", "mlflow")}
+    for copy in copies.values():
         shutil.copytree(store, copy)
-        docs.append((copy, _script("calls", f"sqlite:///{copy / 'mlflow.db'}", kind,
-                                   json.dumps(plan), env=env, cwd=copy)))
-    return tuple(docs)
+    docs = _script("calls", json.dumps(plan), *(f"{k}={c}" for k, c in copies.items()),
+                   env=env, cwd=tmp_path)
+    assert len(docs) == 2
+    return tuple(zip(copies.values(), docs, strict=True))
 
 
 @pytest.mark.slow
