@@ -3,7 +3,7 @@ answers printed as JSON: what ``tests/test_store_direct.py`` compares between re
 sqlite access and MLflow's client.  Run as a script, in its own process: MLflow keeps one
 store per process and URI, fixed when it is first opened (workspaces on or off).
 
-    python tests/store_calls.py build STORE_DIR on|off     # a store with every feature
+    python tests/store_calls.py build STORE_DIR off STORE_DIR on   # stores with every feature
     python tests/store_calls.py calls PLAN_JSON direct|mlflow=STORE_DIR ...
 
 ``calls`` takes one or more copies of a store, each with the path that serves it, and
@@ -11,9 +11,10 @@ answers for each in turn (in its directory, a store and URI of its own; the envi
 as it was for each), one MLflow import for all: ``direct=COPY1 mlflow=COPY2`` answers
 through refrun's direct access, then through MLflow's client (``REFRUN_SQLITE_DIRECT=0``).
 
-``build`` writes the store through MLflow's client only (and, for artifacts on another
+``build`` writes each store (``on``: with workspaces, ``MLFLOW_ENABLE_WORKSPACES=true`` from
+then on, so ``off`` comes first) through MLflow's client only (and, for artifacts on another
 system, the location a server started with ``--default-artifact-root s3://...`` records)
-and prints the plan: every experiment, run, metric key and artifact directory in it.
+and prints the plans: every experiment, run, metric key and artifact directory in each.
 ``calls`` runs the plan's reads, then the writes refrun makes (a complete run, a rename,
 refusals), then reads what was written back through MLflow's client.
 """
@@ -284,7 +285,12 @@ def each_copy(p: dict[str, Any], jobs: list[str]) -> list[dict[str, Any]]:
 
 def main(argv: list[str]) -> None:
     if argv[0] == "build":
-        print(json.dumps(build(Path(argv[1]), argv[2] == "on")))
+        plans = []
+        for where, workspaces in zip(argv[1::2], argv[2::2], strict=True):
+            if workspaces == "on":
+                os.environ["MLFLOW_ENABLE_WORKSPACES"] = "true"
+            plans.append(build(Path(where), workspaces == "on"))
+        print(json.dumps(plans))
     else:
         print(json.dumps(each_copy(json.loads(argv[1]), argv[2:])))
 

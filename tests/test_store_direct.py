@@ -403,11 +403,10 @@ def feature_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[
     teamA and teamB; each holds NaN and +-inf history, a repeated step, a renamed run, a
     deleted run, a RUNNING run, a deleted experiment, an experiment whose artifacts are
     elsewhere on disk (file://) and one whose artifacts are on another system (s3://)."""
-    out = {}
-    for name, env in (("off", {}), ("on", WS_ON)):
-        root = tmp_path_factory.mktemp(f"features-{name}")
-        out[name] = (root / "store", _script("build", str(root / "store"), name, env=env))
-    return out
+    stores = {name: tmp_path_factory.mktemp(f"features-{name}") / "store"
+              for name in ("off", "on")}  # one process, one MLflow import: off, then on
+    plans = _script("build", *(a for name, d in stores.items() for a in (str(d), name)))
+    return {name: (d, plan) for (name, d), plan in zip(stores.items(), plans, strict=True)}
 
 
 def _normalised_answers(doc: dict, root: Path) -> dict:
