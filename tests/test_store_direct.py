@@ -514,7 +514,7 @@ _CLI_MANY = ("import contextlib, io, json, sys\nfrom refrun.cli import main\n"
              "    buf, err = io.StringIO(), io.StringIO()\n"
              "    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):\n"
              "        rc = main(argv)\n"
-             "    out.append([rc, buf.getvalue(), err.getvalue()])\n"
+             "    out.append([rc, buf.getvalue(), err.getvalue(), 'mlflow' in sys.modules])\n"
              "print(json.dumps(out))\n")
 # One process for every workspace asked, one MLflow import: MLflow's client resolves the
 # workspace from MLFLOW_WORKSPACE at each call (mlflow.utils.workspace_context
@@ -546,10 +546,10 @@ def _cli(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, bool, st
 
 
 def _cli_many(commands: list[list[str]], env: dict[str, str], cwd: Path
-              ) -> list[tuple[int, str, str]]:
-    """Several ``refrun`` commands in one fresh process (steps whose subject is not which
-    modules a process imports: one MLflow import for all of them): each one's (exit code,
-    stdout, stderr)."""
+              ) -> list[tuple[int, str, str, bool]]:
+    """Several ``refrun`` commands in one fresh process (one MLflow import for all of
+    them): each one's (exit code, stdout, stderr, MLflow imported by then: what the first
+    command imported, for the later ones what any before them did)."""
     proc = subprocess.run([sys.executable, "-c", _CLI_MANY, json.dumps(commands)],
                           capture_output=True, text=True, timeout=600, cwd=cwd,
                           env={**os.environ, **env})
@@ -607,13 +607,20 @@ def test_import_accept_report_with_workspaces_see_and_write_what_mlflow_would(
                     "--seed", str(k), "--run-name",
                     f"{'candidate' if k == len(files) - 1 else 'reference'} {k}",
                     "--tracking-uri", uri] for k, f in enumerate(files)]
-        for rc, out, err in _cli_many(imports, env, root):
+        for rc, out, err, _ in _cli_many(imports, env, root):
             assert rc == 0, (out, err)
             ids.append(out.strip().splitlines()[0].split()[0])
         refs, cand = ids[:-1], ids[-1]
         accept = ["accept", "--criteria", str(crit), "--reference", *refs, "--candidate",
                   cand, "--tracking-uri", uri, "--json", str(root / "a.json")]
-        rc, imported, _, err = _cli(accept, env, root)
+        # accept first in a fresh process, then report and a teamA run not found
+        (rc, _, err, imported), (rc_r, _, err_r, _), (rc_a, _, err_a, _) = _cli_many(
+            [accept,
+             ["report", "--reference", *refs, "--candidate", cand, "--criteria", str(crit),
+              "--html", str(root / "r.html"), "--json", str(root / "m.json"),
+              "--tracking-uri", uri],
+             ["accept", "--criteria", str(crit), "--reference", team_a_run, "--candidate",
+              cand, "--tracking-uri", uri, "--no-record"]], env, root)
         assert rc == 0, err[-2000:]
         assert imported is (setting == "0")  # served without MLflow under workspaces
         doc = json.loads((root / "a.json").read_text())
@@ -623,13 +630,7 @@ def test_import_accept_report_with_workspaces_see_and_write_what_mlflow_would(
             assert rc == 0 and imported, err[-2000:]
             mlflows = json.loads((root / "b.json").read_text())
             assert mlflows["evidence_sha256"] == doc["evidence_sha256"]
-        (rc, _, err), (rc_a, _, err_a) = _cli_many(
-            [["report", "--reference", *refs, "--candidate", cand, "--criteria", str(crit),
-              "--html", str(root / "r.html"), "--json", str(root / "m.json"),
-              "--tracking-uri", uri],
-             ["accept", "--criteria", str(crit), "--reference", team_a_run, "--candidate",
-              cand, "--tracking-uri", uri, "--no-record"]], env, root)
-        assert rc == 0, err[-2000:]
+        assert rc_r == 0, err_r[-2000:]
         matrix = json.loads((root / "m.json").read_text())
         assert rc_a == 2 and f"run {team_a_run!r}: not found" in err_a, err_a
         results[setting] = {
