@@ -120,7 +120,8 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
             cost_failed = c.max_cost is not None and cand["cost"] > c.max_cost
             floor = cpu_cost_bound(
                 "candidate", [ctx.candidate], (cont.candidate_cores,), (cont.logical_cpus,),
-                rows[-1:], [factors.get(ctx.candidate.run_id)], ctx.keep, prices.currency,
+                rows[-1:], [factors.get(ctx.candidate.run_id)], ctx.keep, c.time_source,
+                prices.currency,
                 ev.get("reference_cost"), c.max_ratio if ratio_failed else None,
                 c.max_cost if cost_failed else None)
         return judged(c, FAIL, summary + ": " + "; ".join(problems), ev, cont, "cost",
@@ -133,8 +134,8 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
     # their own CPU time proves it.
     ceiling = cpu_cost_bound(
         "references", refs, cont.reference_cores, cont.reference_logical_cpus, rows[:-1],
-        [factors.get(r.run_id) for r in refs], ctx.keep, prices.currency, cand["cost"],
-        c.max_ratio, None) if cont.references_busier else None
+        [factors.get(r.run_id) for r in refs], ctx.keep, c.time_source, prices.currency,
+        cand["cost"], c.max_ratio, None) if cont.references_busier else None
     return judged(c, PASS, summary, ev, cont, "cost", limit=c.max_ratio, ceiling=ceiling)
 
 
@@ -232,15 +233,31 @@ class CpuCostBound:
                 f"{self.inflation_bounds[0]:.2f}x, puts {what} on an idle machine")
 
 
+def _step_cpu(run: RunData, keep: str, time_source: str) -> np.ndarray:
+    """The run's finite, non-negative ``perf/step_cpu_s`` values, of the steps its priced
+    hours cover: every step for ``run_wall`` (its steps run inside its wall), only those
+    with a finite step time for ``step_time_sum`` (the hours are the sum of those)."""
+    r = rv.resolved(run, schema.M_STEP_CPU, keep)
+    if r is None:
+        return np.empty(0)
+    ok = np.isfinite(r.values) & (r.values >= 0)
+    if time_source == "step_time_sum":
+        t = rv.resolved(run, schema.M_STEP_TIME, keep)
+        timed = np.empty(0, dtype=np.int64) if t is None else t.steps[np.isfinite(t.values)]
+        ok &= np.isin(r.steps, timed)
+    return r.values[ok]
+
+
 def cpu_cost_bound(side: Side, runs: Sequence[RunData],
                    others: Sequence[float | None] | None, cpus: Sequence[float | None] | None,
                    rows: Sequence[dict[str, Any]], factors: Sequence[float | None],
-                   keep: str, currency: str, against_cost: float | None,
+                   keep: str, time_source: str, currency: str, against_cost: float | None,
                    max_ratio: float | None, max_cost: float | None) -> CpuCostBound:
     """The :class:`CpuCostBound` of ``runs`` (the candidate alone, or the references):
     ``others`` and ``cpus`` each run's median other processes' cores and CPU count
     (:class:`~refrun.acceptance.criterion_evidence.Contention`), ``rows`` their cost rows
-    as :func:`cost` priced them and ``factors`` their same-work factors (None: as run);
+    as :func:`cost` priced them (their hours from ``time_source``) and ``factors`` their
+    same-work factors (None: as run);
     ``against_cost``: the references' mean cost (side "candidate") or the candidate's
     cost (side "references"); ``max_ratio`` and ``max_cost``: the limits it may be read
     against (side "candidate": those that failed; side "references": ``max_ratio``)."""
@@ -258,9 +275,7 @@ def cpu_cost_bound(side: Side, runs: Sequence[RunData],
         if o is None or not cpu_n:
             return CpuCostBound(False, against=first, limit=limit, why=f"run {run.run_id}'s "
                                 "machine load or CPU count is not known", **base)
-        r = rv.resolved(run, metric, keep)
-        cpu = rv.finite(r).values if r is not None else np.empty(0)
-        cpu = cpu[cpu >= 0]
+        cpu = _step_cpu(run, keep, time_source)
         if not len(cpu):
             return CpuCostBound(False, against=first, limit=limit,
                                 why=f"run {run.run_id} has no {metric} values", **base)
