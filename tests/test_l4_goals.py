@@ -102,6 +102,31 @@ def _median_rate(m: dict[str, np.ndarray]) -> float:
     return float(np.median(_blocks_by_hand(per[start:], m[schema.M_STEP_TIME][start:])))
 
 
+def _with_cpu(m: dict[str, np.ndarray], cpu_s: float, rng_seed: int
+              ) -> dict[str, np.ndarray]:
+    """``m`` with CPU seconds per step around ``cpu_s`` (1 % scatter)."""
+    rng = np.random.default_rng(rng_seed)
+    return {**m, schema.M_STEP_CPU: cpu_s * (1 + rng.normal(0, 0.01, len(m["loss"])))}
+
+
+def _cost_goals(tmp_path: Path, cost_keys: str) -> Path:
+    """GOALS with the cost criterion's keys replaced by ``cost_keys``."""
+    body = GOALS.replace("max_ratio = 100.0\nsame_work = true", cost_keys, 1)
+    assert body != GOALS
+    return write_criteria(tmp_path, body, f"c{abs(hash(cost_keys))}.toml")
+
+
+STEP_TIME_SUM = '\ntime_source = "step_time_sum"'
+
+
+def _hours(client: MlflowClient, rid: str) -> float:
+    """MLflow's end - start, less refrun's own start-up and close, in hours."""
+    run = client.get_run(rid)
+    own_ms = 1e3 * (float(run.data.tags[schema.TAG_RECORDING_START_S])
+                    + float(run.data.tags[schema.TAG_RECORDING_CLOSE_S]))
+    return (run.info.end_time - run.info.start_time - own_ms) / 3.6e6
+
+
 # --- goals on the command line -------------------------------------------------------------
 def test_l4_goals_parse_and_every_other_form_is_one_line_naming_goal() -> None:
     assert parse_goal("throughput>=0.9x") == PerformanceGoal("throughput", 0.9)
@@ -231,10 +256,6 @@ def test_the_runs_own_cpu_time_settles_a_throughput_ratio_the_load_left_unjudged
     crit = load_criteria(write_criteria(tmp_path, GOALS))
     cpu = schema.M_STEP_CPU
 
-    def with_cpu(m: dict[str, np.ndarray], seed: int, cpu_s: float) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(100 + seed)
-        return {**m, cpu: cpu_s * (1 + rng.normal(0, 0.01, len(m["loss"])))}
-
     def judge(refs: list[str], m: dict[str, np.ndarray], seed: int):  # type: ignore[no-untyped-def]
         cand = record(uri, spool, "candidate", m, seed=seed, hardware="tpu-v5e",
                       backend="jax").run_id
@@ -242,7 +263,7 @@ def test_the_runs_own_cpu_time_settles_a_throughput_ratio_the_load_left_unjudged
         return a, a.result("goal-throughput")
 
     # References beside a neighbour using 1.6 of 2 CPUs, 9 ms of their 10 ms step on CPU.
-    ref_m = [with_cpu(_metrics(s, 0.010, 1.6), s, 0.009) for s in (0, 1)]
+    ref_m = [_with_cpu(_metrics(s, 0.010, 1.6), 0.009, 100 + s) for s in (0, 1)]
     refs = [record(uri, spool, "reference", m, seed=s).run_id
             for s, m in zip((0, 1), ref_m, strict=True)]
     ref_rate = float(np.mean([_median_rate(m) for m in ref_m]))
@@ -282,13 +303,13 @@ def test_the_runs_own_cpu_time_settles_a_throughput_ratio_the_load_left_unjudged
 
     # Quiet references (a neighbour of 0.2 core on an idle machine), a candidate beside
     # neighbours using 1.8 of 2 CPUs that gets 0.2 core itself.
-    quiet_m = [with_cpu(_metrics(s, 0.010, 0.2, cpu_pct=60.0), s, 0.009) for s in (4, 5)]
+    quiet_m = [_with_cpu(_metrics(s, 0.010, 0.2, cpu_pct=60.0), 0.009, 100 + s) for s in (4, 5)]
     quiet = [record(uri, spool, "reference", m, seed=s).run_id
              for s, m in zip((4, 5), quiet_m, strict=True)]
     quiet_rate = float(np.mean([_median_rate(m) for m in quiet_m]))
     # 3x slower, 25 ms of its own CPU a step: at most 1.9x faster idle, still under the
     # goal: the fail stands.
-    slow = with_cpu(_metrics(10, 0.030, 1.8, run_cores=0.2), 10, 0.025)
+    slow = _with_cpu(_metrics(10, 0.030, 1.8, run_cores=0.2), 0.025, 100 + 10)
     _, r = judge(quiet, slow, 10)
     upper = _bound_by_hand(slow, 1.8) / quiet_rate
     assert upper < 0.9
@@ -299,7 +320,7 @@ def test_the_runs_own_cpu_time_settles_a_throughput_ratio_the_load_left_unjudged
     assert "contention cannot explain it" in r.reason, r.reason
     assert f"on an idle machine at <= {upper:.3f} < 0.9" in r.reason, r.reason
     # 3x slower on 5 ms of its own CPU: the neighbours can explain it: not judged.
-    light = with_cpu(_metrics(11, 0.030, 1.8, run_cores=0.2), 11, 0.005)
+    light = _with_cpu(_metrics(11, 0.030, 1.8, run_cores=0.2), 0.005, 100 + 11)
     _, r = judge(quiet, light, 11)
     upper = _bound_by_hand(light, 1.8) / quiet_rate
     assert upper >= 0.9
@@ -318,11 +339,6 @@ def test_a_cost_pass_against_references_slowed_by_neighbours_is_not_judged(
     step-time or throughput result keeps them)."""
     uri, spool = store.tracking_uri, store.spool_dir
 
-    def goals(cost_keys: str) -> Path:
-        body = GOALS.replace("max_ratio = 100.0\nsame_work = true", cost_keys, 1)
-        assert body != GOALS
-        return write_criteria(tmp_path, body, f"c{abs(hash(cost_keys))}.toml")
-
     busy = [record(uri, spool, "reference", _metrics(s, 0.010, 1.6), seed=s,
                    hold_s=0.05).run_id for s in (0, 1)]
     quiet = [record(uri, spool, "reference", _metrics(s, 0.010, 0.2, cpu_pct=60.0), seed=s,
@@ -331,20 +347,14 @@ def test_a_cost_pass_against_references_slowed_by_neighbours_is_not_judged(
                   backend="jax", hold_s=0.05).run_id
     client = MlflowClient(uri)
 
-    def hours(rid: str) -> float:  # MLflow's end - start, less refrun's own start-up, close
-        run = client.get_run(rid)
-        own_ms = 1e3 * (float(run.data.tags[schema.TAG_RECORDING_START_S])
-                        + float(run.data.tags[schema.TAG_RECORDING_CLOSE_S]))
-        return (run.info.end_time - run.info.start_time - own_ms) / 3.6e6
-
     def judge(path: Path, refs: list[str]):  # type: ignore[no-untyped-def]
         a, _ = assess_ids(load_criteria(path), refs, cand, uri)
         return a, a.result("goal-cost")
 
     # By hand: the candidate's hours at 4.0 an hour against the references' at 1.0.
-    ratio = hours(cand) * 4.0 / float(np.mean([hours(rid) for rid in busy]))
+    ratio = _hours(client, cand) * 4.0 / float(np.mean([_hours(client, rid) for rid in busy]))
     limit = round(ratio * 2, 6)  # a pass, twice the ratio
-    a, r = judge(goals(f"max_ratio = {limit}"), busy)
+    a, r = judge(_cost_goals(tmp_path, f"max_ratio = {limit}"), busy)
     assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
     assert r.evidence["ratio"] == pytest.approx(ratio, rel=1e-9)
     assert r.reason.startswith("other processes used up to 1.6"), r.reason
@@ -357,16 +367,16 @@ def test_a_cost_pass_against_references_slowed_by_neighbours_is_not_judged(
     step = next(x for x in a.to_dict()["results"] if x["id"] == "goal-throughput")
     assert schema.EV_CONTENTION in result_as_version(step, "8")["evidence"]
     # A fail stands: half the ratio as the limit.
-    _, r = judge(goals(f"max_ratio = {round(ratio / 2, 6)}"), busy)
+    _, r = judge(_cost_goals(tmp_path, f"max_ratio = {round(ratio / 2, 6)}"), busy)
     assert r.outcome == "fail" and f"ratio {ratio:.3f} > " in r.reason, r.reason
     # Quiet references: judged, a pass.
-    q_ratio = hours(cand) * 4.0 / float(np.mean([hours(rid) for rid in quiet]))
-    _, r = judge(goals(f"max_ratio = {round(q_ratio * 2, 6)}"), quiet)
+    q_ratio = _hours(client, cand) * 4.0 / float(np.mean([_hours(client, rid) for rid in quiet]))
+    _, r = judge(_cost_goals(tmp_path, f"max_ratio = {round(q_ratio * 2, 6)}"), quiet)
     assert r.outcome == "pass" and r.evidence["ratio"] == pytest.approx(q_ratio, rel=1e-9)
     # An absolute price only: the references play no part, the pass stands.
-    _, r = judge(goals(f"max_cost = {hours(cand) * 4.0 * 2:.6g}"), busy)
+    _, r = judge(_cost_goals(tmp_path, f"max_cost = {_hours(client, cand) * 4.0 * 2:.6g}"), busy)
     assert r.outcome == "pass", r.reason
-    assert r.evidence["candidate_cost"] == pytest.approx(hours(cand) * 4.0, rel=1e-9)
+    assert r.evidence["candidate_cost"] == pytest.approx(_hours(client, cand) * 4.0, rel=1e-9)
 
 
 def test_a_cost_fail_beside_busy_neighbours_stands_only_on_the_candidates_own_cpu_time(
@@ -383,21 +393,16 @@ def test_a_cost_fail_beside_busy_neighbours_stands_only_on_the_candidates_own_cp
     uri, spool = store.tracking_uri, store.spool_dir
     cpu = schema.M_STEP_CPU
 
-    def goals(cost_keys: str) -> Path:
-        body = GOALS.replace("max_ratio = 100.0\nsame_work = true",
-                             cost_keys + '\ntime_source = "step_time_sum"', 1)
-        assert body != GOALS
-        return write_criteria(tmp_path, body, f"c{abs(hash(cost_keys))}.toml")
-
-    def with_cpu(m: dict[str, np.ndarray], seed: int, cpu_s: float) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(200 + seed)
-        return {**m, cpu: cpu_s * (1 + rng.normal(0, 0.01, len(m["loss"])))}
-
     # Quiet references (a neighbour of 0.2 core on a machine 60 % busy), 1.0 an hour.
-    ref_m = [with_cpu(_metrics(s, 0.010, 0.2, cpu_pct=60.0), s, 0.009) for s in (0, 1)]
+    ref_m = [_with_cpu(_metrics(s, 0.010, 0.2, cpu_pct=60.0), 0.009, 200 + s) for s in (0, 1)]
     refs = [record(uri, spool, "reference", m, seed=s).run_id
             for s, m in zip((0, 1), ref_m, strict=True)]
     ref_cost = float(np.mean([m[schema.M_STEP_TIME].sum() / 3600 * 1.0 for m in ref_m]))
+
+    def judge(cost_keys: str, cand_id: str):  # type: ignore[no-untyped-def]
+        a, _ = assess_ids(load_criteria(_cost_goals(tmp_path, cost_keys + STEP_TIME_SUM)),
+                          refs, cand_id, uri)
+        return a, a.result("goal-cost")
 
     def candidate(m: dict[str, np.ndarray], seed: int, backend: str = "jax") -> str:
         return record(uri, spool, "candidate", m, seed=seed, hardware="tpu-v5e",
@@ -413,13 +418,12 @@ def test_a_cost_fail_beside_busy_neighbours_stands_only_on_the_candidates_own_cp
     # 3x slower beside neighbours using 1.8 of 2 CPUs, 25 ms of its own CPU a step: even
     # idle its ratio exceeds 3: the fail stands, the floor in its reason.  Ten steps
     # without a step time: the hours leave them out, so must the floor.
-    slow = with_cpu(_metrics(7, 0.030, 1.8, run_cores=0.2), 7, 0.025)
+    slow = _with_cpu(_metrics(7, 0.030, 1.8, run_cores=0.2), 0.025, 200 + 7)
     slow[schema.M_STEP_TIME][50:60] = np.nan
     cand = candidate(slow, 7)
     got, floor = by_hand(slow)
     assert floor / ref_cost > 3.0
-    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, cand, uri)
-    r = a.result("goal-cost")
+    a, r = judge("max_ratio = 3.0", cand)
     assert r.outcome == "fail", r.reason
     assert r.evidence["ratio"] == pytest.approx(got / ref_cost, rel=1e-9)
     ev = r.evidence[schema.EV_CPU_COST_BOUND]
@@ -435,38 +439,30 @@ def test_a_cost_fail_beside_busy_neighbours_stands_only_on_the_candidates_own_cp
     assert schema.EV_CONTENTION in result_as_version(recorded, "9")["evidence"]
     # An absolute price between the floor and the cost: the neighbours can explain the
     # fail: not judged, the floor said; under the floor: the fail stands.
-    a, _ = assess_ids(load_criteria(goals(f"max_cost = {(floor + got) / 2:.6g}")), refs,
-                      cand, uri)
-    r = a.result("goal-cost")
+    a, r = judge(f"max_cost = {(floor + got) / 2:.6g}", cand)
     assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
     assert "cost not judged (it would fail: candidate" in r.reason, r.reason
     assert f"puts its cost at >= {floor:.4g} USD on an idle machine <= " in r.reason, r.reason
-    a, _ = assess_ids(load_criteria(goals(f"max_cost = {floor / 2:.6g}")), refs, cand, uri)
-    r = a.result("goal-cost")
+    a, r = judge(f"max_cost = {floor / 2:.6g}", cand)
     assert r.outcome == "fail" and r.evidence[schema.EV_CPU_COST_BOUND]["against"] == "cost"
 
     # 3x slower on 5 ms of its own CPU a step: idle it could be within 3x: not judged.
-    light = with_cpu(_metrics(8, 0.030, 1.8, run_cores=0.2), 8, 0.005)
+    light = _with_cpu(_metrics(8, 0.030, 1.8, run_cores=0.2), 0.005, 200 + 8)
     got, floor = by_hand(light)
     assert floor / ref_cost <= 3.0 < got / ref_cost
-    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, candidate(light, 8),
-                      uri)
-    r = a.result("goal-cost")
+    a, r = judge("max_ratio = 3.0", candidate(light, 8))
     assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
     assert f"at >= {floor / ref_cost:.3f} on an idle machine <= 3" in r.reason, r.reason
     assert "re-run the candidate on a machine as idle as the references'" in r.reason
     # Without CPU time per step (a JAX run as recorded today) nothing bounds it.
     bare = _metrics(9, 0.030, 1.8, run_cores=0.2)
     bare_id = candidate(bare, 9)
-    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, bare_id, uri)
-    r = a.result("goal-cost")
+    a, r = judge("max_ratio = 3.0", bare_id)
     assert r.outcome == "not_evaluable", r.reason
     assert f"cannot bound it (run {bare_id} has no {cpu} values)" in r.reason, r.reason
     # The same slow candidate on a quiet machine: the fail stands, no bound read.
-    quiet = with_cpu(_metrics(10, 0.030, 0.2, cpu_pct=60.0), 10, 0.005)
-    a, _ = assess_ids(load_criteria(goals("max_ratio = 3.0")), refs, candidate(quiet, 10),
-                      uri)
-    r = a.result("goal-cost")
+    quiet = _with_cpu(_metrics(10, 0.030, 0.2, cpu_pct=60.0), 0.005, 200 + 10)
+    a, r = judge("max_ratio = 3.0", candidate(quiet, 10))
     assert r.outcome == "fail" and schema.EV_CPU_COST_BOUND not in r.evidence, r.reason
 
 
@@ -481,11 +477,6 @@ def test_a_cost_pass_against_busy_references_stands_on_their_own_cpu_time(
     uri, spool = store.tracking_uri, store.spool_dir
     cpu = schema.M_STEP_CPU
 
-    def goals(cost_keys: str) -> Path:
-        body = GOALS.replace("max_ratio = 100.0\nsame_work = true",
-                             cost_keys + '\ntime_source = "step_time_sum"', 1)
-        return write_criteria(tmp_path, body, f"r{abs(hash(cost_keys))}.toml")
-
     # References beside a neighbour using 1.6 of 2 CPUs, 9 ms of their 10 ms step on CPU,
     # at 1.0 an hour; a TPU candidate (no system CPU figures) at 4.0 an hour, 2 ms a step.
     ref_m = [{**_metrics(s, 0.010, 1.6),
@@ -493,6 +484,10 @@ def test_a_cost_pass_against_busy_references_stands_on_their_own_cpu_time(
              for s in (0, 1)]
     refs = [record(uri, spool, "reference", m, seed=s).run_id
             for s, m in zip((0, 1), ref_m, strict=True)]
+    def judge(cost_keys: str, cand_id: str):  # type: ignore[no-untyped-def]
+        a, _ = assess_ids(load_criteria(_cost_goals(tmp_path, cost_keys + STEP_TIME_SUM)),
+                          refs, cand_id, uri)
+        return a, a.result("goal-cost")
     fast = _metrics(7, 0.002)
     cand = record(uri, spool, "candidate", fast, seed=7, hardware="tpu-v5e",
                   backend="jax").run_id
@@ -503,8 +498,7 @@ def test_a_cost_pass_against_busy_references_stands_on_their_own_cpu_time(
     assert ratio < upper
     # A limit over the bound: the pass stands, the bound in its reason.
     limit = round((upper + 0.2), 3)
-    a, _ = assess_ids(load_criteria(goals(f"max_ratio = {limit}")), refs, cand, uri)
-    r = a.result("goal-cost")
+    a, r = judge(f"max_ratio = {limit}", cand)
     assert r.outcome == "pass", r.reason
     ev = r.evidence[schema.EV_CPU_COST_BOUND]
     assert ev["usable"] and ev["side"] == "references" and ev["against"] == "ratio"
@@ -517,8 +511,7 @@ def test_a_cost_pass_against_busy_references_stands_on_their_own_cpu_time(
     # A limit between the ratio and the bound: it would pass, but idle references might
     # make it fail: not judged, the bound said.
     limit = round((ratio + upper) / 2, 3)
-    a, _ = assess_ids(load_criteria(goals(f"max_ratio = {limit}")), refs, cand, uri)
-    r = a.result("goal-cost")
+    a, r = judge(f"max_ratio = {limit}", cand)
     assert r.outcome == "not_evaluable" and a.verdict != "pass", r.reason
     assert "cost not judged (it would pass: candidate" in r.reason, r.reason
     assert f"at <= {upper:.3f} > {limit:g}" in r.reason, r.reason
@@ -539,16 +532,10 @@ def test_a_cost_goal_prices_the_candidate_for_the_references_work(
     r = a.result("goal-cost")
     client = MlflowClient(uri)
 
-    def hours(rid: str) -> float:  # MLflow's end - start, less refrun's own start-up, close
-        run = client.get_run(rid)
-        own_ms = 1e3 * (float(run.data.tags[schema.TAG_RECORDING_START_S])
-                        + float(run.data.tags[schema.TAG_RECORDING_CLOSE_S]))
-        return (run.info.end_time - run.info.start_time - own_ms) / 3.6e6
-
     # By hand: the candidate's hours x (32 x 100) / (32 x 50) at 4.0 per hour, against
     # the references' own hours at 1.0 per hour.
-    cand_cost = hours(cand) * 2.0 * 4.0
-    ref_cost = float(np.mean([hours(rid) * 1.0 for rid in refs]))
+    cand_cost = _hours(client, cand) * 2.0 * 4.0
+    ref_cost = float(np.mean([_hours(client, rid) * 1.0 for rid in refs]))
     assert r.outcome == "pass", r.reason
     assert r.evidence["work_factor"][cand] == pytest.approx(2.0)
     assert r.evidence["candidate_cost"] == pytest.approx(cand_cost, rel=1e-9)
@@ -560,7 +547,7 @@ def test_a_cost_goal_prices_the_candidate_for_the_references_work(
     a, _ = assess_ids(load_criteria(write_criteria(tmp_path, plain, "plain.toml")), refs,
                       cand, uri)
     assert a.result("goal-cost").evidence["candidate_cost"] == \
-        pytest.approx(hours(cand) * 4.0, rel=1e-9)
+        pytest.approx(_hours(client, cand) * 4.0, rel=1e-9)
 
 
 def test_whether_a_candidate_migrated_must_be_known_and_units_must_agree(

@@ -8,6 +8,7 @@ runs' own CPU time (a :class:`SpeedBound`) settles it.  Used by the ``step_time`
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, ClassVar, Protocol
 
@@ -171,6 +172,29 @@ def clock_unresolved(tick: float, cpu_s: float) -> str:
         return ""
     return (f"the thread CPU clock moves in steps of up to {rv.fnum(tick)} s, more than "
             f"{CPU_CLOCK_FRACTION:.0%} of {rv.fnum(cpu_s)} s")
+
+
+def per_run(values: Sequence[float | None] | None, n: int) -> Sequence[float | None]:
+    """One figure per bounded run: ``values`` when it has ``n`` of them (a
+    :class:`Contention`'s per-reference tuple, or the candidate's one), else ``n`` unknowns."""
+    return values if values is not None and len(values) == n else (None,) * n
+
+
+def run_cpu_inflation(run_id: str, others: float | None, cpus: float | None,
+                      cpu: np.ndarray, missing: str) -> tuple[float, float, str]:
+    """``(B, clock step, why)`` of one run whose CPU seconds per step ``cpu`` are to bound a
+    speed or cost result: ``B`` = :func:`cpu_inflation_bound` of its neighbours' ``others``
+    cores of ``cpus``; ``why`` (then ``B`` is NaN) when its load or CPU count is unknown,
+    it has no values (``missing``, said of the run) or its clock does not resolve their
+    median (:func:`clock_unresolved`; the clock step is then known)."""
+    if others is None or not cpus:
+        return math.nan, math.nan, f"run {run_id}'s machine load or CPU count is not known"
+    if not len(cpu):
+        return math.nan, math.nan, f"run {run_id} {missing}"
+    tick = clock_step(cpu)
+    if why := clock_unresolved(tick, float(np.median(cpu))):
+        return math.nan, tick, f"run {run_id}: {why}"
+    return cpu_inflation_bound(others, cpus), tick, ""
 
 
 def finite_dict(bound: Any) -> dict[str, Any]:

@@ -15,12 +15,11 @@ from refrun.acceptance import runview as rv
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.contention import (
     CPU_CLOCK_FRACTION,
-    clock_step,
-    clock_unresolved,
     contention,
-    cpu_inflation_bound,
     finite_dict,
     judged,
+    per_run,
+    run_cpu_inflation,
 )
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
@@ -92,7 +91,7 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
         return result(c, NOT_EVALUABLE, cand["time"] if cand["hours"] is None
                       else cand["price"], ev, metric=None)
     ev["candidate_cost"] = cand["cost"]
-    problems = []
+    problems, ratio_failed = [], False
     if c.max_ratio is not None:
         ref_costs = [r["cost"] for r in rows[:-1]]
         if any(x is None for x in ref_costs):
@@ -102,9 +101,9 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
         ref_cost = float(np.mean(ref_costs))
         ratio = cand["cost"] / ref_cost if ref_cost > 0 else math.inf
         ev.update(reference_cost=ref_cost, ratio=ratio)
-        if ratio > c.max_ratio:
+        if ratio_failed := ratio > c.max_ratio:
             problems.append(f"ratio {ratio:.3f} > {c.max_ratio:g}")
-    if c.max_cost is not None and cand["cost"] > c.max_cost:
+    if cost_failed := c.max_cost is not None and cand["cost"] > c.max_cost:
         problems.append(f"cost {cand['cost']:.4g} > {c.max_cost:g} {prices.currency}")
     summary = (f"candidate {cand['cost']:.4g} {prices.currency}"
                + (f" vs reference {ev['reference_cost']:.4g} (ratio {ev['ratio']:.3f})"
@@ -116,8 +115,6 @@ def cost(c: Cost, ctx: Context) -> CriterionResult:
         # took CPU from it ran longer, so cost more, than it would alone.
         floor = None
         if cont.took_cpu:
-            ratio_failed = c.max_ratio is not None and ev["ratio"] > c.max_ratio
-            cost_failed = c.max_cost is not None and cand["cost"] > c.max_cost
             floor = cpu_cost_bound(
                 "candidate", [ctx.candidate], (cont.candidate_cores,), (cont.logical_cpus,),
                 rows[-1:], [factors.get(ctx.candidate.run_id)], ctx.keep, c.time_source,
@@ -268,22 +265,15 @@ def cpu_cost_bound(side: Side, runs: Sequence[RunData],
     base: dict[str, Any] = {"side": side, "metric": metric, "currency": currency,
                             "against_cost": against_cost}
     n = len(runs)
-    others = others if others is not None and len(others) == n else (None,) * n
-    cpus = cpus if cpus is not None and len(cpus) == n else (None,) * n
+    others, cpus = per_run(others, n), per_run(cpus, n)
     steps, totals, infls, ticks, costs = [], [], [], [], []
     for run, o, cpu_n, row, factor in zip(runs, others, cpus, rows, factors, strict=True):
-        if o is None or not cpu_n:
-            return CpuCostBound(False, against=first, limit=limit, why=f"run {run.run_id}'s "
-                                "machine load or CPU count is not known", **base)
         cpu = _step_cpu(run, keep, time_source)
-        if not len(cpu):
-            return CpuCostBound(False, against=first, limit=limit,
-                                why=f"run {run.run_id} has no {metric} values", **base)
-        tick = clock_step(cpu)
-        if why := clock_unresolved(tick, float(np.median(cpu))):
-            return CpuCostBound(False, against=first, limit=limit, clock_step_s=tick,
-                                why=f"run {run.run_id}: {why}", **base)
-        infl = cpu_inflation_bound(o, cpu_n)
+        infl, tick, why = run_cpu_inflation(run.run_id, o, cpu_n, cpu,
+                                            f"has no {metric} values")
+        if why:
+            return CpuCostBound(False, against=first, limit=limit, why=why,
+                                clock_step_s=None if math.isnan(tick) else tick, **base)
         hours = float(cpu.sum()) / infl / 3600.0 * (1.0 if factor is None else factor)
         steps.append(len(cpu))
         totals.append(float(cpu.sum()))

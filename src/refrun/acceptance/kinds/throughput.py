@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -13,12 +14,11 @@ from refrun.acceptance import performance as perf
 from refrun.acceptance.checks import Context, result
 from refrun.acceptance.contention import (
     CPU_CLOCK_FRACTION,
-    clock_step,
-    clock_unresolved,
     contention,
-    cpu_inflation_bound,
     finite_dict,
     judged,
+    per_run,
+    run_cpu_inflation,
 )
 from refrun.acceptance.model import Criterion, key, kind
 from refrun.acceptance.results import FAIL, NOT_EVALUABLE, PASS, CriterionResult
@@ -178,25 +178,18 @@ def cpu_rate_bound(side: Side, runs: Sequence[RunData],
     candidate's throughput (side "references") or the references' mean (side
     "candidate")."""
     base: dict[str, Any] = {"side": side, "metric": schema.M_STEP_CPU}
-    n = len(runs)
-    others = others if others is not None and len(others) == n else (None,) * n
-    cpus = cpus if cpus is not None and len(cpus) == n else (None,) * n
     bounds, infls, ticks = [], [], []
-    for run, o, cpu_n, fig in zip(runs, others, cpus, figs, strict=True):
-        if o is None or not cpu_n:
-            return CpuRateBound(False, why=f"run {run.run_id}'s machine load or CPU count "
-                                "is not known", **base)
+    n = len(runs)
+    for run, o, cpu_n, fig in zip(runs, per_run(others, n), per_run(cpus, n), figs,
+                                  strict=True):
         units, cpu, _ = perf.steady_units(run, unit, keep, fig.warmup_end_step or 0,
                                           schema.M_STEP_CPU, compile_metrics)
-        if not len(cpu):
-            return CpuRateBound(False, why=f"run {run.run_id} has no steady "
-                                f"{schema.M_STEP_CPU} values with a known {unit} count",
-                                **base)
-        tick, median = clock_step(cpu), float(np.median(cpu))
-        if why := clock_unresolved(tick, median):
-            return CpuRateBound(False, why=f"run {run.run_id}: {why}", clock_step_s=tick,
-                                **base)
-        infl = cpu_inflation_bound(o, cpu_n)
+        infl, tick, why = run_cpu_inflation(
+            run.run_id, o, cpu_n, cpu,
+            f"has no steady {schema.M_STEP_CPU} values with a known {unit} count")
+        if why:
+            return CpuRateBound(False, why=why, clock_step_s=None if math.isnan(tick)
+                                else tick, **base)
         bounds.append(float(np.median(perf.block_rates(units, cpu / infl))))
         infls.append(infl)
         ticks.append(tick)
